@@ -1,0 +1,33 @@
+# Two commands set everything up on a fresh machine with Python 3.11 and make:
+#   make demo   -> virtualenv + install + a headless end-to-end estimate
+#   make test   -> virtualenv + install + the whole test suite (pytest + nbval)
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test lab install clean
+
+install: $(STAMP)
+
+# Re-install when the package metadata changes. Without CUDA, torch==2.13.0 (a CPU
+# build) goes in first so that the `torch>=2.6` range is already met and pip does
+# not pull a multi-GB CUDA build.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	if ! command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/pip install --quiet "torch==2.13.0"; fi
+	$(BIN)/pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/toolkit estimate --model gpt3-175b --tokens 300e9 --gpus 1024xA100-80GB --mfu 0.45 --offer p4de.24xlarge
+	$(BIN)/toolkit estimate --model llama2-7b --gpus 8xH100-SXM --zero 3 --precision mixed-bf16 --mfu 0.40 --offer p5.48xlarge --spot
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+lab: $(STAMP)
+	$(BIN)/jupyter lab notebooks/
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,1 @@
+"""llm-compute-toolkit: plan large-model training and check the plan."""

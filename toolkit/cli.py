@@ -1,0 +1,222 @@
+"""`toolkit`: estimate a training job and browse the catalogs.
+
+    toolkit estimate --model gpt3-175b --tokens 300e9 --gpus 1024xA100-80GB --mfu 0.45 --json
+    toolkit catalog accelerators
+    toolkit catalog presets llama2-7b
+
+Bad input never shows a traceback: one line on stderr naming the field, and exit code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from typing import get_args, get_type_hints
+
+from .estimate import estimate
+from .format import render_estimate
+from .specs import Job, SpecError, load_catalog
+from .specs.fields import to_dict
+from .specs.job import Batch, Cluster, Cost, MemoryOptions, Optimizer, Parallel, Precision
+from .specs.model import ModelSpec
+from .specs.yamlio import read_yaml
+
+__all__ = ["main", "build_parser"]
+
+# flag -> (section, field, spec class): one table drives argparse help, the job overrides and the
+# translation of error messages back to flag names.
+OVERRIDES = {
+    "seq": ("model", "seq_len", ModelSpec), "layers": ("model", "layers", ModelSpec),
+    "hidden": ("model", "hidden", ModelSpec), "heads": ("model", "heads", ModelSpec),
+    "kv_heads": ("model", "kv_heads", ModelSpec), "ffn": ("model", "ffn", ModelSpec),
+    "vocab": ("model", "vocab", ModelSpec), "mlp": ("model", "mlp", ModelSpec),
+    "norm": ("model", "norm", ModelSpec), "tie_embeddings": ("model", "tie_embeddings", ModelSpec),
+    "dropout": ("model", "dropout", ModelSpec),
+    "micro_batch": ("batch", "micro_batch", Batch), "global_batch": ("batch", "global_batch", Batch),
+    "precision": ("precision", "mode", Precision), "grad_dtype": ("precision", "grad_dtype", Precision),
+    "optimizer": ("optimizer", "name", Optimizer), "momentum": ("optimizer", "momentum", Optimizer),
+    "dp": ("parallel", "dp", Parallel), "tp": ("parallel", "tp", Parallel), "pp": ("parallel", "pp", Parallel),
+    "vpp": ("parallel", "vpp", Parallel), "sp": ("parallel", "sp", Parallel),
+    "zero": ("parallel", "zero", Parallel), "offload": ("parallel", "offload", Parallel),
+    "recompute": ("memory", "recompute", MemoryOptions), "act_compress": ("memory", "act_compress", MemoryOptions),
+    "headroom": ("memory", "headroom_fraction", MemoryOptions),
+    "gpus_per_node": ("cluster", "gpus_per_node", Cluster),
+    "offer": ("cost", "offer", Cost), "spot": ("cost", "spot", Cost),
+    "tokens": ("", "tokens", Job), "mfu": ("", "mfu", Job),
+}
+_BOOLEAN = {"tie_embeddings", "sp", "spot"}
+_FLAG_OF_FIELD = {f"{sec}.{fld}" if sec else fld: "--" + flag.replace("_", "-")
+                  for flag, (sec, fld, _cls) in OVERRIDES.items()}
+_FLAG_OF_FIELD.update({"cluster.count": "--gpus", "cluster.accelerator": "--gpus", "model.params": "--params",
+                       "model.preset": "--model", "hf_config": "--hf-config", "job file": "--config",
+                       "catalog file": "--catalog"})
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage mistake in one line (exit 2) instead of the usage block."""
+
+    def error(self, message):  # noqa: D401 - argparse API
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _allowed(cls, name) -> str:
+    values = [a for a in get_args(get_type_hints(cls)[name]) if a is not type(None)]
+    return "{" + ",".join(str(v) for v in values) + "}" if values and not isinstance(values[0], type) else ""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="toolkit", description="Plan large-model training: memory, FLOPs, time and cost.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    est = sub.add_parser("estimate", help="estimate one training job",
+                         description="Estimate parameters, model-state memory, FLOPs, time and cost of a job.")
+    src = est.add_argument_group("model (one of)")
+    src.add_argument("--model", metavar="PRESET", help="catalog preset, e.g. gpt3-175b, llama2-7b")
+    src.add_argument("--hf-config", metavar="PATH", help="a Hugging Face config.json (or its folder) on disk")
+    src.add_argument("--params", metavar="N", help="a size-only model of N parameters")
+    est.add_argument("--config", metavar="JOB.yaml", help="start from a job file; flags override it")
+    for flag, (sec, fld, cls) in OVERRIDES.items():
+        option = "--" + flag.replace("_", "-")
+        where = f"{sec}.{fld}" if sec else fld
+        if flag in _BOOLEAN:
+            est.add_argument(option, action=argparse.BooleanOptionalAction, default=None, help=where)
+        else:
+            est.add_argument(option, metavar=_allowed(cls, fld) or "X", default=None, help=where)
+    est.add_argument("--gpus", metavar="COUNTxNAME", help="accelerators, e.g. 8xA100-80GB or 1024xH100-SXM")
+    est.add_argument("--catalog", metavar="FILE", action="append", default=[],
+                     help="YAML file with your own accelerator/offer/preset rows (repeatable)")
+    est.add_argument("--write-job", metavar="PATH", help="save the resolved job as YAML")
+    est.add_argument("--json", action="store_true", help="print one JSON object")
+
+    cat = sub.add_parser("catalog", help="list or show accelerators, offers, presets")
+    cat.add_argument("kind", metavar="{accelerators,offers,presets}")
+    cat.add_argument("name", nargs="?", help="show one row in full")
+    cat.add_argument("--catalog", metavar="FILE", action="append", default=[])
+    cat.add_argument("--json", action="store_true")
+    return parser
+
+
+def parse_gpus(text: str) -> tuple[int, str]:
+    """'1024xA100-80GB' -> (1024, 'A100-80GB')."""
+    match = re.fullmatch(r"\s*(\d+)\s*[x×*]\s*(\S+)\s*", str(text), flags=re.IGNORECASE)
+    if not match:
+        raise SpecError("--gpus", text, "expected COUNTxNAME, e.g. 8xA100-80GB")
+    return int(match.group(1)), match.group(2)
+
+
+def job_from_args(args, catalog) -> Job:
+    """Job file (if any), then model source, then every flag given, in that order."""
+    data = {}
+    if args.config:
+        data = read_yaml(args.config, what="job file") or {}
+        if not isinstance(data, dict):
+            raise SpecError("job file", args.config, "expected a mapping with sections model, batch, ...")
+        data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
+    sources = [(flag, value) for flag, value in (("--model", args.model), ("--hf-config", args.hf_config),
+                                                  ("--params", args.params)) if value is not None]
+    if len(sources) > 1:
+        raise SpecError(sources[1][0], sources[1][1], f"give one model source; {sources[0][0]} is given too")
+    if sources:
+        key = {"--model": "preset", "--hf-config": "hf_config", "--params": "params"}[sources[0][0]]
+        data["model"] = {key: sources[0][1]}
+    for flag, (sec, fld, _cls) in OVERRIDES.items():
+        value = getattr(args, flag)
+        if value is None:
+            continue
+        if sec:
+            section = data.setdefault(sec, {})
+            if not isinstance(section, dict):
+                raise SpecError(sec, section, "expected a mapping")
+            section[fld] = value
+        else:
+            data[fld] = value
+    if args.gpus:
+        count, name = parse_gpus(args.gpus)
+        data.setdefault("cluster", {}).update(count=count, accelerator=name)
+    if "model" not in data:
+        raise SpecError("model", None, "no model given: use --model PRESET, --hf-config PATH, --params N, "
+                                       "--layers/--hidden/--heads, or --config job.yaml")
+    return Job.from_dict(data, catalog)
+
+
+def _flag_hint(err: SpecError) -> str:
+    flag = _FLAG_OF_FIELD.get(err.field)
+    return f"{flag}: {err}" if flag and not str(err).startswith(flag) else str(err)
+
+
+def cmd_estimate(args) -> int:
+    catalog = load_catalog(*args.catalog)
+    job = job_from_args(args, catalog)
+    result = estimate(job, catalog)
+    if args.write_job:
+        Job.from_dict(result["job"], catalog).to_yaml(args.write_job)
+    print(json.dumps(result, indent=2, ensure_ascii=False) if args.json else render_estimate(result))
+    return 0
+
+
+def cmd_catalog(args) -> int:
+    catalog = load_catalog(*args.catalog)
+    kinds = ("accelerators", "offers", "presets")
+    kind = args.kind.lower()
+    if kind not in kinds:
+        from .specs.errors import did_you_mean
+        raise SpecError("catalog", args.kind, f"unknown kind{did_you_mean(kind, kinds)}; allowed: {', '.join(kinds)}")
+    lookup = {"accelerators": catalog.accelerator, "offers": catalog.offer, "presets": catalog.preset}[kind]
+    rows = [lookup(args.name)] if args.name else list(getattr(catalog, kind).values())
+    if args.json:
+        print(json.dumps([to_dict(r) for r in rows] if not args.name else to_dict(rows[0]), indent=2, ensure_ascii=False))
+        return 0
+    if args.name:
+        for key, value in to_dict(rows[0]).items():
+            print(f"{key:>24}: {value}")
+        return 0
+    print(_table(kind, rows))
+    return 0
+
+
+def _table(kind: str, rows) -> str:
+    from .estimate import count_params
+    from .format import count
+    if kind == "accelerators":
+        head = ("name", "vendor", "memory", "bf16 TFLOP/s", "fp16", "fp8", "as_of")
+        body = [(r.name, r.vendor, f"{r.memory_bytes / 2**30:.0f} GiB" if r.memory_bytes else "unknown",
+                 *(_peak(r, d) for d in ("bf16", "fp16", "fp8")), r.as_of) for r in rows]
+    elif kind == "offers":
+        head = ("name", "provider", "devices", "on-demand/h", "spot/h", "currency", "as_of")
+        body = [(r.name, r.provider, f"{r.count}x{r.accelerator}", _num(r.on_demand_per_hour),
+                 _num(r.spot_per_hour_high), r.currency, r.as_of) for r in rows]
+    else:
+        head = ("name", "params", "layers", "hidden", "heads", "seq", "tokens", "as_of")
+        body = [(r.name, count(count_params(r.model).total), r.model.layers, r.model.hidden, r.model.heads,
+                 r.model.seq_len, count(r.tokens) if r.tokens else "unknown", r.as_of) for r in rows]
+    table = [head] + [tuple(str(c) for c in row) for row in body]
+    widths = [max(len(row[i]) for row in table) for i in range(len(head))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table)
+
+
+def _peak(acc, dtype) -> str:
+    if dtype in acc.unsupported:
+        return "n/a"
+    value = acc.peak_tflops.get(dtype)
+    return "unknown" if value is None else f"{value:g}"
+
+
+def _num(x) -> str:
+    return "unknown" if x is None else f"{x:g}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return {"estimate": cmd_estimate, "catalog": cmd_catalog}[args.command](args)
+    except SpecError as err:
+        print(f"toolkit {args.command}: error: {_flag_hint(err)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""Exact parameter counts of a ModelSpec, split by where the parameters live."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..specs.model import ModelSpec
+
+__all__ = ["ParamCount", "count_params"]
+
+
+@dataclass(frozen=True)
+class ParamCount:
+    embedding: int
+    """Token embedding (plus token types for an encoder)."""
+    positions: int
+    """Learned position table (0 with rotary embeddings)."""
+    per_layer: int
+    """One transformer block: attention, MLP, its two norms."""
+    layers: int
+    """All blocks: per_layer × model.layers."""
+    final: int
+    """Final norm (embedding norm for BERT), pooler for an encoder."""
+    head: int
+    """Untied output projection (0 when tied)."""
+
+    @property
+    def total(self) -> int:
+        return self.embedding + self.positions + self.layers + self.final + self.head
+
+    @property
+    def non_embedding(self) -> int:
+        """Kaplan et al.'s N: everything but the embedding, position and output matrices."""
+        return self.layers + self.final
+
+
+def count_params(model: ModelSpec) -> ParamCount:
+    """Count parameters layer by layer, the way `sum(p.numel() for p in model.parameters())` would."""
+    if not model.has_shape:
+        return ParamCount(embedding=0, positions=0, per_layer=0, layers=model.params, final=0, head=0)
+    h, hd = model.hidden, model.head_dim_
+    q_width, kv_width = model.heads * hd, model.kv_heads_ * hd
+    ffn = model.ffn_
+    norm = 2 * h if model.norm == "layernorm" else h
+
+    attention = h * q_width + 2 * h * kv_width + q_width * h
+    if model.bias in ("all", "qkv"):
+        attention += q_width + 2 * kv_width
+    if model.bias == "all":
+        attention += h
+    if model.mlp == "swiglu":
+        mlp = 3 * h * ffn + (2 * ffn + h if model.bias == "all" else 0)
+    else:
+        mlp = 2 * h * ffn + (ffn + h if model.bias == "all" else 0)
+    per_layer = attention + mlp + 2 * norm
+
+    embedding = model.vocab * h + (2 * h if model.encoder else 0)
+    positions = model.max_positions_ * h if model.position == "learned" else 0
+    final = norm + (h * h + h if model.encoder else 0)
+    head = 0 if model.tie_embeddings else h * model.vocab
+    return ParamCount(embedding=embedding, positions=positions, per_layer=per_layer,
+                      layers=per_layer * model.layers, final=final, head=head)

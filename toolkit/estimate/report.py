@@ -1,0 +1,115 @@
+"""`estimate(job)`: every figure the toolkit can give for a Job, as the CLI's JSON contract.
+
+Fields not modelled yet are None (JSON null), never zero, so nobody mistakes a gap for
+an answer. Memory figures are per device, for the busiest device.
+"""
+from __future__ import annotations
+
+from ..specs.catalog import Catalog, load_catalog
+from ..specs.job import Job, compute_dtype
+from .cost import offer_cost, train_seconds
+from .flops import PF_DAY_FLOPS, training_flops
+from .params import count_params
+from .states import model_state_bytes, params_per_device
+
+__all__ = ["estimate"]
+
+
+def estimate(job: Job, catalog: Catalog | None = None) -> dict:
+    """Resolve `job` (filling defaults, raising SpecError on bad input) and estimate it."""
+    catalog = catalog or load_catalog()
+    job, notes = job.resolve(catalog)
+    model, par = job.model, job.parallel
+    accelerator = catalog.accelerator(job.cluster.accelerator) if job.cluster.accelerator else None
+    devices = job.cluster.count
+
+    # ---- model and memory ---------------------------------------------------------------
+    params = count_params(model)
+    states = model_state_bytes(job)
+    device_bytes = accelerator.memory_bytes if accelerator else None
+    usable = None if device_bytes is None else device_bytes * (1 - job.memory.headroom_fraction)
+    fits = None
+    if usable is not None and states.total_bytes > usable:
+        fits = False
+        notes.append(f"model states alone need {states.total_bytes / 2**30:.1f} GiB per device, more than the "
+                     f"{usable / 2**30:.1f} GiB usable on {accelerator.name}")
+    elif usable is not None:
+        notes.append("fits: activations are not modelled yet, so only a 'does not fit' is certain")
+
+    # ---- compute --------------------------------------------------------------------------
+    flops = training_flops(model, params.total, job.tokens) if job.tokens else None
+    total = flops.total_flops if flops else None
+    if job.tokens is None:
+        notes.append("no token budget: give --tokens for FLOPs, time and cost")
+
+    # ---- time -------------------------------------------------------------------------------
+    dtype = compute_dtype(job.precision.mode)
+    peak = accelerator.peak_flops(dtype) if accelerator else None
+    if accelerator is not None and peak is None:
+        notes.append(f"{accelerator.name} has no published {dtype} peak: time needs one (see its catalog row)")
+    train_s = None
+    work = total if total is not None else (flops.flops_6nd if flops else None)
+    if work is not None and peak is not None and job.mfu is not None:
+        train_s = train_seconds(work, devices, peak, job.mfu)
+        if total is None:
+            notes.append("time counts 6·N·D only: a size-only model has no attention term")
+    elif work is not None and peak is not None:
+        notes.append("time needs an MFU: give --mfu (e.g. 0.4; published runs reach 0.2-0.55)")
+
+    # ---- cost ----------------------------------------------------------------------------------
+    cost = {"offer": job.cost.offer, "spot": job.cost.spot, "instances": None, "price_per_hour": None,
+            "amount": None, "amount_spot_low": None, "currency": None}
+    if job.cost.offer:
+        offer = catalog.offer(job.cost.offer)
+        oc = offer_cost(offer, devices, train_s, job.cost.spot)
+        cost.update(offer=offer.name, instances=oc.instances, price_per_hour=oc.price_per_hour,
+                    amount=oc.amount, amount_spot_low=oc.amount_spot_low, currency=oc.currency)
+        if oc.price_per_hour is None:
+            kind = "spot" if job.cost.spot else "on-demand"
+            notes.append(f"{offer.name} has no {kind} price in the catalog: add yours with --catalog my.yaml")
+        if oc.idle_devices:
+            notes.append(f"{oc.idle_devices} device(s) of the last {offer.name} instance are paid for but idle")
+        if job.cost.spot:
+            notes.append("spot cost excludes interruptions (lost work, restarts): planned, not modelled yet")
+
+    return {
+        "job": job.to_dict(),
+        "notes": notes,
+        "model": {
+            "name": model.name,
+            "params": params.total,
+            "params_non_embedding": params.non_embedding,
+            "params_per_device": params_per_device(model, par.tp, par.pp),
+        },
+        "memory": {
+            "params_bytes": states.params_bytes,
+            "grads_bytes": states.grads_bytes,
+            "optimizer_bytes": states.optimizer_bytes,
+            "states_bytes": states.total_bytes,
+            "activations_bytes": None,
+            "peak_bytes": None,
+            "host_bytes": states.host_bytes,
+            "device_bytes": device_bytes,
+            "usable_bytes": usable,
+            "fits": fits,
+        },
+        "compute": {
+            "flops_6nd": flops.flops_6nd if flops else None,
+            "attention_flops": flops.attention_flops if flops else None,
+            "total_flops": total,
+            "pf_days": None if total is None else total / PF_DAY_FLOPS,
+            "pf_days_6nd": flops.flops_6nd / PF_DAY_FLOPS if flops else None,
+            "attention_convention": flops.convention if flops else None,
+        },
+        "time": {
+            "dtype": dtype,
+            "peak_flops_per_device": peak,
+            "mfu": job.mfu,
+            "train_s": train_s,
+            "train_days": None if train_s is None else train_s / 86400,
+            "device_hours": None if train_s is None else train_s * devices / 3600,
+            "step_s": None,
+            "tokens_per_s": None,
+        },
+        "cost": cost,
+    }

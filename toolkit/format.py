@@ -1,0 +1,83 @@
+"""Human-readable text for estimates and catalog rows (the CLI's non-JSON output)."""
+from __future__ import annotations
+
+__all__ = ["gib", "count", "sci", "money", "render_estimate"]
+
+
+def gib(n_bytes: float | None) -> str:
+    return "—" if n_bytes is None else f"{n_bytes / 2**30:,.1f} GiB"
+
+
+def count(n: float | None) -> str:
+    if n is None:
+        return "—"
+    for div, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if abs(n) >= div:
+            return f"{n / div:,.2f} {unit}"
+    return f"{n:g}"
+
+
+def sci(x: float | None) -> str:
+    return "—" if x is None else f"{x:.3e}"
+
+
+def money(amount: float | None, currency: str | None) -> str:
+    return "—" if amount is None else f"{amount:,.0f} {currency}"
+
+
+def _rows(rows: list[tuple[str, str]], indent: str = "  ") -> list[str]:
+    width = max(len(k) for k, _ in rows)
+    return [f"{indent}{k:<{width}}  {v}" for k, v in rows]
+
+
+def render_estimate(est: dict) -> str:
+    job, mem, comp, time, cost = est["job"], est["memory"], est["compute"], est["time"], est["cost"]
+    par, cl, model = job["parallel"], job["cluster"], est["model"]
+    batch, seq = job["batch"], job["model"]["seq_len"]
+    device = f"{cl['count']} × {cl['accelerator']}" if cl["accelerator"] else f"{cl['count']} device(s), no accelerator"
+    layout = f"dp {par['dp']} · tp {par['tp']} · pp {par['pp']}" + (f" · vpp {par['vpp']}" if par["vpp"] > 1 else "") \
+        + (" · sp" if par["sp"] else "")
+    accum = batch["global_batch"] // (batch["micro_batch"] * par["dp"])
+    out = [
+        f"{model['name'] or 'model'}: {count(model['params'])} parameters ({model['params']:,})",
+        f"  {device}  [{layout}]  {job['precision']['mode']} · {job['optimizer']['name']} · ZeRO-{par['zero']}"
+        + (f" · offload {par['offload']}" if par["offload"] != "none" else ""),
+        f"  batch {batch['global_batch']} sequences × {seq} tokens = {count(batch['global_batch'] * seq)} tokens/step "
+        f"(micro-batch {batch['micro_batch']}, {accum} accumulation step{'s' if accum > 1 else ''})",
+        "",
+        "memory per device (busiest)",
+    ]
+    fits = {True: "fits", False: "does NOT fit", None: "fit unknown until activations are modelled"}[mem["fits"]]
+    out += _rows([("parameters", gib(mem["params_bytes"])), ("gradients", gib(mem["grads_bytes"])),
+                  ("optimizer states", gib(mem["optimizer_bytes"])), ("model states", gib(mem["states_bytes"])),
+                  ("activations", "not modelled yet" if mem["activations_bytes"] is None else gib(mem["activations_bytes"])),
+                  ("offloaded to host", gib(mem["host_bytes"])),
+                  ("device capacity", f"{gib(mem['device_bytes'])} ({gib(mem['usable_bytes'])} usable): {fits}"
+                   if mem["device_bytes"] else "—")])
+    out += ["", "compute"]
+    if comp["flops_6nd"] is None:
+        out += ["  no token budget (--tokens)"]
+    else:
+        out += _rows([("6·N·D", f"{sci(comp['flops_6nd'])} FLOPs = {comp['pf_days_6nd']:,.0f} PF-days"),
+                      ("+ attention", f"{sci(comp['attention_flops'])} FLOPs ({comp['attention_convention']})"),
+                      ("total", f"{sci(comp['total_flops'])} FLOPs = "
+                       + ("—" if comp["pf_days"] is None else f"{comp['pf_days']:,.0f} PF-days"))])
+    out += ["", f"time ({time['dtype']} peak " + ("unknown" if time["peak_flops_per_device"] is None
+                                                  else f"{time['peak_flops_per_device'] / 1e12:,.1f} TFLOP/s")
+            + (f", MFU {time['mfu']:g})" if time["mfu"] is not None else ", no MFU given)")]
+    if time["train_s"] is None:
+        out += ["  —"]
+    else:
+        out += _rows([("time to train", f"{time['train_days']:,.1f} days ({time['train_s'] / 3600:,.0f} h)"),
+                      ("device-hours", f"{time['device_hours']:,.0f}")])
+    if cost["offer"]:
+        kind = "spot (high end of range)" if cost["spot"] else "on-demand"
+        price = "price unknown" if cost["price_per_hour"] is None else f"{cost['price_per_hour']:,} {cost['currency']}/h"
+        out += ["", f"cost on {cost['offer']} ({cost['instances']} instance(s) × {price}, {kind})"]
+        line = money(cost["amount"], cost["currency"])
+        if cost["amount_spot_low"] is not None:
+            line += f" (low end of the spot range: {money(cost['amount_spot_low'], cost['currency'])})"
+        out += [f"  {line}"]
+    if est["notes"]:
+        out += ["", "notes"] + [f"  - {n}" for n in est["notes"]]
+    return "\n".join(out)

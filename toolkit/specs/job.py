@@ -1,0 +1,193 @@
+"""The Job: one description of a training run, read by the CLI, widgets, planner and runner.
+
+A Job as written (by a user, a YAML file or the CLI) may leave things out: the data-
+parallel degree, the global batch, the token budget. `resolve()` fills them from the
+cluster and the preset, checks every field against the others, and says what it chose.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import yaml
+
+from .catalog import Catalog, load_catalog
+from .errors import SpecError
+from .fields import from_dict, to_dict
+from .hf_config import model_from_hf_config
+from .model import ModelSpec
+from .yamlio import read_yaml
+
+__all__ = ["Batch", "Precision", "Optimizer", "Parallel", "MemoryOptions", "Cluster", "Cost", "Job",
+           "PRECISIONS", "TORCH_SEMANTICS", "compute_dtype"]
+
+PRECISIONS = ("fp32", "amp-bf16", "amp-fp16", "mixed-bf16", "mixed-fp16", "pure-bf16")
+TORCH_SEMANTICS = ("fp32", "amp-bf16", "amp-fp16", "pure-bf16")
+"""Modes that follow torch: DDP, ZeroRedundancyOptimizer (ZeRO-1), FSDP2 (ZeRO-2/3). `mixed-*` follow DeepSpeed."""
+
+
+def compute_dtype(mode: str) -> str:
+    """The dtype the matmuls run in: fp32 for `fp32` (torch leaves TF32 off for matmuls), else bf16/fp16."""
+    return "fp32" if mode == "fp32" else mode.rsplit("-", 1)[1]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Batch:
+    micro_batch: int = 1
+    """Sequences per device per forward/backward."""
+    global_batch: int | None = None
+    """Sequences per optimizer step over all data-parallel ranks; None = the preset's published batch."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Precision:
+    mode: Literal["fp32", "amp-bf16", "amp-fp16", "mixed-bf16", "mixed-fp16", "pure-bf16"] | None = None
+    """fp32 | amp-*: torch autocast, fp32 weights, grads, optimizer states | mixed-*: 16-bit weights and
+    grads with fp32 master weights in the optimizer (DeepSpeed/Megatron) | pure-bf16: everything bf16.
+    None = amp-bf16 where the accelerator has bf16 units, else amp-fp16."""
+    grad_dtype: Literal["param", "fp32"] = "param"
+    """`fp32` keeps fp32 main gradients as Megatron does (mixed-* only)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Optimizer:
+    name: Literal["adamw", "adam", "sgd", "adamw-8bit"] = "adamw"
+    momentum: float = 0.9
+    """SGD momentum; 0 means plain SGD with no optimizer state."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Parallel:
+    dp: int | None = None
+    """Data-parallel degree; None = devices / (tp × pp)."""
+    tp: int = 1
+    """Tensor-parallel degree (Megatron-style slicing of every matmul)."""
+    pp: int = 1
+    """Pipeline stages."""
+    vpp: int = 1
+    """Virtual stages per pipeline rank (interleaved 1F1B)."""
+    sp: bool = False
+    """Sequence parallelism over the tensor-parallel group."""
+    zero: Literal[0, 1, 2, 3] = 0
+    """ZeRO stage: 1 shards optimizer states, 2 also gradients, 3 also parameters."""
+    offload: Literal["none", "optimizer", "params"] = "none"
+    """CPU offload: optimizer states (DeepSpeed ZeRO-Offload) or params+grads+optimizer (FSDP2, ZeRO-3)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryOptions:
+    recompute: Literal["none", "selective", "full"] = "none"
+    """Activation checkpointing: selective recomputes the attention core; full keeps only layer inputs."""
+    act_compress: Literal["none", "int8"] = "none"
+    """Store saved activations in int8."""
+    headroom_fraction: float = 0.05
+    """Share of device memory left free for the CUDA context, the allocator's fragmentation and the driver."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cluster:
+    accelerator: str | None = None
+    """Catalog name, e.g. A100-80GB (case-insensitive; aliases accepted)."""
+    count: int | None = None
+    """Number of accelerators."""
+    gpus_per_node: int = 8
+    intra_node_bw_bytes_per_s: float | None = None
+    """Per-device intra-node bandwidth, one direction; None = half the catalog's bidirectional link figure."""
+    inter_node_bw_bytes_per_s: float | None = None
+    """Per-node network bandwidth; None = the offer's network figure."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cost:
+    offer: str | None = None
+    """Cloud offer (instance type) from the catalog, e.g. p4de.24xlarge."""
+    spot: bool = False
+    """Price at spot rates instead of on-demand."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Job:
+    model: ModelSpec = field(default_factory=ModelSpec)
+    batch: Batch = field(default_factory=Batch)
+    precision: Precision = field(default_factory=Precision)
+    optimizer: Optimizer = field(default_factory=Optimizer)
+    parallel: Parallel = field(default_factory=Parallel)
+    memory: MemoryOptions = field(default_factory=MemoryOptions)
+    cluster: Cluster = field(default_factory=Cluster)
+    cost: Cost = field(default_factory=Cost)
+    tokens: float | None = None
+    """Training token budget D; None = the preset's published budget."""
+    mfu: float | None = None
+    """Model FLOPs utilisation assumed for time-to-train (0 < mfu ≤ 1)."""
+
+    # ---- derived ---------------------------------------------------------------------
+    @property
+    def devices(self) -> int:
+        p = self.parallel
+        return (p.dp or 1) * p.tp * p.pp
+
+    @property
+    def grad_accum(self) -> int | None:
+        """Micro-batches per optimizer step on each data-parallel rank."""
+        if self.batch.global_batch is None or self.parallel.dp is None:
+            return None
+        return self.batch.global_batch // (self.batch.micro_batch * self.parallel.dp)
+
+    def replace(self, **changes) -> "Job":
+        """A copy with whole sections or top-level fields replaced."""
+        return dataclasses.replace(self, **changes)
+
+    # ---- (de)serialisation -------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, data: dict, catalog: Catalog | None = None) -> "Job":
+        """Build from plain data; `model` may be `{preset: NAME, ...overrides}` or `{hf_config: PATH}`."""
+        if not isinstance(data, dict):
+            raise SpecError("job", data, "expected a mapping with sections model, batch, precision, ...")
+        data = dict(data)
+        if isinstance(data.get("model"), dict):
+            data["model"] = expand_model(data["model"], catalog or load_catalog())
+        return from_dict(cls, data)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, catalog: Catalog | None = None) -> "Job":
+        data = read_yaml(path, what="job file")
+        if data is None:
+            raise SpecError("job file", str(path), "is empty; write at least a `model:` section")
+        return cls.from_dict(data, catalog)
+
+    def to_dict(self) -> dict:
+        return to_dict(self)
+
+    def to_yaml(self, path: str | Path | None = None) -> str:
+        text = yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True)
+        if path is not None:
+            Path(path).write_text(text, encoding="utf-8")
+        return text
+
+    # ---- checks and defaults --------------------------------------------------------------
+    def resolve(self, catalog: Catalog | None = None) -> tuple["Job", list[str]]:
+        """Check every field, fill the defaults, and return (resolved job, notes on what was chosen)."""
+        from .resolve import resolve_job  # one concern per module: the rules live there
+        return resolve_job(self, catalog or load_catalog())
+
+
+def expand_model(data: dict, catalog: Catalog) -> ModelSpec:
+    """`{preset: gpt3-175b, seq_len: 4096}` -> the preset's ModelSpec with the overrides applied."""
+    data = dict(data)
+    preset = data.pop("preset", None)
+    hf_config = data.pop("hf_config", None)
+    if preset is not None and hf_config is not None:
+        raise SpecError("model.preset", preset, "give either model.preset or model.hf_config, not both")
+    if preset is not None:
+        base = catalog.preset(preset).model
+        base_dict = {k: v for k, v in to_dict(base).items() if v is not None}
+        merged = {**base_dict, "name": catalog.preset(preset).name, **data}
+        return from_dict(ModelSpec, merged, "model")
+    if hf_config is not None:
+        seq = data.pop("seq_len", None)
+        base = model_from_hf_config(str(hf_config), seq_len=int(seq) if seq is not None else None)
+        return from_dict(ModelSpec, {**{k: v for k, v in to_dict(base).items() if v is not None}, **data}, "model")
+    return from_dict(ModelSpec, data, "model")
+

@@ -1,0 +1,113 @@
+"""The model being trained: a dense decoder (GPT/Llama style) or a BERT-style encoder."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal
+
+from .errors import SpecError
+from .fields import check_positive, check_range
+
+__all__ = ["ModelSpec", "default_ffn"]
+
+
+def default_ffn(hidden: int, mlp: str) -> int:
+    """FFN width when none is given: 4h for GELU; Llama's 2/3·4h rounded up to 256 for SwiGLU."""
+    if mlp == "swiglu":
+        return 256 * -(-int(2 * 4 * hidden / 3) // 256)
+    return 4 * hidden
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """Architecture of the model. Either the shape (layers, hidden, heads) or only `params`."""
+
+    name: str | None = None
+    """Preset or user name, for display only."""
+    layers: int | None = None
+    """Transformer blocks."""
+    hidden: int | None = None
+    """Model width h."""
+    heads: int | None = None
+    """Query heads."""
+    kv_heads: int | None = None
+    """Key/value heads (GQA); None means as many as `heads` (multi-head attention)."""
+    head_dim: int | None = None
+    """Width of one head; None means hidden / heads."""
+    ffn: int | None = None
+    """Inner width of the MLP; None means `default_ffn(hidden, mlp)`."""
+    mlp: Literal["gelu", "swiglu"] = "gelu"
+    """GELU MLP (two matrices) or SwiGLU (three matrices)."""
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    """LayerNorm has weight and bias; RMSNorm has a weight only."""
+    position: Literal["learned", "rope"] = "learned"
+    """Learned position table (GPT-2/3, BERT) or rotary embeddings (no parameters)."""
+    bias: Literal["all", "qkv", "none"] = "all"
+    """Which linear layers carry a bias: all (GPT-2/3, BERT, NeoX), q/k/v only (Qwen2), none (Llama)."""
+    vocab: int = 50257
+    """Vocabulary size (rows of the embedding)."""
+    seq_len: int = 2048
+    """Training sequence length in tokens."""
+    max_positions: int | None = None
+    """Rows of a learned position table; None means seq_len."""
+    tie_embeddings: bool = True
+    """Output projection shares the input embedding matrix."""
+    dropout: float = 0.0
+    """Dropout probability (affects saved activations, not parameters)."""
+    encoder: bool = False
+    """BERT-style encoder: adds token-type embeddings (2 rows) and a pooler (h·h + h)."""
+    params: int | None = None
+    """Parameter count for a model given by size only (no shape); shape fields must then be empty."""
+
+    # ---- derived -------------------------------------------------------------------
+    @property
+    def has_shape(self) -> bool:
+        return self.layers is not None
+
+    @property
+    def kv_heads_(self) -> int:
+        return self.kv_heads if self.kv_heads is not None else self.heads
+
+    @property
+    def head_dim_(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.hidden // self.heads
+
+    @property
+    def ffn_(self) -> int:
+        return self.ffn if self.ffn is not None else default_ffn(self.hidden, self.mlp)
+
+    @property
+    def max_positions_(self) -> int:
+        return self.max_positions if self.max_positions is not None else self.seq_len
+
+    def replace(self, **changes) -> "ModelSpec":
+        return dataclasses.replace(self, **changes)
+
+    # ---- checks --------------------------------------------------------------------
+    def validate(self) -> None:
+        """Refuse shapes no transformer can have; the message names the field and the fix."""
+        for name in ("layers", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab",
+                     "seq_len", "max_positions", "params"):
+            check_positive(getattr(self, name), f"model.{name}")
+        check_range(self.dropout, "model.dropout", 0.0, 1.0, high_open=True)
+        shape = ("layers", "hidden", "heads")
+        given = [n for n in shape if getattr(self, n) is not None]
+        if self.params is not None:
+            if given:
+                raise SpecError(f"model.{given[0]}", getattr(self, given[0]),
+                                "give either model.params or the shape (layers, hidden, heads), not both")
+            return
+        if len(given) != len(shape):
+            missing = next(n for n in shape if getattr(self, n) is None)
+            raise SpecError(f"model.{missing}", None,
+                            "is required: give layers, hidden and heads (or model.params for a size-only model)")
+        if self.head_dim is None and self.hidden % self.heads:
+            raise SpecError("model.heads", self.heads,
+                            f"must divide model.hidden = {self.hidden} (or set model.head_dim)")
+        if self.heads % self.kv_heads_:
+            allowed = ", ".join(str(k) for k in range(1, self.heads + 1) if self.heads % k == 0)
+            raise SpecError("model.kv_heads", self.kv_heads_,
+                            f"must divide model.heads = {self.heads}; allowed: {allowed}")
+        if self.position == "learned" and self.max_positions_ < self.seq_len:
+            raise SpecError("model.seq_len", self.seq_len,
+                            f"exceeds the learned position table (model.max_positions = {self.max_positions_})")

@@ -1,0 +1,175 @@
+"""Checks between fields of a Job, and the defaults that depend on other fields.
+
+Each rule raises a SpecError naming the field, its value and what would be valid. The
+order follows the Job: model, cluster and offer, parallel layout, precision, batch, budget.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from .catalog import Catalog
+from .errors import SpecError
+from .fields import check_positive, check_range
+from .job import TORCH_SEMANTICS, Job, compute_dtype
+
+__all__ = ["resolve_job", "divisors"]
+
+
+def divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
+def _listing(values: list[int], limit: int = 12) -> str:
+    shown = ", ".join(str(v) for v in values[:limit])
+    return shown + (", ..." if len(values) > limit else "")
+
+
+def resolve_job(job: Job, catalog: Catalog) -> tuple[Job, list[str]]:
+    notes: list[str] = []
+    model = job.model
+    model.validate()
+    par, cluster, batch = job.parallel, job.cluster, job.batch
+
+    # ---- sizes that must be positive ------------------------------------------------------
+    for section, names in (("parallel", ("dp", "tp", "pp", "vpp")), ("batch", ("micro_batch", "global_batch")),
+                           ("cluster", ("count", "gpus_per_node", "intra_node_bw_bytes_per_s",
+                                        "inter_node_bw_bytes_per_s"))):
+        for name in names:
+            check_positive(getattr(getattr(job, section), name), f"{section}.{name}")
+    check_positive(job.tokens, "tokens")
+    check_range(job.mfu, "mfu", 0.0, 1.0, low_open=True)
+    check_range(job.memory.headroom_fraction, "memory.headroom_fraction", 0.0, 1.0, high_open=True)
+    check_range(job.optimizer.momentum, "optimizer.momentum", 0.0, 1.0, high_open=True)
+
+    # ---- cluster and offer ------------------------------------------------------------------
+    offer = catalog.offer(job.cost.offer) if job.cost.offer else None
+    accelerator = None
+    if cluster.accelerator is not None:
+        accelerator = catalog.accelerator(cluster.accelerator)
+    elif offer is not None:
+        accelerator = catalog.accelerator(offer.accelerator)
+        notes.append(f"accelerator {accelerator.name} taken from offer {offer.name}")
+    if offer is not None:
+        if accelerator.name != catalog.accelerator(offer.accelerator).name:
+            raise SpecError("cost.offer", offer.name,
+                            f"carries {offer.accelerator}, but the job runs on {accelerator.name}; "
+                            "pick an offer with the same accelerator (toolkit catalog offers)")
+        cluster = dataclasses.replace(cluster, accelerator=accelerator.name)
+    elif accelerator is not None:
+        cluster = dataclasses.replace(cluster, accelerator=accelerator.name)
+
+    count = cluster.count
+    if count is None:
+        if par.dp is not None:
+            count = par.dp * par.tp * par.pp
+        elif offer is not None:
+            count = offer.count
+            notes.append(f"devices = {count}, one {offer.name} instance")
+        else:
+            count = par.tp * par.pp
+        cluster = dataclasses.replace(cluster, count=count)
+    if count > cluster.gpus_per_node and count % cluster.gpus_per_node:
+        raise SpecError("cluster.count", count,
+                        f"spans more than one node but is not a multiple of cluster.gpus_per_node = "
+                        f"{cluster.gpus_per_node}; use {count - count % cluster.gpus_per_node} or "
+                        f"{count + cluster.gpus_per_node - count % cluster.gpus_per_node}")
+
+    # ---- parallel layout --------------------------------------------------------------------
+    if model.has_shape:
+        for heads_field, heads in (("model.heads", model.heads), ("model.kv_heads", model.kv_heads_)):
+            if heads % par.tp:
+                raise SpecError("parallel.tp", par.tp,
+                                f"must divide {heads_field} = {heads}; allowed: {_listing(divisors(heads))}")
+        if model.layers % (par.pp * par.vpp):
+            what = "parallel.pp" if par.vpp == 1 else "parallel.pp × parallel.vpp"
+            raise SpecError("parallel.pp", par.pp,
+                            f"{what} = {par.pp * par.vpp} must divide model.layers = {model.layers}; "
+                            f"allowed pp: {_listing([d for d in divisors(model.layers) if model.layers % (d * par.vpp) == 0])}")
+    if par.vpp > 1 and par.pp == 1:
+        raise SpecError("parallel.vpp", par.vpp, "interleaved stages need parallel.pp > 1; set vpp to 1 or raise pp")
+    if par.sp and par.tp == 1:
+        raise SpecError("parallel.sp", True, "sequence parallelism splits over the tensor-parallel group: needs parallel.tp > 1")
+    model_parallel = par.tp * par.pp
+    if par.dp is None:
+        if count % model_parallel:
+            raise SpecError("parallel.tp", par.tp,
+                            f"tp × pp = {model_parallel} does not divide cluster.count = {count}; "
+                            f"pick tp × pp among {_listing(divisors(count))}")
+        par = dataclasses.replace(par, dp=count // model_parallel)
+    elif par.dp * model_parallel != count:
+        raise SpecError("parallel.dp", par.dp,
+                        f"dp × tp × pp = {par.dp} × {par.tp} × {par.pp} = {par.dp * model_parallel} "
+                        f"but cluster.count = {count}; with these tp and pp use dp = {count / model_parallel:g}"
+                        if count % model_parallel == 0 else
+                        f"dp × tp × pp = {par.dp * model_parallel} but cluster.count = {count}, "
+                        f"which tp × pp = {model_parallel} does not divide")
+    if par.tp > cluster.gpus_per_node:
+        notes.append(f"tp = {par.tp} crosses nodes of {cluster.gpus_per_node} devices: its all-reduces "
+                     "run over the network")
+
+    # ---- precision, optimizer, ZeRO, offload ------------------------------------------------
+    precision = job.precision
+    if precision.mode is None:
+        bf16 = accelerator is None or "bf16" not in accelerator.unsupported
+        precision = dataclasses.replace(precision, mode="amp-bf16" if bf16 else "amp-fp16")
+        if not bf16:
+            notes.append(f"precision = amp-fp16: {accelerator.name} has no bf16 units")
+    mode = precision.mode
+    if precision.grad_dtype == "fp32" and not mode.startswith("mixed-"):
+        raise SpecError("precision.grad_dtype", "fp32",
+                        f"fp32 main gradients apply to mixed-bf16/mixed-fp16 only (precision.mode = {mode} "
+                        "already keeps fp32 gradients, or none)")
+    if accelerator is not None and compute_dtype(mode) in accelerator.unsupported:
+        options = [m for m in ("amp-bf16", "amp-fp16", "mixed-bf16", "mixed-fp16", "pure-bf16", "fp32")
+                   if compute_dtype(m) not in accelerator.unsupported]
+        raise SpecError("precision.mode", mode,
+                        f"{accelerator.name} has no {compute_dtype(mode)} math units; use one of {', '.join(options)}")
+    if par.offload == "optimizer":
+        if mode in TORCH_SEMANTICS:
+            raise SpecError("parallel.offload", "optimizer",
+                            f"torch's FSDP2 (used for precision.mode = {mode}) offloads parameters, gradients and "
+                            "optimizer states together: use offload = params with zero 2 or 3, or a mixed-* "
+                            "precision for DeepSpeed's ZeRO-Offload")
+        if par.zero == 0:
+            raise SpecError("parallel.offload", "optimizer", "ZeRO-Offload needs parallel.zero = 1, 2 or 3")
+    if par.offload == "params":
+        need = (2, 3) if mode in TORCH_SEMANTICS else (3,)
+        if par.zero not in need:
+            raise SpecError("parallel.offload", "params",
+                            f"parameter offload needs parallel.zero = {' or '.join(map(str, need))} "
+                            f"({'FSDP2' if mode in TORCH_SEMANTICS else 'DeepSpeed ZeRO-3'}); got zero = {par.zero}")
+    if par.zero > 0 and par.dp == 1:
+        notes.append(f"ZeRO-{par.zero} with dp = 1 shards nothing")
+    if job.optimizer.name != "sgd" and job.optimizer.momentum != 0.9:
+        notes.append("optimizer.momentum applies to sgd only; ignored")
+
+    # ---- batch ------------------------------------------------------------------------------
+    per_step = batch.micro_batch * par.dp
+    global_batch = batch.global_batch
+    preset = catalog.presets.get((model.name or "").lower())
+    if global_batch is None:
+        published = preset.global_batch_in_sequences() if preset else None
+        if published is not None:
+            global_batch = -(-published // per_step) * per_step
+            notes.append(f"global batch = {global_batch} sequences: the smallest multiple of micro-batch × dp = "
+                         f"{per_step} at least the published {published}")
+        else:
+            global_batch = per_step
+            notes.append(f"global batch = micro-batch × dp = {per_step} (no published batch to follow)")
+    elif global_batch % per_step:
+        lower = global_batch - global_batch % per_step
+        options = ([lower] if lower else []) + [lower + per_step]
+        raise SpecError("batch.global_batch", global_batch,
+                        f"must be a multiple of micro_batch × dp = {batch.micro_batch} × {par.dp} = {per_step}; "
+                        f"nearest: {' or '.join(map(str, options))}")
+    batch = dataclasses.replace(batch, global_batch=global_batch)
+
+    # ---- budget -----------------------------------------------------------------------------
+    tokens = job.tokens
+    if tokens is None and preset is not None and preset.tokens is not None:
+        tokens = preset.tokens
+        notes.append(f"tokens = {tokens:.4g}, the budget published for {preset.name}")
+
+    resolved = dataclasses.replace(job, parallel=par, cluster=cluster, batch=batch, tokens=tokens,
+                                   precision=precision)
+    return resolved, notes

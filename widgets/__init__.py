@@ -1,0 +1,1 @@
+"""ipywidgets panels over toolkit (planner, launcher): views of a Job, no maths here."""
