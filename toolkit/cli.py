@@ -169,7 +169,7 @@ def cmd_catalog(args) -> int:
         return 0
     if args.name:
         for key, value in to_dict(rows[0]).items():
-            print(f"{key:>24}: {value}")
+            print(f"{key:>24}: {'unknown' if value is None else value}")
         return 0
     print(_table(kind, rows))
     return 0
@@ -208,7 +208,10 @@ def _num(x) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as stop:  # --help, or a usage mistake already reported in one line
+        return int(stop.code or 0)
     try:
         return {"estimate": cmd_estimate, "catalog": cmd_catalog}[args.command](args)
     except SpecError as err:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import math
 import types
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
@@ -127,14 +128,19 @@ def _convert(tp: Any, value: Any, field: str) -> Any:
     raise TypeError(f"fields.py cannot convert to {tp!r} (field {field})")
 
 
+@functools.lru_cache(maxsize=None)
+def _schema(cls: type) -> tuple[dict, dict]:
+    """Type hints and init fields of a dataclass, computed once per class (resolving hints is slow)."""
+    return get_type_hints(cls), {f.name: f for f in dataclasses.fields(cls) if f.init}
+
+
 def from_dict(cls: type, data: Any, path: str = "") -> Any:
     """Build dataclass `cls` from a mapping, refusing unknown keys and bad values."""
     if isinstance(data, cls):
         return data
     if not isinstance(data, dict):
         raise SpecError(path or cls.__name__, data, f"expected a mapping of {cls.__name__} fields")
-    hints = get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    hints, fields = _schema(cls)
     kwargs = {}
     for key, value in data.items():
         name = str(key).replace("-", "_")

@@ -110,4 +110,5 @@ class ModelSpec:
                             f"must divide model.heads = {self.heads}; allowed: {allowed}")
         if self.position == "learned" and self.max_positions_ < self.seq_len:
             raise SpecError("model.seq_len", self.seq_len,
-                            f"exceeds the learned position table (model.max_positions = {self.max_positions_})")
+                            f"exceeds the learned position table (model.max_positions = {self.max_positions_}); "
+                            "raise model.max_positions in a job file to train a wider table")

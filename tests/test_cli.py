@@ -1,0 +1,90 @@
+"""The CLI contract: the issue's headline command, the JSON keys, job files and the catalog listing."""
+import json
+
+import pytest
+import yaml
+
+HEADLINE = ["estimate", "--model", "gpt3-175b", "--tokens", "300e9", "--gpus", "1024xA100-80GB", "--mfu", "0.45"]
+
+CONTRACT_KEYS = ["model.params", "memory.params_bytes", "memory.grads_bytes", "memory.optimizer_bytes",
+                 "memory.activations_bytes", "memory.peak_bytes", "memory.host_bytes", "memory.device_bytes",
+                 "memory.fits", "compute.flops_6nd", "compute.total_flops", "compute.pf_days", "time.train_s",
+                 "cost.amount", "cost.currency"]
+
+
+def _get(d, dotted):
+    for part in dotted.split("."):
+        d = d[part]
+    return d
+
+
+def test_headline_command(cli_json):
+    est = cli_json(*HEADLINE)
+    for key in CONTRACT_KEYS:
+        _get(est, key)  # present (None allowed)
+    assert est["compute"]["flops_6nd"] == pytest.approx(3.14e23, rel=0.01)          # GPT-3 paper, Table D.1
+    assert est["compute"]["pf_days_6nd"] == pytest.approx(3640, rel=0.01)
+    attention = 6 * 96 * 2048 * 12288 * 300e9
+    assert est["compute"]["total_flops"] == pytest.approx(est["compute"]["flops_6nd"] + attention)
+    assert est["compute"]["pf_days"] == pytest.approx(est["compute"]["total_flops"] / 8.64e19)
+    # time = total / (1024 · 312e12 · 0.45)
+    assert est["time"]["train_s"] == pytest.approx(est["compute"]["total_flops"] / (1024 * 312e12 * 0.45))
+    # Not modelled yet: null, never zero.
+    assert est["memory"]["activations_bytes"] is None and est["memory"]["peak_bytes"] is None
+    # amp-bf16 + AdamW, no sharding: 16 bytes per parameter cannot fit in 80 GiB.
+    assert est["memory"]["fits"] is False
+    assert est["memory"]["params_bytes"] == pytest.approx(4 * 174_604_259_328)
+    assert est["cost"]["amount"] is None   # no offer given
+
+
+def test_cost_is_billed_per_whole_instance(cli_json):
+    est = cli_json("estimate", "--model", "gpt2", "--tokens", "1e10", "--gpus", "12xH100-SXM", "--gpus-per-node", "4",
+                   "--mfu", "0.5", "--offer", "p5.48xlarge")
+    hours = est["time"]["train_s"] / 3600
+    assert est["cost"]["instances"] == 2                                    # 12 devices -> two 8-GPU instances
+    assert est["cost"]["amount"] == pytest.approx(2 * 55.04 * hours)
+    assert any("idle" in n for n in est["notes"])
+
+
+def test_spot_prices_and_range(cli_json):
+    est = cli_json("estimate", "--model", "llama2-7b", "--offer", "p4de.24xlarge", "--mfu", "0.4", "--spot")
+    hours = est["time"]["train_s"] / 3600
+    assert est["cost"]["amount"] == pytest.approx(11.0 * hours) and est["cost"]["amount_spot_low"] == pytest.approx(8.65 * hours)
+
+
+def test_config_file_and_flag_override(cli_json, tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text("model: {preset: llama2-7b}\ncluster: {accelerator: A100-80GB, count: 16}\nparallel: {tp: 2}\n")
+    est = cli_json("estimate", "--config", str(path), "--tp", "4")
+    assert est["job"]["parallel"]["tp"] == 4 and est["job"]["parallel"]["dp"] == 4
+
+
+def test_write_job_round_trips(cli, cli_json, tmp_path):
+    out = tmp_path / "job.yaml"
+    first = cli_json("estimate", "--model", "llama3-8b", "--gpus", "8xH100-SXM", "--zero", "3", "--write-job", str(out))
+    assert yaml.safe_load(out.read_text())["parallel"]["zero"] == 3
+    again = cli_json("estimate", "--config", str(out))
+    assert again["memory"] == first["memory"] and again["job"] == first["job"]
+
+
+def test_human_output_names_the_parts(cli):
+    code, out, _err = cli(*HEADLINE)
+    assert code == 0
+    for text in ("174.60 B parameters", "does NOT fit", "PF-days", "days", "causal"):
+        assert text in out
+
+
+def test_catalog_listing(cli):
+    code, out, _ = cli("catalog", "accelerators")
+    assert code == 0 and "MLU370-X8" in out and "989.4" in out
+    code, out, _ = cli("catalog", "presets", "--json")
+    names = [row["name"] for row in json.loads(out)]
+    assert {"gpt3-175b", "llama2-7b", "llama2-70b", "llama3-8b", "gpt2-medium", "bert-large", "megatron-1t"} <= set(names)
+    code, out, _ = cli("catalog", "offers", "gn10xp.20xlarge320")
+    assert code == 0 and "on_demand_per_hour: unknown" in out and "count: 8" in out
+
+
+def test_params_only_model(cli_json):
+    est = cli_json("estimate", "--params", "7e9", "--tokens", "1e12", "--gpus", "8xA100-80GB", "--mfu", "0.5")
+    assert est["compute"]["flops_6nd"] == pytest.approx(6 * 7e9 * 1e12)
+    assert est["compute"]["total_flops"] is None and est["time"]["train_s"] is not None
