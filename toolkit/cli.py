@@ -1,6 +1,8 @@
-"""`toolkit`: estimate a training job and browse the catalogs.
+"""`toolkit`: estimate a training job, trace it on fake tensors, compare both, browse the catalogs.
 
     toolkit estimate --model gpt3-175b --tokens 300e9 --gpus 1024xA100-80GB --mfu 0.45 --json
+    toolkit trace --model llama2-7b --micro-batch 1 --recompute full --json
+    toolkit compare --model gpt2 --micro-batch 4
     toolkit catalog accelerators
     toolkit catalog presets llama2-7b
 
@@ -15,7 +17,7 @@ import sys
 from typing import get_args, get_type_hints
 
 from .estimate import estimate
-from .format import render_estimate
+from .format import render_comparison, render_estimate
 from .specs import Job, SpecError, load_catalog
 from .specs.fields import to_dict
 from .specs.job import Batch, Cluster, Cost, MemoryOptions, Optimizer, Parallel, Precision
@@ -40,6 +42,7 @@ OVERRIDES = {
     "vpp": ("parallel", "vpp", Parallel), "sp": ("parallel", "sp", Parallel),
     "zero": ("parallel", "zero", Parallel), "offload": ("parallel", "offload", Parallel),
     "recompute": ("memory", "recompute", MemoryOptions), "act_compress": ("memory", "act_compress", MemoryOptions),
+    "attention": ("memory", "attention", MemoryOptions),
     "headroom": ("memory", "headroom_fraction", MemoryOptions),
     "gpus_per_node": ("cluster", "gpus_per_node", Cluster),
     "offer": ("cost", "offer", Cost), "spot": ("cost", "spot", Cost),
@@ -69,8 +72,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="toolkit", description="Plan large-model training: memory, FLOPs, time and cost.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    est = sub.add_parser("estimate", help="estimate one training job",
-                         description="Estimate parameters, model-state memory, FLOPs, time and cost of a job.")
+    est = sub.add_parser("estimate", help="estimate one training job (analytic, instant)",
+                         description="Estimate parameters, memory, FLOPs, time and cost of a job.")
+    _add_job_args(est)
+    trace = sub.add_parser("trace", help="measure the job's memory by running its real step on fake tensors",
+                           description="Run the real PyTorch training step on fake tensors (no memory allocated) "
+                                       "and report the same keys as `estimate`, with memory measured.")
+    _add_job_args(trace)
+    compare = sub.add_parser("compare", help="analytic estimate beside the trace, with the error per category")
+    _add_job_args(compare)
+
+    cat = sub.add_parser("catalog", help="list or show accelerators, offers, presets")
+    cat.add_argument("kind", metavar="{accelerators,offers,presets}")
+    cat.add_argument("name", nargs="?", help="show one row in full")
+    cat.add_argument("--catalog", metavar="FILE", action="append", default=[])
+    cat.add_argument("--json", action="store_true")
+    return parser
+
+
+def _add_job_args(est: argparse.ArgumentParser) -> None:
     src = est.add_argument_group("model (one of)")
     src.add_argument("--model", metavar="PRESET", help="catalog preset, e.g. gpt3-175b, llama2-7b")
     src.add_argument("--hf-config", metavar="PATH", help="a Hugging Face config.json (or its folder) on disk")
@@ -88,13 +108,6 @@ def build_parser() -> argparse.ArgumentParser:
                      help="YAML file with your own accelerator/offer/preset rows (repeatable)")
     est.add_argument("--write-job", metavar="PATH", help="save the resolved job as YAML")
     est.add_argument("--json", action="store_true", help="print one JSON object")
-
-    cat = sub.add_parser("catalog", help="list or show accelerators, offers, presets")
-    cat.add_argument("kind", metavar="{accelerators,offers,presets}")
-    cat.add_argument("name", nargs="?", help="show one row in full")
-    cat.add_argument("--catalog", metavar="FILE", action="append", default=[])
-    cat.add_argument("--json", action="store_true")
-    return parser
 
 
 def parse_gpus(text: str) -> tuple[int, str]:
@@ -152,6 +165,22 @@ def cmd_estimate(args) -> int:
     if args.write_job:
         Job.from_dict(result["job"], catalog).to_yaml(args.write_job)
     print(json.dumps(result, indent=2, ensure_ascii=False) if args.json else render_estimate(result))
+    return 0
+
+
+def cmd_trace(args) -> int:
+    from .trace.report import traced_estimate  # imports torch: only when asked
+    catalog = load_catalog(*args.catalog)
+    result = traced_estimate(job_from_args(args, catalog), catalog)
+    print(json.dumps(result, indent=2, ensure_ascii=False) if args.json else render_estimate(result))
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from .trace.report import compare_memory
+    catalog = load_catalog(*args.catalog)
+    result = compare_memory(job_from_args(args, catalog), catalog)
+    print(json.dumps(result, indent=2, ensure_ascii=False) if args.json else render_comparison(result))
     return 0
 
 
@@ -213,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as stop:  # --help, or a usage mistake already reported in one line
         return int(stop.code or 0)
     try:
-        return {"estimate": cmd_estimate, "catalog": cmd_catalog}[args.command](args)
+        commands = {"estimate": cmd_estimate, "trace": cmd_trace, "compare": cmd_compare, "catalog": cmd_catalog}
+        return commands[args.command](args)
     except SpecError as err:
         print(f"toolkit {args.command}: error: {_flag_hint(err)}", file=sys.stderr)
         return 2

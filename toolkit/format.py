@@ -81,3 +81,15 @@ def render_estimate(est: dict) -> str:
     if est["notes"]:
         out += ["", "notes"] + [f"  - {n}" for n in est["notes"]]
     return "\n".join(out)
+
+
+def render_comparison(cmp: dict) -> str:
+    """Estimate vs trace per memory category, with the relative error."""
+    model = cmp["job"]["model"]["name"] or "model"
+    out = [f"{model}: analytic estimate vs fake-tensor trace ({cmp['program']} program), per device", ""]
+    out.append(f"  {'':<18}{'estimate':>14}{'trace':>14}{'error':>10}")
+    for key, row in cmp["memory"].items():
+        error = "—" if row["error"] is None else f"{100 * row['error']:+.2f} %"
+        est = "not modelled" if row["estimate"] is None else gib(row["estimate"])
+        out.append(f"  {key.replace('_bytes', ''):<18}{est:>14}{gib(row['trace']):>14}{error:>10}")
+    return "\n".join(out)

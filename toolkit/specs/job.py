@@ -80,6 +80,11 @@ class Parallel:
 class MemoryOptions:
     recompute: Literal["none", "selective", "full"] = "none"
     """Activation checkpointing: selective recomputes the attention core; full keeps only layer inputs."""
+    attention: Literal["flash", "eager"] = "flash"
+    """flash: fused attention (SDPA) that stores no score matrix; eager: explicit ops that store scores,
+    softmax and its dropout mask (the Megatron-style block)."""
+    program: Literal["cuda", "cpu"] | None = None
+    """Which kernels the activation model follows; None = cuda on an accelerator, cpu without one."""
     act_compress: Literal["none", "int8"] = "none"
     """Store saved activations in int8."""
     headroom_fraction: float = 0.05

@@ -170,6 +170,10 @@ def resolve_job(job: Job, catalog: Catalog) -> tuple[Job, list[str]]:
         tokens = preset.tokens
         notes.append(f"tokens = {tokens:.4g}, the budget published for {preset.name}")
 
-    resolved = dataclasses.replace(job, parallel=par, cluster=cluster, batch=batch, tokens=tokens,
+    memory = job.memory
+    if memory.program is None:
+        memory = dataclasses.replace(memory, program="cpu" if accelerator is None else "cuda")
+
+    resolved = dataclasses.replace(job, memory=memory, parallel=par, cluster=cluster, batch=batch, tokens=tokens,
                                    precision=precision)
     return resolved, notes

@@ -1,0 +1,145 @@
+"""Saved activations of one micro-batch, per device, for the runner's GPT block (toolkit.train.model).
+
+Every term below is a tensor that autograd keeps from forward to backward in that program,
+named after the op that saves it, so a mismatch with the trace points at one line. Units:
+T = micro-batch × sequence tokens, h hidden, q = heads × head_dim, kv = kv_heads × head_dim,
+f = ffn width, a = heads, s = sequence, V = vocab.
+
+Dtypes follow the precision mode:
+- `fp32`: everything fp32;
+- `amp-*` (autocast): linear outputs 16-bit, the residual stream and norms fp32; every
+  linear saves its own 16-bit cast of its input (autocast caches casts of weights only, so
+  q, k and v each cast the norm output) and the 16-bit cast of its weight;
+- `pure-bf16`, `mixed-*` (16-bit weights): everything 16-bit but RMSNorm's internals
+  (torch upcasts to fp32) and the log-softmax of the loss.
+
+`program` says which kernels run. "cpu" is what the tracer measures: dropout keeps a mask
+of the input's dtype, and SDPA with dropout falls back to the math path, which stores the
+softmax, its dropout mask and the dropped probabilities. "cuda" keeps 1-byte dropout masks
+and lets the flash kernel regenerate its dropout mask; it is modelled, not yet traced.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..specs.job import Job
+
+__all__ = ["ActivationBytes", "activation_bytes"]
+
+_INT64 = 8
+
+
+@dataclass(frozen=True)
+class ActivationBytes:
+    per_layer: float
+    """Saved by one transformer block (its input included) for one micro-batch."""
+    layers: float
+    """All blocks of the busiest pipeline stage."""
+    embedding: float
+    """Token ids and positions kept by the embedding lookups (stage 0)."""
+    head: float
+    """Final norm, output projection and loss (last stage)."""
+    recompute_layer: float
+    """Under full recompute: one block's activations rebuilt during backward (a transient)."""
+
+    @property
+    def total(self) -> float:
+        return self.layers + self.embedding + self.head
+
+
+def _widths(job: Job):
+    m = job.model
+    return m.hidden, m.heads * m.head_dim_, m.kv_heads_ * m.head_dim_, m.ffn_
+
+
+def _bytes_of(job: Job) -> tuple[float, float, float, bool]:
+    """(16/32-bit activations, residual stream, norm output, autocast?) in bytes per element."""
+    mode = job.precision.mode
+    if mode == "fp32":
+        return 4, 4, 4, False
+    if mode.startswith("amp-"):
+        return 2, 4, 4, True
+    return 2, 2, 2, False
+
+
+def _norm_saved(job: Job, tokens: float, h: int, consumers: int) -> float:
+    """A norm's saved tensors, its input (the residual stream) included."""
+    act, residual, _norm_out, amp = _bytes_of(job)
+    out = consumers * tokens * h * 2 if amp else tokens * h * act   # autocast: each linear casts it itself
+    if job.model.norm == "layernorm":
+        stats = 2 if residual == 2 else 4
+        return tokens * h * residual + 2 * tokens * stats + out      # input, mean, rstd
+    # torch's RMSNorm computes in fp32: a 16-bit input is kept only as its fp32 copy
+    return tokens * h * 4 + tokens * h * 4 + tokens * 4 + out        # input (fp32), x·rstd, rstd
+
+
+def _attention_core(job: Job, tokens: float, b: int) -> float:
+    """Bytes the attention core (scores to output) saves: SDPA's or the explicit ops'."""
+    act = _bytes_of(job)[0]
+    m = job.model
+    h, q, kv, f = _widths(job)
+    s, a = m.seq_len, m.heads
+    scores = b * a * s * s * act
+    dropout = m.dropout > 0
+    math_path = job.memory.attention == "eager" or (dropout and job.memory.program == "cpu")
+    if not math_path:                                          # flash: q, k, v (kv repeated to a heads), out, lse
+        return 4 * tokens * q * act + b * a * s * 4
+    if job.memory.attention == "flash":                        # SDPA's CPU math fallback computes in fp32
+        act, scores = 4, b * a * s * s * 4
+    core = 3 * tokens * q * act + scores                       # q, kᵀ, v as bmm operands; softmax output
+    if job.memory.attention == "eager":
+        core += s * s                                          # causal mask (bool)
+    if dropout:
+        mask = scores if job.memory.program == "cpu" else b * a * s * s
+        core += mask + scores                                  # dropout mask and dropped probabilities
+    return core
+
+
+def activation_bytes(job: Job) -> ActivationBytes:
+    """Saved activations of one micro-batch on the busiest device of a resolved job."""
+    m = job.model
+    act, residual, _norm_out, amp = _bytes_of(job)
+    h, q, kv, f = _widths(job)
+    b, s = job.batch.micro_batch, m.seq_len
+    tokens = b * s
+    cpu = job.memory.program == "cpu"
+    # dropout keeps a mask of its input's dtype on CPU (1 byte on CUDA): branch outputs are `act`,
+    # the embedding output is the residual stream's dtype
+    branch_mask = tokens * h * (act if cpu else 1) if m.dropout > 0 else 0
+    embedding_mask = tokens * h * (residual if cpu else 1) if m.dropout > 0 else 0
+    rope = m.position == "rope"
+    math_path = job.memory.attention == "eager" or (m.dropout > 0 and job.memory.program == "cpu")
+
+    # ---- one block, recompute none ---------------------------------------------------------
+    norm1 = _norm_saved(job, tokens, h, consumers=3)           # its input is the block input
+    core = _attention_core(job, tokens, b)
+    rope_casts = 4 * s * (m.head_dim_ // 2) * 2 if rope and amp else 0   # fp32 cos/sin cast per use
+    # o's input is a view of the core output when q kept the linear's (b, s, a, d) layout, else a copy
+    o_input_copy = math_path or rope
+    o_input = tokens * q * act
+    norm2 = _norm_saved(job, tokens, h, consumers=2 if m.mlp == "swiglu" else 1)   # input: x + attention
+    mlp = (4 if m.mlp == "swiglu" else 2) * tokens * f * act
+    weights = 0
+    if amp:                                                    # 16-bit casts of every matmul weight
+        weights = 2 * (h * q + 2 * h * kv + q * h + (3 if m.mlp == "swiglu" else 2) * h * f)
+    common = norm1 + rope_casts + norm2 + mlp + 2 * branch_mask + weights
+    none = common + core + (o_input if o_input_copy else 0)
+
+    # ---- recompute variants ------------------------------------------------------------------
+    recompute = job.memory.recompute
+    if recompute == "full":
+        per_layer = tokens * h * residual                      # checkpoint keeps the block input only
+    elif recompute == "selective":
+        # the checkpointed core keeps its inputs (q after rope, k and v before the GQA repeat);
+        # o keeps the core output (a view of it, or its copy)
+        per_layer = common + tokens * (q + 2 * kv) * act + o_input
+    else:
+        per_layer = none
+
+    layers_here = m.layers // job.parallel.pp
+    embedding = tokens * _INT64 + (s * _INT64 if m.position == "learned" else 0) + embedding_mask
+    final_norm = _norm_saved(job, tokens, h, consumers=1)
+    loss_scalars = 2 * 4                                       # the loss and nll's total weight
+    head = final_norm + tokens * m.vocab * 4 + tokens * _INT64 + loss_scalars + (2 * h * m.vocab if amp else 0)
+    return ActivationBytes(per_layer=per_layer, layers=per_layer * layers_here, embedding=embedding, head=head,
+                           recompute_layer=none if recompute == "full" else 0)

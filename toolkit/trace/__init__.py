@@ -1,0 +1,1 @@
+"""Measure the real PyTorch program on fake tensors: memory (MemTracker), later FLOPs."""

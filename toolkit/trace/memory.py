@@ -1,0 +1,161 @@
+"""Measure a Job's memory by running its real training step on fake tensors.
+
+Under `FakeTensorMode` no tensor owns memory, so a 70B model traces on a laptop; torch's
+`MemTracker` attributes every storage the program creates to parameters, gradients,
+optimizer states, activations or temporaries. We run two optimizer steps (the second is
+the steady one: optimizer states exist throughout) and report, per device:
+
+- params/optimizer bytes: persistent states after the step (buffers count as params; the
+  fp32 master copy of `mixed-*` counts as optimizer state, as in the estimate);
+- grads_bytes: gradients held when the optimizer step starts;
+- activations_bytes: what the last micro-batch holds at the forward/backward boundary;
+- peak_bytes: the largest total seen during the steady step, with its breakdown.
+
+This is the CPU program (see toolkit.train.model). It traces one data-parallel rank of a
+replicated layout; tensor, pipeline and ZeRO layouts are refused until their traces land.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.distributed._tools.mem_tracker import MemTracker
+
+from ..specs.errors import SpecError
+from ..specs.job import Job
+from ..train.model import GPT
+
+__all__ = ["TraceResult", "trace_memory", "MAX_TRACED_MICRO_BATCHES"]
+
+MAX_TRACED_MICRO_BATCHES = 2
+"""Micro-batches traced per step: from the second on, every one repeats the same memory pattern."""
+
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class TraceResult:
+    params_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    activations_bytes: int
+    peak_bytes: int
+    peak_breakdown: dict[str, int]
+    """MemTracker's categories at the moment of the peak."""
+    boundary_breakdown: dict[str, int]
+    """MemTracker's categories at the forward/backward boundary of the last micro-batch."""
+    program: str = "cpu"
+
+
+def _check_traceable(job: Job) -> None:
+    par = job.parallel
+    if par.tp > 1 or par.pp > 1 or par.zero > 0 or par.offload != "none":
+        raise SpecError("parallel", f"tp={par.tp} pp={par.pp} zero={par.zero} offload={par.offload}",
+                        "the tracer covers data-parallel replicas only so far; trace with tp=1 pp=1 zero=0 "
+                        "offload=none (toolkit estimate models the others analytically)")
+    if not job.model.has_shape or job.model.encoder:
+        raise SpecError("model", job.model.name, "the tracer builds the runner's decoder: give a shape, not params only")
+    if job.precision.grad_dtype == "fp32":
+        raise SpecError("precision.grad_dtype", "fp32", "fp32 main gradients are not traced yet; use param")
+    if job.optimizer.name == "adamw-8bit":
+        raise SpecError("optimizer.name", "adamw-8bit", "8-bit optimizers do not run on fake tensors; "
+                                                         "validate them with a small real run")
+    if job.memory.act_compress != "none":
+        raise SpecError("memory.act_compress", job.memory.act_compress, "not traced yet")
+
+
+def _make_optimizer(job: Job, params, foreach: bool | None):
+    opt = job.optimizer
+    if opt.name == "sgd":
+        return torch.optim.SGD(params, lr=1e-3, momentum=opt.momentum, foreach=foreach)
+    cls = torch.optim.AdamW if opt.name == "adamw" else torch.optim.Adam
+    return cls(params, lr=1e-3, foreach=foreach)
+
+
+class _MasterWeights:
+    """mixed-*: 16-bit model weights, fp32 master copies stepped by the optimizer (DeepSpeed's scheme)."""
+
+    def __init__(self, job: Job, model: torch.nn.Module, foreach: bool | None):
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.master = [p.detach().float().requires_grad_() for p in self.params]
+        self.optimizer = _make_optimizer(job, self.master, foreach)
+
+    def step(self) -> None:
+        for p, m in zip(self.params, self.master):
+            m.grad = p.grad.float()
+            p.grad = None
+        self.optimizer.step()
+        with torch.no_grad():
+            for p, m in zip(self.params, self.master):
+                p.copy_(m)
+                m.grad = None
+
+
+class _DeviceTracker(MemTracker):
+    """MemTracker without per-module peaks, which cost O(modules) on every op (minutes at 80 layers)."""
+
+    def _update_peak_stats(self, peak_state) -> None:  # noqa: ARG002 - MemTracker's signature
+        for device, snap in self._curr_mem_snap.items():
+            total = snap["Total"]
+            if self._peak_mem.get(device, 0) < total:
+                self._peak_mem[device] = total
+                self._peak_mem_snap[device] = dict(snap)
+
+
+def _snapshot(tracker: MemTracker, kind: str) -> dict[str, int]:
+    snap = tracker.get_tracker_snapshot(kind)
+    device = snap.get(torch.device("cpu"), {})
+    return {getattr(k, "name", str(k)): int(v) for k, v in device.items()}
+
+
+def trace_memory(job: Job, *, foreach: bool | None = None) -> TraceResult:
+    """Trace one device of a resolved job. `foreach=None` lets torch choose the optimizer implementation."""
+    _check_traceable(job)
+    mode = job.precision.mode
+    micro_batches = min(job.grad_accum or 1, MAX_TRACED_MICRO_BATCHES)
+    b, seq, vocab = job.batch.micro_batch, job.model.seq_len, job.model.vocab
+    with FakeTensorMode():
+        weights_dtype = _DTYPES[mode.rsplit("-", 1)[1]] if mode == "pure-bf16" or mode.startswith("mixed-") \
+            else torch.float32
+        model = GPT(job.model, attention=job.memory.attention, recompute=job.memory.recompute, dtype=weights_dtype)
+        if mode.startswith("mixed-"):
+            stepper = _MasterWeights(job, model, foreach)
+            optimizer, extra = stepper.optimizer, stepper.master
+        else:
+            optimizer = _make_optimizer(job, model.parameters(), foreach)
+            stepper, extra = optimizer, []
+        autocast = (torch.autocast("cpu", dtype=_DTYPES[mode.rsplit("-", 1)[1]]) if mode.startswith("amp-")
+                    else contextlib.nullcontext())
+
+        tracker = _DeviceTracker()
+        tracker.track_external(model, optimizer, *extra)
+        with tracker:
+            for _step in range(2):
+                for _micro in range(micro_batches):
+                    tracker.reset_mod_stats()  # MemTracker refuses a module called twice otherwise
+                    tokens = torch.randint(0, vocab, (b, seq))   # the batch lives on the device too
+                    targets = torch.randint(0, vocab, (b, seq))
+                    with autocast:
+                        loss = model(tokens, targets) / micro_batches
+                    boundary = _snapshot(tracker, "current")
+                    loss.backward()
+                    del loss, tokens, targets
+                before_step = _snapshot(tracker, "current")
+                stepper.step()
+                (optimizer if stepper is optimizer else stepper.optimizer).zero_grad(set_to_none=True)
+                for p in model.parameters():
+                    p.grad = None
+            after = _snapshot(tracker, "current")
+        peak = _snapshot(tracker, "peak")
+
+    return TraceResult(
+        params_bytes=after.get("PARAM", 0) + after.get("BUFFER", 0),
+        grads_bytes=before_step.get("GRAD", 0),
+        optimizer_bytes=after.get("OPT", 0) + after.get("OTH", 0),
+        activations_bytes=boundary.get("ACT", 0),
+        peak_bytes=peak.get("Total", 0),
+        peak_breakdown=peak,
+        boundary_breakdown=boundary,
+    )

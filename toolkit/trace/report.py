@@ -1,0 +1,44 @@
+"""The trace in the CLI's contract: `toolkit trace` (estimate keys, memory measured) and `toolkit compare`."""
+from __future__ import annotations
+
+from ..estimate import estimate
+from ..specs.catalog import Catalog, load_catalog
+from ..specs.job import Job
+from .memory import trace_memory
+
+__all__ = ["traced_estimate", "compare_memory", "COMPARED"]
+
+COMPARED = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "peak_bytes")
+
+
+def traced_estimate(job: Job, catalog: Catalog | None = None) -> dict:
+    """`estimate(job)` with its memory section replaced by what the fake-tensor trace measured."""
+    catalog = catalog or load_catalog()
+    result = estimate(job, catalog)
+    resolved, _notes = job.resolve(catalog)
+    traced = trace_memory(resolved)
+    memory = result["memory"]
+    memory.update(params_bytes=traced.params_bytes, grads_bytes=traced.grads_bytes,
+                  optimizer_bytes=traced.optimizer_bytes,
+                  states_bytes=traced.params_bytes + traced.grads_bytes + traced.optimizer_bytes,
+                  activations_bytes=traced.activations_bytes, peak_bytes=traced.peak_bytes, host_bytes=0,
+                  source="trace", program=traced.program, peak_breakdown=traced.peak_breakdown)
+    if memory["usable_bytes"] is not None:
+        memory["fits"] = traced.peak_bytes <= memory["usable_bytes"]
+    result["notes"] = [n for n in result["notes"] if not n.startswith(("fits:", "model states alone"))]
+    result["notes"].append(f"memory traced on fake tensors: the {traced.program} program of one data-parallel rank")
+    return result
+
+
+def compare_memory(job: Job, catalog: Catalog | None = None) -> dict:
+    """Analytic and traced memory side by side; error = (estimate − trace) / trace."""
+    catalog = catalog or load_catalog()
+    analytic = estimate(job, catalog)["memory"]
+    traced = traced_estimate(job, catalog)
+    rows = {}
+    for key in COMPARED:
+        est, tr = analytic[key], traced["memory"][key]
+        error = None if est is None or not tr else (est - tr) / tr
+        rows[key] = {"estimate": est, "trace": tr, "error": error}
+    return {"job": traced["job"], "program": traced["memory"]["program"], "memory": rows,
+            "peak_breakdown": traced["memory"]["peak_breakdown"]}

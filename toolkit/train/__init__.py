@@ -1,0 +1,1 @@
+"""The real runner: model, data, training loop (torch)."""

@@ -1,0 +1,179 @@
+"""A readable GPT, sized by a ModelSpec: Llama style (RMSNorm, SwiGLU, RoPE, GQA) or GPT-2 style
+(LayerNorm, GELU, learned positions). The runner trains it; the tracer measures it.
+
+    model = GPT(ModelSpec(layers=4, hidden=256, heads=4, vocab=1024, seq_len=128))
+    loss = model(tokens, targets)
+
+Memory-relevant choices are switches, so that estimate and trace describe the same program:
+`attention` ("flash" calls SDPA and stores no score matrix; "eager" writes the scores,
+softmax and dropout out as explicit ops) and `recompute` ("full" checkpoints each block,
+"selective" only the attention core).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from ..specs.model import ModelSpec
+
+__all__ = ["GPT"]
+
+
+def _norm(spec: ModelSpec) -> nn.Module:
+    if spec.norm == "rmsnorm":
+        return nn.RMSNorm(spec.hidden, eps=1e-5)
+    return nn.LayerNorm(spec.hidden, eps=1e-5)
+
+
+def rope_tables(seq_len: int, head_dim: int, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of shape (seq_len, head_dim / 2) for rotary embeddings."""
+    inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (x1, x2) of the last dimension; x is (batch, heads, seq, head_dim)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, spec: ModelSpec, attention: str, recompute_core: bool):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = spec.heads, spec.kv_heads_, spec.head_dim_
+        qkv_bias, out_bias = spec.bias in ("all", "qkv"), spec.bias == "all"
+        self.q = nn.Linear(spec.hidden, self.heads * self.head_dim, bias=qkv_bias)
+        self.k = nn.Linear(spec.hidden, self.kv_heads * self.head_dim, bias=qkv_bias)
+        self.v = nn.Linear(spec.hidden, self.kv_heads * self.head_dim, bias=qkv_bias)
+        self.o = nn.Linear(self.heads * self.head_dim, spec.hidden, bias=out_bias)
+        self.rope = spec.position == "rope"
+        self.dropout = spec.dropout
+        self.attention = attention
+        self.recompute_core = recompute_core
+
+    def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """softmax(q kᵀ / √d + causal mask) v, with dropout on the probabilities while training."""
+        p = self.dropout if self.training else 0.0
+        if self.kv_heads != self.heads:  # GQA: each kv head serves heads / kv_heads query heads
+            k = k.repeat_interleave(self.heads // self.kv_heads, dim=1)
+            v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
+        if self.attention == "flash":
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+        seq = q.shape[-2]
+        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))
+        mask = torch.ones(seq, seq, dtype=torch.bool, device=q.device).triu(1)
+        probs = scores.masked_fill(mask, float("-inf")).softmax(dim=-1)
+        if p > 0:
+            probs = F.dropout(probs, p=p)
+        return probs @ v
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        q = self.q(x).view(batch, seq, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k(x).view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v(x).view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
+        if self.rope:
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.recompute_core and torch.is_grad_enabled():
+            y = checkpoint(self.core, q, k, v, use_reentrant=False)
+        else:
+            y = self.core(q, k, v)
+        return self.o(y.transpose(1, 2).reshape(batch, seq, self.heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        bias = spec.bias == "all"
+        self.swiglu = spec.mlp == "swiglu"
+        self.up = nn.Linear(spec.hidden, spec.ffn_, bias=bias)
+        self.gate = nn.Linear(spec.hidden, spec.ffn_, bias=bias) if self.swiglu else None
+        self.down = nn.Linear(spec.ffn_, spec.hidden, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.swiglu:
+            return self.down(F.silu(self.gate(x)) * self.up(x))
+        return self.down(F.gelu(self.up(x), approximate="tanh"))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x)); dropout on both branches."""
+
+    def __init__(self, spec: ModelSpec, attention: str, recompute_core: bool):
+        super().__init__()
+        self.norm1, self.norm2 = _norm(spec), _norm(spec)
+        self.attn = Attention(spec, attention, recompute_core)
+        self.mlp = MLP(spec)
+        self.dropout = nn.Dropout(spec.dropout)
+
+    def forward(self, x: torch.Tensor, cos=None, sin=None) -> torch.Tensor:
+        x = x + self.dropout(self.attn(self.norm1(x), cos, sin))
+        return x + self.dropout(self.mlp(self.norm2(x)))
+
+
+class GPT(nn.Module):
+    """Decoder-only transformer. forward(tokens, targets) returns the mean cross-entropy in fp32."""
+
+    def __init__(self, spec: ModelSpec, attention: str = "flash", recompute: str = "none",
+                 dtype: torch.dtype = torch.float32):
+        super().__init__()
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)  # build weights in their training dtype (no conversion pass)
+        try:
+            self._build(spec, attention, recompute, dtype)
+        finally:
+            torch.set_default_dtype(previous)
+
+    def _build(self, spec: ModelSpec, attention: str, recompute: str, dtype: torch.dtype) -> None:
+        if not spec.has_shape or spec.encoder:
+            raise ValueError("GPT builds decoder models with a shape (layers, hidden, heads)")
+        if attention not in ("flash", "eager") or recompute not in ("none", "selective", "full"):
+            raise ValueError(f"attention={attention!r}, recompute={recompute!r}")
+        self.spec, self.recompute = spec, recompute
+        self.tok = nn.Embedding(spec.vocab, spec.hidden)
+        self.pos = nn.Embedding(spec.max_positions_, spec.hidden) if spec.position == "learned" else None
+        self.drop = nn.Dropout(spec.dropout)
+        self.blocks = nn.ModuleList(Block(spec, attention, recompute == "selective") for _ in range(spec.layers))
+        self.norm = _norm(spec)
+        self.head = nn.Linear(spec.hidden, spec.vocab, bias=False)
+        if spec.tie_embeddings:
+            self.head.weight = self.tok.weight
+        if spec.position == "rope":
+            cos, sin = rope_tables(spec.seq_len, spec.head_dim_)
+            self.register_buffer("cos", cos.to(dtype), persistent=False)
+            self.register_buffer("sin", sin.to(dtype), persistent=False)
+        else:
+            self.cos = self.sin = None
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        """GPT-2's initialisation: N(0, 0.02) weights, zero biases (norms keep weight 1, bias 0)."""
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        seq = tokens.shape[1]
+        x = self.tok(tokens)
+        if self.pos is not None:
+            x = x + self.pos(torch.arange(seq, device=tokens.device))
+        x = self.drop(x)
+        cos = self.cos[:seq] if self.cos is not None else None
+        sin = self.sin[:seq] if self.sin is not None else None
+        for block in self.blocks:
+            if self.recompute == "full" and torch.is_grad_enabled():
+                x = checkpoint(block, x, cos, sin, use_reentrant=False)
+            else:
+                x = block(x, cos, sin)
+        logits = self.head(self.norm(x))
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
