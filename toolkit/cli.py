@@ -38,6 +38,7 @@ OVERRIDES = {
     "micro_batch": ("batch", "micro_batch", Batch), "global_batch": ("batch", "global_batch", Batch),
     "precision": ("precision", "mode", Precision), "grad_dtype": ("precision", "grad_dtype", Precision),
     "optimizer": ("optimizer", "name", Optimizer), "momentum": ("optimizer", "momentum", Optimizer),
+    "optimizer_impl": ("optimizer", "impl", Optimizer),
     "dp": ("parallel", "dp", Parallel), "tp": ("parallel", "tp", Parallel), "pp": ("parallel", "pp", Parallel),
     "vpp": ("parallel", "vpp", Parallel), "sp": ("parallel", "sp", Parallel),
     "zero": ("parallel", "zero", Parallel), "offload": ("parallel", "offload", Parallel),

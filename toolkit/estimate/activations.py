@@ -141,5 +141,7 @@ def activation_bytes(job: Job) -> ActivationBytes:
     final_norm = _norm_saved(job, tokens, h, consumers=1)
     loss_scalars = 2 * 4                                       # the loss and nll's total weight
     head = final_norm + tokens * m.vocab * 4 + tokens * _INT64 + loss_scalars + (2 * h * m.vocab if amp else 0)
+    # the recomputed block re-creates all it saves but its input, which the checkpoint already holds
+    recompute_layer = none - tokens * h * residual if recompute == "full" else 0
     return ActivationBytes(per_layer=per_layer, layers=per_layer * layers_here, embedding=embedding, head=head,
-                           recompute_layer=none if recompute == "full" else 0)
+                           recompute_layer=recompute_layer)

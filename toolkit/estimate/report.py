@@ -9,6 +9,7 @@ from ..specs.catalog import Catalog, load_catalog
 from ..specs.job import Job, compute_dtype
 from .cost import offer_cost, train_seconds
 from .flops import PF_DAY_FLOPS, training_flops
+from .memory import memory_estimate, memory_notes
 from .params import count_params
 from .states import model_state_bytes, params_per_device
 
@@ -26,15 +27,20 @@ def estimate(job: Job, catalog: Catalog | None = None) -> dict:
     # ---- model and memory ---------------------------------------------------------------
     params = count_params(model)
     states = model_state_bytes(job)
+    mem = memory_estimate(job) if model.has_shape and not model.encoder else None
+    notes.extend(memory_notes(job, mem))
     device_bytes = accelerator.memory_bytes if accelerator else None
     usable = None if device_bytes is None else device_bytes * (1 - job.memory.headroom_fraction)
     fits = None
-    if usable is not None and states.total_bytes > usable:
+    if usable is not None and mem is not None:
+        fits = mem.peak_bytes <= usable
+        if not fits:
+            notes.append(f"peak {mem.peak_bytes / 2**30:.1f} GiB ({mem.peak_phase}) exceeds the "
+                         f"{usable / 2**30:.1f} GiB usable on {accelerator.name}")
+    elif usable is not None and states.total_bytes > usable:
         fits = False
         notes.append(f"model states alone need {states.total_bytes / 2**30:.1f} GiB per device, more than the "
                      f"{usable / 2**30:.1f} GiB usable on {accelerator.name}")
-    elif usable is not None:
-        notes.append("fits: activations are not modelled yet, so only a 'does not fit' is certain")
 
     # ---- compute --------------------------------------------------------------------------
     flops = training_flops(model, params.total, job.tokens) if job.tokens else None
@@ -86,8 +92,10 @@ def estimate(job: Job, catalog: Catalog | None = None) -> dict:
             "grads_bytes": states.grads_bytes,
             "optimizer_bytes": states.optimizer_bytes,
             "states_bytes": states.total_bytes,
-            "activations_bytes": None,
-            "peak_bytes": None,
+            "activations_bytes": mem.activations_bytes if mem else None,
+            "peak_bytes": mem.peak_bytes if mem else None,
+            "peak_phase": mem.peak_phase if mem else None,
+            "program": job.memory.program,
             "host_bytes": states.host_bytes,
             "device_bytes": device_bytes,
             "usable_bytes": usable,

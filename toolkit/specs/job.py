@@ -56,6 +56,8 @@ class Optimizer:
     name: Literal["adamw", "adam", "sgd", "adamw-8bit"] = "adamw"
     momentum: float = 0.9
     """SGD momentum; 0 means plain SGD with no optimizer state."""
+    impl: Literal["for-loop", "foreach", "fused"] | None = None
+    """torch's implementation; None = torch's default (foreach on CUDA, for-loop on CPU). Their temporaries differ."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -66,21 +66,22 @@ def _check_traceable(job: Job) -> None:
         raise SpecError("memory.act_compress", job.memory.act_compress, "not traced yet")
 
 
-def _make_optimizer(job: Job, params, foreach: bool | None):
+def _make_optimizer(job: Job, params):
     opt = job.optimizer
+    impl = {"for-loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}, None: {}}[opt.impl]
     if opt.name == "sgd":
-        return torch.optim.SGD(params, lr=1e-3, momentum=opt.momentum, foreach=foreach)
+        return torch.optim.SGD(params, lr=1e-3, momentum=opt.momentum, **impl)
     cls = torch.optim.AdamW if opt.name == "adamw" else torch.optim.Adam
-    return cls(params, lr=1e-3, foreach=foreach)
+    return cls(params, lr=1e-3, **impl)
 
 
 class _MasterWeights:
     """mixed-*: 16-bit model weights, fp32 master copies stepped by the optimizer (DeepSpeed's scheme)."""
 
-    def __init__(self, job: Job, model: torch.nn.Module, foreach: bool | None):
+    def __init__(self, job: Job, model: torch.nn.Module):
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.master = [p.detach().float().requires_grad_() for p in self.params]
-        self.optimizer = _make_optimizer(job, self.master, foreach)
+        self.optimizer = _make_optimizer(job, self.master)
 
     def step(self) -> None:
         for p, m in zip(self.params, self.master):
@@ -110,8 +111,8 @@ def _snapshot(tracker: MemTracker, kind: str) -> dict[str, int]:
     return {getattr(k, "name", str(k)): int(v) for k, v in device.items()}
 
 
-def trace_memory(job: Job, *, foreach: bool | None = None) -> TraceResult:
-    """Trace one device of a resolved job. `foreach=None` lets torch choose the optimizer implementation."""
+def trace_memory(job: Job) -> TraceResult:
+    """Trace one device of a resolved job (its CPU program)."""
     _check_traceable(job)
     mode = job.precision.mode
     micro_batches = min(job.grad_accum or 1, MAX_TRACED_MICRO_BATCHES)
@@ -121,10 +122,10 @@ def trace_memory(job: Job, *, foreach: bool | None = None) -> TraceResult:
             else torch.float32
         model = GPT(job.model, attention=job.memory.attention, recompute=job.memory.recompute, dtype=weights_dtype)
         if mode.startswith("mixed-"):
-            stepper = _MasterWeights(job, model, foreach)
+            stepper = _MasterWeights(job, model)
             optimizer, extra = stepper.optimizer, stepper.master
         else:
-            optimizer = _make_optimizer(job, model.parameters(), foreach)
+            optimizer = _make_optimizer(job, model.parameters())
             stepper, extra = optimizer, []
         autocast = (torch.autocast("cpu", dtype=_DTYPES[mode.rsplit("-", 1)[1]]) if mode.startswith("amp-")
                     else contextlib.nullcontext())

@@ -1,6 +1,8 @@
 """The trace in the CLI's contract: `toolkit trace` (estimate keys, memory measured) and `toolkit compare`."""
 from __future__ import annotations
 
+import dataclasses
+
 from ..estimate import estimate
 from ..specs.catalog import Catalog, load_catalog
 from ..specs.job import Job
@@ -33,6 +35,7 @@ def traced_estimate(job: Job, catalog: Catalog | None = None) -> dict:
 def compare_memory(job: Job, catalog: Catalog | None = None) -> dict:
     """Analytic and traced memory side by side; error = (estimate − trace) / trace."""
     catalog = catalog or load_catalog()
+    job = job.replace(memory=dataclasses.replace(job.memory, program="cpu"))   # the program the tracer runs
     analytic = estimate(job, catalog)["memory"]
     traced = traced_estimate(job, catalog)
     rows = {}

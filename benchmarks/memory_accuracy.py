@@ -1,0 +1,104 @@
+"""Analytic memory model against the fake-tensor trace of the real program, over a matrix of jobs.
+
+    .venv/bin/python benchmarks/memory_accuracy.py          # full matrix (a few minutes)
+    .venv/bin/python benchmarks/memory_accuracy.py --quick  # every 4th configuration
+
+Each row: the analytic and traced peak per device, the error, the phase the model puts
+the peak in, and the activation error in bytes. Headline figures come last.
+"""
+from __future__ import annotations
+
+import itertools
+import statistics
+import sys
+import time
+
+from toolkit.estimate.memory import memory_estimate
+from toolkit.specs import Job
+from toolkit.trace.memory import trace_memory
+
+TINY = {"layers": 2, "hidden": 64, "heads": 4, "vocab": 512, "seq_len": 64, "max_positions": 64}          # ~0.1M
+SMALL_GPT = {"preset": "gpt2", "layers": 4, "hidden": 384, "heads": 6, "seq_len": 256, "max_positions": 256}  # ~27M
+SMALL_LLAMA = {"preset": "llama2-7b", "layers": 4, "hidden": 512, "heads": 8, "kv_heads": 2, "ffn": 1376,
+               "seq_len": 512}                                                                           # ~28M
+GPT2 = {"preset": "gpt2"}                                                                                 # 124M
+LLAMA_7B_LAYERS = {"preset": "llama2-7b", "layers": 2}                                   # 7B-scale layers, 0.66B
+
+
+def matrix() -> list[tuple[str, dict]]:
+    """(name, job dict) pairs covering every option the analytic model has."""
+    rows = []
+
+    def add(name, model, mode="amp-bf16", b=2, accum=1, rec="none", att="flash", opt="adamw", impl=None,
+            momentum=0.9, dropout=None):
+        if dropout is not None:
+            model = dict(model, dropout=dropout)
+        rows.append((name, {"model": model, "batch": {"micro_batch": b, "global_batch": b * accum},
+                            "precision": {"mode": mode}, "optimizer": {"name": opt, "impl": impl, "momentum": momentum},
+                            "memory": {"recompute": rec, "attention": att, "program": "cpu"}}))
+
+    # every precision x recompute on both block styles
+    for (mname, model), mode, rec in itertools.product((("gpt", SMALL_GPT), ("llama", SMALL_LLAMA)),
+                                                       ("fp32", "amp-bf16", "amp-fp16", "pure-bf16", "mixed-bf16"),
+                                                       ("none", "selective", "full")):
+        add(f"{mname}/{mode}/{rec}", model, mode=mode, rec=rec)
+    # attention kernels and dropout
+    for (mname, model), att, drop in itertools.product((("gpt", SMALL_GPT), ("llama", SMALL_LLAMA)),
+                                                       ("flash", "eager"), (0.0, 0.1)):
+        add(f"{mname}/{att}/dropout{drop}", model, att=att, dropout=drop)
+    # optimizers and their implementations
+    for opt, impl in itertools.product(("adamw", "adam", "sgd"), ("for-loop", "foreach")):
+        add(f"llama/{opt}/{impl}", SMALL_LLAMA, opt=opt, impl=impl, rec="full")
+    add("llama/sgd-plain", SMALL_LLAMA, opt="sgd", momentum=0.0)
+    # micro-batch size and gradient accumulation
+    for b, accum in ((1, 1), (4, 1), (1, 4), (8, 2)):
+        add(f"gpt/b{b}/accum{accum}", SMALL_GPT, b=b, accum=accum)
+    # sizes: tiny to 7B-scale layers
+    add("tiny/fp32", TINY, mode="fp32", b=4)
+    add("tiny/eager-dropout", TINY, att="eager", dropout=0.1)
+    add("gpt2-124m/amp", GPT2, b=2)
+    add("gpt2-124m/full", GPT2, b=8, rec="full")
+    add("gpt2-124m/pure-bf16-eager", GPT2, mode="pure-bf16", att="eager", b=2)
+    add("llama7b-layers/amp-b1", LLAMA_7B_LAYERS, b=1)
+    add("llama7b-layers/full-b2", LLAMA_7B_LAYERS, b=2, rec="full")
+    add("llama7b-layers/mixed-selective", LLAMA_7B_LAYERS, mode="mixed-bf16", b=1, rec="selective")
+    # small vocabularies: the peak moves from the loss into the backward layers or the optimizer step
+    for (mname, model), rec, b, accum in itertools.product((("gpt", SMALL_GPT), ("llama", SMALL_LLAMA)),
+                                                           ("none", "full"), (1, 4), (1, 2)):
+        add(f"{mname}-v1000/{rec}/b{b}/accum{accum}", dict(model, vocab=1000), rec=rec, b=b, accum=accum)
+    add("llama-v1000/mixed/full/foreach", dict(SMALL_LLAMA, vocab=1000), mode="mixed-bf16", rec="full", impl="foreach")
+    add("llama-v1000/pure-bf16/selective/eager", dict(SMALL_LLAMA, vocab=1000), mode="pure-bf16", rec="selective",
+        att="eager", b=4)
+    return rows
+
+
+def run(rows) -> list[float]:
+    errors, act_errors = [], []
+    print(f"{'configuration':36} {'traced MiB':>11} {'model MiB':>11} {'error':>8}  phase")
+    for name, data in rows:
+        job, _ = Job.from_dict(data).resolve()
+        traced, model = trace_memory(job), memory_estimate(job)
+        error = (model.peak_bytes - traced.peak_bytes) / traced.peak_bytes
+        errors.append(abs(error))
+        act_errors.append(abs(model.activations_bytes - traced.activations_bytes) / traced.activations_bytes)
+        print(f"{name:36} {traced.peak_bytes / 2**20:11.1f} {model.peak_bytes / 2**20:11.1f} "
+              f"{100 * error:+7.2f}%  {model.peak_phase}")
+    return errors, act_errors
+
+
+def main() -> None:
+    rows = matrix()
+    if "--quick" in sys.argv:
+        rows = rows[::4]
+    start = time.perf_counter()
+    errors, act_errors = run(rows)
+    print()
+    print(f"configurations: {len(rows)}")
+    print(f"seconds: {time.perf_counter() - start:.0f}")
+    print(f"activations max error: {100 * max(act_errors):.3f} %")
+    print(f"peak median error: {100 * statistics.median(errors):.2f} %")
+    print(f"peak max error: {100 * max(errors):.2f} %")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+"""Per-device memory of a training step: persistent states, saved activations and the peak.
+
+Definitions (the CLI contract):
+- params/grads/optimizer bytes: model states (toolkit.estimate.states);
+- activations_bytes: what one micro-batch holds at the forward/backward boundary
+  (toolkit.estimate.activations), the input batch included;
+- peak_bytes: the largest total during a steady step (optimizer states already exist).
+
+The peak is the largest of the moments where memory tops out in the runner's program:
+- `loss`: the boundary plus the two fp32 logit-sized gradients of the cross-entropy;
+- `top layer` and `bottom layer` of the backward pass: activations still held, gradients
+  made so far, and the layer's backward temporaries (the recomputed block under full
+  recompute). Activations shrink and gradients grow linearly across layers, so the
+  largest total sits at one of the two ends;
+- `optimizer step`: all gradients plus the optimizer's temporaries (for-loop: two copies of
+  the largest tensor; foreach: one copy of every state tensor; fused: none) and, for
+  `mixed-*`, the fp32 copies of the gradients the master weights are stepped with.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..specs.job import Job
+from .activations import activation_bytes
+from .params import count_params
+from .states import bytes_per_param, model_state_bytes, params_per_device
+
+__all__ = ["MemoryEstimate", "memory_estimate", "memory_notes", "optimizer_impl"]
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    params_bytes: float
+    grads_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    host_bytes: float
+    peak_bytes: float
+    peak_phase: str
+    """Which moment of the step holds the peak (see the module docstring)."""
+    phases: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def states_bytes(self) -> float:
+        return self.params_bytes + self.grads_bytes + self.optimizer_bytes
+
+
+def optimizer_impl(job: Job) -> str:
+    """The optimizer implementation: the Job's choice, else torch's default (foreach on CUDA, for-loop on CPU)."""
+    if job.optimizer.impl is not None:
+        return job.optimizer.impl
+    return "for-loop" if job.memory.program == "cpu" else "foreach"
+
+
+def _optimizer_temp_bytes(job: Job, largest_param: float) -> float:
+    """Temporaries of one optimizer step, in bytes."""
+    name, impl = job.optimizer.name, optimizer_impl(job)
+    if name == "sgd" or impl == "fused":
+        return 0.0
+    state = 2 if job.precision.mode == "pure-bf16" else 4
+    n = params_per_device(job.model, job.parallel.tp, job.parallel.pp)
+    if impl == "foreach":
+        return n * state                                     # sqrt(v) for every tensor at once
+    return 2 * largest_param * state                         # sqrt(v) and its scaled copy, one tensor at a time
+
+
+def memory_estimate(job: Job) -> MemoryEstimate:
+    """The memory of a resolved job on its busiest device."""
+    states = model_state_bytes(job)
+    acts = activation_bytes(job)
+    model = job.model
+    counts = count_params(model)
+    _w, grad_b, _o = bytes_per_param(job)
+    tp = job.parallel.tp
+    b, s, h, vocab = job.batch.micro_batch, model.seq_len, model.hidden, model.vocab
+    tokens = b * s
+    act = 4 if job.precision.mode == "fp32" else 2
+    residual = 2 if job.precision.mode.startswith(("pure-", "mixed-")) else 4
+    accumulating = (job.grad_accum or 1) > 1
+    persistent = states.params_bytes + states.optimizer_bytes
+    grads_full = states.grads_bytes
+    grads_prev = grads_full if accumulating else 0.0
+
+    # gradients appear during backward: head first, then layer by layer, embedding last
+    layer_grad = counts.per_layer * grad_b / tp
+    head_param = counts.head if counts.head else counts.embedding   # tied: the embedding's grad appears at the head
+    head_grad = (head_param + counts.final) * grad_b / tp
+
+    # Backward of the MLP, beyond what it held: the incoming gradient, and the gradients of its
+    # inner tensors alive together (GELU: one net of the freed input; SwiGLU: two at the product)
+    ffn = model.ffn_
+    mlp_temp = (2 if model.mlp == "swiglu" else 1) * tokens * ffn * act + tokens * h * residual
+    logits_grads = 2 * tokens * vocab * 4
+
+    # End of forward, inside the loss: the logits (16-bit under autocast or 16-bit weights) and their fp32
+    # copy are alive beside the log-softmax; under autocast its cache still holds the blocks' 16-bit weight
+    # casts, which full recompute does not otherwise keep.
+    logits_bytes = tokens * vocab * (4 if job.precision.mode == "fp32" else 2 + 4)
+    autocast_cache = 0.0
+    if job.precision.mode.startswith("amp-") and job.memory.recompute == "full":
+        q, kv = model.heads * model.head_dim_, model.kv_heads_ * model.head_dim_
+        layer_matmuls = 2 * h * q + 2 * h * kv + (3 if model.mlp == "swiglu" else 2) * h * model.ffn_
+        autocast_cache = 2 * model.layers // job.parallel.pp * layer_matmuls / tp   # the head's cast is saved anyway
+    phases = {"forward end": persistent + grads_prev + acts.total + logits_bytes + autocast_cache,
+              "loss": persistent + grads_prev + acts.total + logits_grads}
+    layers_here = model.layers // job.parallel.pp
+    after_head = acts.layers + acts.embedding                      # loss and final norm have released theirs
+    for name, done_layers in (("top layer", 0), ("bottom layer", layers_here - 1)):
+        # by the MLP's backward, the layer has made its down-projection's weight gradient too; when
+        # accumulating, that gradient is a temporary (in the compute dtype, then cast) added into .grad
+        down_grad = h * ffn * grad_b / tp
+        if accumulating:
+            grads = grads_full + down_grad + (h * ffn * 2 / tp if job.precision.mode.startswith("amp-") else 0)
+        else:
+            grads = head_grad + done_layers * layer_grad + down_grad
+        held = after_head - done_layers * acts.per_layer
+        phases[name] = persistent + grads + held + acts.recompute_layer + mlp_temp
+
+    largest = max(counts.embedding, counts.head, counts.per_layer and _largest_matrix(job)) / tp
+    step = persistent + grads_full + _optimizer_temp_bytes(job, largest)
+    if job.precision.mode.startswith("mixed-"):
+        n = params_per_device(model, tp, job.parallel.pp)
+        step += n * 4 - grads_full                                  # fp32 copies replace the 16-bit grads
+    phases["optimizer step"] = step
+
+    phase = max(phases, key=phases.get)
+    return MemoryEstimate(params_bytes=states.params_bytes, grads_bytes=states.grads_bytes,
+                          optimizer_bytes=states.optimizer_bytes, activations_bytes=acts.total,
+                          host_bytes=states.host_bytes, peak_bytes=phases[phase], peak_phase=phase, phases=phases)
+
+
+def _largest_matrix(job: Job) -> int:
+    m = job.model
+    return max(m.hidden * m.heads * m.head_dim_, m.hidden * m.ffn_)
+
+
+def memory_notes(job: Job, mem: MemoryEstimate | None) -> list[str]:
+    """What the memory figures assume, and what they leave out, in the words the CLI prints."""
+    if mem is None:
+        return ["activations need the model's shape (layers, hidden, heads): only model states are given"]
+    notes = [f"memory follows the {job.memory.program} program of the runner's GPT "
+             f"({job.memory.attention} attention, {optimizer_impl(job)} optimizer); peak at: {mem.peak_phase}"]
+    par = job.parallel
+    if par.tp > 1 or par.pp > 1 or par.zero > 0 or par.offload != "none":
+        notes.append("tensor/pipeline/ZeRO/offload layouts: states are sharded, but activations and transients are "
+                     "modelled for one replica only (not yet divided by tp, multiplied by in-flight micro-batches, "
+                     "or raised by gathered ZeRO-3 parameters)")
+    if job.memory.act_compress != "none":
+        notes.append("int8 activation compression is not modelled yet: activations are shown uncompressed")
+    return notes
