@@ -89,3 +89,33 @@ def test_params_only_model(cli_json):
     est = cli_json("estimate", "--params", "7e9", "--tokens", "1e12", "--gpus", "8xA100-80GB", "--mfu", "0.5")
     assert est["compute"]["flops_6nd"] == pytest.approx(6 * 7e9 * 1e12)
     assert est["compute"]["total_flops"] is None and est["time"]["train_s"] is not None
+
+
+SMALL = ["--layers", "2", "--hidden", "128", "--heads", "4", "--vocab", "1000", "--seq", "128",
+         "--micro-batch", "2", "--global-batch", "2"]
+
+
+def test_trace_prints_the_estimate_keys(cli_json):
+    traced = cli_json("trace", *SMALL)
+    estimated = cli_json("estimate", *SMALL)
+    for key in CONTRACT_KEYS:
+        _get(traced, key)
+    assert traced["memory"]["source"] == "trace" and traced["memory"]["program"] == "cpu"
+    assert traced["compute"] == estimated["compute"]
+    assert traced["memory"]["activations_bytes"] == estimated["memory"]["activations_bytes"]
+
+
+def test_compare_reports_error_per_category(cli, cli_json):
+    cmp = cli_json("compare", *SMALL, "--recompute", "full", "--precision", "fp32")
+    rows = cmp["memory"]
+    assert set(rows) == {"params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "peak_bytes"}
+    assert rows["activations_bytes"]["error"] == 0
+    assert abs(rows["peak_bytes"]["error"]) < 0.03
+    code, out, _ = cli("compare", *SMALL)
+    assert code == 0 and "peak" in out and "%" in out
+
+
+def test_trace_refuses_layouts_it_cannot_run(cli):
+    code, out, err = cli("trace", "--model", "gpt2", "--gpus", "2xA100-80GB", "--tp", "2")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "tracer covers data-parallel replicas only" in err

@@ -41,6 +41,7 @@ OVERRIDES = {
     "optimizer_impl": ("optimizer", "impl", Optimizer),
     "dp": ("parallel", "dp", Parallel), "tp": ("parallel", "tp", Parallel), "pp": ("parallel", "pp", Parallel),
     "vpp": ("parallel", "vpp", Parallel), "sp": ("parallel", "sp", Parallel),
+    "schedule": ("parallel", "schedule", Parallel),
     "zero": ("parallel", "zero", Parallel), "offload": ("parallel", "offload", Parallel),
     "recompute": ("memory", "recompute", MemoryOptions), "act_compress": ("memory", "act_compress", MemoryOptions),
     "attention": ("memory", "attention", MemoryOptions),

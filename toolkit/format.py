@@ -47,10 +47,12 @@ def render_estimate(est: dict) -> str:
         "",
         "memory per device (busiest)",
     ]
-    fits = {True: "fits", False: "does NOT fit", None: "fit unknown until activations are modelled"}[mem["fits"]]
+    fits = {True: "fits", False: "does NOT fit", None: "fit unknown: activations need the model's shape"}[mem["fits"]]
     out += _rows([("parameters", gib(mem["params_bytes"])), ("gradients", gib(mem["grads_bytes"])),
                   ("optimizer states", gib(mem["optimizer_bytes"])), ("model states", gib(mem["states_bytes"])),
                   ("activations", "not modelled yet" if mem["activations_bytes"] is None else gib(mem["activations_bytes"])),
+                  ("peak in a step", "—" if mem["peak_bytes"] is None
+                   else f"{gib(mem['peak_bytes'])}" + (f" (at {mem['peak_phase']})" if mem.get("peak_phase") else "")),
                   ("offloaded to host", gib(mem["host_bytes"])),
                   ("device capacity", f"{gib(mem['device_bytes'])} ({gib(mem['usable_bytes'])} usable): {fits}"
                    if mem["device_bytes"] else "—")])

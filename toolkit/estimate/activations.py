@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..specs.job import Job
+from ..specs.job import TORCH_SEMANTICS, Job
 
-__all__ = ["ActivationBytes", "activation_bytes"]
+__all__ = ["ActivationBytes", "activation_bytes", "pipeline_in_flight"]
 
 _INT64 = 8
 
@@ -34,22 +34,38 @@ class ActivationBytes:
     per_layer: float
     """Saved by one transformer block (its input included) for one micro-batch."""
     layers: float
-    """All blocks of the busiest pipeline stage."""
+    """All blocks of the first pipeline stage, times the micro-batches it holds."""
     embedding: float
     """Token ids and positions kept by the embedding lookups (stage 0)."""
     head: float
-    """Final norm, output projection and loss (last stage)."""
+    """Final norm, output projection and loss of one micro-batch (last stage)."""
     recompute_layer: float
     """Under full recompute: one block's activations rebuilt during backward (a transient)."""
+    in_flight: float = 1.0
+    """Micro-batches the first pipeline stage holds (1 without pipelining)."""
+    stage_layers: int = 0
+    pipelined: bool = False
+
+    @property
+    def first_stage(self) -> float:
+        """Embedding and blocks of every micro-batch in flight (and the head when there is one stage)."""
+        return self.layers + self.embedding + (0 if self.pipelined else self.head)
+
+    @property
+    def last_stage(self) -> float:
+        """With pipelining: one micro-batch through the last stage's blocks and the head."""
+        return self.per_layer * self.stage_layers + self.head if self.pipelined else self.first_stage
 
     @property
     def total(self) -> float:
-        return self.layers + self.embedding + self.head
+        """The busiest stage."""
+        return max(self.first_stage, self.last_stage)
 
 
 def _widths(job: Job):
-    m = job.model
-    return m.hidden, m.heads * m.head_dim_, m.kv_heads_ * m.head_dim_, m.ffn_
+    """(h, q, kv, f) on one tensor-parallel rank: attention heads and the MLP are split tp ways."""
+    m, tp = job.model, job.parallel.tp
+    return m.hidden, m.heads * m.head_dim_ // tp, m.kv_heads_ * m.head_dim_ // tp, m.ffn_ // tp
 
 
 def _bytes_of(job: Job) -> tuple[float, float, float, bool]:
@@ -78,7 +94,7 @@ def _attention_core(job: Job, tokens: float, b: int) -> float:
     act = _bytes_of(job)[0]
     m = job.model
     h, q, kv, f = _widths(job)
-    s, a = m.seq_len, m.heads
+    s, a = m.seq_len, m.heads // job.parallel.tp
     scores = b * a * s * s * act
     dropout = m.dropout > 0
     math_path = job.memory.attention == "eager" or (dropout and job.memory.program == "cpu")
@@ -102,33 +118,38 @@ def activation_bytes(job: Job) -> ActivationBytes:
     h, q, kv, f = _widths(job)
     b, s = job.batch.micro_batch, m.seq_len
     tokens = b * s
+    tp, pp = job.parallel.tp, job.parallel.pp
+    # tokens of the h-wide tensors (norms, residual stream, branch dropout) on one rank: all of them,
+    # or 1/tp with sequence parallelism (Korthikanti et al. 2022)
+    tokens_h = tokens / tp if job.parallel.sp else tokens
     cpu = job.memory.program == "cpu"
     # dropout keeps a mask of its input's dtype on CPU (1 byte on CUDA): branch outputs are `act`,
     # the embedding output is the residual stream's dtype
-    branch_mask = tokens * h * (act if cpu else 1) if m.dropout > 0 else 0
-    embedding_mask = tokens * h * (residual if cpu else 1) if m.dropout > 0 else 0
+    branch_mask = tokens_h * h * (act if cpu else 1) if m.dropout > 0 else 0
+    embedding_mask = tokens_h * h * (residual if cpu else 1) if m.dropout > 0 else 0
     rope = m.position == "rope"
     math_path = job.memory.attention == "eager" or (m.dropout > 0 and job.memory.program == "cpu")
 
     # ---- one block, recompute none ---------------------------------------------------------
-    norm1 = _norm_saved(job, tokens, h, consumers=3)           # its input is the block input
+    norm1 = _norm_saved(job, tokens_h, h, consumers=3)         # its input is the block input
     core = _attention_core(job, tokens, b)
     rope_casts = 4 * s * (m.head_dim_ // 2) * 2 if rope and amp else 0   # fp32 cos/sin cast per use
     # o's input is a view of the core output when q kept the linear's (b, s, a, d) layout, else a copy
     o_input_copy = math_path or rope
     o_input = tokens * q * act
-    norm2 = _norm_saved(job, tokens, h, consumers=2 if m.mlp == "swiglu" else 1)   # input: x + attention
+    norm2 = _norm_saved(job, tokens_h, h, consumers=2 if m.mlp == "swiglu" else 1)   # input: x + attention
     mlp = (4 if m.mlp == "swiglu" else 2) * tokens * f * act
     weights = 0
-    if amp:                                                    # 16-bit casts of every matmul weight
-        weights = 2 * (h * q + 2 * h * kv + q * h + (3 if m.mlp == "swiglu" else 2) * h * f)
+    fsdp = job.precision.mode in TORCH_SEMANTICS and job.parallel.zero >= 2
+    if amp and not fsdp:                                       # 16-bit casts of every matmul weight (FSDP2's
+        weights = 2 * (h * q + 2 * h * kv + q * h + (3 if m.mlp == "swiglu" else 2) * h * f)   # gathers are 16-bit)
     common = norm1 + rope_casts + norm2 + mlp + 2 * branch_mask + weights
     none = common + core + (o_input if o_input_copy else 0)
 
     # ---- recompute variants ------------------------------------------------------------------
     recompute = job.memory.recompute
     if recompute == "full":
-        per_layer = tokens * h * residual                      # checkpoint keeps the block input only
+        per_layer = tokens_h * h * residual                    # checkpoint keeps the block input only
     elif recompute == "selective":
         # the checkpointed core keeps its inputs (q after rope, k and v before the GQA repeat);
         # o keeps the core output (a view of it, or its copy)
@@ -136,12 +157,30 @@ def activation_bytes(job: Job) -> ActivationBytes:
     else:
         per_layer = none
 
-    layers_here = m.layers // job.parallel.pp
     embedding = tokens * _INT64 + (s * _INT64 if m.position == "learned" else 0) + embedding_mask
-    final_norm = _norm_saved(job, tokens, h, consumers=1)
+    final_norm = _norm_saved(job, tokens_h, h, consumers=1)
     loss_scalars = 2 * 4                                       # the loss and nll's total weight
-    head = final_norm + tokens * m.vocab * 4 + tokens * _INT64 + loss_scalars + (2 * h * m.vocab if amp else 0)
+    vocab = m.vocab / tp                                       # vocab-parallel logits and loss
+    head = final_norm + tokens * vocab * 4 + tokens * _INT64 + loss_scalars + (2 * h * vocab if amp else 0)
     # the recomputed block re-creates all it saves but its input, which the checkpoint already holds
-    recompute_layer = none - tokens * h * residual if recompute == "full" else 0
-    return ActivationBytes(per_layer=per_layer, layers=per_layer * layers_here, embedding=embedding, head=head,
-                           recompute_layer=recompute_layer)
+    recompute_layer = none - tokens_h * h * residual if recompute == "full" else 0
+    in_flight = pipeline_in_flight(job)
+    return ActivationBytes(per_layer=per_layer, layers=per_layer * (m.layers // pp) * in_flight,
+                           embedding=embedding * in_flight, head=head, recompute_layer=recompute_layer,
+                           in_flight=in_flight, stage_layers=m.layers // pp, pipelined=pp > 1)
+
+
+def pipeline_in_flight(job: Job) -> float:
+    """Micro-batches whose activations the first pipeline stage holds at once, in stage-layer units.
+
+    GPipe keeps all m micro-batches of a step; 1F1B at most p (Narayanan et al. 2021); the
+    interleaved schedule with v chunks holds p·(1 + (p−1)/(p·v)) (Megatron-LM's accounting).
+    """
+    p, v = job.parallel.pp, job.parallel.vpp
+    m = job.grad_accum or 1
+    if p == 1:
+        return 1.0
+    if job.parallel.schedule == "gpipe":
+        return float(m)
+    in_flight = float(min(m, p))
+    return in_flight * (1 + (p - 1) / (p * v)) if v > 1 else in_flight

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..specs.job import Job
+from ..specs.job import TORCH_SEMANTICS, Job
 from .activations import activation_bytes
 from .params import count_params
 from .states import bytes_per_param, model_state_bytes, params_per_device
@@ -57,76 +57,113 @@ def _optimizer_temp_bytes(job: Job, largest_param: float) -> float:
     name, impl = job.optimizer.name, optimizer_impl(job)
     if name == "sgd" or impl == "fused":
         return 0.0
+    par = job.parallel
     state = 2 if job.precision.mode == "pure-bf16" else 4
-    n = params_per_device(job.model, job.parallel.tp, job.parallel.pp)
+    shard = par.dp if par.zero >= 1 else 1                   # the optimizer steps this rank's shard only
+    n = params_per_device(job.model, par.tp, par.pp) / shard
     if impl == "foreach":
         return n * state                                     # sqrt(v) for every tensor at once
-    return 2 * largest_param * state                         # sqrt(v) and its scaled copy, one tensor at a time
+    # ZeroRedundancyOptimizer (torch ZeRO-1) gives whole tensors to ranks; FSDP2 and DeepSpeed split them
+    split = par.dp if par.zero >= 2 or (par.zero == 1 and job.precision.mode.startswith("mixed-")) else 1
+    return 2 * largest_param / split * state                 # sqrt(v) and its scaled copy, one tensor at a time
 
 
 def memory_estimate(job: Job) -> MemoryEstimate:
     """The memory of a resolved job on its busiest device."""
     states = model_state_bytes(job)
     acts = activation_bytes(job)
-    model = job.model
+    model, par = job.model, job.parallel
+    mode = job.precision.mode
     counts = count_params(model)
     _w, grad_b, _o = bytes_per_param(job)
-    tp = job.parallel.tp
-    b, s, h, vocab = job.batch.micro_batch, model.seq_len, model.hidden, model.vocab
-    tokens = b * s
-    act = 4 if job.precision.mode == "fp32" else 2
-    residual = 2 if job.precision.mode.startswith(("pure-", "mixed-")) else 4
-    accumulating = (job.grad_accum or 1) > 1
+    tp = par.tp
+    h, vocab = model.hidden, model.vocab / tp
+    tokens = job.batch.micro_batch * model.seq_len
+    tokens_h = tokens / tp if par.sp else tokens
+    act = 4 if mode == "fp32" else 2
+    residual = 2 if mode.startswith(("pure-", "mixed-")) else 4
+    accumulating = (job.grad_accum or 1) > 1                       # also: pipelining over several micro-batches
     persistent = states.params_bytes + states.optimizer_bytes
     grads_full = states.grads_bytes
     grads_prev = grads_full if accumulating else 0.0
+    gathered_model, gathered_layer = _gathered_params(job, counts)
 
     # gradients appear during backward: head first, then layer by layer, embedding last
-    layer_grad = counts.per_layer * grad_b / tp
+    layer_grad = counts.per_layer * grad_b / tp / (par.dp if par.zero >= 2 else 1)
     head_param = counts.head if counts.head else counts.embedding   # tied: the embedding's grad appears at the head
     head_grad = (head_param + counts.final) * grad_b / tp
 
     # Backward of the MLP, beyond what it held: the incoming gradient, and the gradients of its
     # inner tensors alive together (GELU: one net of the freed input; SwiGLU: two at the product)
-    ffn = model.ffn_
-    mlp_temp = (2 if model.mlp == "swiglu" else 1) * tokens * ffn * act + tokens * h * residual
+    ffn = model.ffn_ / tp
+    mlp_temp = (2 if model.mlp == "swiglu" else 1) * tokens * ffn * act + tokens_h * h * residual
     logits_grads = 2 * tokens * vocab * 4
 
     # End of forward, inside the loss: the logits (16-bit under autocast or 16-bit weights) and their fp32
     # copy are alive beside the log-softmax; under autocast its cache still holds the blocks' 16-bit weight
     # casts, which full recompute does not otherwise keep.
-    logits_bytes = tokens * vocab * (4 if job.precision.mode == "fp32" else 2 + 4)
+    logits_bytes = tokens * vocab * (4 if mode == "fp32" else 2 + 4)
     autocast_cache = 0.0
-    if job.precision.mode.startswith("amp-") and job.memory.recompute == "full":
+    if mode.startswith("amp-") and job.memory.recompute == "full" and gathered_model == 0 and gathered_layer == 0:
         q, kv = model.heads * model.head_dim_, model.kv_heads_ * model.head_dim_
         layer_matmuls = 2 * h * q + 2 * h * kv + (3 if model.mlp == "swiglu" else 2) * h * model.ffn_
-        autocast_cache = 2 * model.layers // job.parallel.pp * layer_matmuls / tp   # the head's cast is saved anyway
-    phases = {"forward end": persistent + grads_prev + acts.total + logits_bytes + autocast_cache,
-              "loss": persistent + grads_prev + acts.total + logits_grads}
-    layers_here = model.layers // job.parallel.pp
+        autocast_cache = 2 * acts.stage_layers * layer_matmuls / tp   # the head's cast is saved anyway
+    last = persistent + grads_prev + acts.last_stage + gathered_model + gathered_layer
+    phases = {"forward end": last + logits_bytes + autocast_cache, "loss": last + logits_grads}
+
     after_head = acts.layers + acts.embedding                      # loss and final norm have released theirs
-    for name, done_layers in (("top layer", 0), ("bottom layer", layers_here - 1)):
+    for name, done_layers in (("top layer", 0), ("bottom layer", acts.stage_layers - 1)):
         # by the MLP's backward, the layer has made its down-projection's weight gradient too; when
         # accumulating, that gradient is a temporary (in the compute dtype, then cast) added into .grad
-        down_grad = h * ffn * grad_b / tp
+        down_grad = h * ffn * grad_b
         if accumulating:
-            grads = grads_full + down_grad + (h * ffn * 2 / tp if job.precision.mode.startswith("amp-") else 0)
+            grads = grads_full + down_grad + (h * ffn * 2 if mode.startswith("amp-") else 0)
         else:
             grads = head_grad + done_layers * layer_grad + down_grad
-        held = after_head - done_layers * acts.per_layer
-        phases[name] = persistent + grads + held + acts.recompute_layer + mlp_temp
+        held = after_head - done_layers * acts.per_layer * acts.in_flight
+        still_gathered = gathered_model * (1 - done_layers / max(acts.stage_layers, 1))
+        phases[name] = persistent + grads + held + acts.recompute_layer + mlp_temp + still_gathered + gathered_layer
 
-    largest = max(counts.embedding, counts.head, counts.per_layer and _largest_matrix(job)) / tp
-    step = persistent + grads_full + _optimizer_temp_bytes(job, largest)
-    if job.precision.mode.startswith("mixed-"):
-        n = params_per_device(model, tp, job.parallel.pp)
-        step += n * 4 - grads_full                                  # fp32 copies replace the 16-bit grads
-    phases["optimizer step"] = step
-
+    phases["optimizer step"] = _step_bytes(job, counts, persistent, grads_full)
     phase = max(phases, key=phases.get)
     return MemoryEstimate(params_bytes=states.params_bytes, grads_bytes=states.grads_bytes,
                           optimizer_bytes=states.optimizer_bytes, activations_bytes=acts.total,
                           host_bytes=states.host_bytes, peak_bytes=phases[phase], peak_phase=phase, phases=phases)
+
+
+def _gathered_params(job: Job, counts) -> tuple[float, float]:
+    """Unsharded parameters alive outside the step: (whole stage, per layer), in bytes.
+
+    FSDP2 (torch semantics) without resharding after forward (ZeRO-2) keeps every block's 16-bit
+    gathered weights from its forward to its backward; with resharding (ZeRO-3, or parameter
+    offload) it holds one block plus the prefetched next. DeepSpeed's ZeRO-3 gathers the same
+    way. Modelled from the frameworks' semantics, not yet traced.
+    """
+    par, mode = job.parallel, job.precision.mode
+    compute_bytes = 4 if mode == "fp32" else 2
+    layer = counts.per_layer / par.tp * compute_bytes
+    stage_layers = job.model.layers // par.pp
+    if mode in TORCH_SEMANTICS and par.zero == 2 and par.offload == "none":
+        return layer * stage_layers, 0.0
+    if par.zero == 3 or par.offload == "params":
+        return 0.0, 2 * layer
+    return 0.0, 0.0
+
+
+def _step_bytes(job: Job, counts, persistent: float, grads_full: float) -> float:
+    """Device bytes during the optimizer step."""
+    par = job.parallel
+    if par.offload != "none":                                      # the step runs on the host
+        return persistent + grads_full
+    largest = max(counts.embedding, counts.head, _largest_matrix(job)) / par.tp
+    step = persistent + grads_full + _optimizer_temp_bytes(job, largest)
+    if job.precision.mode.startswith("mixed-"):
+        n = params_per_device(job.model, par.tp, par.pp)
+        if par.zero == 0:
+            step += 4 * n - grads_full                             # fp32 copies replace the 16-bit gradients
+        else:
+            step += 4 * n / par.dp                                 # DeepSpeed: fp32 copy of this rank's partition
+    return step
 
 
 def _largest_matrix(job: Job) -> int:
@@ -142,9 +179,8 @@ def memory_notes(job: Job, mem: MemoryEstimate | None) -> list[str]:
              f"({job.memory.attention} attention, {optimizer_impl(job)} optimizer); peak at: {mem.peak_phase}"]
     par = job.parallel
     if par.tp > 1 or par.pp > 1 or par.zero > 0 or par.offload != "none":
-        notes.append("tensor/pipeline/ZeRO/offload layouts: states are sharded, but activations and transients are "
-                     "modelled for one replica only (not yet divided by tp, multiplied by in-flight micro-batches, "
-                     "or raised by gathered ZeRO-3 parameters)")
+        notes.append("tensor/sequence/pipeline/ZeRO/offload terms follow Megatron's and FSDP2's semantics and are "
+                     "not yet checked against a trace of those programs (the single-replica model is)")
     if job.memory.act_compress != "none":
         notes.append("int8 activation compression is not modelled yet: activations are shown uncompressed")
     return notes

@@ -72,6 +72,8 @@ class Parallel:
     """Virtual stages per pipeline rank (interleaved 1F1B)."""
     sp: bool = False
     """Sequence parallelism over the tensor-parallel group."""
+    schedule: Literal["1f1b", "gpipe"] = "1f1b"
+    """Pipeline schedule; with vpp > 1, 1F1B is interleaved."""
     zero: Literal[0, 1, 2, 3] = 0
     """ZeRO stage: 1 shards optimizer states, 2 also gradients, 3 also parameters."""
     offload: Literal["none", "optimizer", "params"] = "none"

@@ -1,0 +1,78 @@
+"""Activations and transients under tensor, sequence and pipeline parallelism and ZeRO (analytic)."""
+import pytest
+
+from toolkit.estimate.activations import activation_bytes, pipeline_in_flight
+from toolkit.estimate.memory import memory_estimate
+from toolkit.specs import Job
+
+GPT = {"preset": "gpt2", "layers": 8, "hidden": 1024, "heads": 16, "seq_len": 1024, "max_positions": 1024}
+
+
+def job(parallel=None, count=None, mode="fp32", b=2, accum=1, model=GPT, rec="none") -> Job:
+    parallel = parallel or {}
+    count = count or parallel.get("tp", 1) * parallel.get("pp", 1) * parallel.get("dp", 1)
+    data = {"model": model, "precision": {"mode": mode}, "parallel": parallel,
+            "batch": {"micro_batch": b, "global_batch": b * accum * parallel.get("dp", 1)},
+            "memory": {"recompute": rec, "program": "cuda"}, "cluster": {"count": count}}
+    return Job.from_dict(data).resolve()[0]
+
+
+def test_tensor_parallel_splits_heads_and_mlp_not_the_residual_stream():
+    """Korthikanti et al. (2022): with tp, everything but the h-wide tensors is divided by t."""
+    t = 4
+    one, split = activation_bytes(job()).per_layer, activation_bytes(job({"tp": t})).per_layer
+    tokens, h = 2 * 1024, 1024
+    replicated = 2 * (tokens * h * 4 + 2 * tokens * 4 + tokens * h * 4)   # two LayerNorms: input, stats, output
+    assert split == pytest.approx(replicated + (one - replicated) / t)
+
+
+def test_sequence_parallel_divides_everything():
+    for t in (2, 4, 8):
+        assert activation_bytes(job({"tp": t, "sp": True})).per_layer * t == activation_bytes(job()).per_layer
+
+
+def test_vocab_parallel_logits():
+    one, split = activation_bytes(job()), activation_bytes(job({"tp": 4}))
+    assert one.head - split.head == pytest.approx(0.75 * 2 * 1024 * 50257 * 4)
+
+
+@pytest.mark.parametrize("schedule, pp, vpp, m, expected", [
+    ("gpipe", 4, 1, 16, 16), ("1f1b", 4, 1, 16, 4), ("1f1b", 4, 1, 2, 2), ("1f1b", 4, 2, 16, 4 * (1 + 3 / 8)),
+    ("1f1b", 1, 1, 16, 1),
+])
+def test_pipeline_in_flight(schedule, pp, vpp, m, expected):
+    j = job({"pp": pp, "vpp": vpp, "schedule": schedule}, accum=m)
+    assert pipeline_in_flight(j) == pytest.approx(expected)
+
+
+def test_first_stage_holds_in_flight_micro_batches():
+    j = job({"pp": 4}, accum=8)
+    acts = activation_bytes(j)
+    assert acts.layers == acts.per_layer * 2 * 4                      # 8 layers / 4 stages, 4 micro-batches
+    assert acts.total == max(acts.first_stage, acts.last_stage)
+
+
+def test_zero3_gathers_a_layer_and_its_prefetch():
+    """ZeRO-3 holds two unsharded blocks (current + prefetched) during forward and backward."""
+    z2 = memory_estimate(job({"dp": 8, "zero": 2}, mode="mixed-bf16"))
+    z3 = memory_estimate(job({"dp": 8, "zero": 3}, mode="mixed-bf16"))
+    per_layer = 12 * 1024 * 1024 + 13 * 1024                        # GPT-2 block parameters at h = 1024
+    assert z2.phases["loss"] - z3.phases["loss"] == pytest.approx(
+        (z2.params_bytes - z3.params_bytes) - 2 * per_layer * 2)
+
+
+def test_fsdp_zero2_keeps_unsharded_weights_until_backward():
+    z1 = memory_estimate(job({"dp": 8, "zero": 1}, mode="amp-bf16"))
+    z2 = memory_estimate(job({"dp": 8, "zero": 2}, mode="amp-bf16"))
+    per_layer = 12 * 1024 * 1024 + 13 * 1024
+    # FSDP2 gathers 16-bit weights (no separate autocast casts), all 8 blocks held at the loss
+    assert z2.activations_bytes < z1.activations_bytes
+    assert z2.phases["loss"] - z2.activations_bytes - z2.params_bytes - z2.optimizer_bytes == pytest.approx(
+        8 * per_layer * 2 + 2 * 2 * 1024 * 50257 * 4)
+
+
+def test_offload_moves_the_step_off_the_device():
+    j = job({"dp": 8, "zero": 3, "offload": "params"}, mode="amp-bf16")
+    mem = memory_estimate(j)
+    assert mem.params_bytes == mem.grads_bytes == mem.optimizer_bytes == 0 and mem.host_bytes > 0
+    assert mem.phases["optimizer step"] == 0

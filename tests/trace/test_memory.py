@@ -1,0 +1,36 @@
+"""The fake-tensor tracer: full-size models on this machine, exact model states, clear refusals."""
+import resource
+
+import pytest
+
+from toolkit.estimate.memory import memory_estimate
+from toolkit.specs import Job, SpecError
+from toolkit.trace.memory import trace_memory
+
+
+def test_llama2_70b_traces_without_allocating():
+    job, _ = Job.from_dict({"model": {"preset": "llama2-70b"}, "batch": {"micro_batch": 1, "global_batch": 1},
+                            "precision": {"mode": "mixed-bf16"},
+                            "memory": {"recompute": "full", "program": "cpu"},   # the program the tracer runs
+                            "cluster": {"accelerator": "H100-SXM", "count": 1}}).resolve()
+    traced = trace_memory(job)
+    model = memory_estimate(job)
+    assert traced.params_bytes == pytest.approx(2 * 68_976_648_192, rel=1e-4)       # bf16 weights (+ rope tables)
+    assert traced.grads_bytes == 2 * 68_976_648_192
+    assert traced.peak_bytes > 1e12                                                  # ~1.1 TB "used"...
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss < 4 * 2**20              # ...in under 4 GiB of RSS
+    assert model.peak_bytes == pytest.approx(traced.peak_bytes, rel=0.03)
+
+
+@pytest.mark.parametrize("parallel, field", [({"tp": 2}, "parallel"), ({"zero": 3}, "parallel")])
+def test_untraceable_layouts_are_refused(parallel, field):
+    job, _ = Job.from_dict({"model": {"preset": "gpt2"}, "parallel": parallel,
+                            "cluster": {"accelerator": "A100-80GB", "count": 2}}).resolve()
+    with pytest.raises(SpecError, match="tracer covers data-parallel replicas only"):
+        trace_memory(job)
+
+
+def test_size_only_model_is_refused():
+    job, _ = Job.from_dict({"model": {"params": 1e9}}).resolve()
+    with pytest.raises(SpecError, match="give a shape"):
+        trace_memory(job)
