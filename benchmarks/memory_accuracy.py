@@ -30,11 +30,12 @@ def matrix() -> list[tuple[str, dict]]:
     rows = []
 
     def add(name, model, mode="amp-bf16", b=2, accum=1, rec="none", att="flash", opt="adamw", impl=None,
-            momentum=0.9, dropout=None):
+            momentum=0.9, dropout=None, dp=1, zero=0):
         if dropout is not None:
             model = dict(model, dropout=dropout)
-        rows.append((name, {"model": model, "batch": {"micro_batch": b, "global_batch": b * accum},
+        rows.append((name, {"model": model, "batch": {"micro_batch": b, "global_batch": b * accum * dp},
                             "precision": {"mode": mode}, "optimizer": {"name": opt, "impl": impl, "momentum": momentum},
+                            "parallel": {"zero": zero}, "cluster": {"count": dp},
                             "memory": {"recompute": rec, "attention": att, "program": "cpu"}}))
 
     # every precision x recompute on both block styles
@@ -69,6 +70,13 @@ def matrix() -> list[tuple[str, dict]]:
     add("llama-v1000/mixed/full/foreach", dict(SMALL_LLAMA, vocab=1000), mode="mixed-bf16", rec="full", impl="foreach")
     add("llama-v1000/pure-bf16/selective/eager", dict(SMALL_LLAMA, vocab=1000), mode="pure-bf16", rec="selective",
         att="eager", b=4)
+    # FSDP2 (torch ZeRO-2/3) on a fake process group of 8 ranks
+    for (mname, model), mode, zero, rec in itertools.product(
+            (("gpt", SMALL_GPT), ("llama", SMALL_LLAMA)), ("fp32", "amp-bf16", "pure-bf16"), (2, 3), ("none", "full")):
+        add(f"{mname}/fsdp-zero{zero}/{mode}/{rec}", model, mode=mode, rec=rec, dp=8, zero=zero)
+    for (mname, model), zero, rec, b in itertools.product((("gpt", SMALL_GPT), ("llama", SMALL_LLAMA)), (2, 3),
+                                                          ("none", "full"), (1, 4)):
+        add(f"{mname}-v1000/fsdp-zero{zero}/{rec}/b{b}", dict(model, vocab=1000), rec=rec, b=b, dp=8, zero=zero)
     return rows
 
 
@@ -92,10 +100,16 @@ def main() -> None:
         rows = rows[::4]
     start = time.perf_counter()
     errors, act_errors = run(rows)
+    replicated = [e for (name, _), e in zip(rows, errors) if "fsdp" not in name]
+    fsdp = [e for (name, _), e in zip(rows, errors) if "fsdp" in name]
     print()
     print(f"configurations: {len(rows)}")
     print(f"seconds: {time.perf_counter() - start:.0f}")
     print(f"activations max error: {100 * max(act_errors):.3f} %")
+    print(f"replicated peak max error: {100 * max(replicated):.2f} %")
+    if fsdp:
+        print(f"fsdp peak median error: {100 * statistics.median(fsdp):.2f} %")
+        print(f"fsdp peak max error: {100 * max(fsdp):.2f} %")
     print(f"peak median error: {100 * statistics.median(errors):.2f} %")
     print(f"peak max error: {100 * max(errors):.2f} %")
 

@@ -22,11 +22,11 @@ def test_llama2_70b_traces_without_allocating():
     assert model.peak_bytes == pytest.approx(traced.peak_bytes, rel=0.03)
 
 
-@pytest.mark.parametrize("parallel, field", [({"tp": 2}, "parallel"), ({"zero": 3}, "parallel")])
+@pytest.mark.parametrize("parallel, field", [({"tp": 2}, "parallel"), ({"pp": 2}, "parallel")])
 def test_untraceable_layouts_are_refused(parallel, field):
     job, _ = Job.from_dict({"model": {"preset": "gpt2"}, "parallel": parallel,
                             "cluster": {"accelerator": "A100-80GB", "count": 2}}).resolve()
-    with pytest.raises(SpecError, match="tracer covers data-parallel replicas only"):
+    with pytest.raises(SpecError, match="tracer covers data-parallel replicas and FSDP2"):
         trace_memory(job)
 
 
@@ -34,3 +34,18 @@ def test_size_only_model_is_refused():
     job, _ = Job.from_dict({"model": {"params": 1e9}}).resolve()
     with pytest.raises(SpecError, match="give a shape"):
         trace_memory(job)
+
+
+@pytest.mark.parametrize("mode, zero, rec", [("amp-bf16", 3, "none"), ("fp32", 3, "full"), ("pure-bf16", 2, "none")])
+def test_fsdp2_on_a_fake_process_group(mode, zero, rec):
+    """ZeRO-2/3 under torch semantics is FSDP2; one rank of 8 is traced without any other process."""
+    model = {"preset": "llama2-7b", "layers": 3, "hidden": 256, "heads": 4, "kv_heads": 2, "ffn": 688,
+             "seq_len": 256, "vocab": 4000}
+    job, _ = Job.from_dict({"model": model, "batch": {"micro_batch": 2, "global_batch": 16},
+                            "precision": {"mode": mode}, "parallel": {"zero": zero},
+                            "memory": {"recompute": rec, "program": "cpu"}, "cluster": {"count": 8}}).resolve()
+    traced, model_mem = trace_memory(job), memory_estimate(job)
+    assert traced.grads_bytes == pytest.approx(model_mem.grads_bytes, rel=1e-3)          # sharded 1/8
+    assert traced.optimizer_bytes == pytest.approx(model_mem.optimizer_bytes, rel=1e-3)
+    assert traced.activations_bytes == pytest.approx(model_mem.activations_bytes, rel=0.005)
+    assert model_mem.peak_bytes == pytest.approx(traced.peak_bytes, rel=0.03)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from ..specs.job import TORCH_SEMANTICS, Job
 
-__all__ = ["ActivationBytes", "activation_bytes", "pipeline_in_flight"]
+__all__ = ["ActivationBytes", "activation_bytes", "fsdp_gathers_16bit", "pipeline_in_flight"]
 
 _INT64 = 8
 
@@ -68,12 +68,18 @@ def _widths(job: Job):
     return m.hidden, m.heads * m.head_dim_ // tp, m.kv_heads_ * m.head_dim_ // tp, m.ffn_ // tp
 
 
+def fsdp_gathers_16bit(job: Job) -> bool:
+    """FSDP2 (torch ZeRO-2/3) under amp-*: weights are gathered in 16-bit, so the program runs like pure 16-bit."""
+    return (job.precision.mode.startswith("amp-") and job.parallel.zero >= 2
+            and job.precision.mode in TORCH_SEMANTICS)
+
+
 def _bytes_of(job: Job) -> tuple[float, float, float, bool]:
-    """(16/32-bit activations, residual stream, norm output, autocast?) in bytes per element."""
+    """(16/32-bit activations, residual stream, norm output, autocast casts?) in bytes per element."""
     mode = job.precision.mode
     if mode == "fp32":
         return 4, 4, 4, False
-    if mode.startswith("amp-"):
+    if mode.startswith("amp-") and not fsdp_gathers_16bit(job):
         return 2, 4, 4, True
     return 2, 2, 2, False
 
@@ -133,16 +139,16 @@ def activation_bytes(job: Job) -> ActivationBytes:
     # ---- one block, recompute none ---------------------------------------------------------
     norm1 = _norm_saved(job, tokens_h, h, consumers=3)         # its input is the block input
     core = _attention_core(job, tokens, b)
-    rope_casts = 4 * s * (m.head_dim_ // 2) * 2 if rope and amp else 0   # fp32 cos/sin cast per use
+    # fp32 cos/sin tables cast per use (FSDP2 casts parameters, not buffers)
+    rope_casts = 4 * s * (m.head_dim_ // 2) * 2 if rope and (amp or fsdp_gathers_16bit(job)) else 0
     # o's input is a view of the core output when q kept the linear's (b, s, a, d) layout, else a copy
     o_input_copy = math_path or rope
     o_input = tokens * q * act
     norm2 = _norm_saved(job, tokens_h, h, consumers=2 if m.mlp == "swiglu" else 1)   # input: x + attention
     mlp = (4 if m.mlp == "swiglu" else 2) * tokens * f * act
     weights = 0
-    fsdp = job.precision.mode in TORCH_SEMANTICS and job.parallel.zero >= 2
-    if amp and not fsdp:                                       # 16-bit casts of every matmul weight (FSDP2's
-        weights = 2 * (h * q + 2 * h * kv + q * h + (3 if m.mlp == "swiglu" else 2) * h * f)   # gathers are 16-bit)
+    if amp:                                                    # 16-bit casts of every matmul weight
+        weights = 2 * (h * q + 2 * h * kv + q * h + (3 if m.mlp == "swiglu" else 2) * h * f)
     common = norm1 + rope_casts + norm2 + mlp + 2 * branch_mask + weights
     none = common + core + (o_input if o_input_copy else 0)
 

@@ -86,12 +86,16 @@ def memory_estimate(job: Job) -> MemoryEstimate:
     persistent = states.params_bytes + states.optimizer_bytes
     grads_full = states.grads_bytes
     grads_prev = grads_full if accumulating else 0.0
-    gathered_model, gathered_layer = _gathered_params(job, counts)
+    gathered = _gathered_params(job, counts)
+    reduce_scatter = gathered.reduce_scatter
 
     # gradients appear during backward: head first, then layer by layer, embedding last
     layer_grad = counts.per_layer * grad_b / tp / (par.dp if par.zero >= 2 else 1)
     head_param = counts.head if counts.head else counts.embedding   # tied: the embedding's grad appears at the head
-    head_grad = (head_param + counts.final) * grad_b / tp
+    # FSDP2 computes gradients on the gathered (16-bit) weights and shards them at each module's post-backward:
+    # the root's (head) until the end of backward, a block's until the block is done
+    unsharded_grad_b = (4 if mode == "fp32" else 2) if reduce_scatter else grad_b
+    head_grad = (head_param + counts.final) * unsharded_grad_b / tp
 
     # Backward of the MLP, beyond what it held: the incoming gradient, and the gradients of its
     # inner tensors alive together (GELU: one net of the freed input; SwiGLU: two at the product)
@@ -104,25 +108,35 @@ def memory_estimate(job: Job) -> MemoryEstimate:
     # casts, which full recompute does not otherwise keep.
     logits_bytes = tokens * vocab * (4 if mode == "fp32" else 2 + 4)
     autocast_cache = 0.0
-    if mode.startswith("amp-") and job.memory.recompute == "full" and gathered_model == 0 and gathered_layer == 0:
+    if mode.startswith("amp-") and job.memory.recompute == "full" and gathered == _Gathered():
         q, kv = model.heads * model.head_dim_, model.kv_heads_ * model.head_dim_
         layer_matmuls = 2 * h * q + 2 * h * kv + (3 if model.mlp == "swiglu" else 2) * h * model.ffn_
         autocast_cache = 2 * acts.stage_layers * layer_matmuls / tp   # the head's cast is saved anyway
-    last = persistent + grads_prev + acts.last_stage + gathered_model + gathered_layer
+    last = persistent + grads_prev + acts.last_stage + gathered.blocks + gathered.root + gathered.at_loss
     phases = {"forward end": last + logits_bytes + autocast_cache, "loss": last + logits_grads}
 
     after_head = acts.layers + acts.embedding                      # loss and final norm have released theirs
     for name, done_layers in (("top layer", 0), ("bottom layer", acts.stage_layers - 1)):
         # by the MLP's backward, the layer has made its down-projection's weight gradient too; when
         # accumulating, that gradient is a temporary (in the compute dtype, then cast) added into .grad
-        down_grad = h * ffn * grad_b
+        down_grad = h * ffn * unsharded_grad_b
         if accumulating:
             grads = grads_full + down_grad + (h * ffn * 2 if mode.startswith("amp-") else 0)
         else:
             grads = head_grad + done_layers * layer_grad + down_grad
         held = after_head - done_layers * acts.per_layer * acts.in_flight
-        still_gathered = gathered_model * (1 - done_layers / max(acts.stage_layers, 1))
-        phases[name] = persistent + grads + held + acts.recompute_layer + mlp_temp + still_gathered + gathered_layer
+        still_gathered = gathered.blocks * (1 - done_layers / max(acts.stage_layers, 1))
+        base = persistent + grads + still_gathered + gathered.root + gathered.in_backward
+        # below the top block, the block above is still reduce-scattering its gradients (FSDP2 overlaps them)
+        overlap = reduce_scatter if done_layers else 0.0
+        phases[name] = base + held + acts.recompute_layer + mlp_temp + overlap
+        if reduce_scatter and not done_layers:
+            # the top block's post-backward: its activations are gone, it is resharded, and its unsharded
+            # gradients are copied into the reduce-scatter input
+            block_grads = counts.per_layer / tp * unsharded_grad_b
+            resharded = gathered.block if gathered.blocks else 0.0
+            phases[f"{name} reduce-scatter"] = (base - down_grad - resharded + held - acts.per_layer * acts.in_flight
+                                                + block_grads + reduce_scatter)
 
     phases["optimizer step"] = _step_bytes(job, counts, persistent, grads_full)
     phase = max(phases, key=phases.get)
@@ -131,23 +145,39 @@ def memory_estimate(job: Job) -> MemoryEstimate:
                           host_bytes=states.host_bytes, peak_bytes=phases[phase], peak_phase=phase, phases=phases)
 
 
-def _gathered_params(job: Job, counts) -> tuple[float, float]:
-    """Unsharded parameters alive outside the step: (whole stage, per layer), in bytes.
+@dataclass(frozen=True)
+class _Gathered:
+    """Unsharded parameters alive outside the optimizer step, in bytes (see _gathered_params)."""
+    blocks: float = 0.0            # every block, gathered from its forward to its backward (ZeRO-2)
+    root: float = 0.0              # embeddings, head and final norm, gathered all forward and backward
+    at_loss: float = 0.0           # blocks gathered when backward starts (ZeRO-3: the prefetched last one)
+    in_backward: float = 0.0       # blocks gathered during a block's backward (ZeRO-3: it and the next)
+    reduce_scatter: float = 0.0    # one block's unsharded gradients in the reduce-scatter input
+    block: float = 0.0             # one gathered block
 
-    FSDP2 (torch semantics) without resharding after forward (ZeRO-2) keeps every block's 16-bit
-    gathered weights from its forward to its backward; with resharding (ZeRO-3, or parameter
-    offload) it holds one block plus the prefetched next. DeepSpeed's ZeRO-3 gathers the same
-    way. Modelled from the frameworks' semantics, not yet traced.
+
+def _gathered_params(job: Job, counts) -> _Gathered:
+    """FSDP2 (torch semantics) gathers the root's parameters for the whole forward and backward.
+    Without resharding after forward (ZeRO-2) every block's 16-bit weights stay gathered from its
+    forward to its backward; with resharding (ZeRO-3, or parameter offload) one block is gathered
+    and the next prefetched. Each block's gradients wait in the reduce-scatter input (fp32 under
+    amp-*) while the block below runs its backward. DeepSpeed's ZeRO-3 is modelled as two
+    gathered blocks. Checked against FSDP2 traces on a fake process group.
     """
     par, mode = job.parallel, job.precision.mode
     compute_bytes = 4 if mode == "fp32" else 2
-    layer = counts.per_layer / par.tp * compute_bytes
-    stage_layers = job.model.layers // par.pp
+    block = counts.per_layer / par.tp * compute_bytes
+    root = (counts.embedding + counts.positions + counts.head + counts.final) / par.tp * compute_bytes
+    reduce_scatter = counts.per_layer / par.tp * (2 if mode == "pure-bf16" else 4)
     if mode in TORCH_SEMANTICS and par.zero == 2 and par.offload == "none":
-        return layer * stage_layers, 0.0
-    if par.zero == 3 or par.offload == "params":
-        return 0.0, 2 * layer
-    return 0.0, 0.0
+        return _Gathered(blocks=block * (job.model.layers // par.pp), root=root, in_backward=block,
+                         reduce_scatter=reduce_scatter, block=block)   # in backward: one all-gather output too
+    if mode in TORCH_SEMANTICS and (par.zero == 3 or par.offload == "params"):
+        return _Gathered(root=root, at_loss=block, in_backward=2 * block, reduce_scatter=reduce_scatter,
+                         block=block)
+    if par.zero == 3:
+        return _Gathered(at_loss=2 * block, in_backward=2 * block, block=block)
+    return _Gathered()
 
 
 def _step_bytes(job: Job, counts, persistent: float, grads_full: float) -> float:

@@ -139,7 +139,13 @@ def resolve_job(job: Job, catalog: Catalog) -> tuple[Job, list[str]]:
                             f"parameter offload needs parallel.zero = {' or '.join(map(str, need))} "
                             f"({'FSDP2' if mode in TORCH_SEMANTICS else 'DeepSpeed ZeRO-3'}); got zero = {par.zero}")
     if par.zero > 0 and par.dp == 1:
-        notes.append(f"ZeRO-{par.zero} with dp = 1 shards nothing")
+        notes.append(f"ZeRO-{par.zero} with dp = 1 shards nothing: it only adds communication")
+    if job.memory.act_compress != "none" and job.memory.recompute == "full":
+        notes.append("int8 compression with full recompute compresses only the block inputs it keeps: "
+                     "little to gain, and rounding errors enter every recomputed block")
+    if job.memory.recompute == "selective" and job.memory.attention == "flash" and job.model.dropout == 0:
+        notes.append("selective recompute of flash attention saves little: the fused kernel stores no score "
+                     "matrix to begin with")
     if job.optimizer.name != "sgd" and job.optimizer.momentum != 0.9:
         notes.append("optimizer.momentum applies to sgd only; ignored")
 

@@ -12,7 +12,8 @@ the steady one: optimizer states exist throughout) and report, per device:
 - peak_bytes: the largest total seen during the steady step, with its breakdown.
 
 This is the CPU program (see toolkit.train.model). It traces one data-parallel rank of a
-replicated layout; tensor, pipeline and ZeRO layouts are refused until their traces land.
+replicated layout, or of FSDP2 (ZeRO-2/3 under torch semantics) on a fake process group;
+tensor, pipeline, DeepSpeed-style ZeRO and offload layouts are refused until their traces land.
 """
 from __future__ import annotations
 
@@ -20,11 +21,16 @@ import contextlib
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 from torch.distributed._tools.mem_tracker import MemTracker
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from ..specs.errors import SpecError
-from ..specs.job import Job
+from ..specs.job import TORCH_SEMANTICS, Job
 from ..train.model import GPT
 
 __all__ = ["TraceResult", "trace_memory", "MAX_TRACED_MICRO_BATCHES"]
@@ -51,10 +57,11 @@ class TraceResult:
 
 def _check_traceable(job: Job) -> None:
     par = job.parallel
-    if par.tp > 1 or par.pp > 1 or par.zero > 0 or par.offload != "none":
+    fsdp = par.zero in (2, 3) and job.precision.mode in TORCH_SEMANTICS
+    if par.tp > 1 or par.pp > 1 or par.offload != "none" or (par.zero > 0 and not fsdp):
         raise SpecError("parallel", f"tp={par.tp} pp={par.pp} zero={par.zero} offload={par.offload}",
-                        "the tracer covers data-parallel replicas only so far; trace with tp=1 pp=1 zero=0 "
-                        "offload=none (toolkit estimate models the others analytically)")
+                        "the tracer covers data-parallel replicas and FSDP2 (zero 2/3 with fp32, amp-* or "
+                        "pure-bf16) so far; toolkit estimate models the other layouts analytically")
     if not job.model.has_shape or job.model.encoder:
         raise SpecError("model", job.model.name, "the tracer builds the runner's decoder: give a shape, not params only")
     if job.precision.grad_dtype == "fp32":
@@ -114,9 +121,9 @@ def _snapshot(tracker: MemTracker, kind: str) -> dict[str, int]:
 def trace_memory(job: Job) -> TraceResult:
     """Trace one device of a resolved job (its CPU program)."""
     _check_traceable(job)
+    if job.parallel.zero >= 2:
+        return _trace_fsdp(job)
     mode = job.precision.mode
-    micro_batches = min(job.grad_accum or 1, MAX_TRACED_MICRO_BATCHES)
-    b, seq, vocab = job.batch.micro_batch, job.model.seq_len, job.model.vocab
     with FakeTensorMode():
         weights_dtype = _DTYPES[mode.rsplit("-", 1)[1]] if mode == "pure-bf16" or mode.startswith("mixed-") \
             else torch.float32
@@ -127,36 +134,100 @@ def trace_memory(job: Job) -> TraceResult:
         else:
             optimizer = _make_optimizer(job, model.parameters())
             stepper, extra = optimizer, []
-        autocast = (torch.autocast("cpu", dtype=_DTYPES[mode.rsplit("-", 1)[1]]) if mode.startswith("amp-")
-                    else contextlib.nullcontext())
-
         tracker = _DeviceTracker()
         tracker.track_external(model, optimizer, *extra)
-        with tracker:
-            for _step in range(2):
-                for _micro in range(micro_batches):
-                    tracker.reset_mod_stats()  # MemTracker refuses a module called twice otherwise
-                    tokens = torch.randint(0, vocab, (b, seq))   # the batch lives on the device too
-                    targets = torch.randint(0, vocab, (b, seq))
-                    with autocast:
-                        loss = model(tokens, targets) / micro_batches
-                    boundary = _snapshot(tracker, "current")
-                    loss.backward()
-                    del loss, tokens, targets
-                before_step = _snapshot(tracker, "current")
-                stepper.step()
-                (optimizer if stepper is optimizer else stepper.optimizer).zero_grad(set_to_none=True)
-                for p in model.parameters():
-                    p.grad = None
-            after = _snapshot(tracker, "current")
-        peak = _snapshot(tracker, "peak")
-
+        snaps = _run_steps(job, tracker, model, stepper, optimizer)
     return TraceResult(
-        params_bytes=after.get("PARAM", 0) + after.get("BUFFER", 0),
-        grads_bytes=before_step.get("GRAD", 0),
-        optimizer_bytes=after.get("OPT", 0) + after.get("OTH", 0),
+        params_bytes=snaps["after"].get("PARAM", 0) + snaps["after"].get("BUFFER", 0),
+        grads_bytes=snaps["before_step"].get("GRAD", 0),
+        optimizer_bytes=snaps["after"].get("OPT", 0) + snaps["after"].get("OTH", 0),
+        activations_bytes=snaps["boundary"].get("ACT", 0),
+        peak_bytes=snaps["peak"].get("Total", 0),
+        peak_breakdown=snaps["peak"],
+        boundary_breakdown=snaps["boundary"],
+    )
+
+
+def _run_steps(job: Job, tracker: MemTracker, model: torch.nn.Module, stepper, optimizer) -> dict[str, dict]:
+    """Two training steps under the tracker; snapshots at the boundary, before the step, after it, and the peak."""
+    mode = job.precision.mode
+    micro_batches = min(job.grad_accum or 1, MAX_TRACED_MICRO_BATCHES)
+    b, seq, vocab = job.batch.micro_batch, job.model.seq_len, job.model.vocab
+    autocast = (torch.autocast("cpu", dtype=_DTYPES[mode.rsplit("-", 1)[1]]) if mode.startswith("amp-")
+                else contextlib.nullcontext())
+    snaps = {}
+    with tracker:
+        for _step in range(2):
+            for _micro in range(micro_batches):
+                tracker.reset_mod_stats()  # MemTracker refuses a module called twice otherwise
+                tokens = torch.randint(0, vocab, (b, seq))   # the batch lives on the device too
+                targets = torch.randint(0, vocab, (b, seq))
+                with autocast:
+                    loss = model(tokens, targets) / micro_batches
+                snaps["boundary"] = _snapshot(tracker, "current")
+                loss.backward()
+                del loss, tokens, targets
+            snaps["before_step"] = _snapshot(tracker, "current")
+            stepper.step()
+            optimizer.zero_grad(set_to_none=True)
+            for p in model.parameters():
+                p.grad = None
+        snaps["after"] = _snapshot(tracker, "current")
+    snaps["peak"] = _snapshot(tracker, "peak")
+    return snaps
+
+
+class _FSDPDeviceTracker(FSDPMemTracker):
+    """FSDPMemTracker without per-module peaks (see _DeviceTracker)."""
+
+    _update_peak_stats = _DeviceTracker._update_peak_stats
+
+
+@contextlib.contextmanager
+def _fake_process_group(world_size: int):
+    """A fake process group of `world_size` ranks in this process: collectives return at once, moving nothing."""
+    if dist.is_initialized():
+        raise SpecError("parallel.dp", world_size, "a process group already exists in this process; trace FSDP "
+                                                   "layouts from a fresh process (toolkit trace)")
+    dist.init_process_group("fake", rank=0, world_size=world_size, store=FakeStore())
+    try:
+        yield init_device_mesh("cpu", (world_size,))
+    finally:
+        dist.destroy_process_group()
+
+
+def _trace_fsdp(job: Job) -> TraceResult:
+    """ZeRO-2/3 as torch does them: FSDP2 `fully_shard` per block and at the root, on a fake process group.
+
+    fully_shard cannot run inside FakeTensorMode: the model is sharded on the meta device, then
+    materialised as fake tensors with `to_empty`.
+    """
+    mode, par = job.precision.mode, job.parallel
+    policy = MixedPrecisionPolicy()
+    weights_dtype = torch.float32
+    if mode.startswith("amp-"):                     # FSDP2 gathers 16-bit weights; autocast still runs the ops
+        policy = MixedPrecisionPolicy(param_dtype=_DTYPES[mode.rsplit("-", 1)[1]], reduce_dtype=torch.float32)
+    elif mode == "pure-bf16":
+        weights_dtype = torch.bfloat16
+    with _fake_process_group(par.dp) as mesh:
+        with torch.device("meta"):
+            model = GPT(job.model, attention=job.memory.attention, recompute=job.memory.recompute, dtype=weights_dtype)
+        reshard = par.zero == 3
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
+        fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            model.to_empty(device="cpu")
+            optimizer = _make_optimizer(job, model.parameters())
+            tracker = _FSDPDeviceTracker(model, optimizer)
+            snaps = _run_steps(job, tracker, model, optimizer, optimizer)
+    after, before, boundary = snaps["after"], snaps["before_step"], snaps["boundary"]
+    return TraceResult(
+        params_bytes=after.get("SHARDED_PARAM", 0) + after.get("BUFFER", 0),
+        grads_bytes=before.get("SHARDED_GRAD", 0),
+        optimizer_bytes=after.get("OPT", 0),
         activations_bytes=boundary.get("ACT", 0),
-        peak_bytes=peak.get("Total", 0),
-        peak_breakdown=peak,
+        peak_bytes=snaps["peak"].get("Total", 0),
+        peak_breakdown=snaps["peak"],
         boundary_breakdown=boundary,
     )
