@@ -60,10 +60,14 @@ def render_estimate(est: dict) -> str:
     if comp["flops_6nd"] is None:
         out += ["  no token budget (--tokens)"]
     else:
-        out += _rows([("6·N·D", f"{sci(comp['flops_6nd'])} FLOPs = {comp['pf_days_6nd']:,.0f} PF-days"),
-                      ("+ attention", f"{sci(comp['attention_flops'])} FLOPs ({comp['attention_convention']})"),
-                      ("total", f"{sci(comp['total_flops'])} FLOPs = "
-                       + ("—" if comp["pf_days"] is None else f"{comp['pf_days']:,.0f} PF-days"))])
+        rows = [("6·N·D", f"{sci(comp['flops_6nd'])} FLOPs = {comp['pf_days_6nd']:,.0f} PF-days"),
+                ("attention", f"{sci(comp['attention_flops'])} FLOPs ({comp['attention_convention']})"),
+                ("model FLOPs", f"{sci(comp['total_flops'])} = "
+                 + ("—" if comp["pf_days"] is None else f"{comp['pf_days']:,.0f} PF-days")
+                 + (" (every matmul, attention included)" if comp.get("model_flops_per_token") else ""))]
+        if comp.get("hardware_flops") and comp["hardware_flops"] != comp["total_flops"]:
+            rows.append(("with recompute", f"{sci(comp['hardware_flops'])} (what HFU counts)"))
+        out += _rows(rows)
     out += ["", f"time ({time['dtype']} peak " + ("unknown" if time["peak_flops_per_device"] is None
                                                   else f"{time['peak_flops_per_device'] / 1e12:,.1f} TFLOP/s")
             + (f", MFU {time['mfu']:g})" if time["mfu"] is not None else ", no MFU given)")]

@@ -1,4 +1,4 @@
-"""Training FLOPs: the 6·N·D rule and the attention term it leaves out.
+"""Training FLOPs: the 6·N·D rule, the attention term it leaves out, and an exact matmul count.
 
 6·N·D (Kaplan et al. 2020) counts a multiply-add per parameter per token, forward (2)
 and backward (4), with N = all parameters as the GPT-3 paper counts them. Attention's
@@ -6,14 +6,22 @@ score and value products add, per token and layer, 4·s·d_attn forward and twic
 backward: 12·s·d_attn for a full (bidirectional) mask, as PaLM's 12·L·H·Q·T counts, and
 half, 6·s·d_attn, for a causal mask that skips the masked half. We report the causal
 figure for decoders and the full one for encoders, and say which.
+
+`flops_per_token` counts what the runner's GPT actually multiplies (every matmul, 2·m·n·k,
+as torch's FlopCounterMode does): the projections, the attention products, the MLP and the
+vocabulary projection; embedding lookups, norms and element-wise ops are not FLOPs here.
+Backward costs twice the forward; recompute repeats forward work, which hardware FLOPs
+(HFU) count and model FLOPs (MFU, PaLM's definition) do not. The recomputed work is what
+torch's non-reentrant checkpoint actually reruns (it stops early), checked with FlopCounterMode.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..specs.job import Job
 from ..specs.model import ModelSpec
 
-__all__ = ["TrainingFlops", "training_flops", "PF_DAY_FLOPS"]
+__all__ = ["TrainingFlops", "training_flops", "PF_DAY_FLOPS", "TokenFlops", "flops_per_token"]
 
 PF_DAY_FLOPS = 1e15 * 86400
 """One petaFLOP/s sustained for a day."""
@@ -43,3 +51,51 @@ def training_flops(model: ModelSpec, params: int, tokens: float) -> TrainingFlop
         per_token, convention = 6.0 * model.layers * model.seq_len * d_attn, \
             "causal: 6·L·s·d_attn per token, half of PaLM's non-causal 12·L·s·d_attn"
     return TrainingFlops(flops_6nd, per_token * tokens, convention)
+
+
+@dataclass(frozen=True)
+class TokenFlops:
+    """Forward FLOPs per token of the whole model, split so that each cost can be priced."""
+    layer_matmuls: float
+    """Projections and MLP of all blocks."""
+    attention: float
+    """Score and value products of all blocks (by the `causal` convention asked for)."""
+    head: float
+    """The vocabulary projection."""
+    recompute: float
+    """Forward work repeated in backward by activation checkpointing (hardware FLOPs only)."""
+
+    @property
+    def forward(self) -> float:
+        return self.layer_matmuls + self.attention + self.head
+
+    @property
+    def model(self) -> float:
+        """Forward and backward (twice the forward): what MFU divides by."""
+        return 3 * self.forward
+
+    @property
+    def hardware(self) -> float:
+        """Model FLOPs plus recompute: what HFU divides by."""
+        return self.model + self.recompute
+
+
+def flops_per_token(job: Job, causal: bool = True) -> TokenFlops:
+    """FLOPs per trained token of the runner's GPT. `causal=False` counts the full score matrix, as the
+    eager program (and FlopCounterMode on it) does; `causal=True` counts the half a causal kernel computes."""
+    m = job.model
+    h, q, kv, f = m.hidden, m.heads * m.head_dim_, m.kv_heads_ * m.head_dim_, m.ffn_
+    mlp_matrices = 3 if m.mlp == "swiglu" else 2
+    layer_matmuls = 2 * (h * q + 2 * h * kv + q * h + mlp_matrices * h * f) * m.layers
+    full_attention = 2 * 2 * m.seq_len * q * m.layers         # q·kᵀ and probs·v over all s keys
+    attention = full_attention / 2 if causal and not m.encoder else full_attention
+    head = 2 * h * m.vocab
+    # torch's checkpoint stops recomputing once every saved tensor is back ("early stop"), so the last
+    # matmul whose output nothing saved is skipped: the down projection of a block, the probs·v
+    # product of an eager core (a fused SDPA kernel saves its output and is rerun whole)
+    recompute = 0.0
+    if job.memory.recompute == "full":
+        recompute = layer_matmuls - 2 * h * f * m.layers + attention
+    elif job.memory.recompute == "selective":
+        recompute = attention / 2 if job.memory.attention == "eager" else attention
+    return TokenFlops(layer_matmuls=layer_matmuls, attention=attention, head=head, recompute=recompute)

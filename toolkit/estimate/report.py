@@ -8,7 +8,7 @@ from __future__ import annotations
 from ..specs.catalog import Catalog, load_catalog
 from ..specs.job import Job, compute_dtype
 from .cost import offer_cost, train_seconds
-from .flops import PF_DAY_FLOPS, training_flops
+from .flops import PF_DAY_FLOPS, flops_per_token, training_flops
 from .memory import memory_estimate, memory_notes
 from .params import count_params
 from .states import model_state_bytes, params_per_device
@@ -44,7 +44,13 @@ def estimate(job: Job, catalog: Catalog | None = None) -> dict:
 
     # ---- compute --------------------------------------------------------------------------
     flops = training_flops(model, params.total, job.tokens) if job.tokens else None
-    total = flops.total_flops if flops else None
+    per_token = flops_per_token(job) if model.has_shape and not model.encoder else None
+    total = hardware = attention = None
+    if flops is not None and per_token is not None:          # the exact matmul count of the runner's model
+        total, hardware = per_token.model * job.tokens, per_token.hardware * job.tokens
+        attention = 3 * per_token.attention * job.tokens
+    elif flops is not None:                                   # encoders and size-only models: 6·N·D (+ attention)
+        total, attention = flops.total_flops, flops.attention_flops
     if job.tokens is None:
         notes.append("no token budget: give --tokens for FLOPs, time and cost")
 
@@ -103,8 +109,11 @@ def estimate(job: Job, catalog: Catalog | None = None) -> dict:
         },
         "compute": {
             "flops_6nd": flops.flops_6nd if flops else None,
-            "attention_flops": flops.attention_flops if flops else None,
+            "attention_flops": attention,
             "total_flops": total,
+            "hardware_flops": hardware,
+            "model_flops_per_token": per_token.model if per_token else None,
+            "hardware_flops_per_token": per_token.hardware if per_token else None,
             "pf_days": None if total is None else total / PF_DAY_FLOPS,
             "pf_days_6nd": flops.flops_6nd / PF_DAY_FLOPS if flops else None,
             "attention_convention": flops.convention if flops else None,

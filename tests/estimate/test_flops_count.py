@@ -1,0 +1,51 @@
+"""The exact FLOP count against torch's FlopCounterMode on the runner's GPT (eager attention)."""
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from toolkit.estimate.flops import flops_per_token
+from toolkit.specs import Job
+from toolkit.train.model import GPT
+
+LLAMA = {"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "vocab": 100, "seq_len": 32, "ffn": 160,
+         "mlp": "swiglu", "norm": "rmsnorm", "position": "rope", "bias": "none", "tie_embeddings": False}
+GPT2 = {"layers": 3, "hidden": 48, "heads": 6, "vocab": 90, "seq_len": 24, "max_positions": 24}
+
+
+def counted(job: Job, batch: int = 3) -> tuple[float, float]:
+    """(forward, forward + backward) FLOPs that FlopCounterMode sees in a real step. One counter must
+    span the whole step: checkpoint's recomputation is only seen by a mode that was active in forward."""
+    model = GPT(job.model, attention="eager", recompute=job.memory.recompute)
+    tokens = torch.randint(0, job.model.vocab, (batch, job.model.seq_len))
+    with FlopCounterMode(display=False) as forward:
+        model(tokens, tokens)
+    with FlopCounterMode(display=False) as step:
+        model(tokens, tokens).backward()
+    return forward.get_total_flops(), step.get_total_flops()
+
+
+@pytest.mark.parametrize("model", [LLAMA, GPT2], ids=["llama", "gpt2"])
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_matches_flop_counter(model, recompute):
+    job = Job.from_dict({"model": model, "memory": {"recompute": recompute, "attention": "eager"}}).resolve()[0]
+    tokens = 3 * job.model.seq_len
+    per_token = flops_per_token(job, causal=False)          # eager multiplies the whole score matrix
+    forward, step = counted(job)
+    assert forward == pytest.approx(per_token.forward * tokens, rel=0.01)
+    # backward = 2 x forward, plus the recomputed forward work
+    assert step == pytest.approx(per_token.hardware * tokens, rel=0.01)
+
+
+def test_causal_convention_halves_attention_only():
+    job = Job.from_dict({"model": LLAMA}).resolve()[0]
+    causal, full = flops_per_token(job, causal=True), flops_per_token(job, causal=False)
+    assert full.attention == 2 * causal.attention
+    assert full.layer_matmuls == causal.layer_matmuls and full.head == causal.head
+
+
+def test_close_to_six_n_plus_attention_for_gpt3(catalog):
+    """The exact count and 6·N + causal attention agree for GPT-3 175B (N's embeddings ≈ the tied head)."""
+    job = Job.from_dict({"model": {"preset": "gpt3-175b"}}, catalog).resolve(catalog)[0]
+    exact = flops_per_token(job).model
+    six_n = 6 * 174_604_259_328 + 6 * 96 * 2048 * 12288
+    assert exact == pytest.approx(six_n, rel=0.002)
