@@ -74,19 +74,24 @@ def fsdp_gathers_16bit(job: Job) -> bool:
             and job.precision.mode in TORCH_SEMANTICS)
 
 
-def _bytes_of(job: Job) -> tuple[float, float, float, bool]:
-    """(16/32-bit activations, residual stream, norm output, autocast casts?) in bytes per element."""
+def _bytes_of(job: Job) -> tuple[int, int, bool]:
+    """(bytes per activation element, per residual-stream element, does autocast cast each linear's input?)."""
     mode = job.precision.mode
     if mode == "fp32":
-        return 4, 4, 4, False
+        return 4, 4, False
     if mode.startswith("amp-") and not fsdp_gathers_16bit(job):
-        return 2, 4, 4, True
-    return 2, 2, 2, False
+        return 2, 4, True
+    return 2, 2, False
+
+
+def _math_path(job: Job) -> bool:
+    """Explicit attention ops: `eager`, or SDPA falling back to its math path (dropout on CPU)."""
+    return job.memory.attention == "eager" or (job.model.dropout > 0 and job.memory.program == "cpu")
 
 
 def _norm_saved(job: Job, tokens: float, h: int, consumers: int) -> float:
     """A norm's saved tensors, its input (the residual stream) included."""
-    act, residual, _norm_out, amp = _bytes_of(job)
+    act, residual, amp = _bytes_of(job)
     out = consumers * tokens * h * 2 if amp else tokens * h * act   # autocast: each linear casts it itself
     if job.model.norm == "layernorm":
         stats = 2 if residual == 2 else 4
@@ -99,12 +104,11 @@ def _attention_core(job: Job, tokens: float, b: int) -> float:
     """Bytes the attention core (scores to output) saves: SDPA's or the explicit ops'."""
     act = _bytes_of(job)[0]
     m = job.model
-    h, q, kv, f = _widths(job)
+    _h, q, _kv, _f = _widths(job)
     s, a = m.seq_len, m.heads // job.parallel.tp
     scores = b * a * s * s * act
     dropout = m.dropout > 0
-    math_path = job.memory.attention == "eager" or (dropout and job.memory.program == "cpu")
-    if not math_path:                                          # flash: q, k, v (kv repeated to a heads), out, lse
+    if not _math_path(job):                                    # flash: q, k, v (kv repeated to a heads), out, lse
         return 4 * tokens * q * act + b * a * s * 4
     if job.memory.attention == "flash":                        # SDPA's CPU math fallback computes in fp32
         act, scores = 4, b * a * s * s * 4
@@ -120,7 +124,7 @@ def _attention_core(job: Job, tokens: float, b: int) -> float:
 def activation_bytes(job: Job) -> ActivationBytes:
     """Saved activations of one micro-batch on the busiest device of a resolved job."""
     m = job.model
-    act, residual, _norm_out, amp = _bytes_of(job)
+    act, residual, amp = _bytes_of(job)
     h, q, kv, f = _widths(job)
     b, s = job.batch.micro_batch, m.seq_len
     tokens = b * s
@@ -134,7 +138,6 @@ def activation_bytes(job: Job) -> ActivationBytes:
     branch_mask = tokens_h * h * (act if cpu else 1) if m.dropout > 0 else 0
     embedding_mask = tokens_h * h * (residual if cpu else 1) if m.dropout > 0 else 0
     rope = m.position == "rope"
-    math_path = job.memory.attention == "eager" or (m.dropout > 0 and job.memory.program == "cpu")
 
     # ---- one block, recompute none ---------------------------------------------------------
     norm1 = _norm_saved(job, tokens_h, h, consumers=3)         # its input is the block input
@@ -142,7 +145,7 @@ def activation_bytes(job: Job) -> ActivationBytes:
     # fp32 cos/sin tables cast per use (FSDP2 casts parameters, not buffers)
     rope_casts = 4 * s * (m.head_dim_ // 2) * 2 if rope and (amp or fsdp_gathers_16bit(job)) else 0
     # o's input is a view of the core output when q kept the linear's (b, s, a, d) layout, else a copy
-    o_input_copy = math_path or rope
+    o_input_copy = _math_path(job) or rope
     o_input = tokens * q * act
     norm2 = _norm_saved(job, tokens_h, h, consumers=2 if m.mlp == "swiglu" else 1)   # input: x + attention
     mlp = (4 if m.mlp == "swiglu" else 2) * tokens * f * act
