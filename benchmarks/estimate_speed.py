@@ -2,11 +2,13 @@
 
     .venv/bin/python benchmarks/estimate_speed.py
 
-The planner's vectorised search is a separate path; this measures the scalar one.
+Also the same memory model over a numpy grid of layouts (the planner's path).
 """
 import time
 
 from toolkit.estimate import estimate
+from toolkit.estimate.grid import layout_grid
+from toolkit.estimate.memory import memory_estimate
 from toolkit.specs import Job, load_catalog
 
 
@@ -26,9 +28,18 @@ def main() -> None:
     job = Job.from_dict(data, catalog)
     build = per_second(lambda: Job.from_dict(data, catalog))
     full = per_second(lambda: estimate(job, catalog))
+    resolved, _ = job.resolve(catalog)
+    grid = layout_grid(resolved, tp=[1, 2, 4, 8], pp=[1, 2, 4, 8], zero=[0, 1, 2, 3], vpp=[1, 2],
+                       micro_batch=[1, 2, 4, 8, 16], recompute=["none", "selective", "full"], sp=[False, True],
+                       offload=["none", "params"])
+    grids = per_second(lambda: memory_estimate(grid.job))
+    single = per_second(lambda: memory_estimate(resolved))
+    print(f"layouts in the grid: {len(grid)}")
     print(f"build_job_per_s: {build:,.0f}")
     print(f"estimates_per_s: {full:,.0f}")
     print(f"estimate_ms: {1000 / full:.3f}")
+    print(f"memory_model_single_ms: {1000 / single:.3f}")
+    print(f"grid_layouts_per_s: {grids * len(grid):,.0f}")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..specs.job import TORCH_SEMANTICS, Job
 
 __all__ = ["ActivationBytes", "activation_bytes", "fsdp_gathers_16bit", "pipeline_in_flight"]
@@ -49,17 +51,17 @@ class ActivationBytes:
     @property
     def first_stage(self) -> float:
         """Embedding and blocks of every micro-batch in flight (and the head when there is one stage)."""
-        return self.layers + self.embedding + (0 if self.pipelined else self.head)
+        return self.layers + self.embedding + np.where(self.pipelined, 0, self.head)
 
     @property
     def last_stage(self) -> float:
         """With pipelining: one micro-batch through the last stage's blocks and the head."""
-        return self.per_layer * self.stage_layers + self.head if self.pipelined else self.first_stage
+        return np.where(self.pipelined, self.per_layer * self.stage_layers + self.head, self.first_stage)
 
     @property
     def total(self) -> float:
         """The busiest stage."""
-        return max(self.first_stage, self.last_stage)
+        return np.maximum(self.first_stage, self.last_stage)
 
 
 def _widths(job: Job):
@@ -68,20 +70,23 @@ def _widths(job: Job):
     return m.hidden, m.heads * m.head_dim_ // tp, m.kv_heads_ * m.head_dim_ // tp, m.ffn_ // tp
 
 
-def fsdp_gathers_16bit(job: Job) -> bool:
+def fsdp_gathers_16bit(job: Job):
     """FSDP2 (torch ZeRO-2/3) under amp-*: weights are gathered in 16-bit, so the program runs like pure 16-bit."""
-    return (job.precision.mode.startswith("amp-") and job.parallel.zero >= 2
-            and job.precision.mode in TORCH_SEMANTICS)
+    amp = job.precision.mode.startswith("amp-") and job.precision.mode in TORCH_SEMANTICS
+    return amp & (np.asarray(job.parallel.zero) >= 2)
 
 
-def _bytes_of(job: Job) -> tuple[int, int, bool]:
-    """(bytes per activation element, per residual-stream element, does autocast cast each linear's input?)."""
+def _bytes_of(job: Job):
+    """(bytes per activation element, per residual-stream element, does autocast cast each linear's input?).
+
+    Arrays when the layout is: FSDP2 changes the amp program (see fsdp_gathers_16bit)."""
     mode = job.precision.mode
     if mode == "fp32":
-        return 4, 4, False
-    if mode.startswith("amp-") and not fsdp_gathers_16bit(job):
-        return 2, 4, True
-    return 2, 2, False
+        return 4, 4, np.False_
+    if mode.startswith("amp-"):
+        fsdp = fsdp_gathers_16bit(job)
+        return 2, np.where(fsdp, 2, 4), ~fsdp
+    return 2, 2, np.False_
 
 
 def _math_path(job: Job) -> bool:
@@ -92,9 +97,9 @@ def _math_path(job: Job) -> bool:
 def _norm_saved(job: Job, tokens: float, h: int, consumers: int) -> float:
     """A norm's saved tensors, its input (the residual stream) included."""
     act, residual, amp = _bytes_of(job)
-    out = consumers * tokens * h * 2 if amp else tokens * h * act   # autocast: each linear casts it itself
+    out = np.where(amp, consumers * tokens * h * 2, tokens * h * act)   # autocast: each linear casts it itself
     if job.model.norm == "layernorm":
-        stats = 2 if residual == 2 else 4
+        stats = np.where(np.equal(residual, 2), 2, 4)
         return tokens * h * residual + 2 * tokens * stats + out      # input, mean, rstd
     # torch's RMSNorm computes in fp32: a 16-bit input is kept only as its fp32 copy
     return tokens * h * 4 + tokens * h * 4 + tokens * 4 + out        # input (fp32), x·rstd, rstd
@@ -105,7 +110,7 @@ def _attention_core(job: Job, tokens: float, b: int) -> float:
     act = _bytes_of(job)[0]
     m = job.model
     _h, q, _kv, _f = _widths(job)
-    s, a = m.seq_len, m.heads // job.parallel.tp
+    s, a = m.seq_len, m.heads // np.asarray(job.parallel.tp)
     scores = b * a * s * s * act
     dropout = m.dropout > 0
     if not _math_path(job):                                    # flash: q, k, v (kv repeated to a heads), out, lse
@@ -131,52 +136,52 @@ def activation_bytes(job: Job) -> ActivationBytes:
     tp, pp = job.parallel.tp, job.parallel.pp
     # tokens of the h-wide tensors (norms, residual stream, branch dropout) on one rank: all of them,
     # or 1/tp with sequence parallelism (Korthikanti et al. 2022)
-    tokens_h = tokens / tp if job.parallel.sp else tokens
+    tokens_h = np.where(job.parallel.sp, tokens / tp, tokens)
     cpu = job.memory.program == "cpu"
     # dropout keeps a mask of its input's dtype on CPU (1 byte on CUDA): branch outputs are `act`,
     # the embedding output is the residual stream's dtype
     branch_mask = tokens_h * h * (act if cpu else 1) if m.dropout > 0 else 0
-    embedding_mask = tokens_h * h * (residual if cpu else 1) if m.dropout > 0 else 0
+    embedding_mask = tokens_h * h * (residual if cpu else 1) * (m.dropout > 0)
     rope = m.position == "rope"
 
     # ---- one block, recompute none ---------------------------------------------------------
     norm1 = _norm_saved(job, tokens_h, h, consumers=3)         # its input is the block input
     core = _attention_core(job, tokens, b)
     # fp32 cos/sin tables cast per use (FSDP2 casts parameters, not buffers)
-    rope_casts = 4 * s * (m.head_dim_ // 2) * 2 if rope and (amp or fsdp_gathers_16bit(job)) else 0
+    rope_casts = 4 * s * (m.head_dim_ // 2) * 2 * (rope & (amp | fsdp_gathers_16bit(job)))
     # o's input is a view of the core output when q kept the linear's (b, s, a, d) layout, else a copy
     o_input_copy = _math_path(job) or rope
     o_input = tokens * q * act
     norm2 = _norm_saved(job, tokens_h, h, consumers=2 if m.mlp == "swiglu" else 1)   # input: x + attention
     mlp = (4 if m.mlp == "swiglu" else 2) * tokens * f * act
-    weights = 0
-    if amp:                                                    # 16-bit casts of every matmul weight
-        weights = 2 * (h * q + 2 * h * kv + q * h + (3 if m.mlp == "swiglu" else 2) * h * f)
+    # autocast saves a 16-bit cast of every matmul weight
+    weights = amp * 2 * (h * q + 2 * h * kv + q * h + (3 if m.mlp == "swiglu" else 2) * h * f)
     common = norm1 + rope_casts + norm2 + mlp + 2 * branch_mask + weights
     none = common + core + (o_input if o_input_copy else 0)
 
     # ---- recompute variants ------------------------------------------------------------------
-    recompute = job.memory.recompute
-    if recompute == "full":
-        per_layer = tokens_h * h * residual                    # checkpoint keeps the block input only
-    elif recompute == "selective":
-        # the checkpointed core keeps its inputs (q after rope, k and v before the GQA repeat);
-        # o keeps the core output (a view of it, or its copy)
-        per_layer = common + tokens * (q + 2 * kv) * act + o_input
-    else:
-        per_layer = none
+    recompute = np.asarray(job.memory.recompute)
+    full = recompute == "full"
+    per_layer = np.select(
+        [full, recompute == "selective"],
+        [tokens_h * h * residual,                              # checkpoint keeps the block input only
+         # the checkpointed core keeps its inputs (q after rope, k and v before the GQA repeat);
+         # o keeps the core output (a view of it, or its copy)
+         common + tokens * (q + 2 * kv) * act + o_input],
+        none)
 
     embedding = tokens * _INT64 + (s * _INT64 if m.position == "learned" else 0) + embedding_mask
     final_norm = _norm_saved(job, tokens_h, h, consumers=1)
     loss_scalars = 2 * 4                                       # the loss and nll's total weight
     vocab = m.vocab / tp                                       # vocab-parallel logits and loss
-    head = final_norm + tokens * vocab * 4 + tokens * _INT64 + loss_scalars + (2 * h * vocab if amp else 0)
+    head = final_norm + tokens * vocab * 4 + tokens * _INT64 + loss_scalars + amp * 2 * h * vocab
     # the recomputed block re-creates all it saves but its input, which the checkpoint already holds
-    recompute_layer = none - tokens_h * h * residual if recompute == "full" else 0
+    recompute_layer = np.where(full, none - tokens_h * h * residual, 0)
     in_flight = pipeline_in_flight(job)
-    return ActivationBytes(per_layer=per_layer, layers=per_layer * (m.layers // pp) * in_flight,
+    stage_layers = m.layers // np.asarray(pp)
+    return ActivationBytes(per_layer=per_layer, layers=per_layer * stage_layers * in_flight,
                            embedding=embedding * in_flight, head=head, recompute_layer=recompute_layer,
-                           in_flight=in_flight, stage_layers=m.layers // pp, pipelined=pp > 1)
+                           in_flight=in_flight, stage_layers=stage_layers, pipelined=np.asarray(pp) > 1)
 
 
 def pipeline_in_flight(job: Job) -> float:
@@ -185,11 +190,8 @@ def pipeline_in_flight(job: Job) -> float:
     GPipe keeps all m micro-batches of a step; 1F1B at most p (Narayanan et al. 2021); the
     interleaved schedule with v chunks holds p·(1 + (p−1)/(p·v)) (Megatron-LM's accounting).
     """
-    p, v = job.parallel.pp, job.parallel.vpp
-    m = job.grad_accum or 1
-    if p == 1:
-        return 1.0
-    if job.parallel.schedule == "gpipe":
-        return float(m)
-    in_flight = float(min(m, p))
-    return in_flight * (1 + (p - 1) / (p * v)) if v > 1 else in_flight
+    p, v = np.asarray(job.parallel.pp), np.asarray(job.parallel.vpp)
+    m = np.asarray(1 if job.grad_accum is None else job.grad_accum)
+    one_f_one_b = np.minimum(m, p) * np.where(v > 1, 1 + (p - 1) / (p * v), 1.0)
+    in_flight = np.where(np.asarray(job.parallel.schedule) == "gpipe", m, one_f_one_b)
+    return np.where(p == 1, 1.0, in_flight)

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..specs.job import TORCH_SEMANTICS, Job
 from .activations import activation_bytes
 from .params import count_params
@@ -58,13 +60,14 @@ def _optimizer_temp_bytes(job: Job, largest_param: float) -> float:
     if name == "sgd" or impl == "fused":
         return 0.0
     par = job.parallel
+    zero, dp = np.asarray(par.zero), np.asarray(1 if par.dp is None else par.dp)
     state = 2 if job.precision.mode == "pure-bf16" else 4
-    shard = par.dp if par.zero >= 1 else 1                   # the optimizer steps this rank's shard only
+    shard = np.where(zero >= 1, dp, 1)                       # the optimizer steps this rank's shard only
     n = params_per_device(job.model, par.tp, par.pp) / shard
     if impl == "foreach":
         return n * state                                     # sqrt(v) for every tensor at once
     # ZeroRedundancyOptimizer (torch ZeRO-1) gives whole tensors to ranks; FSDP2 and DeepSpeed split them
-    split = par.dp if par.zero >= 2 or (par.zero == 1 and job.precision.mode.startswith("mixed-")) else 1
+    split = np.where((zero >= 2) | ((zero == 1) & job.precision.mode.startswith("mixed-")), dp, 1)
     return 2 * largest_param / split * state                 # sqrt(v) and its scaled copy, one tensor at a time
 
 
@@ -76,25 +79,25 @@ def memory_estimate(job: Job) -> MemoryEstimate:
     mode = job.precision.mode
     counts = count_params(model)
     _w, grad_b, _o = bytes_per_param(job)
-    tp = par.tp
+    tp, dp, zero = np.asarray(par.tp), np.asarray(1 if par.dp is None else par.dp), np.asarray(par.zero)
     h, vocab = model.hidden, model.vocab / tp
-    tokens = job.batch.micro_batch * model.seq_len
-    tokens_h = tokens / tp if par.sp else tokens
+    tokens = np.asarray(job.batch.micro_batch) * model.seq_len
+    tokens_h = np.where(par.sp, tokens / tp, tokens)
     act = 4 if mode == "fp32" else 2
     residual = 2 if mode.startswith(("pure-", "mixed-")) else 4
-    accumulating = (job.grad_accum or 1) > 1                       # also: pipelining over several micro-batches
+    accumulating = np.asarray(1 if job.grad_accum is None else job.grad_accum) > 1             # also: pipelining over several micro-batches
     persistent = states.params_bytes + states.optimizer_bytes
     grads_full = states.grads_bytes
-    grads_prev = grads_full if accumulating else 0.0
+    grads_prev = np.where(accumulating, grads_full, 0.0)
     gathered = _gathered_params(job, counts)
     reduce_scatter = gathered.reduce_scatter
 
     # gradients appear during backward: head first, then layer by layer, embedding last
-    layer_grad = counts.per_layer * grad_b / tp / (par.dp if par.zero >= 2 else 1)
+    layer_grad = counts.per_layer * grad_b / tp / np.where(zero >= 2, dp, 1)
     head_param = counts.head if counts.head else counts.embedding   # tied: the embedding's grad appears at the head
     # FSDP2 computes gradients on the gathered (16-bit) weights and shards them at each module's post-backward:
     # the root's (head) until the end of backward, a block's until the block is done
-    unsharded_grad_b = (4 if mode == "fp32" else 2) if reduce_scatter else grad_b
+    unsharded_grad_b = np.where(reduce_scatter > 0, 4 if mode == "fp32" else 2, grad_b)
     head_grad = (head_param + counts.final) * unsharded_grad_b / tp
 
     # Backward of the MLP, beyond what it held: the incoming gradient, and the gradients of its
@@ -107,11 +110,11 @@ def memory_estimate(job: Job) -> MemoryEstimate:
     # copy are alive beside the log-softmax; under autocast its cache still holds the blocks' 16-bit weight
     # casts, which full recompute does not otherwise keep.
     logits_bytes = tokens * vocab * (4 if mode == "fp32" else 2 + 4)
-    autocast_cache = 0.0
-    if mode.startswith("amp-") and job.memory.recompute == "full" and gathered == _Gathered():
-        q, kv = model.heads * model.head_dim_, model.kv_heads_ * model.head_dim_
-        layer_matmuls = 2 * h * q + 2 * h * kv + (3 if model.mlp == "swiglu" else 2) * h * model.ffn_
-        autocast_cache = 2 * acts.stage_layers * layer_matmuls / tp   # the head's cast is saved anyway
+    q, kv = model.heads * model.head_dim_, model.kv_heads_ * model.head_dim_
+    layer_matmuls = 2 * h * q + 2 * h * kv + (3 if model.mlp == "swiglu" else 2) * h * model.ffn_
+    caching = (mode.startswith("amp-") & (np.asarray(job.memory.recompute) == "full")
+               & (gathered.root == 0) & (gathered.in_backward == 0))
+    autocast_cache = np.where(caching, 2 * acts.stage_layers * layer_matmuls / tp, 0.0)   # head's cast is saved
     last = persistent + grads_prev + acts.last_stage + gathered.blocks + gathered.root + gathered.at_loss
     phases = {"forward end": last + logits_bytes + autocast_cache, "loss": last + logits_grads}
 
@@ -120,29 +123,34 @@ def memory_estimate(job: Job) -> MemoryEstimate:
         # by the MLP's backward, the layer has made its down-projection's weight gradient too; when
         # accumulating, that gradient is a temporary (in the compute dtype, then cast) added into .grad
         down_grad = h * ffn * unsharded_grad_b
-        if accumulating:
-            grads = grads_full + down_grad + (h * ffn * 2 if mode.startswith("amp-") else 0)
-        else:
-            grads = head_grad + done_layers * layer_grad + down_grad
+        grads = np.where(accumulating,
+                         grads_full + down_grad + (h * ffn * 2 if mode.startswith("amp-") else 0),
+                         head_grad + done_layers * layer_grad + down_grad)
         held = after_head - done_layers * acts.per_layer * acts.in_flight
-        still_gathered = gathered.blocks * (1 - done_layers / max(acts.stage_layers, 1))
+        still_gathered = gathered.blocks * (1 - done_layers / np.maximum(acts.stage_layers, 1))
         base = persistent + grads + still_gathered + gathered.root + gathered.in_backward
         # below the top block, the block above is still reduce-scattering its gradients (FSDP2 overlaps them)
-        overlap = reduce_scatter if done_layers else 0.0
+        overlap = np.where(np.asarray(done_layers) > 0, reduce_scatter, 0.0)
         phases[name] = base + held + acts.recompute_layer + mlp_temp + overlap
-        if reduce_scatter and not done_layers:
+        if name == "top layer":
             # the top block's post-backward: its activations are gone, it is resharded, and its unsharded
-            # gradients are copied into the reduce-scatter input
+            # gradients are copied into the reduce-scatter input (FSDP2 only; 0 elsewhere)
             block_grads = counts.per_layer / tp * unsharded_grad_b
-            resharded = gathered.block if gathered.blocks else 0.0
-            phases[f"{name} reduce-scatter"] = (base - down_grad - resharded + held - acts.per_layer * acts.in_flight
-                                                + block_grads + reduce_scatter)
+            resharded = np.where(gathered.blocks > 0, gathered.block, 0.0)
+            phases["top layer reduce-scatter"] = np.where(
+                reduce_scatter > 0,
+                base - down_grad - resharded + held - acts.per_layer * acts.in_flight + block_grads + reduce_scatter,
+                0.0)
 
     phases["optimizer step"] = _step_bytes(job, counts, persistent, grads_full)
-    phase = max(phases, key=phases.get)
+    names = list(phases)
+    stacked = np.stack(np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in phases.values())))
+    index = stacked.argmax(axis=0)
+    phase = np.asarray(names, dtype=object)[index]
     return MemoryEstimate(params_bytes=states.params_bytes, grads_bytes=states.grads_bytes,
                           optimizer_bytes=states.optimizer_bytes, activations_bytes=acts.total,
-                          host_bytes=states.host_bytes, peak_bytes=phases[phase], peak_phase=phase, phases=phases)
+                          host_bytes=states.host_bytes, peak_bytes=stacked.max(axis=0),
+                          peak_phase=phase, phases=phases)
 
 
 @dataclass(frozen=True)
@@ -165,35 +173,36 @@ def _gathered_params(job: Job, counts) -> _Gathered:
     gathered blocks. Checked against FSDP2 traces on a fake process group.
     """
     par, mode = job.parallel, job.precision.mode
+    zero, offload = np.asarray(par.zero), np.asarray(par.offload)
     compute_bytes = 4 if mode == "fp32" else 2
-    block = counts.per_layer / par.tp * compute_bytes
-    root = (counts.embedding + counts.positions + counts.head + counts.final) / par.tp * compute_bytes
-    reduce_scatter = counts.per_layer / par.tp * (2 if mode == "pure-bf16" else 4)
-    if mode in TORCH_SEMANTICS and par.zero == 2 and par.offload == "none":
-        return _Gathered(blocks=block * (job.model.layers // par.pp), root=root, in_backward=block,
-                         reduce_scatter=reduce_scatter, block=block)   # in backward: one all-gather output too
-    if mode in TORCH_SEMANTICS and (par.zero == 3 or par.offload == "params"):
-        return _Gathered(root=root, at_loss=block, in_backward=2 * block, reduce_scatter=reduce_scatter,
-                         block=block)
-    if par.zero == 3:
-        return _Gathered(at_loss=2 * block, in_backward=2 * block, block=block)
-    return _Gathered()
+    block = counts.per_layer / np.asarray(par.tp) * compute_bytes
+    root = (counts.embedding + counts.positions + counts.head + counts.final) / np.asarray(par.tp) * compute_bytes
+    reduce_scatter = counts.per_layer / np.asarray(par.tp) * (2 if mode == "pure-bf16" else 4)
+    torch_semantics = mode in TORCH_SEMANTICS
+    zero2 = torch_semantics & (zero == 2) & (offload == "none")       # every block stays gathered
+    zero3 = torch_semantics & ~zero2 & ((zero == 3) | (offload == "params"))
+    deepspeed3 = (not torch_semantics) & (zero == 3)
+    fsdp = zero2 | zero3
+    return _Gathered(
+        blocks=np.where(zero2, block * (job.model.layers // np.asarray(par.pp)), 0.0),
+        root=np.where(fsdp, root, 0.0),
+        at_loss=np.select([zero3, deepspeed3], [block, 2 * block], 0.0),
+        in_backward=np.select([zero2, zero3 | deepspeed3], [block, 2 * block], 0.0),  # ZeRO-2: one all-gather buffer
+        reduce_scatter=np.where(fsdp, reduce_scatter, 0.0),
+        block=block)
 
 
 def _step_bytes(job: Job, counts, persistent: float, grads_full: float) -> float:
     """Device bytes during the optimizer step."""
     par = job.parallel
-    if par.offload != "none":                                      # the step runs on the host
-        return persistent + grads_full
-    largest = max(counts.embedding, counts.head, _largest_matrix(job)) / par.tp
+    largest = max(counts.embedding, counts.head, _largest_matrix(job)) / np.asarray(par.tp)
     step = persistent + grads_full + _optimizer_temp_bytes(job, largest)
     if job.precision.mode.startswith("mixed-"):
         n = params_per_device(job.model, par.tp, par.pp)
-        if par.zero == 0:
-            step += 4 * n - grads_full                             # fp32 copies replace the 16-bit gradients
-        else:
-            step += 4 * n / par.dp                                 # DeepSpeed: fp32 copy of this rank's partition
-    return step
+        step = step + np.where(np.asarray(par.zero) == 0,
+                               4 * n - grads_full,                 # fp32 copies replace the 16-bit gradients
+                               4 * n / np.asarray(1 if par.dp is None else par.dp))    # DeepSpeed: fp32 copy of this rank's partition
+    return np.where(np.asarray(par.offload) != "none", persistent + grads_full, step)   # offload: step on the host
 
 
 def _largest_matrix(job: Job) -> int:

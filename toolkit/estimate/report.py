@@ -5,6 +5,8 @@ an answer. Memory figures are per device, for the busiest device.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ..specs.catalog import Catalog, load_catalog
 from ..specs.job import Job, compute_dtype
 from .cost import offer_cost, train_seconds
@@ -84,7 +86,7 @@ def estimate(job: Job, catalog: Catalog | None = None) -> dict:
         if job.cost.spot:
             notes.append("spot cost excludes interruptions (lost work, restarts): planned, not modelled yet")
 
-    return {
+    return _plain({
         "job": job.to_dict(),
         "notes": notes,
         "model": {
@@ -129,4 +131,15 @@ def estimate(job: Job, catalog: Catalog | None = None) -> dict:
             "tokens_per_s": None,
         },
         "cost": cost,
-    }
+    })
+
+
+def _plain(value):
+    """Numpy scalars and 0-d arrays (the array-capable model's results for one job) as Python numbers."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, (np.ndarray, np.generic)):
+        return value.item()
+    return value

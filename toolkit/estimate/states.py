@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..specs.job import TORCH_SEMANTICS, Job
 from ..specs.model import ModelSpec
 from .params import count_params
@@ -33,10 +35,10 @@ ADAM8BIT_BYTES_PER_PARAM = 2 * (1 + 4 / ADAM8BIT_BLOCK)
 
 @dataclass(frozen=True)
 class StateBytes:
-    params_bytes: float
-    grads_bytes: float
-    optimizer_bytes: float
-    host_bytes: float
+    params_bytes: float | np.ndarray
+    grads_bytes: float | np.ndarray
+    optimizer_bytes: float | np.ndarray
+    host_bytes: float | np.ndarray
     """What offload keeps in host memory, per device (not included in the three above)."""
 
     @property
@@ -61,43 +63,36 @@ def bytes_per_param(job: Job) -> tuple[float, float, float]:
     return weight, grad, optimizer + master
 
 
-def params_per_device(model: ModelSpec, tp: int = 1, pp: int = 1) -> float:
+def params_per_device(model: ModelSpec, tp=1, pp=1):
     """Parameters held by the busiest pipeline stage on one tensor-parallel rank.
 
     Stage 0 holds the embeddings, the last stage the final norm and the output projection
     (a copy of the embedding when tied and pp > 1, as Megatron keeps). Everything is divided
-    by tp; replicated norms make this low by under 0.1 %.
+    by tp; replicated norms make this low by under 0.1 %. tp and pp may be numpy arrays.
     """
     c = count_params(model)
     if not model.has_shape:
-        return c.total / (tp * pp)
-    stage_layers = c.per_layer * (model.layers // pp)
-    if pp == 1:
-        return c.total / tp
+        return c.total / (np.asarray(tp) * pp)
+    stage_layers = c.per_layer * (model.layers // np.asarray(pp))
     first = c.embedding + c.positions + stage_layers
-    head = c.head if c.head else c.embedding
-    last = stage_layers + c.final + head
-    return max(first, last) / tp
+    last = stage_layers + c.final + (c.head if c.head else c.embedding)
+    return np.where(np.asarray(pp) == 1, c.total, np.maximum(first, last)) / tp
 
 
 def model_state_bytes(job: Job) -> StateBytes:
-    """Persistent model-state bytes on the busiest device of a resolved job."""
+    """Persistent model-state bytes on the busiest device of a resolved job (layout fields may be arrays)."""
     par = job.parallel
     n = params_per_device(job.model, par.tp, par.pp)
     weight, grad, optimizer = bytes_per_param(job)
-    dp = par.dp or 1
+    dp, zero, offload = np.asarray(1 if par.dp is None else par.dp), np.asarray(par.zero), np.asarray(par.offload)
     torch_semantics = job.precision.mode in TORCH_SEMANTICS
-    shard_weights = dp if par.zero == 3 or (par.zero == 2 and torch_semantics) else 1
-    shard_grads = dp if par.zero >= 2 else 1
-    shard_optimizer = dp if par.zero >= 1 else 1
+    shard_weights = np.where((zero == 3) | ((zero == 2) & torch_semantics), dp, 1)
     params_b = n * weight / shard_weights
-    grads_b = n * grad / shard_grads
-    optimizer_b = n * optimizer / shard_optimizer
-    host = 0.0
-    if par.offload in ("optimizer", "params"):
-        host += optimizer_b
-        optimizer_b = 0.0
-    if par.offload == "params":
-        host += params_b + grads_b
-        params_b = grads_b = 0.0
-    return StateBytes(params_bytes=params_b, grads_bytes=grads_b, optimizer_bytes=optimizer_b, host_bytes=host)
+    grads_b = n * grad / np.where(zero >= 2, dp, 1)
+    optimizer_b = n * optimizer / np.where(zero >= 1, dp, 1)
+    offload_params = offload == "params"
+    offload_optimizer = offload_params | (offload == "optimizer")
+    host = np.where(offload_optimizer, optimizer_b, 0.0) + np.where(offload_params, params_b + grads_b, 0.0)
+    return StateBytes(params_bytes=np.where(offload_params, 0.0, params_b),
+                      grads_bytes=np.where(offload_params, 0.0, grads_b),
+                      optimizer_bytes=np.where(offload_optimizer, 0.0, optimizer_b), host_bytes=host)

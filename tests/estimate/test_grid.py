@@ -1,0 +1,50 @@
+"""The memory model over arrays of layouts gives, entry by entry, what it gives for each layout's own Job."""
+import numpy as np
+import pytest
+
+from toolkit.estimate.grid import layout_grid
+from toolkit.estimate.memory import memory_estimate
+from toolkit.specs import Job, SpecError
+
+
+def base_job(mode="amp-bf16"):
+    return Job.from_dict({"model": {"preset": "llama2-7b"}, "precision": {"mode": mode},
+                          "batch": {"micro_batch": 1, "global_batch": 512},
+                          "cluster": {"accelerator": "H100-SXM", "count": 64}}).resolve()[0]
+
+
+@pytest.mark.parametrize("mode", ["amp-bf16", "mixed-bf16"])
+def test_grid_equals_one_job_at_a_time(mode):
+    job = base_job(mode)
+    grid = layout_grid(job, tp=[1, 2, 4, 8], pp=[1, 2, 4], zero=[0, 1, 2, 3], micro_batch=[1, 2, 4],
+                       recompute=["none", "selective", "full"], sp=[False, True])
+    mem = memory_estimate(grid.job)
+    checked = 0
+    for i in range(0, len(grid), 7):
+        layout = grid.layout(i)
+        data = {**job.to_dict(), "parallel": {**job.to_dict()["parallel"], **{k: layout[k] for k in
+                                              ("tp", "pp", "vpp", "sp", "zero", "offload", "dp")}},
+                "batch": {"micro_batch": layout["micro_batch"], "global_batch": 512},
+                "memory": {**job.to_dict()["memory"], "recompute": layout["recompute"]}}
+        try:
+            single, _ = Job.from_dict(data).resolve()
+        except SpecError:
+            assert not grid.valid[i], layout          # the grid's rules refuse what resolve() refuses
+            continue
+        assert grid.valid[i], layout
+        one = memory_estimate(single)
+        assert mem.peak_bytes[i] == pytest.approx(float(one.peak_bytes), rel=1e-12), layout
+        assert mem.activations_bytes[i] == pytest.approx(float(one.activations_bytes), rel=1e-12)
+        assert mem.peak_phase[i] == one.peak_phase
+        checked += 1
+    assert checked > 30
+
+
+def test_grid_speed_is_planner_class():
+    """Not a timing assertion: just that a 10^4-layout grid is one vectorised call, not a Python loop."""
+    grid = layout_grid(base_job(), tp=[1, 2, 4, 8], pp=[1, 2, 4, 8], zero=[0, 1, 2, 3],
+                       micro_batch=[1, 2, 4, 8, 16], recompute=["none", "selective", "full"], sp=[False, True],
+                       vpp=[1, 2], offload=["none", "params"])
+    mem = memory_estimate(grid.job)
+    assert mem.peak_bytes.shape == (len(grid),) and len(grid) == 7680
+    assert np.isfinite(mem.peak_bytes[grid.valid]).all()
