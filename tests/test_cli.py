@@ -121,3 +121,12 @@ def test_trace_refuses_layouts_it_cannot_run(cli):
     code, out, err = cli("trace", "--model", "gpt2", "--gpus", "2xA100-80GB", "--tp", "2")
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
     assert "tracer covers data-parallel replicas and FSDP2" in err
+
+
+def test_specs_and_estimate_do_not_import_torch():
+    """DESIGN: specs, estimate and the CLI's estimate path stay light enough for sliders and searches."""
+    import subprocess
+    import sys
+    code = "import sys, toolkit.cli, toolkit.estimate.grid; print('torch' in sys.modules)"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert run.stdout.strip() == "False"

@@ -16,9 +16,10 @@ import re
 import sys
 from typing import get_args, get_type_hints
 
-from .estimate import estimate
-from .format import render_comparison, render_estimate
+from .estimate import count_params, estimate
+from .format import count, render_comparison, render_estimate
 from .specs import Job, SpecError, load_catalog
+from .specs.errors import did_you_mean
 from .specs.fields import to_dict
 from .specs.job import Batch, Cluster, Cost, MemoryOptions, Optimizer, Parallel, Precision
 from .specs.model import ModelSpec
@@ -191,7 +192,6 @@ def cmd_catalog(args) -> int:
     kinds = ("accelerators", "offers", "presets")
     kind = args.kind.lower()
     if kind not in kinds:
-        from .specs.errors import did_you_mean
         raise SpecError("catalog", args.kind, f"unknown kind{did_you_mean(kind, kinds)}; allowed: {', '.join(kinds)}")
     lookup = {"accelerators": catalog.accelerator, "offers": catalog.offer, "presets": catalog.preset}[kind]
     rows = [lookup(args.name)] if args.name else list(getattr(catalog, kind).values())
@@ -207,8 +207,6 @@ def cmd_catalog(args) -> int:
 
 
 def _table(kind: str, rows) -> str:
-    from .estimate import count_params
-    from .format import count
     if kind == "accelerators":
         head = ("name", "vendor", "memory", "bf16 TFLOP/s", "fp16", "fp8", "as_of")
         body = [(r.name, r.vendor, f"{r.memory_bytes / 2**30:.0f} GiB" if r.memory_bytes else "unknown",
