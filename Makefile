@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/toolkit estimate --model gpt3-175b --tokens 300e9 --gpus 1024xA100-80GB --mfu 0.45 --offer p4de.24xlarge
+	$(BIN)/toolkit estimate --model gpt3-175b --tokens 300e9 --gpus 1024xA100-80GB --tp 8 --pp 16 --zero 1 --precision mixed-bf16 --mfu 0.45 --offer p4de.24xlarge
 	$(BIN)/toolkit estimate --model llama2-7b --gpus 8xH100-SXM --zero 3 --precision mixed-bf16 --mfu 0.40 --offer p5.48xlarge --spot
 
 test: $(STAMP)
