@@ -57,6 +57,9 @@ def matrix() -> list[tuple[str, dict]]:
     # sizes: tiny to 7B-scale layers
     add("tiny/fp32", TINY, mode="fp32", b=4)
     add("tiny/eager-dropout", TINY, att="eager", dropout=0.1)
+    # tiny width, eager scores and full recompute: the attention core's s x s tensors outweigh the weights
+    add("tiny-wide-seq/eager/full", dict(TINY, hidden=128, vocab=1000, seq_len=128, max_positions=128),
+        att="eager", rec="full")
     add("gpt2-124m/amp", GPT2, b=2)
     add("gpt2-124m/full", GPT2, b=8, rec="full")
     add("gpt2-124m/pure-bf16-eager", GPT2, mode="pure-bf16", att="eager", b=2)

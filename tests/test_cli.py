@@ -103,7 +103,9 @@ def test_trace_prints_the_estimate_keys(cli_json):
     for key in CONTRACT_KEYS:
         _get(traced, key)
     assert traced["memory"]["source"] == "trace" and traced["memory"]["program"] == "cpu"
+    measured = traced["compute"].pop("traced_flops_per_token")
     assert traced["compute"] == estimated["compute"]
+    assert measured > 0            # FlopCounterMode's count (the CPU flash kernel counts 0; see compare)
     assert traced["memory"]["activations_bytes"] == estimated["memory"]["activations_bytes"]
 
 
@@ -113,6 +115,8 @@ def test_compare_reports_error_per_category(cli, cli_json):
     assert set(rows) == {"params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "peak_bytes"}
     assert rows["activations_bytes"]["error"] == 0
     assert abs(rows["peak_bytes"]["error"]) < 0.03
+    eager = cli_json("compare", *SMALL, "--recompute", "full", "--attention", "eager")
+    assert abs(eager["flops_per_token"]["error"]) < 0.01          # FlopCounterMode on the same program
     code, out, _ = cli("compare", *SMALL)
     assert code == 0 and "peak" in out and "%" in out
 

@@ -98,4 +98,9 @@ def render_comparison(cmp: dict) -> str:
         error = "—" if row["error"] is None else f"{100 * row['error']:+.2f} %"
         est = "not modelled" if row["estimate"] is None else gib(row["estimate"])
         out.append(f"  {key.replace('_bytes', ''):<18}{est:>14}{gib(row['trace']):>14}{error:>10}")
+    flops = cmp.get("flops_per_token")
+    if flops:
+        est = "eager only" if flops["estimate"] is None else sci(flops["estimate"])
+        error = "—" if flops["error"] is None else f"{100 * flops['error']:+.2f} %"
+        out.append(f"  {'FLOPs per token':<18}{est:>14}{sci(flops['trace']):>14}{error:>10}")
     return "\n".join(out)

@@ -27,6 +27,7 @@ from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 from torch.distributed._tools.mem_tracker import MemTracker
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.utils.flop_counter import FlopCounterMode
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from ..specs.errors import SpecError
@@ -52,6 +53,9 @@ class TraceResult:
     """MemTracker's categories at the moment of the peak."""
     boundary_breakdown: dict[str, int]
     """MemTracker's categories at the forward/backward boundary of the last micro-batch."""
+    flops_per_token: float = 0.0
+    """FlopCounterMode's count for one micro-batch (forward, backward, recompute), per token. It counts every
+    matmul, eager attention over the full score matrix, and the CPU flash kernel as 0."""
     program: str = "cpu"
 
 
@@ -145,6 +149,7 @@ def trace_memory(job: Job) -> TraceResult:
         peak_bytes=snaps["peak"].get("Total", 0),
         peak_breakdown=snaps["peak"],
         boundary_breakdown=snaps["boundary"],
+        flops_per_token=snaps["flops"] / (job.batch.micro_batch * job.model.seq_len),
     )
 
 
@@ -174,6 +179,15 @@ def _run_steps(job: Job, tracker: MemTracker, model: torch.nn.Module, stepper, o
                 p.grad = None
         snaps["after"] = _snapshot(tracker, "current")
     snaps["peak"] = _snapshot(tracker, "peak")
+    # FLOPs of one more micro-batch, outside the memory tracker: counting inside the tracked step changed the
+    # memory the tracker saw for checkpointed blocks. One counter spans forward and backward, or the
+    # recomputation goes unseen.
+    with FlopCounterMode(display=False) as counter:
+        with autocast:
+            loss = model(torch.randint(0, vocab, (b, seq)), torch.randint(0, vocab, (b, seq)))
+        loss.backward()
+    optimizer.zero_grad(set_to_none=True)
+    snaps["flops"] = counter.get_total_flops()
     return snaps
 
 
@@ -230,4 +244,5 @@ def _trace_fsdp(job: Job) -> TraceResult:
         peak_bytes=snaps["peak"].get("Total", 0),
         peak_breakdown=snaps["peak"],
         boundary_breakdown=boundary,
+        flops_per_token=snaps["flops"] / (job.batch.micro_batch * job.model.seq_len),
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..estimate import estimate
+from ..estimate.flops import flops_per_token
 from ..specs.catalog import Catalog, load_catalog
 from ..specs.job import Job
 from .memory import trace_memory
@@ -27,6 +28,7 @@ def traced_estimate(job: Job, catalog: Catalog | None = None) -> dict:
                   source="trace", program=traced.program, peak_breakdown=traced.peak_breakdown)
     if memory["usable_bytes"] is not None:
         memory["fits"] = traced.peak_bytes <= memory["usable_bytes"]
+    result["compute"]["traced_flops_per_token"] = traced.flops_per_token
     result["notes"] = [n for n in result["notes"] if not n.startswith(("fits:", "model states alone"))]
     result["notes"].append(f"memory traced on fake tensors: the {traced.program} program of one data-parallel rank")
     return result
@@ -43,5 +45,11 @@ def compare_memory(job: Job, catalog: Catalog | None = None) -> dict:
         est, tr = analytic[key], traced["memory"][key]
         error = None if est is None or not tr else (est - tr) / tr
         rows[key] = {"estimate": est, "trace": tr, "error": error}
+    flops = {"estimate": None, "trace": traced["compute"]["traced_flops_per_token"], "error": None}
+    resolved, _ = job.resolve(catalog)
+    if resolved.memory.attention == "eager" and resolved.model.has_shape:
+        # FlopCounterMode sees the eager program's full score matrix: compare like with like
+        flops["estimate"] = flops_per_token(resolved, causal=False).hardware
+        flops["error"] = (flops["estimate"] - flops["trace"]) / flops["trace"]
     return {"job": traced["job"], "program": traced["memory"]["program"], "memory": rows,
-            "peak_breakdown": traced["memory"]["peak_breakdown"]}
+            "flops_per_token": flops, "peak_breakdown": traced["memory"]["peak_breakdown"]}
