@@ -25,7 +25,7 @@ import numpy as np
 from ..specs.job import TORCH_SEMANTICS, Job
 from .activations import activation_bytes
 from .params import count_params
-from .states import bytes_per_param, model_state_bytes, params_per_device
+from .states import StateBytes, bytes_per_param, model_state_bytes, params_per_device
 
 __all__ = ["MemoryEstimate", "memory_estimate", "memory_notes", "optimizer_impl"]
 
@@ -41,6 +41,8 @@ class MemoryEstimate:
     peak_phase: str
     """Which moment of the step holds the peak (see the module docstring)."""
     phases: dict[str, float] = field(default_factory=dict)
+    states: StateBytes | None = None
+    """The model states the figures above come from."""
 
     @property
     def states_bytes(self) -> float:
@@ -150,7 +152,7 @@ def memory_estimate(job: Job) -> MemoryEstimate:
     return MemoryEstimate(params_bytes=states.params_bytes, grads_bytes=states.grads_bytes,
                           optimizer_bytes=states.optimizer_bytes, activations_bytes=acts.total,
                           host_bytes=states.host_bytes, peak_bytes=stacked.max(axis=0),
-                          peak_phase=phase, phases=phases)
+                          peak_phase=phase, phases=phases, states=states)
 
 
 @dataclass(frozen=True)

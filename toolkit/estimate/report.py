@@ -28,8 +28,8 @@ def estimate(job: Job, catalog: Catalog | None = None) -> dict:
 
     # ---- model and memory ---------------------------------------------------------------
     params = count_params(model)
-    states = model_state_bytes(job)
     mem = memory_estimate(job) if model.has_shape and not model.encoder else None
+    states = mem.states if mem is not None else model_state_bytes(job)
     notes.extend(memory_notes(job, mem))
     device_bytes = accelerator.memory_bytes if accelerator else None
     usable = None if device_bytes is None else device_bytes * (1 - job.memory.headroom_fraction)
