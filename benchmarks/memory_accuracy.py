@@ -30,12 +30,13 @@ def matrix() -> list[tuple[str, dict]]:
     rows = []
 
     def add(name, model, mode="amp-bf16", b=2, accum=1, rec="none", att="flash", opt="adamw", impl=None,
-            momentum=0.9, dropout=None, dp=1, zero=0):
+            momentum=0.9, dropout=None, dp=1, zero=0, lora=None):
         if dropout is not None:
             model = dict(model, dropout=dropout)
+        finetune = {"method": "lora", "rank": 8, "targets": lora} if lora else {}
         rows.append((name, {"model": model, "batch": {"micro_batch": b, "global_batch": b * accum * dp},
                             "precision": {"mode": mode}, "optimizer": {"name": opt, "impl": impl, "momentum": momentum},
-                            "parallel": {"zero": zero}, "cluster": {"count": dp},
+                            "parallel": {"zero": zero}, "cluster": {"count": dp}, "finetune": finetune,
                             "memory": {"recompute": rec, "attention": att, "program": "cpu"}}))
 
     # every precision x recompute on both block styles
@@ -73,6 +74,12 @@ def matrix() -> list[tuple[str, dict]]:
     add("llama-v1000/mixed/full/foreach", dict(SMALL_LLAMA, vocab=1000), mode="mixed-bf16", rec="full", impl="foreach")
     add("llama-v1000/pure-bf16/selective/eager", dict(SMALL_LLAMA, vocab=1000), mode="pure-bf16", rec="selective",
         att="eager", b=4)
+    # LoRA: frozen base, adapters on chosen projections
+    for (mname, model), mode, targets, vocab in itertools.product(
+            (("gpt", SMALL_GPT), ("llama", SMALL_LLAMA)), ("amp-bf16", "pure-bf16", "mixed-bf16"),
+            (["q", "v"], ["q", "k", "v", "o", "up", "down"]), (32000, 1000)):
+        add(f"{mname}-v{vocab}/lora-{'+'.join(targets)}/{mode}", dict(model, vocab=vocab), mode=mode, lora=targets)
+    add("llama7b-layers/lora-qv/pure-bf16", LLAMA_7B_LAYERS, mode="pure-bf16", b=1, lora=["q", "v"])
     # FSDP2 (torch ZeRO-2/3) on a fake process group of 8 ranks
     for (mname, model), mode, zero, rec in itertools.product(
             (("gpt", SMALL_GPT), ("llama", SMALL_LLAMA)), ("fp32", "amp-bf16", "pure-bf16"), (2, 3), ("none", "full")):

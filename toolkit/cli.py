@@ -21,7 +21,7 @@ from .format import count, render_comparison, render_estimate
 from .specs import Job, SpecError, load_catalog
 from .specs.errors import did_you_mean
 from .specs.fields import to_dict
-from .specs.job import Batch, Cluster, Cost, MemoryOptions, Optimizer, Parallel, Precision
+from .specs.job import Batch, Cluster, Cost, Finetune, MemoryOptions, Optimizer, Parallel, Precision
 from .specs.model import ModelSpec
 from .specs.yamlio import read_yaml
 
@@ -49,6 +49,8 @@ OVERRIDES = {
     "headroom": ("memory", "headroom_fraction", MemoryOptions),
     "gpus_per_node": ("cluster", "gpus_per_node", Cluster),
     "offer": ("cost", "offer", Cost), "spot": ("cost", "spot", Cost),
+    "finetune": ("finetune", "method", Finetune), "lora_rank": ("finetune", "rank", Finetune),
+    "lora_targets": ("finetune", "targets", Finetune),
     "tokens": ("", "tokens", Job), "mfu": ("", "mfu", Job),
 }
 _BOOLEAN = {"tie_embeddings", "sp", "spot"}
@@ -140,6 +142,8 @@ def job_from_args(args, catalog) -> Job:
         value = getattr(args, flag)
         if value is None:
             continue
+        if flag == "lora_targets":
+            value = [t.strip() for t in str(value).split(",") if t.strip()]
         if sec:
             section = data.setdefault(sec, {})
             if not isinstance(section, dict):

@@ -96,13 +96,25 @@ def _math_path(job: Job) -> bool:
 
 def _norm_saved(job: Job, tokens: float, h: int, consumers: int) -> float:
     """A norm's saved tensors, its input (the residual stream) included."""
-    act, residual, amp = _bytes_of(job)
-    out = np.where(amp, consumers * tokens * h * 2, tokens * h * act)   # autocast: each linear casts it itself
+    return _norm_internal(job, tokens, h) + _norm_output(job, tokens, h, consumers)
+
+
+def _norm_output(job: Job, tokens: float, h: int, consumers: int) -> float:
+    """The norm's output as the following linears keep it (autocast: each linear casts it itself)."""
+    act, _residual, amp = _bytes_of(job)
+    return np.where(amp, consumers * tokens * h * 2, np.minimum(consumers, 1) * tokens * h * act)
+
+
+def _norm_internal(job: Job, tokens: float, h: int) -> float:
+    """What the norm itself keeps for backward: its input (the residual stream) and statistics."""
+    _act, residual, _amp = _bytes_of(job)
     if job.model.norm == "layernorm":
         stats = np.where(np.equal(residual, 2), 2, 4)
-        return tokens * h * residual + 2 * tokens * stats + out      # input, mean, rstd
-    # torch's RMSNorm computes in fp32: a 16-bit input is kept only as its fp32 copy
-    return tokens * h * 4 + tokens * h * 4 + tokens * 4 + out        # input (fp32), x·rstd, rstd
+        return tokens * h * residual + 2 * tokens * stats            # input, mean, rstd
+    # torch's RMSNorm computes in fp32: a 16-bit input is kept only as its fp32 copy; x·rstd is kept
+    # for the weight's gradient, so not when the weight is frozen (LoRA)
+    normalized = 0 if job.finetune.method == "lora" else tokens * h * 4
+    return tokens * h * 4 + normalized + tokens * 4                  # input (fp32), x·rstd, rstd
 
 
 def _attention_core(job: Job, tokens: float, b: int) -> float:
@@ -143,6 +155,9 @@ def activation_bytes(job: Job) -> ActivationBytes:
     branch_mask = tokens_h * h * (act if cpu else 1) if m.dropout > 0 else 0
     embedding_mask = tokens_h * h * (residual if cpu else 1) * (m.dropout > 0)
     rope = m.position == "rope"
+
+    if job.finetune.method == "lora":
+        return _lora_activations(job)
 
     # ---- one block, recompute none ---------------------------------------------------------
     norm1 = _norm_saved(job, tokens_h, h, consumers=3)         # its input is the block input
@@ -195,3 +210,79 @@ def pipeline_in_flight(job: Job) -> float:
     one_f_one_b = np.minimum(m, p) * np.where(v > 1, 1 + (p - 1) / (p * v), 1.0)
     in_flight = np.where(np.asarray(job.parallel.schedule) == "gpipe", m, one_f_one_b)
     return np.where(p == 1, 1.0, in_flight)
+
+
+def _lora_activations(job: Job) -> ActivationBytes:
+    """Saved activations with LoRA: follow which tensors need a gradient through each block.
+
+    A frozen linear keeps only its weight (a parameter, or its 16-bit cast under autocast), never its
+    input; an adapter keeps its input (for A's gradient) and A's output (for B's). The first block's
+    input comes from a frozen embedding and needs no gradient, so what it keeps differs from the rest.
+    """
+    m = job.model
+    act, residual, amp = _bytes_of(job)
+    h, q, kv, f = _widths(job)
+    b, s = job.batch.micro_batch, m.seq_len
+    tokens = b * s
+    targets, r = set(job.finetune.targets), job.finetune.rank
+    widths_in = {"q": h, "k": h, "v": h, "o": q, "up": h, "gate": h, "down": f}
+    widths_out = {"q": q, "k": kv, "v": kv, "o": h, "up": f, "gate": f, "down": h}
+    copy = _math_path(job) or m.position == "rope"
+    half_head = s * (m.head_dim_ // 2) * 2                           # one bf16 cast of a rope table
+
+    def casts(names, input_rg: bool) -> float:
+        """Autocast's weight casts kept for backward: a frozen weight's if its input needs a gradient,
+        an adapter's B always, its A if the input needs a gradient."""
+        if not amp:
+            return 0.0
+        frozen = {"q": h * q, "k": h * kv, "v": h * kv, "o": q * h, "up": h * f, "gate": h * f, "down": f * h}
+        out = sum(frozen[n] for n in names) if input_rg else 0.0
+        for n in names:
+            if n in targets:
+                out += r * widths_out[n] + (r * widths_in[n] if input_rg else 0)
+        return 2 * out
+
+    def block(rg_in: bool) -> float:
+        saved = len(targets) * tokens * r * act                       # every adapter's A output
+        if rg_in:
+            saved += _norm_internal(job, tokens, h)
+        qkv_adapters = len(targets & {"q", "k", "v"})
+        saved += _norm_output(job, tokens, h, qkv_adapters)          # kept by q/k/v adapters only
+        q_rg, k_rg = rg_in or "q" in targets, rg_in or "k" in targets
+        attn_rg = rg_in or bool(qkv_adapters)
+        saved += casts(("q", "k", "v"), rg_in)
+        if m.position == "rope" and amp:
+            saved += 2 * (q_rg + k_rg) * half_head                   # cos/sin casts kept by the rotations
+        if attn_rg:
+            saved += _attention_core(job, tokens, b)
+            if _math_path(job):       # explicit q·kᵀ keeps q only for k's gradient and kᵀ only for q's
+                core_bytes = 4 if job.memory.attention == "flash" else act
+                saved -= tokens * q * core_bytes * ((not k_rg) + (not q_rg))
+        if "o" in targets and (copy or not attn_rg):
+            saved += tokens * q * act                               # o's input, kept by its adapter
+        saved += casts(("o",), attn_rg)
+        x1_rg = attn_rg or "o" in targets
+        saved += _norm_internal(job, tokens, h) if x1_rg else 0
+        mlp_in = len(targets & {"up", "gate"})
+        saved += _norm_output(job, tokens, h, mlp_in)
+        if m.mlp == "swiglu":
+            gate_rg, up_rg = x1_rg or "gate" in targets, x1_rg or "up" in targets
+            saved += tokens * f * act * (gate_rg + up_rg + gate_rg + ("down" in targets))
+            mlp_rg = gate_rg or up_rg
+            saved += casts(("up", "gate"), x1_rg)
+        else:
+            up_rg = x1_rg or "up" in targets
+            saved += tokens * f * act * (up_rg + ("down" in targets))
+            mlp_rg = up_rg
+            saved += casts(("up",), x1_rg)
+        saved += casts(("down",), mlp_rg)
+        return saved
+
+    first, rest = block(False), block(True)
+    layers = first + rest * (m.layers - 1)
+    loss_scalars = 2 * 4
+    head = (_norm_internal(job, tokens, h) + tokens * m.vocab * 4 + tokens * _INT64 + loss_scalars
+            + amp * 2 * h * m.vocab)
+    batch = tokens * _INT64                                           # the token ids stay on the device
+    return ActivationBytes(per_layer=rest, layers=np.asarray(layers), embedding=batch, head=head,
+                           recompute_layer=0, in_flight=1.0, stage_layers=m.layers, pipelined=False)

@@ -25,7 +25,7 @@ import numpy as np
 from ..specs.job import TORCH_SEMANTICS, Job
 from .activations import activation_bytes
 from .params import count_params
-from .states import StateBytes, bytes_per_param, model_state_bytes, params_per_device
+from .states import StateBytes, adapter_params_per_layer, bytes_per_param, model_state_bytes, params_per_device
 
 __all__ = ["MemoryEstimate", "memory_estimate", "memory_notes", "optimizer_impl"]
 
@@ -65,7 +65,7 @@ def _optimizer_temp_bytes(job: Job, largest_param: float) -> float:
     zero, dp = np.asarray(par.zero), np.asarray(1 if par.dp is None else par.dp)
     state = 2 if job.precision.mode == "pure-bf16" else 4
     shard = np.where(zero >= 1, dp, 1)                       # the optimizer steps this rank's shard only
-    n = params_per_device(job.model, par.tp, par.pp) / shard
+    n = _trainable_per_device(job) / shard
     if impl == "foreach":
         return n * state                                     # sqrt(v) for every tensor at once
     # ZeroRedundancyOptimizer (torch ZeRO-1) gives whole tensors to ranks; FSDP2 and DeepSpeed split them
@@ -95,12 +95,14 @@ def memory_estimate(job: Job) -> MemoryEstimate:
     reduce_scatter = gathered.reduce_scatter
 
     # gradients appear during backward: head first, then layer by layer, embedding last
-    layer_grad = counts.per_layer * grad_b / tp / np.where(zero >= 2, dp, 1)
-    head_param = counts.head if counts.head else counts.embedding   # tied: the embedding's grad appears at the head
+    lora = job.finetune.method == "lora"
+    per_layer_trainable = adapter_params_per_layer(job) if lora else counts.per_layer
+    layer_grad = per_layer_trainable * grad_b / tp / np.where(zero >= 2, dp, 1)
+    head_param = 0 if lora else (counts.head if counts.head else counts.embedding)   # tied: at the head
     # FSDP2 computes gradients on the gathered (16-bit) weights and shards them at each module's post-backward:
     # the root's (head) until the end of backward, a block's until the block is done
     unsharded_grad_b = np.where(reduce_scatter > 0, 4 if mode == "fp32" else 2, grad_b)
-    head_grad = (head_param + counts.final) * unsharded_grad_b / tp
+    head_grad = (head_param + (0 if lora else counts.final)) * unsharded_grad_b / tp
 
     # Backward of the MLP, beyond what it held: the incoming gradient, and the gradients of its
     # inner tensors alive together (GELU: one net of the freed input; SwiGLU: two at the product)
@@ -124,7 +126,10 @@ def memory_estimate(job: Job) -> MemoryEstimate:
     for name, done_layers in (("top layer", 0), ("bottom layer", acts.stage_layers - 1)):
         # by the MLP's backward, the layer has made its down-projection's weight gradient too; when
         # accumulating, that gradient is a temporary (in the compute dtype, then cast) added into .grad
-        down_grad = h * ffn * unsharded_grad_b
+        if lora:                                                    # only an adapter on down has a gradient
+            down_grad = job.finetune.rank * (ffn + h) * grad_b * ("down" in job.finetune.targets)
+        else:
+            down_grad = h * ffn * unsharded_grad_b
         grads = np.where(accumulating,
                          grads_full + down_grad + (h * ffn * 2 if mode.startswith("amp-") else 0),
                          head_grad + done_layers * layer_grad + down_grad)
@@ -198,13 +203,23 @@ def _step_bytes(job: Job, counts, persistent: float, grads_full: float) -> float
     """Device bytes during the optimizer step."""
     par = job.parallel
     largest = max(counts.embedding, counts.head, _largest_matrix(job)) / np.asarray(par.tp)
+    if job.finetune.method == "lora":                              # only the adapters are stepped
+        largest = job.finetune.rank * max(job.model.hidden, job.model.ffn_, job.model.heads * job.model.head_dim_)
     step = persistent + grads_full + _optimizer_temp_bytes(job, largest)
     if job.precision.mode.startswith("mixed-"):
-        n = params_per_device(job.model, par.tp, par.pp)
+        n = _trainable_per_device(job)
         step = step + np.where(np.asarray(par.zero) == 0,
                                4 * n - grads_full,                 # fp32 copies replace the 16-bit gradients
                                4 * n / np.asarray(1 if par.dp is None else par.dp))    # DeepSpeed: fp32 copy of this rank's partition
     return np.where(np.asarray(par.offload) != "none", persistent + grads_full, step)   # offload: step on the host
+
+
+def _trainable_per_device(job: Job):
+    """Parameters the optimizer steps on one device (before ZeRO sharding): all, or LoRA's adapters."""
+    par = job.parallel
+    if job.finetune.method == "lora":
+        return adapter_params_per_layer(job) * (job.model.layers // np.asarray(par.pp)) / np.asarray(par.tp)
+    return params_per_device(job.model, par.tp, par.pp)
 
 
 def _largest_matrix(job: Job) -> int:

@@ -24,7 +24,7 @@ from ..specs.job import TORCH_SEMANTICS, Job
 from ..specs.model import ModelSpec
 from .params import count_params
 
-__all__ = ["StateBytes", "bytes_per_param", "params_per_device", "model_state_bytes",
+__all__ = ["StateBytes", "adapter_params_per_layer", "bytes_per_param", "params_per_device", "model_state_bytes",
            "ADAM8BIT_BLOCK", "ADAM8BIT_BYTES_PER_PARAM"]
 
 ADAM8BIT_BLOCK = 256
@@ -79,17 +79,31 @@ def params_per_device(model: ModelSpec, tp=1, pp=1):
     return np.where(np.asarray(pp) == 1, c.total, np.maximum(first, last)) / tp
 
 
+def adapter_params_per_layer(job: Job) -> int:
+    """LoRA parameters of one block: r·(in + out) for every targeted projection (0 for full fine-tuning)."""
+    if job.finetune.method != "lora":
+        return 0
+    m, r = job.model, job.finetune.rank
+    h, q, kv, f = m.hidden, m.heads * m.head_dim_, m.kv_heads_ * m.head_dim_, m.ffn_
+    shapes = {"q": (h, q), "k": (h, kv), "v": (h, kv), "o": (q, h), "up": (h, f), "gate": (h, f), "down": (f, h)}
+    return sum(r * (shapes[t][0] + shapes[t][1]) for t in job.finetune.targets)
+
+
 def model_state_bytes(job: Job) -> StateBytes:
     """Persistent model-state bytes on the busiest device of a resolved job (layout fields may be arrays)."""
     par = job.parallel
     n = params_per_device(job.model, par.tp, par.pp)
     weight, grad, optimizer = bytes_per_param(job)
+    trainable = n
+    if job.finetune.method == "lora":                      # frozen base: only the adapters train
+        trainable = adapter_params_per_layer(job) * (job.model.layers // np.asarray(par.pp)) / par.tp
+        n = n + trainable
     dp, zero, offload = np.asarray(1 if par.dp is None else par.dp), np.asarray(par.zero), np.asarray(par.offload)
     torch_semantics = job.precision.mode in TORCH_SEMANTICS
     shard_weights = np.where((zero == 3) | ((zero == 2) & torch_semantics), dp, 1)
     params_b = n * weight / shard_weights
-    grads_b = n * grad / np.where(zero >= 2, dp, 1)
-    optimizer_b = n * optimizer / np.where(zero >= 1, dp, 1)
+    grads_b = trainable * grad / np.where(zero >= 2, dp, 1)
+    optimizer_b = trainable * optimizer / np.where(zero >= 1, dp, 1)
     offload_params = offload == "params"
     offload_optimizer = offload_params | (offload == "optimizer")
     host = np.where(offload_optimizer, optimizer_b, 0.0) + np.where(offload_params, params_b + grads_b, 0.0)

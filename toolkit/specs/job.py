@@ -20,7 +20,8 @@ from .hf_config import model_from_hf_config
 from .model import ModelSpec
 from .yamlio import read_yaml
 
-__all__ = ["Batch", "Precision", "Optimizer", "Parallel", "MemoryOptions", "Cluster", "Cost", "Job",
+__all__ = ["Batch", "Precision", "Optimizer", "Parallel", "MemoryOptions", "Cluster", "Cost", "Finetune", "Job",
+           "LORA_TARGETS",
            "PRECISIONS", "TORCH_SEMANTICS", "compute_dtype"]
 
 PRECISIONS = ("fp32", "amp-bf16", "amp-fp16", "mixed-bf16", "mixed-fp16", "pure-bf16")
@@ -117,6 +118,21 @@ class Cost:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Finetune:
+    method: Literal["full", "lora"] = "full"
+    """full: every weight trains; lora: frozen weights plus low-rank adapters (Hu et al. 2021)."""
+    rank: int = 8
+    """Adapter rank r."""
+    alpha: float = 16.0
+    """Adapter scale numerator (the update is scaled by alpha / rank)."""
+    targets: tuple[str, ...] = ("q", "k", "v", "o")
+    """Projections that get adapters: q, k, v, o (attention), up, gate (SwiGLU only), down (MLP)."""
+
+
+LORA_TARGETS = ("q", "k", "v", "o", "up", "gate", "down")
+
+
+@dataclass(frozen=True, kw_only=True)
 class Job:
     model: ModelSpec = field(default_factory=ModelSpec)
     batch: Batch = field(default_factory=Batch)
@@ -126,6 +142,7 @@ class Job:
     memory: MemoryOptions = field(default_factory=MemoryOptions)
     cluster: Cluster = field(default_factory=Cluster)
     cost: Cost = field(default_factory=Cost)
+    finetune: Finetune = field(default_factory=Finetune)
     tokens: float | None = None
     """Training token budget D; None = the preset's published budget."""
     mfu: float | None = None

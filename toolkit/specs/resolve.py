@@ -10,7 +10,7 @@ import dataclasses
 from .catalog import Catalog
 from .errors import SpecError
 from .fields import check_positive, check_range
-from .job import TORCH_SEMANTICS, Job, compute_dtype
+from .job import LORA_TARGETS, TORCH_SEMANTICS, Job, compute_dtype
 
 __all__ = ["resolve_job", "divisors"]
 
@@ -148,6 +148,28 @@ def resolve_job(job: Job, catalog: Catalog) -> tuple[Job, list[str]]:
                      "matrix to begin with")
     if job.optimizer.name != "sgd" and job.optimizer.momentum != 0.9:
         notes.append("optimizer.momentum applies to sgd only; ignored")
+
+    # ---- fine-tuning --------------------------------------------------------------------------
+    ft = job.finetune
+    if ft.method == "lora":
+        check_positive(ft.rank, "finetune.rank")
+        check_positive(ft.alpha, "finetune.alpha")
+        if not ft.targets:
+            raise SpecError("finetune.targets", [], f"name at least one projection among {', '.join(LORA_TARGETS)}")
+        for target in ft.targets:
+            if target not in LORA_TARGETS or (target == "gate" and model.mlp != "swiglu"):
+                allowed = [t for t in LORA_TARGETS if t != "gate" or model.mlp == "swiglu"]
+                raise SpecError("finetune.targets", target, f"allowed: {', '.join(allowed)}")
+        if not model.has_shape:
+            raise SpecError("finetune.method", "lora", "adapters need the model's shape (layers, hidden, heads)")
+        if job.memory.recompute != "none":
+            raise SpecError("memory.recompute", job.memory.recompute,
+                            "LoRA with activation recompute is not modelled yet; use recompute none")
+        if model.dropout > 0:
+            raise SpecError("model.dropout", model.dropout, "LoRA with dropout is not modelled yet; use dropout 0")
+        if job.parallel.tp > 1 or job.parallel.pp > 1 or job.parallel.zero >= 2:
+            raise SpecError("finetune.method", "lora", "LoRA is modelled for data-parallel replicas (zero 0 or 1) "
+                                                       "so far; use tp 1, pp 1")
 
     # ---- batch ------------------------------------------------------------------------------
     per_step = batch.micro_batch * par.dp

@@ -32,6 +32,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from ..specs.errors import SpecError
 from ..specs.job import TORCH_SEMANTICS, Job
+from ..train.lora import apply_lora
 from ..train.model import GPT
 
 __all__ = ["TraceResult", "trace_memory", "MAX_TRACED_MICRO_BATCHES"]
@@ -75,6 +76,8 @@ def _check_traceable(job: Job) -> None:
                                                          "validate them with a small real run")
     if job.memory.act_compress != "none":
         raise SpecError("memory.act_compress", job.memory.act_compress, "not traced yet")
+    if job.finetune.method == "lora" and job.parallel.zero >= 2:
+        raise SpecError("finetune.method", "lora", "LoRA under FSDP2 is not traced yet; trace it with zero 0")
 
 
 def _make_optimizer(job: Job, params):
@@ -90,7 +93,7 @@ class _MasterWeights:
     """mixed-*: 16-bit model weights, fp32 master copies stepped by the optimizer (DeepSpeed's scheme)."""
 
     def __init__(self, job: Job, model: torch.nn.Module):
-        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.params = [p for p in model.parameters() if p.requires_grad]   # LoRA: the adapters only
         self.master = [p.detach().float().requires_grad_() for p in self.params]
         self.optimizer = _make_optimizer(job, self.master)
 
@@ -105,8 +108,22 @@ class _MasterWeights:
                 m.grad = None
 
 
+class _NoHook:
+    """Stands in for a gradient hook on a frozen parameter (which cannot take one)."""
+
+    def remove(self) -> None:
+        return None
+
+
 class _DeviceTracker(MemTracker):
-    """MemTracker without per-module peaks, which cost O(modules) on every op (minutes at 80 layers)."""
+    """MemTracker without per-module peaks, which cost O(modules) on every op (minutes at 80 layers),
+    and that accepts frozen parameters (LoRA)."""
+
+    def _track_module_params_and_buffers(self, module, install_grad_hooks: bool = True):
+        for param in module.parameters():
+            if not param.requires_grad and self._param_to_grad_hook_handles.get(param) is None:
+                self._param_to_grad_hook_handles[param] = (_NoHook(), _NoHook())
+        return super()._track_module_params_and_buffers(module, install_grad_hooks)
 
     def _update_peak_stats(self, peak_state) -> None:  # noqa: ARG002 - MemTracker's signature
         for device, snap in self._curr_mem_snap.items():
@@ -132,11 +149,14 @@ def trace_memory(job: Job) -> TraceResult:
         weights_dtype = _DTYPES[mode.rsplit("-", 1)[1]] if mode == "pure-bf16" or mode.startswith("mixed-") \
             else torch.float32
         model = GPT(job.model, attention=job.memory.attention, recompute=job.memory.recompute, dtype=weights_dtype)
+        if job.finetune.method == "lora":
+            ft = job.finetune
+            apply_lora(model, ft.rank, ft.alpha, ft.targets)
         if mode.startswith("mixed-"):
             stepper = _MasterWeights(job, model)
             optimizer, extra = stepper.optimizer, stepper.master
         else:
-            optimizer = _make_optimizer(job, model.parameters())
+            optimizer = _make_optimizer(job, [p for p in model.parameters() if p.requires_grad])
             stepper, extra = optimizer, []
         tracker = _DeviceTracker()
         tracker.track_external(model, optimizer, *extra)
