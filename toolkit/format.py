@@ -5,7 +5,12 @@ __all__ = ["gib", "count", "sci", "money", "render_estimate"]
 
 
 def gib(n_bytes: float | None) -> str:
-    return "—" if n_bytes is None else f"{n_bytes / 2**30:,.1f} GiB"
+    """Bytes in binary units, GiB from 1 GiB up, MiB below (small models read as something)."""
+    if n_bytes is None:
+        return "—"
+    if abs(n_bytes) >= 2**30 or n_bytes == 0:
+        return f"{n_bytes / 2**30:,.1f} GiB"
+    return f"{n_bytes / 2**20:,.1f} MiB"
 
 
 def count(n: float | None) -> str:
