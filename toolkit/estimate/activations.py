@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..specs.job import TORCH_SEMANTICS, Job
+from .params import projection_shapes
 
 __all__ = ["ActivationBytes", "activation_bytes", "fsdp_gathers_16bit", "pipeline_in_flight"]
 
@@ -140,6 +141,8 @@ def _attention_core(job: Job, tokens: float, b: int) -> float:
 
 def activation_bytes(job: Job) -> ActivationBytes:
     """Saved activations of one micro-batch on the busiest device of a resolved job."""
+    if job.finetune.method == "lora":
+        return _lora_activations(job)
     m = job.model
     act, residual, amp = _bytes_of(job)
     h, q, kv, f = _widths(job)
@@ -155,9 +158,6 @@ def activation_bytes(job: Job) -> ActivationBytes:
     branch_mask = tokens_h * h * (act if cpu else 1) if m.dropout > 0 else 0
     embedding_mask = tokens_h * h * (residual if cpu else 1) * (m.dropout > 0)
     rope = m.position == "rope"
-
-    if job.finetune.method == "lora":
-        return _lora_activations(job)
 
     # ---- one block, recompute none ---------------------------------------------------------
     norm1 = _norm_saved(job, tokens_h, h, consumers=3)         # its input is the block input
@@ -186,10 +186,7 @@ def activation_bytes(job: Job) -> ActivationBytes:
         none)
 
     embedding = tokens * _INT64 + (s * _INT64 if m.position == "learned" else 0) + embedding_mask
-    final_norm = _norm_saved(job, tokens_h, h, consumers=1)
-    loss_scalars = 2 * 4                                       # the loss and nll's total weight
-    vocab = m.vocab / tp                                       # vocab-parallel logits and loss
-    head = final_norm + tokens * vocab * 4 + tokens * _INT64 + loss_scalars + amp * 2 * h * vocab
+    head = _norm_saved(job, tokens_h, h, consumers=1) + _loss_bytes(job, tokens, m.vocab / tp)   # vocab-parallel
     # the recomputed block re-creates all it saves but its input, which the checkpoint already holds
     recompute_layer = np.where(full, none - tokens_h * h * residual, 0)
     in_flight = pipeline_in_flight(job)
@@ -212,6 +209,13 @@ def pipeline_in_flight(job: Job) -> float:
     return np.where(p == 1, 1.0, in_flight)
 
 
+def _loss_bytes(job: Job, tokens: float, vocab: float) -> float:
+    """Output projection and loss: fp32 log-softmax, target ids, the loss and nll's total weight, and the
+    projection's 16-bit weight cast under autocast."""
+    amp = _bytes_of(job)[2]
+    return tokens * vocab * 4 + tokens * _INT64 + 2 * 4 + amp * 2 * job.model.hidden * vocab
+
+
 def _lora_activations(job: Job) -> ActivationBytes:
     """Saved activations with LoRA: follow which tensors need a gradient through each block.
 
@@ -221,12 +225,11 @@ def _lora_activations(job: Job) -> ActivationBytes:
     """
     m = job.model
     act, residual, amp = _bytes_of(job)
-    h, q, kv, f = _widths(job)
+    h, q, _kv, f = _widths(job)
     b, s = job.batch.micro_batch, m.seq_len
     tokens = b * s
     targets, r = set(job.finetune.targets), job.finetune.rank
-    widths_in = {"q": h, "k": h, "v": h, "o": q, "up": h, "gate": h, "down": f}
-    widths_out = {"q": q, "k": kv, "v": kv, "o": h, "up": f, "gate": f, "down": h}
+    shapes = projection_shapes(m)                                    # LoRA runs without tensor parallelism
     copy = _math_path(job) or m.position == "rope"
     half_head = s * (m.head_dim_ // 2) * 2                           # one bf16 cast of a rope table
 
@@ -235,11 +238,10 @@ def _lora_activations(job: Job) -> ActivationBytes:
         an adapter's B always, its A if the input needs a gradient."""
         if not amp:
             return 0.0
-        frozen = {"q": h * q, "k": h * kv, "v": h * kv, "o": q * h, "up": h * f, "gate": h * f, "down": f * h}
-        out = sum(frozen[n] for n in names) if input_rg else 0.0
+        out = sum(shapes[n][0] * shapes[n][1] for n in names) if input_rg else 0.0
         for n in names:
             if n in targets:
-                out += r * widths_out[n] + (r * widths_in[n] if input_rg else 0)
+                out += r * shapes[n][1] + (r * shapes[n][0] if input_rg else 0)
         return 2 * out
 
     def block(rg_in: bool) -> float:
@@ -280,9 +282,7 @@ def _lora_activations(job: Job) -> ActivationBytes:
 
     first, rest = block(False), block(True)
     layers = first + rest * (m.layers - 1)
-    loss_scalars = 2 * 4
-    head = (_norm_internal(job, tokens, h) + tokens * m.vocab * 4 + tokens * _INT64 + loss_scalars
-            + amp * 2 * h * m.vocab)
+    head = _norm_internal(job, tokens, h) + _loss_bytes(job, tokens, m.vocab)   # the frozen head keeps no input
     batch = tokens * _INT64                                           # the token ids stay on the device
     return ActivationBytes(per_layer=rest, layers=np.asarray(layers), embedding=batch, head=head,
                            recompute_layer=0, in_flight=1.0, stage_layers=m.layers, pipelined=False)

@@ -234,9 +234,10 @@ def memory_notes(job: Job, mem: MemoryEstimate | None) -> list[str]:
     notes = [f"memory follows the {job.memory.program} program of the runner's GPT "
              f"({job.memory.attention} attention, {optimizer_impl(job)} optimizer); peak at: {mem.peak_phase}"]
     par = job.parallel
-    if par.tp > 1 or par.pp > 1 or par.zero > 0 or par.offload != "none":
-        notes.append("tensor/sequence/pipeline/ZeRO/offload terms follow Megatron's and FSDP2's semantics and are "
-                     "not yet checked against a trace of those programs (the single-replica model is)")
+    fsdp_traced = job.precision.mode in TORCH_SEMANTICS and par.zero in (2, 3) and par.offload == "none"
+    if par.tp > 1 or par.pp > 1 or par.offload != "none" or (par.zero > 0 and not fsdp_traced):
+        notes.append("tensor/sequence/pipeline, DeepSpeed-style ZeRO and offload terms follow Megatron's and the "
+                     "frameworks' semantics and are not yet checked against a trace (replicas and FSDP2 are)")
     if job.memory.act_compress != "none":
         notes.append("int8 activation compression is not modelled yet: activations are shown uncompressed")
     return notes

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from ..specs.model import ModelSpec
 
-__all__ = ["ParamCount", "count_params"]
+__all__ = ["ParamCount", "count_params", "projection_shapes"]
 
 
 @dataclass(frozen=True)
@@ -59,3 +59,9 @@ def count_params(model: ModelSpec) -> ParamCount:
     head = 0 if model.tie_embeddings else h * model.vocab
     return ParamCount(embedding=embedding, positions=positions, per_layer=per_layer,
                       layers=per_layer * model.layers, final=final, head=head)
+
+
+def projection_shapes(model: ModelSpec) -> dict[str, tuple[int, int]]:
+    """(in, out) features of each projection of a block, named as in toolkit.train.model."""
+    h, q, kv, f = model.hidden, model.heads * model.head_dim_, model.kv_heads_ * model.head_dim_, model.ffn_
+    return {"q": (h, q), "k": (h, kv), "v": (h, kv), "o": (q, h), "up": (h, f), "gate": (h, f), "down": (f, h)}

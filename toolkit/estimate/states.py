@@ -22,7 +22,7 @@ import numpy as np
 
 from ..specs.job import TORCH_SEMANTICS, Job
 from ..specs.model import ModelSpec
-from .params import count_params
+from .params import count_params, projection_shapes
 
 __all__ = ["StateBytes", "adapter_params_per_layer", "bytes_per_param", "params_per_device", "model_state_bytes",
            "ADAM8BIT_BLOCK", "ADAM8BIT_BYTES_PER_PARAM"]
@@ -83,10 +83,8 @@ def adapter_params_per_layer(job: Job) -> int:
     """LoRA parameters of one block: r·(in + out) for every targeted projection (0 for full fine-tuning)."""
     if job.finetune.method != "lora":
         return 0
-    m, r = job.model, job.finetune.rank
-    h, q, kv, f = m.hidden, m.heads * m.head_dim_, m.kv_heads_ * m.head_dim_, m.ffn_
-    shapes = {"q": (h, q), "k": (h, kv), "v": (h, kv), "o": (q, h), "up": (h, f), "gate": (h, f), "down": (f, h)}
-    return sum(r * (shapes[t][0] + shapes[t][1]) for t in job.finetune.targets)
+    shapes = projection_shapes(job.model)
+    return sum(job.finetune.rank * (shapes[t][0] + shapes[t][1]) for t in job.finetune.targets)
 
 
 def model_state_bytes(job: Job) -> StateBytes:

@@ -76,8 +76,6 @@ def _check_traceable(job: Job) -> None:
                                                          "validate them with a small real run")
     if job.memory.act_compress != "none":
         raise SpecError("memory.act_compress", job.memory.act_compress, "not traced yet")
-    if job.finetune.method == "lora" and job.parallel.zero >= 2:
-        raise SpecError("finetune.method", "lora", "LoRA under FSDP2 is not traced yet; trace it with zero 0")
 
 
 def _make_optimizer(job: Job, params):
