@@ -3,6 +3,8 @@
     toolkit estimate --model gpt3-175b --tokens 300e9 --gpus 1024xA100-80GB --mfu 0.45 --json
     toolkit trace --model llama2-7b --micro-batch 1 --recompute full --json
     toolkit compare --model gpt2 --micro-batch 4
+    toolkit train --layers 4 --hidden 128 --heads 4 --vocab 256 --seq 128 --steps 50 --out runs/demo --nproc 2
+    toolkit data prepare notes/*.txt --out data/notes
     toolkit catalog accelerators
     toolkit catalog presets llama2-7b
 
@@ -21,7 +23,7 @@ from .format import count, render_comparison, render_estimate
 from .specs import Job, SpecError, load_catalog
 from .specs.errors import did_you_mean
 from .specs.fields import to_dict
-from .specs.job import Batch, Cluster, Cost, Finetune, MemoryOptions, Optimizer, Parallel, Precision
+from .specs.job import Batch, Cluster, Cost, Finetune, MemoryOptions, Optimizer, Parallel, Precision, Training
 from .specs.model import ModelSpec
 from .specs.yamlio import read_yaml
 
@@ -53,9 +55,18 @@ OVERRIDES = {
     "lora_targets": ("finetune", "targets", Finetune),
     "tokens": ("", "tokens", Job), "mfu": ("", "mfu", Job),
 }
-_BOOLEAN = {"tie_embeddings", "sp", "spot"}
+# flags that only `toolkit train` takes: the runner's section of the Job
+TRAIN_OVERRIDES = {
+    "steps": ("training", "steps", Training), "lr": ("training", "lr", Training),
+    "warmup": ("training", "warmup_steps", Training), "data": ("training", "data", Training),
+    "seed": ("training", "seed", Training), "grad_clip": ("training", "grad_clip", Training),
+    "eval_every": ("training", "eval_every", Training), "checkpoint_every": ("training", "checkpoint_every", Training),
+    "bucket_cap_mb": ("training", "bucket_cap_mb", Training), "num_workers": ("training", "num_workers", Training),
+    "fp32_norm": ("training", "fp32_norm", Training), "loss_scale": ("training", "loss_scale", Training),
+}
+_BOOLEAN = {"tie_embeddings", "sp", "spot", "fp32_norm"}
 _FLAG_OF_FIELD = {f"{sec}.{fld}" if sec else fld: "--" + flag.replace("_", "-")
-                  for flag, (sec, fld, _cls) in OVERRIDES.items()}
+                  for flag, (sec, fld, _cls) in {**OVERRIDES, **TRAIN_OVERRIDES}.items()}
 _FLAG_OF_FIELD.update({"cluster.count": "--gpus", "cluster.accelerator": "--gpus", "model.params": "--params",
                        "model.preset": "--model", "hf_config": "--hf-config", "job file": "--config",
                        "catalog file": "--catalog"})
@@ -87,6 +98,25 @@ def build_parser() -> argparse.ArgumentParser:
     compare = sub.add_parser("compare", help="analytic estimate beside the trace, with the error per category")
     _add_job_args(compare)
 
+    train = sub.add_parser("train", help="train the job for real (CPU processes or GPUs), streaming metrics",
+                           description="Train the job with accelerate: checkpoints and metrics.jsonl under --out; "
+                                       "a rerun with the same --out resumes from the newest valid checkpoint.")
+    _add_job_args(train, TRAIN_OVERRIDES)
+    train.add_argument("--out", metavar="DIR", required=True, help="run folder: job.yaml, checkpoints/, metrics.jsonl")
+    train.add_argument("--nproc", metavar="N", type=int, default=1, help="data-parallel processes (gloo on CPU)")
+    train.add_argument("--peak-tflops", metavar="X", type=float, help="device peak for MFU where the catalog has none")
+    train.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    data = sub.add_parser("data", help="prepare token shards for training")
+    data_sub = data.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
+    prep = data_sub.add_parser("prepare", help="tokenise text files (bytes) into shards with an index",
+                               description="Tokenise text files, or folders of .txt/.md files, into uint16 "
+                                           "shards with index.json; the tail of each file is held out.")
+    prep.add_argument("files", nargs="*", metavar="FILE")
+    prep.add_argument("--demo", action="store_true", help="the demo corpus: the Python reference manual")
+    prep.add_argument("--out", metavar="DIR", required=True)
+    prep.add_argument("--val-fraction", metavar="F", type=float, default=0.05)
+
     cat = sub.add_parser("catalog", help="list or show accelerators, offers, presets")
     cat.add_argument("kind", metavar="{accelerators,offers,presets}")
     cat.add_argument("name", nargs="?", help="show one row in full")
@@ -95,13 +125,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_job_args(est: argparse.ArgumentParser) -> None:
+def _add_job_args(est: argparse.ArgumentParser, extra: dict | None = None) -> None:
     src = est.add_argument_group("model (one of)")
     src.add_argument("--model", metavar="PRESET", help="catalog preset, e.g. gpt3-175b, llama2-7b")
     src.add_argument("--hf-config", metavar="PATH", help="a Hugging Face config.json (or its folder) on disk")
     src.add_argument("--params", metavar="N", help="a size-only model of N parameters")
     est.add_argument("--config", metavar="JOB.yaml", help="start from a job file; flags override it")
-    for flag, (sec, fld, cls) in OVERRIDES.items():
+    for flag, (sec, fld, cls) in {**OVERRIDES, **(extra or {})}.items():
         option = "--" + flag.replace("_", "-")
         where = f"{sec}.{fld}" if sec else fld
         if flag in _BOOLEAN:
@@ -138,8 +168,8 @@ def job_from_args(args, catalog) -> Job:
     if sources:
         key = {"--model": "preset", "--hf-config": "hf_config", "--params": "params"}[sources[0][0]]
         data["model"] = {key: sources[0][1]}
-    for flag, (sec, fld, _cls) in OVERRIDES.items():
-        value = getattr(args, flag)
+    for flag, (sec, fld, _cls) in {**OVERRIDES, **TRAIN_OVERRIDES}.items():
+        value = getattr(args, flag, None)
         if value is None:
             continue
         if flag == "lora_targets":
@@ -188,6 +218,28 @@ def cmd_compare(args) -> int:
     catalog = load_catalog(*args.catalog)
     result = compare_memory(job_from_args(args, catalog), catalog)
     print(json.dumps(result, indent=2, ensure_ascii=False) if args.json else render_comparison(result))
+    return 0
+
+
+def cmd_train(args) -> int:
+    from .train.launch import launch   # imports torch: only when asked
+    from .train.summary import render_run_summary
+    catalog = load_catalog(*args.catalog)
+    job = job_from_args(args, catalog)
+    code = launch(job, args.out, nproc=args.nproc, peak_tflops=args.peak_tflops, progress=not args.no_progress)
+    if code == 0:
+        print(render_run_summary(args.out))
+    return code
+
+
+def cmd_data(args) -> int:
+    from .train.data import demo_sources, prepare, read_sources
+    if args.demo and args.files:
+        raise SpecError("data prepare", args.files[0], "give files or --demo, not both")
+    index = prepare(demo_sources() if args.demo else read_sources(args.files), args.out, args.val_fraction)
+    tokens = {split: sum(s["tokens"] for s in shards) for split, shards in index["splits"].items()}
+    print(f"{args.out}: {len(index['sources'])} sources, {tokens['train']:,} train and {tokens['val']:,} held-out "
+          f"tokens (bytes, vocabulary {index['vocab']})")
     return 0
 
 
@@ -246,7 +298,8 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as stop:  # --help, or a usage mistake already reported in one line
         return int(stop.code or 0)
     try:
-        commands = {"estimate": cmd_estimate, "trace": cmd_trace, "compare": cmd_compare, "catalog": cmd_catalog}
+        commands = {"estimate": cmd_estimate, "trace": cmd_trace, "compare": cmd_compare, "catalog": cmd_catalog,
+                    "train": cmd_train, "data": cmd_data}
         return commands[args.command](args)
     except SpecError as err:
         print(f"toolkit {args.command}: error: {_flag_hint(err)}", file=sys.stderr)

@@ -21,6 +21,7 @@ from .model import ModelSpec
 from .yamlio import read_yaml
 
 __all__ = ["Batch", "Precision", "Optimizer", "Parallel", "MemoryOptions", "Cluster", "Cost", "Finetune", "Job",
+           "Pruning", "Training",
            "LORA_TARGETS",
            "PRECISIONS", "TORCH_SEMANTICS", "compute_dtype"]
 
@@ -133,6 +134,56 @@ LORA_TARGETS = ("q", "k", "v", "o", "up", "gate", "down")
 
 
 @dataclass(frozen=True, kw_only=True)
+class Pruning:
+    method: Literal["none", "magnitude", "2:4"] = "none"
+    """magnitude: zero the smallest weights of all block matrices together (global, unstructured);
+    2:4: in every group of 4 consecutive input weights keep the 2 largest (sparse tensor cores' pattern)."""
+    sparsity: float = 0.5
+    """Share of block-matrix weights set to zero (magnitude only; 2:4 is 0.5 by construction)."""
+    at_step: int = 0
+    """Optimizer step after which the masks are computed; 0 prunes before training. Masks hold afterwards."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Training:
+    """What the runner needs beyond the layout: schedule, data, checkpoints, techniques."""
+    steps: int = 100
+    """Optimizer steps to train (a resumed run continues up to this step)."""
+    lr: float = 3e-4
+    """Peak learning rate, reached after the warm-up."""
+    warmup_steps: int = 10
+    """Linear warm-up from 0; then cosine decay to min_lr_fraction × lr at the last step."""
+    min_lr_fraction: float = 0.1
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value; 0 = no clipping (the norm is still logged)."""
+    seed: int = 1234
+    data: str | None = None
+    """Folder of token shards made by `toolkit data prepare`; None = the demo corpus (built on first use)."""
+    num_workers: int = 1
+    """DataLoader worker processes; 0 loads in the training process."""
+    prefetch: int = 2
+    """Batches each worker prepares ahead."""
+    eval_every: int = 0
+    """Evaluate the held-out loss every K steps (and at the last step); 0 = never."""
+    eval_batches: int = 4
+    checkpoint_every: int = 50
+    """Save a checkpoint every N steps (and on SIGTERM and at the end); 0 = only those two."""
+    keep_checkpoints: int = 2
+    bucket_cap_mb: float = 25.0
+    """DDP gradient bucket size (torch's default 25 MB; the article advises 2–8 MB)."""
+    fp32_norm: bool = False
+    """Run LayerNorm/RMSNorm in fp32 with fp32 weights (the article's trick for 16-bit weights)."""
+    loss_scale: float = 65536.0
+    """Initial dynamic loss scale for fp16 modes (halved on overflow, doubled after 2000 clean steps)."""
+    pruning: Pruning = field(default_factory=Pruning)
+    gradient_checkpointing: bool | None = None
+    """The article's spelling: true means memory.recompute = full."""
+    trackers: tuple[str, ...] = ()
+    """accelerate trackers to log to as well (tensorboard, wandb, trackio), when installed."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class Job:
     model: ModelSpec = field(default_factory=ModelSpec)
     batch: Batch = field(default_factory=Batch)
@@ -143,6 +194,7 @@ class Job:
     cluster: Cluster = field(default_factory=Cluster)
     cost: Cost = field(default_factory=Cost)
     finetune: Finetune = field(default_factory=Finetune)
+    training: Training = field(default_factory=Training)
     tokens: float | None = None
     """Training token budget D; None = the preset's published budget."""
     mfu: float | None = None

@@ -24,6 +24,41 @@ def _listing(values: list[int], limit: int = 12) -> str:
     return shown + (", ..." if len(values) > limit else "")
 
 
+def _resolve_training(job: Job, notes: list[str]):
+    """Check the runner's section; returns the memory options with `gradient_checkpointing` applied."""
+    t, memory = job.training, job.memory
+    for name in ("steps", "lr", "eval_batches", "keep_checkpoints", "prefetch", "bucket_cap_mb", "loss_scale"):
+        check_positive(getattr(t, name), f"training.{name}")
+    for name in ("warmup_steps", "weight_decay", "grad_clip", "num_workers", "eval_every", "checkpoint_every"):
+        check_positive(getattr(t, name), f"training.{name}", allow_zero=True)
+    check_range(t.min_lr_fraction, "training.min_lr_fraction", 0.0, 1.0)
+    if t.warmup_steps >= t.steps and t.steps > 1:
+        raise SpecError("training.warmup_steps", t.warmup_steps,
+                        f"must be below training.steps = {t.steps}; try {max(t.steps // 10, 1)}")
+    pruning = t.pruning
+    if pruning.method == "magnitude":
+        check_range(pruning.sparsity, "training.pruning.sparsity", 0.0, 1.0, high_open=True)
+    check_positive(pruning.at_step, "training.pruning.at_step", allow_zero=True)
+    if pruning.method != "none" and pruning.at_step >= t.steps:
+        raise SpecError("training.pruning.at_step", pruning.at_step,
+                        f"must be below training.steps = {t.steps}, or the masks never act")
+    if pruning.method == "2:4" and pruning.sparsity != 0.5:
+        notes.append("2:4 pruning zeroes exactly half the block weights; training.pruning.sparsity ignored")
+    if t.gradient_checkpointing is not None:
+        wanted = "full" if t.gradient_checkpointing else "none"
+        if memory.recompute not in ("none", wanted):
+            raise SpecError("training.gradient_checkpointing", t.gradient_checkpointing,
+                            f"contradicts memory.recompute = {memory.recompute}; keep one of the two")
+        memory = dataclasses.replace(memory, recompute=wanted if t.gradient_checkpointing else memory.recompute)
+    for tracker in t.trackers:
+        if tracker not in ("tensorboard", "wandb", "trackio"):
+            raise SpecError("training.trackers", tracker, "allowed: tensorboard, wandb, trackio")
+    if t.fp32_norm and job.precision.mode in ("fp32", "amp-bf16", "amp-fp16"):
+        notes.append(f"training.fp32_norm changes nothing under {job.precision.mode}: norms already run in fp32 "
+                     "on the fp32 residual stream; it matters for mixed-* and pure-bf16")
+    return memory
+
+
 def resolve_job(job: Job, catalog: Catalog) -> tuple[Job, list[str]]:
     notes: list[str] = []
     model = job.model
@@ -198,7 +233,7 @@ def resolve_job(job: Job, catalog: Catalog) -> tuple[Job, list[str]]:
         tokens = preset.tokens
         notes.append(f"tokens = {tokens:.4g}, the budget published for {preset.name}")
 
-    memory = job.memory
+    memory = _resolve_training(job, notes)
     if memory.program is None:
         memory = dataclasses.replace(memory, program="cpu" if accelerator is None else "cuda")
 

@@ -1,0 +1,85 @@
+"""Checkpoints that survive a kill at any instant.
+
+A checkpoint is `step_NNNNNNNN.pt` (torch.save of a dict) plus `step_NNNNNNNN.pt.sha256`. Each file
+is written under a temporary name, fsync'd and renamed, the checksum last: a checkpoint without its
+checksum file, or whose bytes do not match it, was interrupted or damaged, and is reported and skipped.
+Files are loaded with `weights_only=True`: tensors, numbers, strings and containers only.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from pathlib import Path
+
+import torch
+
+__all__ = ["save_checkpoint", "latest_checkpoint", "list_checkpoints"]
+
+_NAME = re.compile(r"step_(\d{8})\.pt$")
+
+
+def _fsync_write(path: Path, write) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def save_checkpoint(folder: str | Path, step: int, state: dict, keep: int) -> Path:
+    """Write `state` as the checkpoint of `step` and delete all but the newest `keep` valid ones."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"step_{step:08d}.pt"
+    _fsync_write(path, lambda f: torch.save(state, f))
+    digest = _sha256(path)
+    _fsync_write(path.with_name(path.name + ".sha256"), lambda f: f.write(digest.encode()))
+    dir_fd = os.open(folder, os.O_RDONLY)          # make the renames themselves durable
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    for old in list_checkpoints(folder)[:-keep]:
+        old.unlink(missing_ok=True)
+        old.with_name(old.name + ".sha256").unlink(missing_ok=True)
+    return path
+
+
+def list_checkpoints(folder: str | Path) -> list[Path]:
+    """Checkpoint files in step order (valid or not)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if _NAME.match(p.name))
+
+
+def latest_checkpoint(folder: str | Path) -> tuple[dict | None, Path | None, list[str]]:
+    """(state, path, problems): the newest checkpoint whose checksum matches, and one line for each
+    newer one that was skipped (interrupted write, damaged file)."""
+    problems = []
+    for stale in Path(folder).glob("*.tmp") if Path(folder).is_dir() else []:
+        problems.append(f"{stale.name}: unfinished write (the run stopped while saving); removed")
+        stale.unlink(missing_ok=True)
+    for path in reversed(list_checkpoints(folder)):
+        sidecar = path.with_name(path.name + ".sha256")
+        if not sidecar.exists():
+            problems.append(f"{path.name}: no checksum file, the save was interrupted; skipped")
+            continue
+        if sidecar.read_text().strip() != _sha256(path):
+            problems.append(f"{path.name}: checksum mismatch, the file is damaged; skipped")
+            continue
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True), path, problems
+        except Exception as exc:  # a file that hashes right but does not load: report, keep looking
+            problems.append(f"{path.name}: does not load ({type(exc).__name__}: {exc}); skipped")
+    return None, None, problems

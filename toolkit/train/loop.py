@@ -1,0 +1,378 @@
+"""The training loop: one Job, trained for real on accelerate (one process, or one of N ranks).
+
+    run_training(job, "runs/demo")            # in this process (world of 1)
+    toolkit train job.yaml --out runs/demo --nproc 2    # N ranks through toolkit.train.launch
+
+What a step does, in order: set the learning rate (linear warm-up, cosine decay); for each
+micro-batch, forward under the precision mode's autocast (and int8 saved activations if asked) and
+backward of loss / accumulation, syncing DDP gradients on the last one only; move 16-bit gradients
+to the fp32 masters (mixed-*); unscale (fp16 modes); clip and log the global gradient norm; step,
+or skip an overflowing fp16 step; write the masters back; re-apply pruning masks; one metrics line;
+a checkpoint every N steps, at the end and on SIGTERM. A non-finite loss or gradient outside loss
+scaling stops the run with a diagnosis instead of training on garbage.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..estimate.flops import flops_per_token
+from ..specs import Job, SpecError, load_catalog
+from ..specs.job import compute_dtype
+from .checkpoint import latest_checkpoint, save_checkpoint
+from .data import StepSampler, TokenShards, ensure_demo_corpus, make_loader
+from .lora import apply_lora
+from .metrics import MetricsLog, memory_reading
+from .model import GPT
+from .precision import MasterWeights, precision_plan, use_fp32_norms
+from .techniques import Int8Activations, Pruner, block_matrices
+
+__all__ = ["run_training", "RunResult", "TrainingStopped", "lr_at", "runner_checks"]
+
+
+class TrainingStopped(Exception):
+    """The run stopped on purpose (divergence, loss-scale underflow): the message says why and what to change."""
+
+
+@dataclass
+class RunResult:
+    steps_done: int
+    resumed_from: int
+    stopped_by_signal: bool
+    final_loss: float | None
+    out_dir: Path
+
+
+def lr_at(step: int, t) -> float:
+    """Learning rate for 0-based optimizer step `step`: linear warm-up to t.lr, cosine to min_lr_fraction·lr."""
+    if step < t.warmup_steps:
+        return t.lr * (step + 1) / t.warmup_steps
+    span = max(t.steps - t.warmup_steps - 1, 1)
+    progress = min((step - t.warmup_steps) / span, 1.0)
+    floor = t.lr * t.min_lr_fraction
+    return floor + 0.5 * (t.lr - floor) * (1 + math.cos(math.pi * progress))
+
+
+def runner_checks(job: Job) -> None:
+    """What the runner cannot do yet, refused before any process starts (the estimator may still model it)."""
+    par = job.parallel
+    for name, value, fix in (("parallel.tp", par.tp, 1), ("parallel.pp", par.pp, 1), ("parallel.zero", par.zero, 0)):
+        if value != fix:
+            raise SpecError(name, value, f"the runner trains data-parallel replicas (DDP) so far; set {name} = {fix} "
+                                         "to run, or use `toolkit estimate` to plan this layout")
+    if par.offload != "none":
+        raise SpecError("parallel.offload", par.offload, "the runner does not offload yet; set offload = none")
+    if job.optimizer.name == "adamw-8bit":
+        try:
+            import bitsandbytes  # noqa: F401
+        except ImportError:
+            raise SpecError("optimizer.name", "adamw-8bit", "needs the bitsandbytes package "
+                                                             "(pip install bitsandbytes); or use adamw") from None
+    if not job.model.has_shape or job.model.encoder:
+        raise SpecError("model", job.model.name, "the runner trains decoder models with layers, hidden and heads")
+    for tracker in job.training.trackers:
+        module = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio"}[tracker]
+        try:
+            __import__(module)
+        except ImportError:
+            raise SpecError("training.trackers", tracker, f"is not installed (pip install {module})") from None
+
+
+def _optimizer(job: Job, params: list[torch.nn.Parameter], device: torch.device) -> torch.optim.Optimizer:
+    opt, t = job.optimizer, job.training
+    decay = [p for p in params if p.dim() >= 2]
+    groups = [{"params": decay, "weight_decay": t.weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    impl = {"for-loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}.get(opt.impl, {})
+    if opt.name == "sgd":
+        return torch.optim.SGD(groups, lr=t.lr, momentum=opt.momentum, **impl)
+    if opt.name == "adamw-8bit":
+        import bitsandbytes as bnb
+        return bnb.optim.AdamW8bit(groups, lr=t.lr, betas=(0.9, 0.95))
+    cls = torch.optim.AdamW if opt.name == "adamw" else torch.optim.Adam
+    return cls(groups, lr=t.lr, betas=(0.9, 0.95), **impl)
+
+
+def _build_model(job: Job, param_dtype: torch.dtype) -> torch.nn.Module:
+    model = GPT(job.model, attention=job.memory.attention, recompute=job.memory.recompute, dtype=param_dtype)
+    if job.finetune.method == "lora":
+        apply_lora(model, job.finetune.rank, job.finetune.alpha, job.finetune.targets)
+    if job.training.fp32_norm:
+        use_fp32_norms(model)
+    return model
+
+
+def _diagnose_nonfinite(job: Job, step: int, lr: float, loss: float, grad_norm: float) -> str:
+    what = "loss" if not math.isfinite(loss) else "gradient norm"
+    hints = [f"lower training.lr (now {job.training.lr:g}; try {job.training.lr / 3:.2g})"]
+    if job.training.warmup_steps < 0.02 * job.training.steps:
+        hints.append("lengthen training.warmup_steps")
+    if job.training.grad_clip == 0:
+        hints.append("turn on training.grad_clip (1.0)")
+    if compute_dtype(job.precision.mode) == "fp16":
+        hints.append("or use a bf16 mode, whose range is fp32's")
+    return (f"{what} became {loss if what == 'loss' else grad_norm} at step {step + 1} (lr {lr:.3g}): the run diverged "
+            f"and was stopped before the update. Fix: {'; '.join(hints)}. Resume from the last checkpoint after the change.")
+
+
+def run_training(job: Job, out_dir: str | Path, *, peak_tflops: float | None = None, cache_dir: str | Path | None = None,
+                 progress: bool = True) -> RunResult:
+    """Train `job` (already validated or not) and write checkpoints and metrics under `out_dir`."""
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedDataParallelKwargs
+
+    job, _notes = job.resolve(load_catalog())
+    runner_checks(job)
+    out = Path(out_dir)
+    t, spec = job.training, job.model
+    plan = precision_plan(job.precision.mode)
+
+    ddp_kwargs = DistributedDataParallelKwargs(bucket_cap_mb=t.bucket_cap_mb,
+                                               find_unused_parameters=False)
+    accelerator = Accelerator(cpu=not torch.cuda.is_available(), kwargs_handlers=[ddp_kwargs],
+                              log_with=list(t.trackers) or None, project_dir=str(out))
+    device, rank, world = accelerator.device, accelerator.process_index, accelerator.num_processes
+    if world != job.parallel.dp:
+        raise SpecError("parallel.dp", job.parallel.dp, f"the run has {world} processes; launch with --nproc {job.parallel.dp}")
+    accum = job.grad_accum
+
+    # ---- data ---------------------------------------------------------------------------------
+    data_dir = Path(t.data) if t.data else ensure_demo_corpus(cache_dir or out / "cache")
+    train_set = TokenShards(data_dir, "train", spec.seq_len)
+    if train_set.vocab > spec.vocab:
+        raise SpecError("model.vocab", spec.vocab, f"is smaller than the data's vocabulary ({train_set.vocab})")
+    val_set = TokenShards(data_dir, "val", spec.seq_len) if t.eval_every else None
+
+    # ---- model, optimizer, scaler -----------------------------------------------------------
+    base_mem_bytes, _ = memory_reading(device)              # before any weight exists: the summary's baseline
+    torch.manual_seed(t.seed)                                 # the same initial weights on every rank
+    model = _build_model(job, plan.param_dtype).to(device)
+    master = MasterWeights(model) if plan.master_weights else None
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = _optimizer(job, master.params if master else trainable, device)
+    scaler = torch.amp.GradScaler(device.type, init_scale=t.loss_scale, enabled=plan.loss_scaling)
+    pruner = Pruner(t.pruning.method, t.pruning.sparsity) if t.pruning.method != "none" else None
+    names = {id(p): n for n, p in model.named_parameters()}
+    master_of = {names[id(p)]: m for p, m in master.pairs} if master else {}
+
+    # ---- resume --------------------------------------------------------------------------------
+    start_step, skipped_total = 0, 0
+    state, path, problems = latest_checkpoint(out / "checkpoints")
+    for line in problems:
+        accelerator.print(f"checkpoint: {line}")
+    if state is not None:
+        saved_job = Job.from_dict(state["job"]).resolve(load_catalog())[0]
+        if saved_job.replace(training=job.training) != job or _run_identity(saved_job) != _run_identity(job):
+            raise SpecError("job", str(path), f"{out} holds checkpoints of a different job; use a new --out "
+                                              "folder, or delete the checkpoints to start over")
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        if master:
+            master.load_state_dict(state["master"])
+        scaler.load_state_dict(state["scaler"])
+        if pruner and state.get("masks"):
+            pruner.load_state_dict(state["masks"])
+        start_step, skipped_total = state["step"], state["skipped_total"]
+        torch.set_rng_state(state["rng"][rank]["cpu"])
+        if device.type == "cuda":
+            torch.cuda.set_rng_state(state["rng"][rank]["cuda"])
+        accelerator.print(f"resumed from {path.name} (step {start_step})")
+    else:
+        torch.manual_seed(t.seed + 1 + rank)                   # dropout differs between ranks, repeatably
+
+    model = accelerator.prepare_model(model)
+    raw_model = accelerator.unwrap_model(model)
+    metrics = MetricsLog(out / "metrics.jsonl", start_step) if accelerator.is_main_process else None
+    if t.trackers:
+        accelerator.init_trackers("toolkit", config=job.to_dict())
+
+    def tensors_by_name():
+        named = dict(raw_model.named_parameters())
+        return {n: named[n] for n in pruner.masks}
+
+    def prune_apply():
+        pruner.apply(tensors_by_name())
+        if master_of:
+            pruner.apply({n: master_of[n] for n in pruner.masks if n in master_of})
+
+    if pruner and t.pruning.at_step == 0 and start_step == 0:
+        pruner.compute(block_matrices(raw_model))
+    if pruner and pruner.masks:
+        prune_apply()
+
+    # ---- the step --------------------------------------------------------------------------------
+    sampler = StepSampler(len(train_set), job.batch.global_batch, job.batch.micro_batch, rank, world,
+                          t.seed, start_step, t.steps)
+    batches = iter(make_loader(train_set, sampler, t.num_workers, t.prefetch))
+    tokens_per_step = job.batch.global_batch * spec.seq_len
+    flops_per_step = flops_per_token(job).model * tokens_per_step
+    if peak_tflops is None and job.cluster.accelerator and device.type == "cuda":
+        peak = load_catalog().accelerator(job.cluster.accelerator).peak_flops(compute_dtype(job.precision.mode))
+        peak_tflops = peak / 1e12 if peak else None
+    int8 = Int8Activations(raw_model) if job.memory.act_compress == "int8" else None
+    opt_params = master.params if master else trainable
+    stop_requested = {"flag": False}
+    previous_handler = signal.signal(signal.SIGTERM, lambda *_: stop_requested.update(flag=True)) \
+        if _main_thread() else None
+
+    def save(step: int) -> None:
+        rng = {"cpu": torch.get_rng_state()}
+        if device.type == "cuda":
+            rng["cuda"] = torch.cuda.get_rng_state()
+        all_rng = [None] * world
+        if world > 1:
+            torch.distributed.all_gather_object(all_rng, rng)
+        else:
+            all_rng = [rng]
+        if accelerator.is_main_process:
+            save_checkpoint(out / "checkpoints", step, {
+                "step": step, "skipped_total": skipped_total, "job": job.to_dict(),
+                "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
+                "master": master.state_dict() if master else None, "scaler": scaler.state_dict(),
+                "masks": pruner.state_dict() if pruner else None, "rng": all_rng}, t.keep_checkpoints)
+        accelerator.wait_for_everyone()
+
+    bar = _progress(progress and accelerator.is_main_process, start_step, t.steps)
+    final_loss, stopped_by_signal, step = None, False, start_step
+    model.train()
+    try:
+        for step in range(start_step, t.steps):
+            began = time.perf_counter()
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            lr = lr_at(step, t)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            loss_sum = torch.zeros((), device=device)
+            for micro in range(accum):
+                inputs, targets = next(batches)
+                inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+                sync = contextlib.nullcontext() if micro == accum - 1 else accelerator.no_sync(model)
+                with sync:
+                    with plan.autocast(device.type), (int8 or contextlib.nullcontext()):
+                        loss = model(inputs, targets)
+                    scaler.scale(loss / accum).backward()
+                loss_sum += loss.detach().float()
+            if master:
+                master.grads_to_master()
+            scaler.unscale_(optimizer)
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(opt_params, t.grad_clip or float("inf")))
+            mean_loss = float(accelerator.reduce(loss_sum, "mean")) / accum if world > 1 else float(loss_sum) / accum
+            scale_before = scaler.get_scale() if plan.loss_scaling else None
+            if not plan.loss_scaling and not (math.isfinite(mean_loss) and math.isfinite(grad_norm)):
+                if metrics:
+                    metrics.write({"step": step + 1, "loss": None, "lr": lr, "grad_norm": None, "stopped": "diverged"})
+                raise TrainingStopped(_diagnose_nonfinite(job, step, lr, mean_loss, grad_norm))
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            skipped = plan.loss_scaling and scaler.get_scale() < scale_before
+            skipped_total += int(skipped)
+            if master and not skipped:
+                master.master_to_model()
+            if pruner and t.pruning.at_step and step + 1 == t.pruning.at_step:
+                pruner.compute(block_matrices(raw_model))
+            if pruner and pruner.masks:
+                prune_apply()
+            if plan.loss_scaling and scaler.get_scale() < 1.0:
+                raise TrainingStopped(
+                    f"the fp16 loss scale fell to {scaler.get_scale():g} at step {step + 1}: gradients overflow fp16 "
+                    "at every scale, so the loss diverged or activations exceed fp16's range (65504). Fix: lower "
+                    "training.lr, or train in a bf16 mode (amp-bf16, mixed-bf16), whose range is fp32's.")
+            elapsed = time.perf_counter() - began
+            mem_bytes, mem_kind = memory_reading(device)
+            tflops = flops_per_step / elapsed / world / 1e12
+            record = {"step": step + 1, "loss": mean_loss if not skipped else None, "lr": lr,
+                      "tokens_per_s": tokens_per_step / elapsed, "tflops": tflops,
+                      "mfu": tflops / peak_tflops if peak_tflops else None,
+                      "mem_bytes": mem_bytes, "mem_kind": mem_kind,
+                      "grad_norm": grad_norm if math.isfinite(grad_norm) else None,
+                      "loss_scale": scale_before, "skipped": bool(skipped), "time_s": elapsed}
+            if skipped:
+                record["skipped_total"] = skipped_total
+            if step == start_step:
+                record["mem_base_bytes"] = base_mem_bytes
+            final_loss = mean_loss if not skipped else final_loss
+            last = step + 1 == t.steps
+            if val_set is not None and ((step + 1) % t.eval_every == 0 or last):
+                record["eval_loss"] = _evaluate(raw_model, val_set, job, plan, device, rank, world, accelerator)
+            if metrics:
+                metrics.write(record)
+            if t.trackers:
+                accelerator.log({k: v for k, v in record.items() if isinstance(v, (int, float))}, step=step + 1)
+            if bar:
+                bar.update(1)
+                bar.set_postfix(loss=f"{mean_loss:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
+            stop = _agree(stop_requested["flag"], device, world)
+            if last or stop or (t.checkpoint_every and (step + 1) % t.checkpoint_every == 0):
+                save(step + 1)
+            if stop:
+                stopped_by_signal = True
+                accelerator.print(f"stopped by SIGTERM after step {step + 1}; checkpoint saved, run again to resume")
+                break
+        else:
+            step = t.steps - 1 if t.steps > start_step else start_step - 1
+    finally:
+        if bar:
+            bar.close()
+        if metrics:
+            metrics.close()
+        if previous_handler is not None:
+            signal.signal(signal.SIGTERM, previous_handler)
+        if t.trackers:
+            accelerator.end_training()
+    return RunResult(steps_done=step + 1, resumed_from=start_step, stopped_by_signal=stopped_by_signal,
+                     final_loss=final_loss, out_dir=out)
+
+
+def _run_identity(job: Job) -> dict:
+    """The parts of the training section a resume must keep (steps may grow; data, seed and batch may not)."""
+    t = job.training
+    return {"seed": t.seed, "data": t.data, "pruning": t.pruning, "fp32_norm": t.fp32_norm}
+
+
+def _agree(flag: bool, device, world: int) -> bool:
+    """True on every rank if any rank was asked to stop (a SIGTERM may reach one process first)."""
+    if world == 1:
+        return flag
+    value = torch.tensor([1.0 if flag else 0.0], device=device)
+    torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX)
+    return bool(value.item())
+
+
+@torch.no_grad()
+def _evaluate(model, val_set: TokenShards, job: Job, plan, device, rank: int, world: int, accelerator) -> float:
+    """Mean loss over the same eval_batches × micro_batch held-out windows whatever the number of ranks:
+    rank r takes windows r, r + world, ...; losses and counts are summed over ranks."""
+    model.eval()
+    mb, count = job.batch.micro_batch, job.training.eval_batches * job.batch.micro_batch
+    mine = [i % len(val_set) for i in range(rank, count, world)]
+    sums = torch.zeros(2, device=device, dtype=torch.float64)
+    for start in range(0, len(mine), mb):
+        ids = mine[start:start + mb]
+        window = torch.stack([val_set[i] for i in ids]).to(device)
+        with plan.autocast(device.type):
+            sums[0] += model(window[:, :-1], window[:, 1:]).double() * len(ids)
+        sums[1] += len(ids)
+    model.train()
+    if world > 1:
+        torch.distributed.all_reduce(sums)
+    return float(sums[0] / sums[1])
+
+
+def _main_thread() -> bool:
+    import threading
+    return threading.current_thread() is threading.main_thread()
+
+
+def _progress(enabled: bool, start: int, total: int):
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+    return tqdm(total=total, initial=start, unit="step", dynamic_ncols=True, disable=None)

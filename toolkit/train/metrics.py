@@ -1,0 +1,57 @@
+"""The metrics stream: one JSON line per optimizer step in DIR/metrics.jsonl, written by rank 0.
+
+Widgets, the CLI and tests read the same file while the run goes on, so every line is flushed
+as soon as it is written and a reader ignores a last line that is still incomplete. After a resume
+from step s the lines after s are dropped before training continues: each step appears once.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+__all__ = ["MetricsLog", "read_metrics", "memory_reading"]
+
+KEYS = ("step", "loss", "lr", "tokens_per_s", "tflops", "mfu", "mem_bytes", "mem_kind", "grad_norm",
+        "loss_scale", "skipped", "time_s")
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    """Every complete line of a metrics file (a line still being written is left out)."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return records
+
+
+class MetricsLog:
+    def __init__(self, path: str | Path, resume_step: int):
+        self.path = Path(path)
+        kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= resume_step]
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        os.replace(tmp, self.path)
+        self._file = open(self.path, "a", encoding="utf-8")
+
+    def write(self, record: dict) -> None:
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def memory_reading(device) -> tuple[int, str]:
+    """(bytes, kind): the allocator's peak since the last reset on CUDA; the process's resident set
+    size on CPU, which also counts the interpreter and libraries (a named substitute, not tensor bytes)."""
+    if device.type == "cuda":
+        import torch
+        return int(torch.cuda.max_memory_allocated(device)), "cuda_max_allocated"
+    import psutil
+    return int(psutil.Process().memory_info().rss), "rss"

@@ -1,0 +1,110 @@
+"""The six precision modes as the runner executes them.
+
+    fp32        fp32 weights, fp32 math
+    amp-bf16    fp32 weights; torch.autocast runs matmuls in bf16
+    amp-fp16    the same in fp16, with dynamic loss scaling (torch.amp.GradScaler)
+    mixed-bf16  bf16 weights and gradients; the optimizer updates fp32 master copies (DeepSpeed, Megatron)
+    mixed-fp16  the same in fp16, with dynamic loss scaling on the master gradients
+    pure-bf16   bf16 weights, gradients and optimizer states; no master copy
+
+We call torch.autocast and GradScaler ourselves instead of accelerate's `mixed_precision`: on CPU
+accelerate silently drops fp16 autocast and the scaler, and it has no master-weight mode.
+
+`FP32Norm` is the article's trick: LayerNorm/RMSNorm with fp32 weights run on an fp32 copy of a
+16-bit input. Under autocast it changes nothing (norms already run in fp32 on the fp32 residual stream).
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+__all__ = ["PrecisionPlan", "precision_plan", "FP32Norm", "use_fp32_norms", "MasterWeights"]
+
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class PrecisionPlan:
+    param_dtype: torch.dtype
+    autocast_dtype: torch.dtype | None
+    loss_scaling: bool
+    master_weights: bool
+
+    def autocast(self, device_type: str):
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type, dtype=self.autocast_dtype)
+
+
+def precision_plan(mode: str) -> PrecisionPlan:
+    if mode == "fp32":
+        return PrecisionPlan(torch.float32, None, False, False)
+    kind, half = mode.split("-")
+    dtype = _DTYPES[half]
+    if kind == "amp":
+        return PrecisionPlan(torch.float32, dtype, half == "fp16", False)
+    if kind == "mixed":
+        return PrecisionPlan(dtype, None, half == "fp16", True)
+    return PrecisionPlan(dtype, None, False, False)          # pure-bf16
+
+
+class FP32Norm(nn.Module):
+    """Wraps a norm: its weights stay fp32 and it runs on x.float(); the output returns in x's dtype."""
+
+    def __init__(self, norm: nn.Module):
+        super().__init__()
+        self.norm = norm.float()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(x.device.type, enabled=False):
+            return self.norm(x.float()).to(x.dtype)
+
+
+def use_fp32_norms(model: nn.Module) -> int:
+    """Swap every LayerNorm/RMSNorm in `model` for an FP32Norm; returns how many were swapped."""
+    swapped = 0
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, (nn.LayerNorm, nn.RMSNorm)):
+                setattr(module, name, FP32Norm(child))
+                swapped += 1
+    return swapped
+
+
+class MasterWeights:
+    """fp32 master copies of a model's 16-bit trainable parameters, for the mixed-* modes.
+
+    The optimizer sees `self.params`: the fp32 copy for a 16-bit parameter, the parameter itself for
+    one already in fp32 (an FP32Norm). After backward, `grads_to_master` moves the 16-bit gradients
+    into fp32; after the step, `master_to_model` writes the update back in 16 bits."""
+
+    def __init__(self, model: nn.Module):
+        self.pairs = []
+        for p in model.parameters():
+            if p.requires_grad:
+                master = p if p.dtype == torch.float32 else p.detach().float().requires_grad_(True)
+                self.pairs.append((p, master))
+        self.params = [m for _, m in self.pairs]
+
+    def grads_to_master(self) -> None:
+        for p, m in self.pairs:
+            if m is not p:
+                m.grad = None if p.grad is None else p.grad.float()
+                p.grad = None
+
+    @torch.no_grad()
+    def master_to_model(self) -> None:
+        for p, m in self.pairs:
+            if m is not p:
+                p.copy_(m)
+
+    def state_dict(self) -> list[torch.Tensor]:
+        return [m.detach() for _, m in self.pairs]
+
+    @torch.no_grad()
+    def load_state_dict(self, tensors: list[torch.Tensor]) -> None:
+        for (_, m), t in zip(self.pairs, tensors, strict=True):
+            m.copy_(t)
