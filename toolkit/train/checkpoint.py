@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["save_checkpoint", "latest_checkpoint", "list_checkpoints"]
+__all__ = ["save_checkpoint", "latest_checkpoint", "list_checkpoints", "resume_key"]
 
 _NAME = re.compile(r"step_(\d{8})\.pt$")
 
@@ -83,3 +83,11 @@ def latest_checkpoint(folder: str | Path) -> tuple[dict | None, Path | None, lis
         except Exception as exc:  # a file that hashes right but does not load: report, keep looking
             problems.append(f"{path.name}: does not load ({type(exc).__name__}: {exc}); skipped")
     return None, None, problems
+
+
+def resume_key(job) -> tuple:
+    """What a resumed run must share with the checkpoint: everything but the schedule and bookkeeping of
+    the training section (steps, lr, warm-up, clipping, eval and checkpoint cadence may change; e.g. a
+    lower lr after a divergence). Model, layout, precision, data, seed, pruning and FP32 norms may not."""
+    t = job.training
+    return (job.replace(training=type(t)()), t.seed, t.data, t.pruning, t.fp32_norm)

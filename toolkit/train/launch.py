@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from ..specs import Job, SpecError, load_catalog
-from .checkpoint import latest_checkpoint
+from .checkpoint import latest_checkpoint, list_checkpoints, resume_key
 
 __all__ = ["prepare_run", "launch"]
 
@@ -38,10 +38,17 @@ def prepare_run(job: Job, out_dir: str | Path, nproc: int) -> Job:
                       cluster=dataclasses.replace(job.cluster, count=nproc * par.tp * par.pp))
     resolved, _notes = job.resolve(load_catalog())
     runner_checks(resolved)
-    if resolved.training.data:
-        from .data import TokenShards
-        TokenShards(resolved.training.data, "train", resolved.model.seq_len)      # exists, long enough
+    from .data import BYTE_VOCAB, TokenShards
+    vocab = TokenShards(resolved.training.data, "train", resolved.model.seq_len).vocab \
+        if resolved.training.data else BYTE_VOCAB                                  # exists, long enough
+    if vocab > resolved.model.vocab:
+        raise SpecError("model.vocab", resolved.model.vocab, f"is smaller than the data's vocabulary ({vocab})")
     out = Path(out_dir)
+    if (out / "job.yaml").exists() and list_checkpoints(out / "checkpoints"):
+        if resume_key(Job.from_yaml(out / "job.yaml")) != resume_key(job):
+            raise SpecError("--out", str(out), "holds checkpoints of a different job (a resume may change the "
+                                               "schedule, not the model, layout, data or seed); use a new --out "
+                                               "folder, or delete its checkpoints")
     out.mkdir(parents=True, exist_ok=True)
     job.to_yaml(out / "job.yaml")
     return job

@@ -25,7 +25,7 @@ import torch
 from ..estimate.flops import flops_per_token
 from ..specs import Job, SpecError, load_catalog
 from ..specs.job import compute_dtype
-from .checkpoint import latest_checkpoint, save_checkpoint
+from .checkpoint import latest_checkpoint, resume_key, save_checkpoint
 from .data import StepSampler, TokenShards, ensure_demo_corpus, make_loader
 from .lora import apply_lora
 from .metrics import MetricsLog, memory_reading
@@ -66,6 +66,9 @@ def runner_checks(job: Job) -> None:
         if value != fix:
             raise SpecError(name, value, f"the runner trains data-parallel replicas (DDP) so far; set {name} = {fix} "
                                          "to run, or use `toolkit estimate` to plan this layout")
+    if job.memory.act_compress == "int8" and job.memory.recompute == "full":
+        raise SpecError("memory.act_compress", "int8", "full recompute keeps only block inputs, which the runner does "
+                                                       "not compress: choose int8 or full recompute")
     if par.offload != "none":
         raise SpecError("parallel.offload", par.offload, "the runner does not offload yet; set offload = none")
     if job.optimizer.name == "adamw-8bit":
@@ -167,8 +170,7 @@ def run_training(job: Job, out_dir: str | Path, *, peak_tflops: float | None = N
     for line in problems:
         accelerator.print(f"checkpoint: {line}")
     if state is not None:
-        saved_job = Job.from_dict(state["job"]).resolve(load_catalog())[0]
-        if saved_job.replace(training=job.training) != job or _run_identity(saved_job) != _run_identity(job):
+        if resume_key(Job.from_dict(state["job"]).resolve(load_catalog())[0]) != resume_key(job):
             raise SpecError("job", str(path), f"{out} holds checkpoints of a different job; use a new --out "
                                               "folder, or delete the checkpoints to start over")
         model.load_state_dict(state["model"])
@@ -329,12 +331,6 @@ def run_training(job: Job, out_dir: str | Path, *, peak_tflops: float | None = N
             accelerator.end_training()
     return RunResult(steps_done=step + 1, resumed_from=start_step, stopped_by_signal=stopped_by_signal,
                      final_loss=final_loss, out_dir=out)
-
-
-def _run_identity(job: Job) -> dict:
-    """The parts of the training section a resume must keep (steps may grow; data, seed and batch may not)."""
-    t = job.training
-    return {"seed": t.seed, "data": t.data, "pruning": t.pruning, "fp32_norm": t.fp32_norm}
 
 
 def _agree(flag: bool, device, world: int) -> bool:

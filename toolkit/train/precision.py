@@ -11,7 +11,10 @@ We call torch.autocast and GradScaler ourselves instead of accelerate's `mixed_p
 accelerate silently drops fp16 autocast and the scaler, and it has no master-weight mode.
 
 `FP32Norm` is the article's trick: LayerNorm/RMSNorm with fp32 weights run on an fp32 copy of a
-16-bit input. Under autocast it changes nothing (norms already run in fp32 on the fp32 residual stream).
+16-bit input. torch's kernels already accumulate a 16-bit norm's statistics in fp32, so at equal
+weights the output is the same; what changes is that the norm's gains and biases are used (and,
+in pure-bf16, updated) at full precision instead of rounded to 8 mantissa bits. Under autocast it
+changes nothing: norms already run in fp32 on the fp32 residual stream (tests/train/test_precision.py).
 """
 from __future__ import annotations
 

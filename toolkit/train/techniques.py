@@ -6,12 +6,14 @@ unstructured); `2:4` keeps the two largest of every four consecutive weights alo
 dimension, the pattern sparse tensor cores run at twice the speed. Masks are applied again after
 every optimizer step, so pruned weights stay zero while the rest train.
 
-`Int8Activations` stores every floating-point tensor autograd saves for backward as int8 with one
-fp32 scale per row (absmax / 127) and restores it in backward: about half the bytes of bf16,
-a quarter of fp32. Tensors that share storage with a parameter are left alone (they are weights,
+`Int8Activations` stores the floating-point tensors autograd saves inside the blocks as int8 with
+one fp32 scale per 128 values and restores them in backward: about half the bytes of bf16, a
+quarter of fp32. Tensors that share storage with a parameter are left alone (they are weights,
 kept anyway), and one tensor saved by several operations is packed once.
 """
 from __future__ import annotations
+
+import weakref
 
 import torch
 from torch import nn
@@ -60,47 +62,74 @@ class Pruner:
 
 
 class Int8Activations:
-    """`with Int8Activations(model): loss = model(x, y)` — then backward as usual."""
+    """Compress what the transformer blocks save for backward:
+
+        int8 = Int8Activations(model)       # hooks every block of model.blocks
+        with int8:                          # compress during this forward
+            loss = model(x, y)
+        loss.backward()
+
+    Tensors are quantised in blocks of 128 consecutive values, each with an fp32 scale (absmax / 127):
+    1.03 bytes per value instead of 2 (bf16) or 4 (fp32). Only the blocks' tensors are compressed:
+    the loss keeps its log-probabilities exact (int8 log-probs would bend every gradient by a few %)."""
+
+    BLOCK = 128
 
     def __init__(self, model: nn.Module, min_numel: int = 4096):
         self.param_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
         self.param_storages |= {b.untyped_storage().data_ptr() for b in model.buffers()}
         self.min_numel = min_numel
         self.packed_bytes = 0
-        """Bytes of the int8 payload and scales packed during the last forward."""
+        """Bytes of int8 payload and scales packed during the last forward."""
         self.original_bytes = 0
         """Bytes the same tensors would have taken unpacked."""
+        self.active = False
         self._seen: dict = {}
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._stack: list = []
+        for block in model.blocks:
+            block.register_forward_pre_hook(self._enter_block)
+            block.register_forward_hook(self._leave_block)
 
     def __enter__(self):
         self.packed_bytes = self.original_bytes = 0
-        self._seen = {}
-        self._hooks.__enter__()
+        self.active = True
         return self
 
     def __exit__(self, *exc):
-        self._hooks.__exit__(*exc)
+        self.active = False
         self._seen = {}              # the graph keeps what it needs; drop our references
 
+    def _enter_block(self, _module, _args):
+        if self.active and torch.is_grad_enabled():
+            hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+            hooks.__enter__()
+            self._stack.append(hooks)
+
+    def _leave_block(self, _module, _args, _output):
+        if self._stack and self.active and torch.is_grad_enabled():
+            self._stack.pop().__exit__(None, None, None)
+
     def _pack(self, t: torch.Tensor):
-        if (not t.is_floating_point() or t.numel() < self.min_numel or t.dim() < 2
+        if (not t.is_floating_point() or t.numel() < self.min_numel
                 or t.untyped_storage().data_ptr() in self.param_storages):
             return t
         key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t._version)
-        if key in self._seen:
-            return self._seen[key]
-        rows = t.detach().float()
-        scale = rows.abs().amax(dim=-1, keepdim=True).clamp_min(1e-12) / 127.0
-        packed = ((rows / scale).round_().clamp_(-127, 127).to(torch.int8), scale, t.dtype)
+        hit = self._seen.get(key)
+        if hit is not None and hit[0]() is t:      # the same live tensor saved again (an address can be reused)
+            return hit[1]
+        flat = t.detach().reshape(-1).float()
+        pad = -flat.numel() % self.BLOCK
+        blocks = torch.nn.functional.pad(flat, (0, pad)).view(-1, self.BLOCK)
+        scale = blocks.abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / 127.0
+        packed = ((blocks / scale).round_().clamp_(-127, 127).to(torch.int8), scale, t.dtype, t.shape, flat.numel())
         self.packed_bytes += packed[0].numel() + 4 * scale.numel()
         self.original_bytes += t.numel() * t.element_size()
-        self._seen[key] = packed
+        self._seen[key] = (weakref.ref(t), packed)
         return packed
 
     @staticmethod
     def _unpack(packed):
         if isinstance(packed, torch.Tensor):
             return packed
-        q, scale, dtype = packed
-        return (q.float() * scale).to(dtype)
+        q, scale, dtype, shape, numel = packed
+        return (q.float() * scale).view(-1)[:numel].view(shape).to(dtype)

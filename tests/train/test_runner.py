@@ -1,0 +1,128 @@
+"""The runner as users start it: real processes, real signals, real gloo ranks.
+
+Each case launches `toolkit train` (or one worker) as a subprocess, because what is tested is what
+happens to processes: a SIGKILL at any step, a SIGTERM, a dead rank, a refused job.
+"""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from toolkit.train.launch import prepare_run
+from toolkit.train.metrics import read_metrics
+
+from .conftest import tiny_job
+
+FLAGS = ["--layers", "2", "--hidden", "64", "--heads", "4", "--vocab", "256", "--seq", "32", "--micro-batch", "2",
+         "--precision", "fp32", "--warmup", "1", "--lr", "1e-3", "--no-progress", "--num-workers", "0"]
+
+
+def toolkit_train(out, *extra, wait=True):
+    command = [sys.executable, "-m", "toolkit.cli", "train", *FLAGS, "--out", str(out), *extra]
+    if not wait:
+        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+
+def wait_for_step(path, step, process, timeout_s=120):
+    deadline = time.monotonic() + timeout_s
+    while len(read_metrics(path)) < step:
+        assert process.poll() is None, f"the run ended early: {process.communicate()}"
+        assert time.monotonic() < deadline, "no progress"
+        time.sleep(0.01)
+
+
+def _losses(out):
+    return [(r["step"], r["loss"], r["grad_norm"], r.get("eval_loss")) for r in read_metrics(out / "metrics.jsonl")]
+
+
+def test_sigkill_at_any_step_then_resume_is_bitwise_identical(tmp_path, corpus):
+    """Dropout on, eval on, a DataLoader worker: RNG, data position, optimizer and eval all come back."""
+    job = tiny_job(model={"dropout": 0.1},
+                   training={"steps": 12, "checkpoint_every": 3, "eval_every": 4, "num_workers": 1, "data": str(corpus)})
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    for out in (ref, run):
+        prepare_run(job, out, 1)
+    worker = [sys.executable, "-m", "toolkit.train.worker"]
+    subprocess.run(worker + [str(ref / "job.yaml"), str(ref), "--no-progress"], check=True, timeout=300)
+    for kill_at in (5, 8):                 # between checkpoints: steps after the checkpoint are redone
+        p = subprocess.Popen(worker + [str(run / "job.yaml"), str(run), "--no-progress"])
+        wait_for_step(run / "metrics.jsonl", kill_at, p)
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+    subprocess.run(worker + [str(run / "job.yaml"), str(run), "--no-progress"], check=True, timeout=300)
+    assert _losses(run) == _losses(ref)
+    assert [s for s, *_ in _losses(run)] == list(range(1, 13))          # each step once
+
+
+def test_two_gloo_ranks_equal_one_process_with_the_same_global_batch(tmp_path, corpus):
+    one = toolkit_train(tmp_path / "one", "--steps", "6", "--global-batch", "8", "--eval-every", "3",
+                        "--data", str(corpus))
+    two = toolkit_train(tmp_path / "two", "--steps", "6", "--global-batch", "8", "--eval-every", "3",
+                        "--data", str(corpus), "--nproc", "2")
+    assert one.returncode == 0 and two.returncode == 0, two.stderr
+    a, b = _losses(tmp_path / "one"), _losses(tmp_path / "two")
+    assert len(a) == len(b) == 6
+    for (s1, l1, g1, e1), (s2, l2, g2, e2) in zip(a, b):
+        assert s1 == s2 and l1 == pytest.approx(l2, rel=1e-5) and g1 == pytest.approx(g2, rel=1e-4)
+        assert (e1 is None) == (e2 is None) and (e1 is None or e1 == pytest.approx(e2, rel=1e-5))
+    assert "2 rank(s)" in two.stdout and "memory/rank" in two.stdout
+
+
+def test_sigterm_checkpoints_every_rank_and_a_rerun_finishes(tmp_path, corpus):
+    out = tmp_path / "run"
+    p = toolkit_train(out, "--steps", "400", "--global-batch", "4", "--nproc", "2", "--data", str(corpus), wait=False)
+    wait_for_step(out / "metrics.jsonl", 3, p)
+    p.send_signal(signal.SIGTERM)
+    stdout, stderr = p.communicate(timeout=120)
+    assert p.returncode == 0, stderr
+    stopped_at = read_metrics(out / "metrics.jsonl")[-1]["step"]
+    assert stopped_at < 400 and (out / "checkpoints" / f"step_{stopped_at:08d}.pt").exists()
+    assert "stopped by SIGTERM" in stdout + stderr
+    again = toolkit_train(out, "--steps", str(stopped_at + 2), "--global-batch", "4", "--nproc", "2",
+                          "--data", str(corpus))
+    assert again.returncode == 0, again.stderr
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == list(range(1, stopped_at + 3))
+
+
+def test_a_killed_rank_stops_the_run_and_names_the_checkpoint(tmp_path, corpus):
+    out = tmp_path / "run"
+    p = toolkit_train(out, "--steps", "400", "--global-batch", "4", "--nproc", "2", "--checkpoint-every", "2",
+                      "--data", str(corpus), wait=False)
+    wait_for_step(out / "metrics.jsonl", 3, p)
+    ranks = [c for c in psutil.Process(p.pid).children() if "toolkit.train.worker" in " ".join(c.cmdline())]
+    rank1 = next(c for c in ranks if c.environ().get("RANK") == "1")
+    os.kill(rank1.pid, signal.SIGKILL)
+    _stdout, stderr = p.communicate(timeout=120)
+    assert p.returncode == 1
+    assert "rank 1 was killed by SIGKILL" in stderr and "step_0000000" in stderr and "resume" in stderr
+    assert not any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in ranks)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--tp", "2", "--nproc", "2"], "--tp: parallel.tp = 2: the runner trains data-parallel replicas"),
+    (["--dp", "3", "--nproc", "2"], "parallel.dp = 3: the job asks for dp = 3 but --nproc = 2"),
+    (["--data", "/nonexistent/shards"], "holds no index.json"),
+    (["--global-batch", "3"], "must be a multiple of micro_batch × dp"),
+    (["--steps", "0"], "training.steps = 0: must be greater than zero"),
+    (["--vocab", "100"], "is smaller than the data's vocabulary"),
+])
+def test_bad_jobs_fail_before_any_process_starts(tmp_path, extra, message):
+    result = toolkit_train(tmp_path / "run", *extra)
+    assert result.returncode == 2
+    assert message in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_resuming_a_different_job_is_refused(tmp_path, corpus):
+    out = tmp_path / "run"
+    assert toolkit_train(out, "--steps", "2", "--global-batch", "4", "--data", str(corpus)).returncode == 0
+    other = toolkit_train(out, "--steps", "4", "--global-batch", "4", "--hidden", "128", "--data", str(corpus))
+    assert other.returncode == 2 and "holds checkpoints of a different job" in other.stderr
+    longer = toolkit_train(out, "--steps", "4", "--global-batch", "4", "--data", str(corpus))
+    assert longer.returncode == 0 and [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2, 3, 4]
