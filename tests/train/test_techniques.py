@@ -111,3 +111,19 @@ def test_lora_trains_only_the_adapters(train):
     trained = {k for k in model if k.endswith((".a", ".b"))}
     assert trained == {f"blocks.{i}.attn.{p}.{ab}" for i in range(2) for p in "qv" for ab in "ab"}
     assert len(state["optimizer"]["state"]) == len(trained)
+
+
+def test_int8_packs_a_tensor_saved_by_several_ops_once():
+    """q, k and v each save the norm output (as their own view): one int8 copy, not three."""
+    torch.manual_seed(0)
+    model = GPT(ModelSpec(layers=1, hidden=64, heads=4, vocab=100, seq_len=16))
+    hooks = Int8Activations(model, min_numel=1)
+    results = []
+    pack = hooks._pack
+    hooks._pack = lambda t: results.append(pack(t)) or results[-1]
+    with hooks:
+        model(torch.zeros(2, 16, dtype=torch.long), torch.zeros(2, 16, dtype=torch.long))
+    packed = [r for r in results if not isinstance(r, torch.Tensor)]
+    norm_out = [r for r in packed if tuple(r[3]) == (32, 64)]       # (tokens, hidden) views of the norm output
+    assert len(norm_out) >= 3 and len({id(r) for r in norm_out}) < len(norm_out)
+    assert hooks.original_bytes == sum(r[4] * 4 for r in {id(r): r for r in packed}.values())

@@ -241,6 +241,7 @@ def run_training(job: Job, out_dir: str | Path, *, peak_tflops: float | None = N
         accelerator.wait_for_everyone()
 
     bar = _progress(progress and accelerator.is_main_process, start_step, t.steps)
+    loop_began = time.perf_counter()
     final_loss, stopped_by_signal, step = None, False, start_step
     model.train()
     try:
@@ -295,7 +296,8 @@ def run_training(job: Job, out_dir: str | Path, *, peak_tflops: float | None = N
                       "mfu": tflops / peak_tflops if peak_tflops else None,
                       "mem_bytes": mem_bytes, "mem_kind": mem_kind,
                       "grad_norm": grad_norm if math.isfinite(grad_norm) else None,
-                      "loss_scale": scale_before, "skipped": bool(skipped), "time_s": elapsed}
+                      "loss_scale": scale_before, "skipped": bool(skipped), "time_s": elapsed,
+                      "wall_s": time.perf_counter() - loop_began}
             if skipped:
                 record["skipped_total"] = skipped_total
             if step == start_step:

@@ -13,7 +13,10 @@ from pathlib import Path
 __all__ = ["MetricsLog", "read_metrics", "memory_reading"]
 
 KEYS = ("step", "loss", "lr", "tokens_per_s", "tflops", "mfu", "mem_bytes", "mem_kind", "grad_norm",
-        "loss_scale", "skipped", "time_s")
+        "loss_scale", "skipped", "time_s", "wall_s")
+"""Every line has these; `eval_loss` when evaluated, `mem_base_bytes` on the first line of a (resumed)
+process, `skipped_total` on a skipped step. time_s is the step's own duration; wall_s the seconds since
+this process began its training loop, so that overheads between steps show too."""
 
 
 def read_metrics(path: str | Path) -> list[dict]:

@@ -114,8 +114,9 @@ class Int8Activations:
                 or t.untyped_storage().data_ptr() in self.param_storages):
             return t
         key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t._version)
+        owner = t._base if t._base is not None else t   # views of one tensor share their base object
         hit = self._seen.get(key)
-        if hit is not None and hit[0]() is t:      # the same live tensor saved again (an address can be reused)
+        if hit is not None and hit[0]() is owner:  # the same live tensor saved again (a freed address can be reused)
             return hit[1]
         flat = t.detach().reshape(-1).float()
         pad = -flat.numel() % self.BLOCK
@@ -124,7 +125,7 @@ class Int8Activations:
         packed = ((blocks / scale).round_().clamp_(-127, 127).to(torch.int8), scale, t.dtype, t.shape, flat.numel())
         self.packed_bytes += packed[0].numel() + 4 * scale.numel()
         self.original_bytes += t.numel() * t.element_size()
-        self._seen[key] = (weakref.ref(t), packed)
+        self._seen[key] = (weakref.ref(owner), packed)
         return packed
 
     @staticmethod
