@@ -1,5 +1,5 @@
 # Two commands set everything up on a fresh machine with Python 3.11 and make:
-#   make demo   -> virtualenv + install + a headless end-to-end estimate
+#   make demo   -> virtualenv + install + two estimates and a real 2-process training run
 #   make test   -> virtualenv + install + the whole test suite (pytest + nbval)
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   ?= .venv
@@ -22,6 +22,8 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/toolkit estimate --model gpt3-175b --tokens 300e9 --gpus 1024xA100-80GB --tp 8 --pp 16 --zero 1 --precision mixed-bf16 --mfu 0.45 --offer p4de.24xlarge
 	$(BIN)/toolkit estimate --model llama2-7b --gpus 8xH100-SXM --zero 3 --precision mixed-bf16 --mfu 0.40 --offer p5.48xlarge --spot
+	rm -rf runs/demo
+	$(BIN)/toolkit train --layers 4 --hidden 256 --heads 8 --vocab 256 --seq 128 --micro-batch 8 --global-batch 16 --precision fp32 --steps 30 --warmup 3 --lr 2e-3 --eval-every 10 --nproc 2 --out runs/demo --no-progress
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
