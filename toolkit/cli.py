@@ -63,6 +63,7 @@ TRAIN_OVERRIDES = {
     "eval_every": ("training", "eval_every", Training), "checkpoint_every": ("training", "checkpoint_every", Training),
     "bucket_cap_mb": ("training", "bucket_cap_mb", Training), "num_workers": ("training", "num_workers", Training),
     "fp32_norm": ("training", "fp32_norm", Training), "loss_scale": ("training", "loss_scale", Training),
+    "init_from": ("training", "init_from", Training),
 }
 _BOOLEAN = {"tie_embeddings", "sp", "spot", "fp32_norm"}
 _FLAG_OF_FIELD = {f"{sec}.{fld}" if sec else fld: "--" + flag.replace("_", "-")

@@ -48,7 +48,9 @@ def model_from_hf_config(path: str | Path, seq_len: int | None = None) -> ModelS
             bias="qkv" if kind == "qwen2" else ("all" if cfg.get("attention_bias") else "none"),
             vocab=_get(cfg, "vocab_size", where), seq_len=seq_len or context,
             tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            dropout=float(cfg.get("attention_dropout", 0.0) or 0.0))
+            dropout=float(cfg.get("attention_dropout", 0.0) or 0.0),
+            rope_theta=float(cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta") or 10000.0),
+            norm_eps=float(cfg.get("rms_norm_eps", 1e-6)))
     if kind == "gpt2":
         hidden = _get(cfg, "n_embd", where)
         positions = _get(cfg, "n_positions", where)
@@ -57,7 +59,8 @@ def model_from_hf_config(path: str | Path, seq_len: int | None = None) -> ModelS
             ffn=cfg.get("n_inner") or 4 * hidden, mlp="gelu", norm="layernorm", position="learned", bias="all",
             vocab=_get(cfg, "vocab_size", where), seq_len=seq_len or positions, max_positions=positions,
             tie_embeddings=bool(cfg.get("tie_word_embeddings", True)),
-            dropout=float(cfg.get("resid_pdrop", 0.0) or 0.0))
+            dropout=float(cfg.get("resid_pdrop", 0.0) or 0.0),
+            norm_eps=float(cfg.get("layer_norm_epsilon", 1e-5)))
     # gpt_neox
     return ModelSpec(
         name=name, layers=_get(cfg, "num_hidden_layers", where), hidden=_get(cfg, "hidden_size", where),

@@ -158,6 +158,8 @@ class Training:
     grad_clip: float = 1.0
     """Clip the global gradient norm to this value; 0 = no clipping (the norm is still logged)."""
     seed: int = 1234
+    init_from: str | None = None
+    """Start from these weights: a local Hugging Face folder (config.json + safetensors) or a toolkit run."""
     data: str | None = None
     """Folder of token shards made by `toolkit data prepare`; None = the demo corpus (built on first use)."""
     num_workers: int = 1

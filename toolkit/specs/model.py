@@ -44,6 +44,10 @@ class ModelSpec:
     """Learned position table (GPT-2/3, BERT) or rotary embeddings (no parameters)."""
     bias: Literal["all", "qkv", "none"] = "all"
     """Which linear layers carry a bias: all (GPT-2/3, BERT, NeoX), q/k/v only (Qwen2), none (Llama)."""
+    rope_theta: float = 10000.0
+    """Base of the rotary frequencies (Llama 2: 10,000; Llama 3: 500,000); numerics only."""
+    norm_eps: float = 1e-5
+    """Epsilon of LayerNorm/RMSNorm; numerics only."""
     vocab: int = 50257
     """Vocabulary size (rows of the embedding)."""
     seq_len: int = 2048

@@ -43,6 +43,8 @@ def prepare_run(job: Job, out_dir: str | Path, nproc: int) -> Job:
         if resolved.training.data else BYTE_VOCAB                                  # exists, long enough
     if vocab > resolved.model.vocab:
         raise SpecError("model.vocab", resolved.model.vocab, f"is smaller than the data's vocabulary ({vocab})")
+    if resolved.training.init_from and not Path(resolved.training.init_from).is_dir():
+        raise SpecError("training.init_from", resolved.training.init_from, "no such folder")
     out = Path(out_dir)
     if (out / "job.yaml").exists() and list_checkpoints(out / "checkpoints"):
         if resume_key(Job.from_yaml(out / "job.yaml")) != resume_key(job):

@@ -27,6 +27,7 @@ from ..specs import Job, SpecError, load_catalog
 from ..specs.job import compute_dtype
 from .checkpoint import latest_checkpoint, resume_key, save_checkpoint
 from .data import StepSampler, TokenShards, ensure_demo_corpus, make_loader
+from .init_weights import load_initial_weights
 from .lora import apply_lora
 from .metrics import MetricsLog, memory_reading
 from .model import GPT
@@ -104,6 +105,8 @@ def _optimizer(job: Job, params: list[torch.nn.Parameter], device: torch.device)
 
 def _build_model(job: Job, param_dtype: torch.dtype) -> torch.nn.Module:
     model = GPT(job.model, attention=job.memory.attention, recompute=job.memory.recompute, dtype=param_dtype)
+    if job.training.init_from:
+        load_initial_weights(model, job.training.init_from)
     if job.finetune.method == "lora":
         apply_lora(model, job.finetune.rank, job.finetune.alpha, job.finetune.targets)
     if job.training.fp32_norm:

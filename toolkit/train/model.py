@@ -25,8 +25,8 @@ __all__ = ["GPT"]
 
 def _norm(spec: ModelSpec) -> nn.Module:
     if spec.norm == "rmsnorm":
-        return nn.RMSNorm(spec.hidden, eps=1e-5)
-    return nn.LayerNorm(spec.hidden, eps=1e-5)
+        return nn.RMSNorm(spec.hidden, eps=spec.norm_eps)
+    return nn.LayerNorm(spec.hidden, eps=spec.norm_eps)
 
 
 def rope_tables(seq_len: int, head_dim: int, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -145,7 +145,7 @@ class GPT(nn.Module):
         if spec.tie_embeddings:
             self.head.weight = self.tok.weight
         if spec.position == "rope":
-            cos, sin = rope_tables(spec.seq_len, spec.head_dim_)
+            cos, sin = rope_tables(spec.seq_len, spec.head_dim_, spec.rope_theta)
             self.register_buffer("cos", cos.to(dtype), persistent=False)
             self.register_buffer("sin", sin.to(dtype), persistent=False)
         else:

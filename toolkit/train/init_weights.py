@@ -1,0 +1,129 @@
+"""Start training from existing weights: a local Hugging Face folder or one of our own runs.
+
+    training: {init_from: path/to/Llama-folder}      # config.json + *.safetensors, no hub access
+    training: {init_from: runs/pretrain}             # newest valid checkpoint of a toolkit run
+
+Hugging Face names are mapped onto the runner's GPT (Llama, Mistral, Qwen2: q/k/v/o_proj,
+gate/up/down_proj, RMSNorm; GPT-2: its fused Conv1D c_attn split into q, k, v and transposed).
+Every tensor must find its place with the right shape, and every weight of the model must be
+filled; anything else is refused with the names that do not fit.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..specs.errors import SpecError
+from .checkpoint import latest_checkpoint
+
+__all__ = ["load_initial_weights", "hf_state_dict"]
+
+_LLAMA = [
+    (r"model\.embed_tokens\.weight", "tok.weight"),
+    (r"model\.norm\.weight", "norm.weight"),
+    (r"lm_head\.weight", "head.weight"),
+    (r"model\.layers\.(\d+)\.self_attn\.([qkvo])_proj\.(weight|bias)", r"blocks.\1.attn.\2.\3"),
+    (r"model\.layers\.(\d+)\.mlp\.(gate|up|down)_proj\.weight", r"blocks.\1.mlp.\2.weight"),
+    (r"model\.layers\.(\d+)\.input_layernorm\.weight", r"blocks.\1.norm1.weight"),
+    (r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", r"blocks.\1.norm2.weight"),
+]
+_GPT2 = [
+    (r"(?:transformer\.)?wte\.weight", "tok.weight"),
+    (r"(?:transformer\.)?wpe\.weight", "pos.weight"),
+    (r"(?:transformer\.)?ln_f\.(weight|bias)", r"norm.\1"),
+    (r"lm_head\.weight", "head.weight"),
+    (r"(?:transformer\.)?h\.(\d+)\.ln_1\.(weight|bias)", r"blocks.\1.norm1.\2"),
+    (r"(?:transformer\.)?h\.(\d+)\.ln_2\.(weight|bias)", r"blocks.\1.norm2.\2"),
+    (r"(?:transformer\.)?h\.(\d+)\.attn\.c_proj\.(weight|bias)", r"blocks.\1.attn.o.\2"),
+    (r"(?:transformer\.)?h\.(\d+)\.mlp\.c_fc\.(weight|bias)", r"blocks.\1.mlp.up.\2"),
+    (r"(?:transformer\.)?h\.(\d+)\.mlp\.c_proj\.(weight|bias)", r"blocks.\1.mlp.down.\2"),
+]
+_GPT2_SKIP = re.compile(r"(?:transformer\.)?h\.\d+\.attn\.(?:bias|masked_bias)")   # causal-mask buffers
+
+
+def _read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise SpecError("training.init_from", str(folder), "holds no *.safetensors files (only safetensors weights "
+                                                          "are read; convert .bin files with transformers first)")
+    tensors = {}
+    for f in files:
+        tensors.update(load_file(str(f)))
+    return tensors
+
+
+def hf_state_dict(folder: str | Path) -> dict[str, torch.Tensor]:
+    """The checkpoint in `folder` renamed (and for GPT-2 split and transposed) to the runner's GPT names."""
+    folder = Path(folder)
+    config = json.loads((folder / "config.json").read_text())
+    kind = config.get("model_type")
+    if kind in ("llama", "mistral", "qwen2"):
+        scaling = config.get("rope_scaling") or {}
+        if scaling and scaling.get("rope_type", scaling.get("type")) not in (None, "default"):
+            raise SpecError("training.init_from", str(folder), f"uses rope_scaling {scaling.get('rope_type')!r}, "
+                                                              "which the runner's GPT does not implement")
+        table = _LLAMA
+    elif kind == "gpt2":
+        table = _GPT2
+    else:
+        raise SpecError("training.init_from", str(folder), f"model_type {kind!r}: the runner loads llama, mistral, "
+                                                          "qwen2 and gpt2 weights")
+    out, unknown = {}, []
+    for name, tensor in _read_safetensors(folder).items():
+        if kind == "gpt2" and _GPT2_SKIP.fullmatch(name):
+            continue
+        if kind == "gpt2" and re.fullmatch(r"(?:transformer\.)?h\.\d+\.attn\.c_attn\.(weight|bias)", name):
+            layer = re.search(r"h\.(\d+)\.", name).group(1)
+            kind_of = name.rsplit(".", 1)[1]
+            parts = tensor.chunk(3, dim=-1)                 # Conv1D: (in, 3·out) -> q, k, v
+            for letter, part in zip("qkv", parts):
+                out[f"blocks.{layer}.attn.{letter}.{kind_of}"] = part.t().contiguous() if kind_of == "weight" else part
+            continue
+        for pattern, target in table:
+            if re.fullmatch(pattern, name):
+                new = re.sub(pattern, target, name)
+                gpt2_conv = kind == "gpt2" and new.endswith("weight") and (".attn.o." in new or ".mlp." in new)
+                out[new] = tensor.t().contiguous() if gpt2_conv else tensor
+                break
+        else:
+            unknown.append(name)
+    if unknown:
+        raise SpecError("training.init_from", str(folder), f"has tensors the runner's GPT has no place for: "
+                                                          f"{', '.join(unknown[:5])}{' ...' if len(unknown) > 5 else ''}")
+    return out
+
+
+@torch.no_grad()
+def load_initial_weights(model: nn.Module, source: str | Path) -> str:
+    """Fill `model` (before LoRA or FP32 norms are applied) from `source`; returns what was loaded."""
+    source = Path(source)
+    if (source / "config.json").exists():
+        state, what = hf_state_dict(source), f"Hugging Face weights from {source}"
+    elif source.is_dir():
+        folder = source / "checkpoints" if (source / "checkpoints").is_dir() else source
+        checkpoint, path, _problems = latest_checkpoint(folder)
+        if checkpoint is None:
+            raise SpecError("training.init_from", str(source), "holds neither config.json nor a valid checkpoint")
+        state, what = checkpoint["model"], f"the weights of {path}"
+    else:
+        raise SpecError("training.init_from", str(source), "no such folder")
+    own = model.state_dict()
+    if model.spec.tie_embeddings:
+        state.setdefault("head.weight", state.get("tok.weight"))
+    missing = [k for k in own if k not in state]
+    extra = [k for k in state if k not in own]
+    wrong = [f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}" for k in own
+             if k in state and state[k].shape != own[k].shape]
+    if missing or extra or wrong:
+        detail = "; ".join(f"{label}: {', '.join(items[:4])}{' ...' if len(items) > 4 else ''}"
+                           for label, items in (("missing", missing), ("unexpected", extra), ("shape", wrong)) if items)
+        raise SpecError("training.init_from", str(source), f"does not fit the job's model ({detail}); give the "
+                                                          "model as `hf_config` of the same folder")
+    for name, tensor in own.items():
+        tensor.copy_(state[name])
+    return what
