@@ -35,6 +35,11 @@ def _rows(rows: list[tuple[str, str]], indent: str = "  ") -> list[str]:
     return [f"{indent}{k:<{width}}  {v}" for k, v in rows]
 
 
+_PART_NAMES = {"compute_s": "compute", "memory_bound_s": "memory-bound", "tp_comm_s": "tp comm",
+               "dp_comm_exposed_s": "dp comm (exposed)", "pp_comm_s": "pp sends", "bubble_s": "bubble",
+               "optimizer_s": "optimizer"}
+
+
 def render_estimate(est: dict) -> str:
     job, mem, comp, time, cost = est["job"], est["memory"], est["compute"], est["time"], est["cost"]
     par, cl, model = job["parallel"], job["cluster"], est["model"]
@@ -75,7 +80,14 @@ def render_estimate(est: dict) -> str:
         out += _rows(rows)
     out += ["", f"time ({time['dtype']} peak " + ("unknown" if time["peak_flops_per_device"] is None
                                                   else f"{time['peak_flops_per_device'] / 1e12:,.1f} TFLOP/s")
-            + (f", MFU {time['mfu']:g})" if time["mfu"] is not None else ", no MFU given)")]
+            + (f", MFU {time['mfu']:.3g} {'given' if time['mfu_source'] == 'given' else 'modelled'})"
+               if time["mfu"] is not None else ", no MFU given)")]
+    if time["step_s"] is not None:
+        parts = ", ".join(f"{_PART_NAMES[k]} {v:.3g}" for k, v in time["breakdown"].items() if v > 0)
+        out += _rows([("step (modelled)", f"{time['step_s']:.3g} s = {parts} (s)"),
+                      ("throughput", f"{time['tokens_per_s']:,.0f} tokens/s, MFU {time['mfu_modelled']:.1%}, "
+                                     f"HFU {time['hfu_modelled']:.1%}, matmul efficiency "
+                                     f"{time['gemm_efficiency']:.0%} of peak")])
     if time["train_s"] is None:
         out += ["  —"]
     else:

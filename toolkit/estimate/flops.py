@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..specs.job import Job
 from ..specs.model import ModelSpec
 
@@ -93,9 +95,9 @@ def flops_per_token(job: Job, causal: bool = True) -> TokenFlops:
     # torch's checkpoint stops recomputing once every saved tensor is back ("early stop"), so the last
     # matmul whose output nothing saved is skipped: the down projection of a block, the probs·v
     # product of an eager core (a fused SDPA kernel saves its output and is rerun whole)
-    recompute = 0.0
-    if job.memory.recompute == "full":
-        recompute = layer_matmuls - 2 * h * f * m.layers + attention
-    elif job.memory.recompute == "selective":
-        recompute = attention / 2 if job.memory.attention == "eager" else attention
+    mode = np.asarray(job.memory.recompute)             # an array when a grid varies it
+    selective = attention / 2 if job.memory.attention == "eager" else attention
+    recompute = np.where(mode == "full", layer_matmuls - 2 * h * f * m.layers + attention,
+                         np.where(mode == "selective", selective, 0.0))
+    recompute = recompute.item() if recompute.ndim == 0 else recompute
     return TokenFlops(layer_matmuls=layer_matmuls, attention=attention, head=head, recompute=recompute)

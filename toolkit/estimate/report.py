@@ -14,6 +14,7 @@ from .flops import PF_DAY_FLOPS, flops_per_token, training_flops
 from .memory import memory_estimate, memory_notes
 from .params import count_params
 from .states import model_state_bytes, params_per_device
+from .steptime import hardware_for, step_time
 
 __all__ = ["estimate"]
 
@@ -63,10 +64,20 @@ def estimate(job: Job, catalog: Catalog | None = None) -> dict:
         notes.append(f"{accelerator.name} has no published {dtype} peak: time needs one (see its catalog row)")
     train_s = None
     work = total if total is not None else (flops.flops_6nd if flops else None)
+    hw = hardware_for(job, catalog) if per_token is not None else None
+    steps = step_time(job, hw) if hw is not None else None
+    step = {"step_s": None, "tokens_per_s": None, "mfu_modelled": None, "hfu_modelled": None, "breakdown": None,
+            "gemm_efficiency": None}
+    if steps is not None:
+        step.update(step_s=steps.step_s, tokens_per_s=steps.tokens_per_s, mfu_modelled=steps.mfu,
+                    hfu_modelled=steps.mfu * per_token.hardware / per_token.model, breakdown=steps.breakdown(),
+                    gemm_efficiency=steps.gemm_efficiency)
     if work is not None and peak is not None and job.mfu is not None:
         train_s = train_seconds(work, devices, peak, job.mfu)
         if total is None:
             notes.append("time counts 6·N·D only: a size-only model has no attention term")
+    elif work is not None and steps is not None:
+        train_s = job.tokens / steps.tokens_per_s
     elif work is not None and peak is not None:
         notes.append("time needs an MFU: give --mfu (e.g. 0.4; published runs reach 0.2-0.55)")
 
@@ -123,12 +134,12 @@ def estimate(job: Job, catalog: Catalog | None = None) -> dict:
         "time": {
             "dtype": dtype,
             "peak_flops_per_device": peak,
-            "mfu": job.mfu,
+            "mfu": job.mfu if job.mfu is not None else step["mfu_modelled"],
+            "mfu_source": "given" if job.mfu is not None else ("step-time model" if steps is not None else None),
             "train_s": train_s,
             "train_days": None if train_s is None else train_s / 86400,
             "device_hours": None if train_s is None else train_s * devices / 3600,
-            "step_s": None,
-            "tokens_per_s": None,
+            **step,
         },
         "cost": cost,
     })

@@ -1,0 +1,106 @@
+"""The step-time model: each part responds to what it models, arrays equal scalars, estimate uses it."""
+import dataclasses
+
+import numpy as np
+import pytest
+
+from toolkit.estimate import estimate
+from toolkit.estimate.grid import layout_grid
+from toolkit.estimate.steptime import Assumptions, hardware_for, step_time
+from toolkit.specs import Job
+
+
+def _job(catalog, **sections):
+    data = {"model": {"preset": "llama2-7b"}, "cluster": {"accelerator": "H100-SXM", "count": 16},
+            "precision": {"mode": "mixed-bf16"}, "batch": {"micro_batch": 2, "global_batch": 512}}
+    for key, value in sections.items():
+        data.setdefault(key, {}).update(value)
+    job, _ = Job.from_dict(data, catalog).resolve(catalog)
+    return job, hardware_for(job, catalog)
+
+
+def test_parts_add_up_and_mfu_stays_below_the_matmul_ceiling(catalog):
+    job, hw = _job(catalog)
+    st = step_time(job, hw)
+    assert st.step_s == pytest.approx(sum(st.breakdown().values()))
+    assert st.tokens_per_s * st.step_s == pytest.approx(512 * 4096)
+    assert 0.2 < st.mfu < Assumptions().gemm_fraction
+
+
+def test_grid_of_layouts_equals_one_job_at_a_time(catalog):
+    job, hw = _job(catalog)
+    grid = layout_grid(job, tp=[1, 2, 8], pp=[1, 2, 4], zero=[0, 1, 3], micro_batch=[1, 4],
+                       recompute=["none", "full"])
+    many = step_time(grid.job, hw)
+    for i in np.flatnonzero(grid.valid)[::7]:
+        layout = grid.layout(int(i))
+        single = dataclasses.replace(job, parallel=dataclasses.replace(job.parallel, **{k: layout[k] for k in (
+            "tp", "pp", "zero", "dp")}), batch=dataclasses.replace(job.batch, micro_batch=layout["micro_batch"]),
+            memory=dataclasses.replace(job.memory, recompute=layout["recompute"]))
+        assert float(step_time(single, hw).step_s) == pytest.approx(float(np.asarray(many.step_s)[i]), rel=1e-9)
+
+
+def test_pipeline_bubble_is_p_minus_1_over_v_micro_batches(catalog):
+    for pp, vpp in ((4, 1), (4, 2), (8, 1)):
+        job, hw = _job(catalog, parallel={"pp": pp, "vpp": vpp}, batch={"micro_batch": 1})
+        st = step_time(job, hw)
+        m = job.grad_accum
+        per_micro = (st.compute_s + st.memory_bound_s + st.tp_comm_s) / m
+        assert st.bubble_s == pytest.approx((pp - 1) / vpp * per_micro)
+        bubble_share = st.bubble_s / (st.bubble_s + per_micro * m)
+        assert bubble_share == pytest.approx((pp - 1) / (vpp * m + pp - 1))      # Narayanan et al. 2021
+
+
+def test_bucket_size_trades_overlap_against_latency(catalog):
+    job, hw = _job(catalog, batch={"global_batch": 128, "micro_batch": 8})      # 16 devices on 2 nodes
+    exposed = {mb: float(step_time(job, hw, Assumptions(bucket_bytes=mb * 2**20)).dp_comm_exposed_s)
+               for mb in (0.05, 4, 1e6)}
+    assert exposed[4] < 0.5 * exposed[1e6]    # one bucket: nothing overlaps backward
+    assert exposed[4] < 0.5 * exposed[0.05]   # tiny buckets: the latency of 270,000 collectives
+    comm_bound, hw = _job(catalog, cluster={"count": 64}, batch={"global_batch": 64, "micro_batch": 1})
+    one, small = (float(step_time(comm_bound, hw, Assumptions(bucket_bytes=mb * 2**20)).dp_comm_exposed_s)
+                  for mb in (1e6, 0.05))
+    assert one < small                        # when backward is too short to hide anything, fewer is better
+
+
+def test_a_slower_network_exposes_more_data_parallel_time(catalog):
+    fast, hw = _job(catalog, cluster={"count": 64, "inter_node_bw_bytes_per_s": 400e9})
+    slow, hw_slow = _job(catalog, cluster={"count": 64, "inter_node_bw_bytes_per_s": 12.5e9})
+    assert step_time(slow, hw_slow).dp_comm_s > 10 * step_time(fast, hw).dp_comm_s
+    assert step_time(slow, hw_slow).step_s > step_time(fast, hw).step_s
+
+
+def test_tensor_parallel_costs_communication_and_thins_the_matmuls(catalog):
+    one, hw = _job(catalog, parallel={"tp": 1})
+    eight, _ = _job(catalog, parallel={"tp": 8})
+    a, b = step_time(one, hw), step_time(eight, hw)
+    assert a.tp_comm_s == 0 and b.tp_comm_s > 0
+    assert b.gemm_efficiency <= a.gemm_efficiency
+
+
+def test_full_recompute_costs_a_forward(catalog):
+    none, hw = _job(catalog)
+    full, _ = _job(catalog, memory={"recompute": "full"})
+    a, b = step_time(none, hw), step_time(full, hw)
+    assert b.compute_s / a.compute_s == pytest.approx(1.3, abs=0.05)   # about a third more matmuls
+    assert b.mfu < a.mfu
+
+
+def test_calibration_point_holds(catalog):
+    job, _ = Job.from_dict({"model": {"preset": "megatron-1t"}, "parallel": {"tp": 8, "pp": 64, "sp": True},
+                            "cluster": {"accelerator": "A100-80GB", "count": 512},
+                            "precision": {"mode": "mixed-bf16"},
+                            "memory": {"recompute": "selective", "attention": "eager"}}, catalog).resolve(catalog)
+    assert float(step_time(job, hardware_for(job, catalog)).mfu) == pytest.approx(0.563, abs=0.005)
+
+
+def test_estimate_uses_the_model_when_no_mfu_is_given(catalog):
+    data = {"model": {"preset": "llama2-7b"}, "cluster": {"accelerator": "H100-SXM", "count": 8},
+            "tokens": 1e9, "precision": {"mode": "mixed-bf16"}}
+    modelled = estimate(Job.from_dict(data, catalog), catalog)["time"]
+    assert modelled["mfu_source"] == "step-time model"
+    assert modelled["train_s"] == pytest.approx(1e9 / modelled["tokens_per_s"])
+    assert set(modelled["breakdown"]) == {"compute_s", "memory_bound_s", "tp_comm_s", "dp_comm_exposed_s",
+                                          "pp_comm_s", "bubble_s", "optimizer_s"}
+    given = estimate(Job.from_dict({**data, "mfu": 0.5}, catalog), catalog)["time"]
+    assert given["mfu"] == 0.5 and given["mfu_source"] == "given" and given["step_s"] == modelled["step_s"]

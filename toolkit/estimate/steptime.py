@@ -1,0 +1,275 @@
+"""How long one optimizer step takes on the busiest device, and where the time goes.
+
+    st = step_time(job, hardware_for(job, catalog))
+    st.step_s, st.tokens_per_s, st.mfu, st.breakdown()
+
+The step is built from parts, each from a published formula or a stated assumption:
+
+- compute: the job's hardware FLOPs per device (toolkit.estimate.flops, recompute included) at
+  the accelerator's dense peak times a matrix-shape efficiency: every matmul of a block is put on
+  a roofline (FLOPs at `gemm_fraction` of peak, or its operand bytes at HBM bandwidth, whichever
+  is slower), so thin matrices (small micro-batches, wide tensor parallelism) run below peak;
+- memory-bound ops (norms, activations, residual adds, RoPE, softmax of eager attention):
+  the bytes they read and write at HBM bandwidth;
+- tensor parallelism: 2 all-reduces of the block's activations in forward, 2 in backward
+  (Megatron), plus 2 per recomputed forward; not overlapped;
+- data parallelism: ring all-reduce 2(n−1)/n·S/B of the gradients (ZeRO-1/2: reduce-scatter +
+  all-gather, the same volume; ZeRO-3: 3(n−1)/n·S, ZeRO paper §7), overlapped with the last
+  micro-batch's backward bucket by bucket: the last bucket is always exposed, each bucket pays
+  the collective's latency (why 2–8 MB buckets beat one bucket and beat tiny ones);
+- the pipeline bubble: (p−1)/v micro-batch times of a stage (GPipe and 1F1B alike;
+  interleaved with v virtual stages), plus the point-to-point sends;
+- the optimizer step: its state bytes read and written at HBM bandwidth (on the host with offload,
+  plus the PCIe transfers of gradients and parameters).
+
+Collectives cross the intra-node link when the group fits in a node (tp innermost, then dp, then
+pp, as Megatron places ranks), else each device gets its share of the node's network. The figures
+marked as assumptions below are not published per device; `benchmarks/steptime_checks.py`
+compares the resulting MFU with published runs. Every function accepts array-valued layouts.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..specs.catalog import Catalog
+from ..specs.job import TORCH_SEMANTICS, Job, compute_dtype
+from .flops import flops_per_token
+from .memory import optimizer_impl
+from .states import adapter_params_per_layer, bytes_per_param, model_state_bytes, params_per_device
+
+__all__ = ["Hardware", "Assumptions", "StepTime", "hardware_for", "step_time"]
+
+
+@dataclass(frozen=True)
+class Assumptions:
+    """Figures no datasheet gives; each is a knob, and the benchmark says how well they hold."""
+    gemm_fraction: float = 0.715
+    """Share of dense peak a large matmul reaches in a real training step. Calibrated once: with it the
+    model gives Megatron's 1T run (Korthikanti et al. 2022: tp 8, pp 64, selective recompute, A100) its
+    published 56.3 % MFU; benchmarks/steptime_checks.py shows how other published runs then fall."""
+    link_efficiency: float = 0.8
+    """Share of a link's nominal one-way bandwidth a ring collective achieves (NCCL bus bandwidth)."""
+    latency_intra_s: float = 2e-6
+    """Per-hop latency of a ring inside a node (an 8-device all-reduce starts in ~30 µs)."""
+    latency_inter_s: float = 10e-6
+    """Per-level latency of a tree across nodes."""
+    pcie_bytes_per_s: float = 25e9
+    """Host <-> device copies for offload (PCIe 4.0 x16, one direction, achieved)."""
+    host_adam_params_per_s: float = 1e9
+    """Parameters a host CPU steps with Adam per second per device (DeepSpeed's CPU-Adam order of magnitude)."""
+    bucket_bytes: float = 25 * 2**20
+    """DDP gradient bucket (torch's default 25 MB); the runner's training.bucket_cap_mb sets it."""
+
+
+@dataclass(frozen=True)
+class Hardware:
+    peak_flops: float
+    """Dense peak of the compute dtype, FLOP/s."""
+    memory_bw_bytes_per_s: float
+    intra_bw_bytes_per_s: float
+    """Per device, one direction, inside a node."""
+    inter_bw_bytes_per_s: float
+    """Per device, one direction, across nodes: the node's network divided among its devices."""
+    gpus_per_node: int
+
+
+def hardware_for(job: Job, catalog: Catalog) -> Hardware | None:
+    """The figures of a resolved job's accelerator, links and network; None when a figure is unknown."""
+    if not job.cluster.accelerator:
+        return None
+    acc = catalog.accelerator(job.cluster.accelerator)
+    peak = acc.peak_flops(compute_dtype(job.precision.mode))
+    cl = job.cluster
+    intra = cl.intra_node_bw_bytes_per_s or (acc.link_bw_bytes_per_s / 2 if acc.link_bw_bytes_per_s else None)
+    node_net = cl.inter_node_bw_bytes_per_s
+    if node_net is None and job.cost.offer:
+        node_net = catalog.offer(job.cost.offer).network_bw_bytes_per_s
+    if node_net is None:                                   # assumption: one 200 Gb/s HCA per device (DGX A100 class)
+        node_net = 200e9 / 8 * cl.gpus_per_node
+    if peak is None or acc.memory_bw_bytes_per_s is None or intra is None:
+        return None
+    return Hardware(peak_flops=peak, memory_bw_bytes_per_s=acc.memory_bw_bytes_per_s, intra_bw_bytes_per_s=intra,
+                    inter_bw_bytes_per_s=node_net / cl.gpus_per_node, gpus_per_node=cl.gpus_per_node)
+
+
+@dataclass(frozen=True)
+class StepTime:
+    compute_s: float
+    """Matmuls (with recompute) of all micro-batches, at the shape-dependent efficiency."""
+    memory_bound_s: float
+    """Element-wise and normalisation kernels of all micro-batches."""
+    tp_comm_s: float
+    """Tensor-parallel all-reduces (not overlapped)."""
+    dp_comm_exposed_s: float
+    """Data-parallel / ZeRO communication left after overlap with backward."""
+    pp_comm_s: float
+    """Pipeline point-to-point sends."""
+    bubble_s: float
+    """Pipeline fill and drain."""
+    optimizer_s: float
+    """The optimizer step (and offload transfers)."""
+    model_flops: float
+    """Model FLOPs of the whole step over all devices (MFU's numerator)."""
+    tokens: float
+    devices: int
+    peak_flops: float
+    gemm_efficiency: float
+    """The matmul efficiency the shapes allow (≤ gemm_fraction)."""
+    dp_comm_s: float
+    """Data-parallel communication before overlap."""
+
+    @property
+    def step_s(self):
+        return (self.compute_s + self.memory_bound_s + self.tp_comm_s + self.dp_comm_exposed_s + self.pp_comm_s
+                + self.bubble_s + self.optimizer_s)
+
+    @property
+    def tokens_per_s(self):
+        return self.tokens / self.step_s
+
+    @property
+    def mfu(self):
+        return self.model_flops / (self.devices * self.peak_flops * self.step_s)
+
+    def breakdown(self) -> dict:
+        """Seconds per part (the keys of the JSON contract's `time.breakdown`)."""
+        parts = ("compute_s", "memory_bound_s", "tp_comm_s", "dp_comm_exposed_s", "pp_comm_s", "bubble_s",
+                 "optimizer_s")
+        return {name: getattr(self, name) for name in parts}
+
+
+def _roofline_s(m, k, n, elem: float, hw: Hardware, a: Assumptions):
+    """One matmul (m×k)·(k×n): FLOP-bound at gemm_fraction of peak, or bound by moving its operands."""
+    return np.maximum(2.0 * m * k * n / (hw.peak_flops * a.gemm_fraction), elem * (m * k + k * n + m * n)
+                      / hw.memory_bw_bytes_per_s)
+
+
+def _gemm_efficiency(job: Job, hw: Hardware, a: Assumptions):
+    """FLOPs of a block's matmuls divided by their roofline time, as a share of peak."""
+    m, par = job.model, job.parallel
+    tp = np.asarray(par.tp)
+    tokens = np.asarray(job.batch.micro_batch) * m.seq_len
+    h, q, kv, f = m.hidden, m.heads * m.head_dim_ / tp, m.kv_heads_ * m.head_dim_ / tp, m.ffn_ / tp
+    elem = 4 if job.precision.mode == "fp32" else 2
+    shapes = [(tokens, h, q), (tokens, h, kv), (tokens, h, kv), (tokens, q, h), (tokens, h, f), (tokens, f, h)]
+    if m.mlp == "swiglu":
+        shapes.append((tokens, h, f))
+    flops = sum(2.0 * x * y * z for x, y, z in shapes)
+    seconds = sum(_roofline_s(x, y, z, elem, hw, a) for x, y, z in shapes)
+    return flops / (seconds * hw.peak_flops)
+
+
+def _memory_bound_bytes_per_token(job: Job):
+    """Bytes the element-wise kernels of one block move per token, forward + backward (backward ≈ 2×)."""
+    m, tp = job.model, np.asarray(job.parallel.tp)
+    h, q, kv, f = m.hidden, m.heads * m.head_dim_ / tp, m.kv_heads_ * m.head_dim_ / tp, m.ffn_ / tp
+    elem = 4 if job.precision.mode == "fp32" else 2
+    residual = 4 if job.precision.mode.startswith("amp-") or job.precision.mode == "fp32" else 2
+    norms = 2 * 2 * h * residual                        # two norms: read and write the residual stream
+    adds = 2 * 3 * h * residual                         # two residual adds: two reads, one write
+    act = (5 if m.mlp == "swiglu" else 2) * f * elem    # silu·mul reads gate and up, writes; GELU reads, writes
+    rope = 2 * 2 * (q + kv) * elem if m.position == "rope" else 0
+    casts = 6 * h * elem if job.precision.mode.startswith("amp-") else 0   # autocast copies of each linear input
+    dropout = 3 * 2 * h * elem if m.dropout > 0 else 0
+    softmax = 0
+    if job.memory.attention == "eager":
+        softmax = 3 * m.seq_len * (m.heads / tp) * 4     # scores written, read by softmax, probs written (fp32-ish)
+    return 3 * (norms + adds + act + rope + casts + dropout + softmax)
+
+
+def _ring_s(volume_factor, size_bytes, n, bw, a: Assumptions):
+    """Bandwidth time of a ring collective moving volume_factor·(n−1)/n·size over bandwidth bw."""
+    n = np.asarray(n, dtype=float)
+    return np.where(n > 1, volume_factor * np.maximum(n - 1, 0) / np.maximum(n, 1) * size_bytes
+                    / (bw * a.link_efficiency), 0.0)
+
+
+def _latency_s(n, gpus_per_node: int, a: Assumptions):
+    """Start-up cost of one all-reduce over n ranks: a ring inside the node, a tree across nodes (as NCCL
+    picks for large groups), there and back."""
+    n = np.asarray(n, dtype=float)
+    inside = np.minimum(n, gpus_per_node)
+    nodes = np.maximum(n / gpus_per_node, 1)
+    return np.where(n > 1, 2 * (inside - 1) * a.latency_intra_s + 2 * np.ceil(np.log2(nodes)) * a.latency_inter_s,
+                    0.0)
+
+
+def step_time(job: Job, hw: Hardware, a: Assumptions = Assumptions()) -> StepTime:
+    """Seconds of one optimizer step of a resolved job (layout fields may be numpy arrays)."""
+    m, par = job.model, job.parallel
+    dp, tp, pp, vpp = (np.asarray(x) for x in (par.dp, par.tp, par.pp, par.vpp))
+    zero, offload = np.asarray(par.zero), np.asarray(par.offload)
+    micro = np.asarray(job.batch.micro_batch)
+    devices = job.cluster.count
+    accum = job.batch.global_batch // (micro * dp)
+    tokens_step = job.batch.global_batch * m.seq_len
+    per_token = flops_per_token(job)
+    hardware_flops = per_token.hardware * tokens_step
+    eff = _gemm_efficiency(job, hw, a)
+    compute_s = hardware_flops / devices / (hw.peak_flops * eff)
+    stage_layers = m.layers / pp
+    tokens_rank = tokens_step / dp                      # tokens each data-parallel replica processes per step
+    memory_s = _memory_bound_bytes_per_token(job) * stage_layers * tokens_rank / hw.memory_bw_bytes_per_s
+
+    # ---- where groups sit: tp innermost, then dp, then pp ---------------------------------------
+    g = hw.gpus_per_node
+    bw = lambda inside: np.where(inside, hw.intra_bw_bytes_per_s, hw.inter_bw_bytes_per_s)  # noqa: E731
+    tp_inside, dp_inside = tp <= g, tp * dp <= g
+    pp_inside = devices <= g
+
+    # ---- tensor parallel: 4 all-reduces per block per micro-batch (+2 when the block is recomputed)
+    act_elem = 4 if job.precision.mode == "fp32" else 2
+    block_act = micro * m.seq_len * m.hidden * act_elem
+    per_block = 4 + np.where(np.asarray(job.memory.recompute) == "full", 2, 0)
+    tp_s = (_ring_s(2.0, block_act, tp, bw(tp_inside), a) + _latency_s(tp, g, a)) * per_block * stage_layers * accum
+
+    # ---- data parallel / ZeRO -------------------------------------------------------------------
+    _w, grad_b, _o = bytes_per_param(job)
+    weight_b = _w
+    trainable = _trainable(job)
+    grad_bytes = trainable * grad_b
+    volume = np.where(zero == 3, 3.0, 2.0)              # ring all-reduce = reduce-scatter + all-gather
+    buckets = np.maximum(np.ceil(grad_bytes / a.bucket_bytes), 1)
+    dp_s = _ring_s(volume, grad_bytes, dp, bw(dp_inside), a) + buckets * _latency_s(dp, g // tp, a)
+    last_backward_s = (compute_s + memory_s) / accum * 2 / 3          # backward ≈ 2/3 of a micro-batch
+    overlappable = np.where(zero == 3, (compute_s + memory_s), last_backward_s)
+    # the last bucket (ZeRO-3: the first gather) cannot hide; the rest hides behind backward (or all compute)
+    exposed = np.maximum(dp_s - overlappable * (1 - 1 / buckets), dp_s / buckets)
+    if job.precision.mode in TORCH_SEMANTICS:            # ZeroRedundancyOptimizer's parameter broadcast is not hidden
+        exposed = exposed + np.where(zero == 1, _ring_s(1.0, trainable * weight_b, dp, bw(dp_inside), a)
+                                     + _latency_s(dp, g // tp, a) / 2, 0.0)
+    exposed = np.where(dp > 1, exposed, 0.0)
+
+    # ---- pipeline --------------------------------------------------------------------------------
+    per_micro_s = (compute_s + memory_s + tp_s) / accum
+    bubble_s = np.where(pp > 1, (pp - 1) / vpp * per_micro_s, 0.0)
+    pp_bw = bw(pp_inside)
+    # each tensor-parallel rank sends its 1/tp share of the boundary activation (Megatron's scatter-gather)
+    pp_latency = np.where(pp_inside, a.latency_intra_s, a.latency_inter_s)
+    pp_s = np.where(pp > 1, 2 * accum * vpp * (block_act / tp / (pp_bw * a.link_efficiency) + pp_latency), 0.0)
+
+    # ---- optimizer -----------------------------------------------------------------------------
+    states = model_state_bytes(job)
+    impl_factor = 1.0 if optimizer_impl(job) == "fused" else 1.5      # unfused: temporaries re-read
+    device_opt_s = 2 * impl_factor * (states.params_bytes + states.grads_bytes + states.optimizer_bytes) \
+        / hw.memory_bw_bytes_per_s
+    shard = np.where(zero >= 1, dp, 1)
+    host_opt_s = trainable / shard / a.host_adam_params_per_s + (grad_bytes + trainable * weight_b) / shard \
+        / a.pcie_bytes_per_s
+    optimizer_s = np.where(offload != "none", host_opt_s, device_opt_s)
+
+    return StepTime(compute_s=compute_s, memory_bound_s=memory_s, tp_comm_s=tp_s, dp_comm_exposed_s=exposed,
+                    pp_comm_s=pp_s, bubble_s=bubble_s, optimizer_s=optimizer_s,
+                    model_flops=per_token.model * tokens_step, tokens=tokens_step, devices=devices,
+                    peak_flops=hw.peak_flops, gemm_efficiency=eff,
+                    dp_comm_s=np.where(dp > 1, dp_s, 0.0))
+
+
+def _trainable(job: Job):
+    """Parameters one device trains (before ZeRO sharding): its stage on its tp rank, or LoRA's adapters."""
+    par = job.parallel
+    if job.finetune.method == "lora":
+        return adapter_params_per_layer(job) * (job.model.layers // np.asarray(par.pp)) / np.asarray(par.tp)
+    return params_per_device(job.model, par.tp, par.pp)
