@@ -2,7 +2,8 @@
 
     .venv/bin/python benchmarks/estimate_speed.py
 
-Also the same memory model over a numpy grid of layouts (the planner's path).
+Also the same memory model over a numpy grid of layouts, and the planner's whole search
+(memory, step time, fit, cost and ranking) in layouts per second on one core.
 """
 import time
 
@@ -37,9 +38,20 @@ def main() -> None:
     print(f"layouts in the grid: {len(grid)}")
     print(f"build_job_per_s: {build:,.0f}")
     print(f"estimates_per_s: {full:,.0f}")
+    # the planner's full path: memory + step time over the grid, fit, cost, ranking (two offers, 8 cluster sizes)
+    from toolkit.plan import search
+    plan_job = Job.from_dict({"model": {"preset": "llama2-70b"}, "precision": {"mode": "mixed-bf16"}}, catalog)
+    start = time.perf_counter()
+    runs, evaluated = 0, 0
+    while time.perf_counter() - start < 2.0:
+        evaluated += search(plan_job, catalog, offers=["p5.48xlarge", "p4de.24xlarge"], max_gpus=1024)["evaluated"]
+        runs += 1
+    plan_rate = evaluated / (time.perf_counter() - start)
+    print(f"plan search: {evaluated // runs:,} layouts per search, {(time.perf_counter() - start) / runs:.2f} s each")
     print(f"estimate_ms: {1000 / full:.3f}")
     print(f"memory_model_single_ms: {1000 / single:.3f}")
     print(f"grid_layouts_per_s: {grids * len(grid):,.0f}")
+    print(f"plan_layouts_per_s: {plan_rate:,.0f}")
 
 
 if __name__ == "__main__":

@@ -134,3 +134,26 @@ def test_specs_and_estimate_do_not_import_torch():
     code = "import sys, toolkit.cli, toolkit.estimate.grid; print('torch' in sys.modules)"
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert run.stdout.strip() == "False"
+
+
+def test_plan_json_contract(cli):
+    code, out, _ = cli("plan", "--model", "llama2-7b", "--offers", "p5.48xlarge,p4de.24xlarge", "--objective", "cost",
+                       "--max-gpus", "32", "--precision", "mixed-bf16", "--top", "3", "--json")
+    result = json.loads(out)
+    assert code == 0 and {"evaluated", "plans", "pareto"} <= set(result)
+    assert len(result["plans"]) == 3 and result["evaluated"] > 1000
+    assert {"layout", "peak_bytes", "step_s", "train_days", "cost", "currency"} <= set(result["plans"][0])
+
+
+def test_plan_and_doctor_text_and_errors(cli):
+    code, out, _ = cli("plan", "--model", "llama2-7b", "--gpus", "8xH100-SXM", "--tp", "2", "--top", "2")
+    assert code == 0 and "tp 2" in out and "evaluated" in out
+    code, _, err = cli("plan", "--model", "llama2-7b")
+    assert code == 2 and err.count("\n") == 1 and "give the hardware" in err
+    code, _, err = cli("plan", "--model", "llama2-7b", "--offers", "nope.large")
+    assert code == 2 and "nope.large" in err
+    code, out, _ = cli("doctor", "--model", "llama2-70b", "--gpus", "64xH100-SXM", "--tp", "8", "--pp", "4",
+                       "--zero", "1", "--precision", "mixed-bf16")
+    assert code == 0 and "does NOT fit" in out and "sequence parallelism" in out
+    code, _, err = cli("doctor", "--run", "/nonexistent/run")
+    assert code == 2 and "no metrics.jsonl" in err

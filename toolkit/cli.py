@@ -3,6 +3,8 @@
     toolkit estimate --model gpt3-175b --tokens 300e9 --gpus 1024xA100-80GB --mfu 0.45 --json
     toolkit trace --model llama2-7b --micro-batch 1 --recompute full --json
     toolkit compare --model gpt2 --micro-batch 4
+    toolkit plan --model llama2-70b --offers p5.48xlarge,p4de.24xlarge --objective cost --max-gpus 512
+    toolkit doctor --model llama2-7b --gpus 1xA100-80GB
     toolkit train --layers 4 --hidden 128 --heads 4 --vocab 256 --seq 128 --steps 50 --out runs/demo --nproc 2
     toolkit data prepare notes/*.txt --out data/notes
     toolkit catalog accelerators
@@ -19,7 +21,7 @@ import sys
 from typing import get_args, get_type_hints
 
 from .estimate import count_params, estimate
-from .format import count, render_comparison, render_estimate
+from .format import count, render_comparison, render_doctor, render_estimate, render_plan
 from .specs import Job, SpecError, load_catalog
 from .specs.errors import did_you_mean
 from .specs.fields import to_dict
@@ -98,6 +100,22 @@ def build_parser() -> argparse.ArgumentParser:
     _add_job_args(trace)
     compare = sub.add_parser("compare", help="analytic estimate beside the trace, with the error per category")
     _add_job_args(compare)
+
+    plan = sub.add_parser("plan", help="search layouts (and offers) for the fastest or cheapest run that fits",
+                          description="Evaluate every layout on the given cluster, or on whole instances of each "
+                                      "offer, keep those that fit, rank by time or cost, and give the Pareto front. "
+                                      "Any estimate flag given (e.g. --tp, --precision) fixes that choice.")
+    _add_job_args(plan)
+    plan.add_argument("--offers", metavar="A,B,...", help="compare these offers (whole instances, powers of two)")
+    plan.add_argument("--objective", metavar="{time,cost}", default="time")
+    plan.add_argument("--max-gpus", metavar="N", type=int, help="largest cluster to try with --offers")
+    plan.add_argument("--deadline-days", metavar="D", type=float, help="only plans that finish within D days")
+    plan.add_argument("--top", metavar="K", type=int, default=10)
+    doctor = sub.add_parser("doctor", help="what to change when a job does not fit or is slow; or read a run",
+                            description="Diagnose a job (fixes with the memory and step time each gives, "
+                                        "cheapest first) or, with --run DIR, a run's metrics.")
+    _add_job_args(doctor)
+    doctor.add_argument("--run", metavar="DIR", help="diagnose the metrics of this run folder instead")
 
     train = sub.add_parser("train", help="train the job for real (CPU processes or GPUs), streaming metrics",
                            description="Train the job with accelerate: checkpoints and metrics.jsonl under --out; "
@@ -222,6 +240,43 @@ def cmd_compare(args) -> int:
     return 0
 
 
+def _fixed_axes(args) -> set[str]:
+    """Layout axes the user fixed on the command line or in the job file: the search leaves them alone."""
+    fixed = {name for name in ("tp", "pp", "vpp", "sp", "zero", "offload", "micro_batch", "recompute")
+             if getattr(args, name, None) is not None}
+    if args.config:
+        data = read_yaml(args.config, what="job file") or {}
+        for section, names in (("parallel", ("tp", "pp", "vpp", "sp", "zero", "offload")),
+                               ("batch", ("micro_batch",)), ("memory", ("recompute",))):
+            fixed |= {n for n in names if n in (data.get(section) or {})}
+    return fixed
+
+
+def cmd_plan(args) -> int:
+    from .plan import search
+    catalog = load_catalog(*args.catalog)
+    gpus = parse_gpus(args.gpus) if args.gpus else None
+    offers = [o.strip() for o in args.offers.split(",") if o.strip()] if args.offers else None
+    if args.gpus:
+        args.gpus = None                     # the search sets the cluster itself
+    job = job_from_args(args, catalog)
+    result = search(job, catalog, gpus=gpus, offers=offers, objective=args.objective, max_gpus=args.max_gpus,
+                    deadline_days=args.deadline_days, top=args.top, fixed=_fixed_axes(args))
+    print(json.dumps(result, indent=2, ensure_ascii=False) if args.json else render_plan(result))
+    return 0
+
+
+def cmd_doctor(args) -> int:
+    from .plan.doctor import diagnose_job, diagnose_run
+    if args.run:
+        result = diagnose_run(args.run)
+    else:
+        catalog = load_catalog(*args.catalog)
+        result = diagnose_job(job_from_args(args, catalog), catalog)
+    print(json.dumps(result, indent=2, ensure_ascii=False) if args.json else render_doctor(result))
+    return 0
+
+
 def cmd_train(args) -> int:
     from .train.launch import launch   # imports torch: only when asked
     from .train.summary import render_run_summary
@@ -300,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(stop.code or 0)
     try:
         commands = {"estimate": cmd_estimate, "trace": cmd_trace, "compare": cmd_compare, "catalog": cmd_catalog,
-                    "train": cmd_train, "data": cmd_data}
+                    "train": cmd_train, "data": cmd_data, "plan": cmd_plan, "doctor": cmd_doctor}
         return commands[args.command](args)
     except SpecError as err:
         print(f"toolkit {args.command}: error: {_flag_hint(err)}", file=sys.stderr)

@@ -121,3 +121,65 @@ def render_comparison(cmp: dict) -> str:
         error = "—" if flops["error"] is None else f"{100 * flops['error']:+.2f} %"
         out.append(f"  {'FLOPs per token':<18}{est:>14}{sci(flops['trace']):>14}{error:>10}")
     return "\n".join(out)
+
+
+def _layout_text(layout: dict) -> str:
+    parts = [f"dp {layout['dp']}", f"tp {layout['tp']}", f"pp {layout['pp']}"]
+    if layout.get("vpp", 1) > 1:
+        parts.append(f"vpp {layout['vpp']}")
+    if layout.get("sp"):
+        parts.append("sp")
+    parts.append(f"ZeRO-{layout['zero']}")
+    if layout.get("offload", "none") != "none":
+        parts.append(f"offload {layout['offload']}")
+    parts.append(f"mb {layout['micro_batch']}")
+    if layout.get("recompute", "none") != "none":
+        parts.append(f"{layout['recompute']} recompute")
+    return " · ".join(parts)
+
+
+def render_plan(result: dict) -> str:
+    out = [f"evaluated {result['evaluated']:,} layouts, {result['fitting']:,} fit; best by {result['objective']}:"]
+    if not result["plans"]:
+        out.append("  none fits: try more devices (--max-gpus), another accelerator, or see `toolkit doctor`")
+    head = ("#", "devices", "layout", "peak/usable", "step", "MFU", "days", "cost")
+    rows = [head]
+    for i, p in enumerate(result["plans"], 1):
+        where = f"{p['devices']}x{p['accelerator']}" + (f" ({p['instances']}x {p['offer']})" if p["offer"] else "")
+        rows.append((str(i), where, _layout_text(p["layout"]), f"{gib(p['peak_bytes'])}/{gib(p['usable_bytes'])}",
+                     f"{p['step_s']:.2f} s", f"{p['mfu']:.0%}", f"{p['train_days']:,.1f}",
+                     money(p["cost"], p["currency"]) if p["cost"] is not None else "—"))
+    widths = [max(len(r[c]) for r in rows) for c in range(len(head))]
+    out += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    if result["pareto"]:
+        out += ["", "Pareto front (no plan is both faster and cheaper):"]
+        out += [f"  {p['train_days']:,.1f} days, {money(p['cost'], p['currency'])}: {p['devices']}x{p['accelerator']}, "
+                f"{_layout_text(p['layout'])}" for p in result["pareto"]]
+    if result["refused_clusters"]:
+        out += ["", "not tried:"] + [f"  - {r}" for r in result["refused_clusters"]]
+    return "\n".join(out)
+
+
+def render_doctor(result: dict) -> str:
+    if "fixes" not in result:                       # a run's diagnosis
+        return "\n".join([f"run of {result['steps']} steps:"] + [f"  - {f}" for f in result["findings"]])
+    state = "fits" if result["fits"] else "does NOT fit"
+    out = [f"peak {gib(result['peak_bytes'])} of {gib(result['usable_bytes'])} usable: {state}"
+           + (f"; step {result['step_s']:.3g} s (modelled)" if result["step_s"] is not None else "")]
+    out += [f"  - {f}" for f in result["findings"]]
+    if result["fixes"]:
+        out += ["", "changes, best first:" if result["fits"] else "changes that make it fit come first:"]
+        for f in result["fixes"][:12]:
+            time = "" if f["step_change"] is None else f", step {f['step_change']:+.0%}"
+            mark = "fits" if f["fits"] else "still over"
+            out.append(f"  {f['change']}: {gib(result['peak_bytes'])} -> {gib(f['peak_bytes'])} per device "
+                       f"({mark}{time})")
+    elif result["fits"]:
+        out += ["", "no single change makes it faster"]
+    combined = result.get("combined")
+    if combined:
+        time = "" if combined["step_change"] is None else f", step {combined['step_change']:+.0%}"
+        verdict = "fits" if combined["fits"] else "still does not fit: more devices or a larger accelerator"
+        out += ["", f"no single change fits; together: {' + '.join(combined['changes'])}",
+                f"  -> {gib(combined['peak_bytes'])} per device ({verdict}{time})"]
+    return "\n".join(out)

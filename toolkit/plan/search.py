@@ -1,0 +1,150 @@
+"""Search: every layout of a job on every cluster asked for, keep what fits, rank by time or cost.
+
+    result = search(job, catalog, offers=["p5.48xlarge", "p4de.24xlarge"], objective="cost", max_gpus=512)
+    result["plans"][0]           # the best plan: layout, memory, step time, days, cost
+    result["pareto"]             # plans no other plan beats on both time and cost
+
+A cluster is an accelerator and a count: the one given (`--gpus`), or for each offer whole
+instances in powers of two up to `max_gpus`. On each cluster the layout grid (tp, pp, virtual
+stages, sequence parallelism, ZeRO stage, offload, micro-batch, recompute) is evaluated at once by
+the same numpy code `toolkit estimate` runs (toolkit.estimate.grid, memory, steptime): no second
+copy of any formula. Fields the user fixed (a flag or a job-file value) are not varied.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from ..estimate.grid import layout_grid
+from ..estimate.memory import memory_estimate
+from ..estimate.steptime import hardware_for, step_time
+from ..specs import Job, SpecError
+from ..specs.catalog import Catalog
+
+__all__ = ["search", "AXIS_VALUES", "pareto_front"]
+
+AXIS_VALUES = {"tp": (1, 2, 4, 8), "pp": (1, 2, 4, 8, 16), "vpp": (1, 2), "sp": (False, True),
+               "zero": (0, 1, 2, 3), "offload": ("none", "optimizer", "params"),
+               "micro_batch": (1, 2, 4, 8), "recompute": ("none", "selective", "full")}
+"""Values tried per axis (filtered by what the model and cluster allow)."""
+
+
+def _clusters(catalog: Catalog, gpus: tuple[int, str] | None, offers: list[str] | None, max_gpus: int | None):
+    """(accelerator name, device count, offer name or None) for every cluster to try."""
+    if gpus is not None:
+        count, name = gpus
+        return [(catalog.accelerator(name).name, count, None)]
+    out = []
+    for name in offers or []:
+        offer = catalog.offer(name, "--offers")
+        count = offer.count
+        limit = max_gpus or 4096
+        while count <= limit:
+            out.append((catalog.accelerator(offer.accelerator).name, count, offer.name))
+            count *= 2
+        if count == offer.count:        # even one instance is above the limit
+            raise SpecError("--max-gpus", max_gpus, f"is below one {offer.name} instance ({offer.count} devices)")
+    return out
+
+
+def _axes(job: Job, devices: int, fixed: set[str]) -> dict:
+    """Values to try on each axis: the job's own where fixed, else AXIS_VALUES within the model's limits."""
+    m = job.model
+    axes = {}
+    for name, values in AXIS_VALUES.items():
+        section = {"micro_batch": job.batch, "recompute": job.memory}.get(name, job.parallel)
+        if name in fixed:
+            axes[name] = [getattr(section, name)]
+            continue
+        if name == "tp":
+            values = [t for t in values if m.heads % t == 0 and m.kv_heads_ % t == 0 and devices % t == 0]
+        if name == "pp":
+            values = [p for p in values if m.layers % p == 0 and devices % p == 0]
+        axes[name] = list(values)
+    return axes
+
+
+def pareto_front(times: np.ndarray, costs: np.ndarray) -> np.ndarray:
+    """Indices of the points no other point beats on both time and cost (sorted by time)."""
+    order = np.lexsort((costs, times))
+    front, best = [], math.inf
+    for i in order:
+        if costs[i] < best:
+            front.append(i)
+            best = costs[i]
+    return np.array(front, dtype=int)
+
+
+def search(job: Job, catalog: Catalog, *, gpus: tuple[int, str] | None = None, offers: list[str] | None = None,
+           objective: str = "time", max_gpus: int | None = None, deadline_days: float | None = None,
+           top: int = 10, fixed: set[str] = frozenset()) -> dict:
+    """Evaluate every (cluster, layout), keep those that fit, and return the best `top` and the Pareto front."""
+    if objective not in ("time", "cost"):
+        raise SpecError("--objective", objective, "allowed: time, cost")
+    if gpus is None and not offers:
+        raise SpecError("plan", None, "give the hardware: --gpus COUNTxNAME, or --offers A,B,... to compare offers")
+    if objective == "cost" and not offers and not job.cost.offer:
+        raise SpecError("--objective", "cost", "needs prices: give --offers (or --offer) as well")
+    evaluated, refusals, blocks = 0, [], []
+    for accelerator, count, offer_name in _clusters(catalog, gpus, offers, max_gpus):
+        base = job.replace(cluster=dataclasses.replace(job.cluster, accelerator=accelerator, count=count),
+                           parallel=dataclasses.replace(job.parallel, dp=None, tp=1, pp=1, vpp=1, sp=False,
+                                                        zero=0, offload="none"),
+                           cost=dataclasses.replace(job.cost, offer=offer_name or job.cost.offer))
+        try:
+            resolved, _notes = base.resolve(catalog)
+        except SpecError as err:
+            refusals.append(f"{count}x{accelerator}: {err}")
+            continue
+        if resolved.tokens is None:
+            raise SpecError("--tokens", None, "a plan needs a token budget (the preset has none published)")
+        hw = hardware_for(resolved, catalog)
+        if hw is None:
+            refusals.append(f"{accelerator}: the catalog lacks its peak, memory bandwidth or link figure")
+            continue
+        grid = layout_grid(resolved, **_axes(job, count, fixed))
+        evaluated += len(grid)
+        mem = memory_estimate(grid.job)
+        usable = catalog.accelerator(accelerator).memory_bytes * (1 - resolved.memory.headroom_fraction)
+        peak = np.broadcast_to(np.asarray(mem.peak_bytes, dtype=float), (len(grid),))
+        st = step_time(grid.job, hw)
+        train_s = resolved.tokens / np.broadcast_to(np.asarray(st.tokens_per_s, dtype=float), (len(grid),))
+        offer = catalog.offer(resolved.cost.offer) if resolved.cost.offer else None
+        price = None if offer is None else (offer.spot_per_hour_high if resolved.cost.spot else offer.on_demand_per_hour)
+        instances = math.ceil(count / offer.count) if offer is not None else None
+        cost = train_s / 3600 * instances * price if price is not None else np.full(len(grid), np.nan)
+        ok = grid.valid & (peak <= usable)
+        if deadline_days is not None:
+            ok &= train_s <= deadline_days * 86400
+        blocks.append({"grid": grid, "mem": peak, "st": st, "train_s": train_s, "cost": cost, "ok": ok,
+                       "accelerator": accelerator, "devices": count, "offer": resolved.cost.offer,
+                       "instances": instances, "usable": usable, "currency": offer.currency if offer else None,
+                       "global_batch": resolved.batch.global_batch, "tokens": resolved.tokens})
+
+    # rank all fitting layouts of all clusters together, then describe only the ones shown
+    which = [(b, i) for b in blocks for i in np.flatnonzero(b["ok"])]
+    times = np.array([b["train_s"][i] for b, i in which]) if which else np.zeros(0)
+    costs = np.array([b["cost"][i] for b, i in which]) if which else np.zeros(0)
+    priced = costs[~np.isnan(costs)].size == costs.size and costs.size > 0
+    sort_cost = np.where(np.isnan(costs), np.inf, costs)
+    order = np.lexsort((times, sort_cost)) if objective == "cost" else np.lexsort((sort_cost, times))
+    plans = [_describe(*which[i]) for i in order[:top]]
+    pareto = [_describe(*which[i]) for i in pareto_front(times, costs)] if priced else []
+    return {"evaluated": evaluated, "fitting": len(which), "objective": objective,
+            "plans": plans, "pareto": pareto, "refused_clusters": refusals}
+
+
+def _describe(block: dict, i: int) -> dict:
+    """One plan as plain values: where, which layout, its memory, step time, days and cost."""
+    st, n = block["st"], len(block["grid"])
+    pick = lambda v: float(np.broadcast_to(np.asarray(v, dtype=float), (n,))[i])  # noqa: E731
+    return {"accelerator": block["accelerator"], "devices": block["devices"], "offer": block["offer"],
+            "instances": block["instances"], "layout": block["grid"].layout(int(i)),
+            "global_batch": block["global_batch"], "tokens": block["tokens"],
+            "peak_bytes": float(block["mem"][i]), "usable_bytes": block["usable"],
+            "step_s": pick(st.step_s), "tokens_per_s": pick(st.tokens_per_s), "mfu": pick(st.mfu),
+            "train_days": float(block["train_s"][i] / 86400),
+            "cost": None if np.isnan(block["cost"][i]) else float(block["cost"][i]), "currency": block["currency"],
+            "breakdown": {k: pick(v) for k, v in st.breakdown().items()}}
