@@ -53,6 +53,7 @@ OVERRIDES = {
     "headroom": ("memory", "headroom_fraction", MemoryOptions),
     "gpus_per_node": ("cluster", "gpus_per_node", Cluster),
     "offer": ("cost", "offer", Cost), "spot": ("cost", "spot", Cost),
+    "interruptions": ("cost", "interruptions_per_month", Cost),
     "finetune": ("finetune", "method", Finetune), "lora_rank": ("finetune", "rank", Finetune),
     "lora_targets": ("finetune", "targets", Finetune),
     "tokens": ("", "tokens", Job), "mfu": ("", "mfu", Job),

@@ -101,6 +101,11 @@ def render_estimate(est: dict) -> str:
         if cost["amount_spot_low"] is not None:
             line += f" (low end of the spot range: {money(cost['amount_spot_low'], cost['currency'])})"
         out += [f"  {line}"]
+        run = cost.get("spot_run")
+        if run:
+            out += [f"  with interruptions: {money(run['amount'], cost['currency'])} — about {run['interruptions']:.1f} "
+                    f"interruptions, +{run['overhead_fraction']:.1%} wall time, a checkpoint every "
+                    f"{run['interval_s'] / 60:,.0f} min ({run['checkpoint_write_s']:.0f} s to write; Young/Daly)"]
     if est["notes"]:
         out += ["", "notes"] + [f"  - {n}" for n in est["notes"]]
     return "\n".join(out)

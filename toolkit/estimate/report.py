@@ -14,6 +14,7 @@ from .flops import PF_DAY_FLOPS, flops_per_token, training_flops
 from .memory import memory_estimate, memory_notes
 from .params import count_params
 from .states import model_state_bytes, params_per_device
+from .spot import spot_run
 from .steptime import hardware_for, step_time
 
 __all__ = ["estimate"]
@@ -83,19 +84,28 @@ def estimate(job: Job, catalog: Catalog | None = None) -> dict:
 
     # ---- cost ----------------------------------------------------------------------------------
     cost = {"offer": job.cost.offer, "spot": job.cost.spot, "instances": None, "price_per_hour": None,
-            "amount": None, "amount_spot_low": None, "currency": None}
+            "amount": None, "amount_spot_low": None, "currency": None, "amount_usd": None, "spot_run": None}
     if job.cost.offer:
         offer = catalog.offer(job.cost.offer)
         oc = offer_cost(offer, devices, train_s, job.cost.spot)
         cost.update(offer=offer.name, instances=oc.instances, price_per_hour=oc.price_per_hour,
-                    amount=oc.amount, amount_spot_low=oc.amount_spot_low, currency=oc.currency)
+                    amount=oc.amount, amount_spot_low=oc.amount_spot_low, currency=oc.currency,
+                    amount_usd=catalog.to_usd(oc.amount, oc.currency))
         if oc.price_per_hour is None:
             kind = "spot" if job.cost.spot else "on-demand"
             notes.append(f"{offer.name} has no {kind} price in the catalog: add yours with --catalog my.yaml")
         if oc.idle_devices:
             notes.append(f"{oc.idle_devices} device(s) of the last {offer.name} instance are paid for but idle")
-        if job.cost.spot:
-            notes.append("spot cost excludes interruptions (lost work, restarts): planned, not modelled yet")
+        if job.cost.spot and train_s is not None and oc.price_per_hour is not None:
+            run = spot_run(train_s, oc.instances, job.cost.interruptions_per_month,
+                           states.params_bytes + states.optimizer_bytes + states.host_bytes,
+                           job.cost.checkpoint_write_bytes_per_s, job.cost.restart_s)
+            cost["spot_run"] = {"interval_s": run.interval_s, "checkpoint_write_s": run.checkpoint_write_s,
+                                "interruptions": run.interruptions, "overhead_fraction": run.overhead_fraction,
+                                "wall_s": run.wall_s,
+                                "amount": oc.instances * oc.price_per_hour * run.wall_s / 3600}
+            notes.append(f"spot: {job.cost.interruptions_per_month:.0%} of instances reclaimed per month (an "
+                         "assumption: set cost.interruptions_per_month to your instance's Spot Advisor band)")
 
     return _plain({
         "job": job.to_dict(),

@@ -4,7 +4,9 @@
     result["plans"][0]           # the best plan: layout, memory, step time, days, cost
     result["pareto"]             # plans no other plan beats on both time and cost
 
-A cluster is an accelerator and a count: the one given (`--gpus`), or for each offer whole
+Costs are ranked in US dollars through the catalog's dated exchange rates (offers keep their own
+currency in the output); with spot prices the expected interruptions and Young/Daly checkpoints
+lengthen each plan (toolkit.estimate.spot). A cluster is an accelerator and a count: the one given (`--gpus`), or for each offer whole
 instances in powers of two up to `max_gpus`. On each cluster the layout grid (tp, pp, virtual
 stages, sequence parallelism, ZeRO stage, offload, micro-batch, recompute) is evaluated at once by
 the same numpy code `toolkit estimate` runs (toolkit.estimate.grid, memory, steptime): no second
@@ -19,6 +21,8 @@ import numpy as np
 
 from ..estimate.grid import layout_grid
 from ..estimate.memory import memory_estimate
+from ..estimate.spot import spot_run
+from ..estimate.states import model_state_bytes
 from ..estimate.steptime import hardware_for, step_time
 from ..specs import Job, SpecError
 from ..specs.catalog import Catalog
@@ -114,11 +118,18 @@ def search(job: Job, catalog: Catalog, *, gpus: tuple[int, str] | None = None, o
         offer = catalog.offer(resolved.cost.offer) if resolved.cost.offer else None
         price = None if offer is None else (offer.spot_per_hour_high if resolved.cost.spot else offer.on_demand_per_hour)
         instances = math.ceil(count / offer.count) if offer is not None else None
+        if price is not None and resolved.cost.spot:      # interruptions cost wall time (Young/Daly checkpoints)
+            states = model_state_bytes(grid.job)
+            train_s = spot_run(train_s, instances, resolved.cost.interruptions_per_month,
+                               states.params_bytes + states.optimizer_bytes + states.host_bytes,
+                               resolved.cost.checkpoint_write_bytes_per_s, resolved.cost.restart_s).wall_s
         cost = train_s / 3600 * instances * price if price is not None else np.full(len(grid), np.nan)
+        cost_usd = catalog.to_usd(cost, offer.currency) if offer is not None else cost
         ok = grid.valid & (peak <= usable)
         if deadline_days is not None:
             ok &= train_s <= deadline_days * 86400
-        blocks.append({"grid": grid, "mem": peak, "st": st, "train_s": train_s, "cost": cost, "ok": ok,
+        blocks.append({"grid": grid, "mem": peak, "st": st, "train_s": train_s, "cost": cost, "cost_usd": cost_usd,
+                       "ok": ok,
                        "accelerator": accelerator, "devices": count, "offer": resolved.cost.offer,
                        "instances": instances, "usable": usable, "currency": offer.currency if offer else None,
                        "global_batch": resolved.batch.global_batch, "tokens": resolved.tokens})
@@ -126,7 +137,7 @@ def search(job: Job, catalog: Catalog, *, gpus: tuple[int, str] | None = None, o
     # rank all fitting layouts of all clusters together, then describe only the ones shown
     which = [(b, i) for b in blocks for i in np.flatnonzero(b["ok"])]
     times = np.array([b["train_s"][i] for b, i in which]) if which else np.zeros(0)
-    costs = np.array([b["cost"][i] for b, i in which]) if which else np.zeros(0)
+    costs = np.array([b["cost_usd"][i] for b, i in which]) if which else np.zeros(0)   # one currency to rank
     priced = costs[~np.isnan(costs)].size == costs.size and costs.size > 0
     sort_cost = np.where(np.isnan(costs), np.inf, costs)
     order = np.lexsort((times, sort_cost)) if objective == "cost" else np.lexsort((sort_cost, times))
@@ -147,4 +158,5 @@ def _describe(block: dict, i: int) -> dict:
             "step_s": pick(st.step_s), "tokens_per_s": pick(st.tokens_per_s), "mfu": pick(st.mfu),
             "train_days": float(block["train_s"][i] / 86400),
             "cost": None if np.isnan(block["cost"][i]) else float(block["cost"][i]), "currency": block["currency"],
+            "cost_usd": None if np.isnan(block["cost_usd"][i]) else float(block["cost_usd"][i]),
             "breakdown": {k: pick(v) for k, v in st.breakdown().items()}}

@@ -112,9 +112,20 @@ def _accelerator_row(row: dict, where: str) -> Accelerator:
     return acc
 
 
+@dataclass(frozen=True, kw_only=True)
+class ExchangeRate:
+    name: str
+    """ISO currency code, e.g. CNY."""
+    per_usd: float
+    """Units of this currency for one US dollar."""
+    source: str
+    as_of: str
+
+
 _KINDS = {"accelerators": _accelerator_row,
           "offers": lambda row, where: from_dict(Offer, row, where),
-          "presets": lambda row, where: from_dict(Preset, row, where)}
+          "presets": lambda row, where: from_dict(Preset, row, where),
+          "exchange_rates": lambda row, where: from_dict(ExchangeRate, row, where)}
 
 
 @dataclass(frozen=True)
@@ -122,6 +133,7 @@ class Catalog:
     accelerators: dict[str, Accelerator] = field(default_factory=dict)
     offers: dict[str, Offer] = field(default_factory=dict)
     presets: dict[str, Preset] = field(default_factory=dict)
+    exchange_rates: dict[str, ExchangeRate] = field(default_factory=dict)
     files: tuple[str, ...] = ()
 
     # ---- lookups (case-insensitive, with suggestions) ---------------------------------
@@ -146,6 +158,16 @@ class Catalog:
             raise SpecError(field_name, name, "unknown preset" + did_you_mean(name, [p.name for p in self.presets.values()])
                             + "; list them with `toolkit catalog presets`")
         return found
+
+    def to_usd(self, amount: float | None, currency: str | None, field_name: str = "cost.currency") -> float | None:
+        """`amount` in US dollars, by the catalog's dated rate (add yours in exchange_rates of --catalog)."""
+        if amount is None or currency is None or currency.upper() == "USD":
+            return amount
+        rate = self.exchange_rates.get(currency.lower())
+        if rate is None:
+            raise SpecError(field_name, currency, "has no exchange rate in the catalog: add a row under "
+                                                  "`exchange_rates:` (name, per_usd, source, as_of) with --catalog")
+        return amount / rate.per_usd
 
     def _acc_names(self) -> list[str]:
         return [n for a in self.accelerators.values() for n in (a.name, *a.aliases)]

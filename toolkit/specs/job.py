@@ -116,6 +116,13 @@ class Cost:
     """Cloud offer (instance type) from the catalog, e.g. p4de.24xlarge."""
     spot: bool = False
     """Price at spot rates instead of on-demand."""
+    interruptions_per_month: float = 0.10
+    """Share of spot instances reclaimed per month (AWS Spot Advisor bands: <5 %, 5–10 %, ... >20 %).
+    10 % is an assumption, the top of the 5–10 % band: put your instance type's band."""
+    checkpoint_write_bytes_per_s: float = 1e9
+    """Per-device write speed to the checkpoint store (an assumption: 1 GB/s; measure yours)."""
+    restart_s: float = 600.0
+    """Time to get capacity back, launch and load after an interruption (an assumption)."""
 
 
 @dataclass(frozen=True, kw_only=True)

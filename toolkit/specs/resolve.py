@@ -75,6 +75,9 @@ def resolve_job(job: Job, catalog: Catalog) -> tuple[Job, list[str]]:
     check_range(job.mfu, "mfu", 0.0, 1.0, low_open=True)
     check_range(job.memory.headroom_fraction, "memory.headroom_fraction", 0.0, 1.0, high_open=True)
     check_range(job.optimizer.momentum, "optimizer.momentum", 0.0, 1.0, high_open=True)
+    check_range(job.cost.interruptions_per_month, "cost.interruptions_per_month", 0.0, 1.0, high_open=True)
+    check_positive(job.cost.checkpoint_write_bytes_per_s, "cost.checkpoint_write_bytes_per_s")
+    check_positive(job.cost.restart_s, "cost.restart_s", allow_zero=True)
 
     # ---- cluster and offer ------------------------------------------------------------------
     offer = catalog.offer(job.cost.offer) if job.cost.offer else None
