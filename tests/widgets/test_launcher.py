@@ -1,0 +1,50 @@
+"""The launcher panel: a real run in a subprocess, watched from a thread, stopped while it trains."""
+import time
+
+from toolkit.specs import Job
+from widgets.launcher import LauncherPanel
+from widgets.planner import PlannerPanel
+
+
+def _job(steps=2000):
+    return Job.from_dict({"model": {"layers": 2, "hidden": 64, "heads": 4, "vocab": 256, "seq_len": 32},
+                          "batch": {"micro_batch": 2, "global_batch": 4}, "precision": {"mode": "fp32"},
+                          "training": {"steps": steps, "warmup_steps": 1, "num_workers": 0}})
+
+
+def test_stop_during_a_run_checkpoints_and_the_kernel_stays_responsive(tmp_path):
+    panel = LauncherPanel(_job(), tmp_path / "run", nproc=2)
+    panel.launch()
+    deadline = time.monotonic() + 120
+    while len(panel.records) < 3:
+        assert time.monotonic() < deadline and panel.running, panel.status.value
+        time.sleep(0.05)
+    planner = PlannerPanel()                         # the kernel's thread is free while training runs
+    planner.controls["micro_batch"].value = 4
+    assert planner.last_update_s < 0.5
+    panel.stop()
+    assert panel.wait(120) == 0
+    step = panel.records[-1]["step"]
+    assert (tmp_path / "run" / "checkpoints" / f"step_{step:08d}.pt").exists()
+    assert "stopped cleanly" in panel.status.value and not panel.resume_button.disabled
+    assert len(panel.figure.data[0].x) == step            # every line drawn
+    assert panel.redraws <= 4 * 60                         # rate-limited, not one redraw per line
+
+
+def test_resume_continues_where_it_stopped(tmp_path):
+    panel = LauncherPanel(_job(steps=6), tmp_path / "run")
+    panel.launch()
+    assert panel.wait(120) == 0
+    assert [r["step"] for r in panel.records] == list(range(1, 7))
+    panel.job = _job(steps=8)
+    panel.resume_button.click()
+    assert panel.wait(120) == 0
+    assert [r["step"] for r in panel.records] == list(range(1, 9))
+
+
+def test_a_failed_run_shows_its_error(tmp_path):
+    bad = _job().replace(parallel=_job().parallel.__class__(tp=2))
+    panel = LauncherPanel(bad, tmp_path / "run")
+    panel.launch()
+    assert panel.wait(120) == 2
+    assert "failed (exit 2)" in panel.status.value and "parallel.tp = 2" in panel.status.value

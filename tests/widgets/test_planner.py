@@ -1,0 +1,74 @@
+"""The planner panel, headless: set controls, click buttons, read the figures and messages it shows."""
+import pytest
+
+from toolkit.estimate import estimate
+from toolkit.specs import Job
+from widgets.planner import PlannerPanel
+
+GIB = 2**30
+
+
+@pytest.fixture
+def panel():
+    return PlannerPanel(preset="llama2-7b", accelerator="H100-SXM", count=8, precision="mixed-bf16", zero=3)
+
+
+def _bar_total(fig):
+    return sum(trace.x[0] for trace in fig.data)
+
+
+def test_figures_show_the_estimate_of_the_controls(panel):
+    expected = estimate(Job.from_dict(panel.job_data()))
+    assert _bar_total(panel.memory_fig) == pytest.approx(expected["memory"]["peak_bytes"] / GIB)
+    assert sum(t.x[0] for t in panel.step_fig.data) == pytest.approx(expected["time"]["step_s"])
+    assert "fits" in panel.memory_fig.layout.title.text
+    assert sorted(s.x0 for s in panel.memory_fig.layout.shapes) == pytest.approx(
+        sorted([expected["memory"]["usable_bytes"] / GIB, expected["memory"]["device_bytes"] / GIB]))
+
+
+def test_a_control_change_redraws(panel):
+    before = _bar_total(panel.memory_fig)
+    panel.controls["micro_batch"].value = 8
+    assert _bar_total(panel.memory_fig) > before
+    panel.controls["recompute"].value = "full"
+    assert panel.job.memory.recompute == "full"
+    assert "days" in panel.summary.value
+
+
+def test_an_invalid_combination_is_shown_beside_its_control_not_raised(panel):
+    shown = _bar_total(panel.memory_fig)
+    panel.controls["tp"].value = 16                      # 16 does not divide 8 devices
+    assert "not valid (control: tp)" in panel.error.value and "parallel.tp = 16" in panel.error.value
+    assert panel.controls["tp"].layout.border.startswith("2px solid")
+    assert _bar_total(panel.memory_fig) == pytest.approx(shown)     # the last valid view stays up
+    panel.controls["tp"].value = 2
+    assert panel.error.value == "" and panel.controls["tp"].layout.border is None
+
+
+def test_suggest_lists_fixes_and_one_click_applies_one():
+    panel = PlannerPanel(preset="llama2-70b", accelerator="H100-SXM", count=64, precision="mixed-bf16", tp=8, pp=4,
+                         zero=1)
+    assert "over" in panel.memory_fig.layout.title.text
+    fixes = panel.suggest()
+    buttons = [b for b in panel.fixes_box.children if hasattr(b, "on_click")]
+    assert fixes and buttons
+    sp = next(b for b in buttons if b.description.startswith("sequence parallelism"))
+    sp.click()
+    assert panel.controls["sp"].value is True
+    assert "fits" in panel.memory_fig.layout.title.text
+
+
+def test_export_writes_the_job_it_shows(panel, tmp_path):
+    panel.export_path.value = str(tmp_path / "job.yaml")
+    panel.export_button.click()
+    again = Job.from_yaml(tmp_path / "job.yaml")
+    assert estimate(again)["memory"]["peak_bytes"] == pytest.approx(panel.result["memory"]["peak_bytes"])
+
+
+def test_best_layouts_fill_a_table_and_a_pareto_plot():
+    panel = PlannerPanel(preset="llama2-7b", accelerator="H100-SXM", count=16, precision="mixed-bf16",
+                         offer="p5.48xlarge")
+    result = panel.best_layouts()
+    assert result["plans"] and "layouts fit" in panel.best_box.children[0].value
+    pareto = panel.best_box.children[1]
+    assert len(pareto.data[1].x) == len(result["pareto"])

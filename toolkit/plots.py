@@ -1,0 +1,129 @@
+"""Figures: data in, plotly figure out. Widgets, notebooks and `--html` use the same builders.
+
+    fig = memory_figure(estimate(job))          # stacked bytes per device against the device's limit
+    fig = step_figure(estimate(job))            # where a step's seconds go
+    fig = metrics_figure(read_metrics(path), estimate(job))   # a run, measured beside the estimate
+    fig = pareto_figure(search(...))            # plans: days against cost, the front highlighted
+
+Nothing here displays a figure or computes a model figure; an absent value draws nothing.
+"""
+from __future__ import annotations
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+__all__ = ["memory_figure", "step_figure", "metrics_figure", "pareto_figure", "copy_into", "MEMORY_PARTS",
+           "STEP_PARTS"]
+
+GIB = 2**30
+MEMORY_PARTS = (("params_bytes", "parameters", "#4C78A8"), ("grads_bytes", "gradients", "#F58518"),
+                ("optimizer_bytes", "optimizer states", "#54A24B"), ("activations_bytes", "activations", "#B279A2"),
+                ("transient_bytes", "transient at peak", "#BAB0AC"))
+STEP_PARTS = (("compute_s", "compute", "#4C78A8"), ("memory_bound_s", "memory-bound", "#72B7B2"),
+              ("tp_comm_s", "tp comm", "#F58518"), ("dp_comm_exposed_s", "dp comm (exposed)", "#E45756"),
+              ("pp_comm_s", "pp sends", "#FF9DA6"), ("bubble_s", "pipeline bubble", "#BAB0AC"),
+              ("optimizer_s", "optimizer", "#54A24B"))
+
+
+def _memory_values(mem: dict) -> dict:
+    parts = {k: mem.get(k) or 0.0 for k, _, _ in MEMORY_PARTS[:4]}
+    peak = mem.get("peak_bytes")
+    parts["transient_bytes"] = max(peak - sum(parts.values()), 0.0) if peak is not None else 0.0
+    return parts
+
+
+def memory_figure(est: dict) -> go.Figure:
+    """One stacked bar (GiB per device) up to the step's peak, with the usable and total device memory."""
+    mem = est["memory"]
+    parts = _memory_values(mem)
+    fig = go.Figure([go.Bar(y=["per device"], x=[parts[key] / GIB], name=label, orientation="h",
+                            marker_color=color, hovertemplate=f"{label}: %{{x:.2f}} GiB<extra></extra>")
+                     for key, label, color in MEMORY_PARTS])
+    title = "memory per device"
+    if mem.get("usable_bytes"):
+        usable, total = mem["usable_bytes"] / GIB, mem["device_bytes"] / GIB
+        fig.add_vline(x=usable, line_dash="dash", line_color="black")
+        fig.add_vline(x=total, line_color="black")
+        peak = (mem.get("peak_bytes") or 0) / GIB
+        title = (f"peak {peak:.1f} GiB of {usable:.1f} GiB usable: fits" if mem.get("fits")
+                 else f"peak {peak:.1f} GiB: {peak - usable:.1f} GiB over the {usable:.1f} GiB usable")
+    fig.update_layout(barmode="stack", title=title, xaxis_title="GiB", height=200,
+                      margin=dict(l=10, r=10, t=40, b=30), legend=dict(orientation="h", y=-0.5))
+    return fig
+
+
+def step_figure(est: dict) -> go.Figure:
+    """Seconds of one optimizer step by part (the step-time model's breakdown)."""
+    breakdown = est["time"].get("breakdown") or {}
+    fig = go.Figure([go.Bar(y=["step"], x=[breakdown.get(key, 0.0)], name=label, orientation="h", marker_color=color,
+                            hovertemplate=f"{label}: %{{x:.3g}} s<extra></extra>") for key, label, color in STEP_PARTS])
+    step = est["time"].get("step_s")
+    title = "step time: needs an accelerator with published peak and bandwidth" if step is None else \
+        f"step {step:.3g} s · {est['time']['tokens_per_s']:,.0f} tokens/s · MFU {est['time']['mfu_modelled']:.0%}"
+    fig.update_layout(barmode="stack", title=title, xaxis_title="seconds", height=200,
+                      margin=dict(l=10, r=10, t=40, b=30), legend=dict(orientation="h", y=-0.5))
+    return fig
+
+
+def metrics_figure(records: list[dict], est: dict | None = None) -> go.Figure:
+    """Loss, throughput, MFU (or TFLOP/s) and memory of a run, step by step; the estimate as dashed lines."""
+    fig = make_subplots(rows=2, cols=2, subplot_titles=("loss", "tokens/s", "MFU" if any(
+        r.get("mfu") is not None for r in records) else "TFLOP/s per device", "memory"))
+    steps = [r["step"] for r in records]
+    fig.add_trace(go.Scatter(x=steps, y=[r.get("loss") for r in records], name="loss", mode="lines"), 1, 1)
+    evals = [r for r in records if r.get("eval_loss") is not None]
+    fig.add_trace(go.Scatter(x=[r["step"] for r in evals], y=[r["eval_loss"] for r in evals], name="held-out loss",
+                             mode="lines+markers"), 1, 1)
+    fig.add_trace(go.Scatter(x=steps, y=[r.get("tokens_per_s") for r in records], name="tokens/s", mode="lines"),
+                  1, 2)
+    use_mfu = any(r.get("mfu") is not None for r in records)
+    fig.add_trace(go.Scatter(x=steps, y=[r.get("mfu") if use_mfu else r.get("tflops") for r in records],
+                             name="MFU" if use_mfu else "TFLOP/s", mode="lines"), 2, 1)
+    kind = records[-1].get("mem_kind", "memory") if records else "memory"
+    fig.add_trace(go.Scatter(x=steps, y=[(r.get("mem_bytes") or 0) / GIB for r in records], name=f"measured ({kind})",
+                             mode="lines"), 2, 2)
+    if est is not None and steps:
+        span = [min(steps), max(steps)]
+        if est["time"].get("tokens_per_s"):
+            fig.add_trace(go.Scatter(x=span, y=[est["time"]["tokens_per_s"]] * 2, name="estimated tokens/s",
+                                     mode="lines", line_dash="dash"), 1, 2)
+        if use_mfu and est["time"].get("mfu_modelled"):
+            fig.add_trace(go.Scatter(x=span, y=[est["time"]["mfu_modelled"]] * 2, name="estimated MFU",
+                                     mode="lines", line_dash="dash"), 2, 1)
+        if est["memory"].get("peak_bytes"):
+            fig.add_trace(go.Scatter(x=span, y=[est["memory"]["peak_bytes"] / GIB] * 2, name="estimated peak",
+                                     mode="lines", line_dash="dash"), 2, 2)
+    fig.update_yaxes(title_text="GiB", row=2, col=2)
+    fig.update_xaxes(title_text="step", row=2)
+    fig.update_layout(height=480, margin=dict(l=10, r=10, t=40, b=30), legend=dict(orientation="h", y=-0.15))
+    return fig
+
+
+def pareto_figure(result: dict) -> go.Figure:
+    """Every plan shown (days against cost) and the Pareto front as a line."""
+    def text(p):
+        lay = p["layout"]
+        return f"{p['devices']}x{p['accelerator']} dp{lay['dp']} tp{lay['tp']} pp{lay['pp']} ZeRO-{lay['zero']}"
+    plans, front = result["plans"], result["pareto"]
+    currency = next((p["currency"] for p in plans if p.get("currency")), "")
+    cost = "cost_usd" if any(p.get("cost_usd") is not None for p in plans) else "cost"
+    unit = "USD" if cost == "cost_usd" else currency
+    fig = go.Figure([
+        go.Scatter(x=[p["train_days"] for p in plans], y=[p.get(cost) for p in plans], mode="markers", name="plans",
+                   text=[text(p) for p in plans], hovertemplate="%{text}<br>%{x:.1f} days, %{y:,.0f}<extra></extra>"),
+        go.Scatter(x=[p["train_days"] for p in front], y=[p.get(cost) for p in front], mode="lines+markers",
+                   name="Pareto front", text=[text(p) for p in front],
+                   hovertemplate="%{text}<br>%{x:.1f} days, %{y:,.0f}<extra></extra>")])
+    fig.update_layout(title=f"{result['fitting']:,} of {result['evaluated']:,} layouts fit",
+                      xaxis_title="days to train", yaxis_title=f"cost ({unit})", height=360,
+                      margin=dict(l=10, r=10, t=40, b=30))
+    return fig
+
+
+def copy_into(widget: go.FigureWidget, fig: go.Figure) -> None:
+    """Make a FigureWidget show `fig` (same traces in the same order): data, title, lines, in one update."""
+    with widget.batch_update():
+        for old, new in zip(widget.data, fig.data):
+            old.update(x=new.x, y=new.y, text=new.text)
+        widget.layout.title = fig.layout.title
+        widget.layout.shapes = fig.layout.shapes

@@ -1,0 +1,140 @@
+"""The launcher panel: run a Job for real and watch it, the estimate drawn beside the measurement.
+
+    from widgets.launcher import LauncherPanel
+    run = LauncherPanel(job, out_dir="runs/nb", nproc=2)
+    run              # Launch, Stop (SIGTERM: every rank checkpoints and exits), Resume
+
+The run is a separate process (`toolkit train`, which starts the ranks), so the kernel and the
+widgets never wait on training. A background thread reads the run's metrics.jsonl as lines arrive
+and redraws the figure at most `max_redraws_per_s` times a second, all new lines in one update.
+The run's errors (a refused job, a dead rank, a diagnosed divergence) appear in the panel.
+"""
+from __future__ import annotations
+
+import html
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import ipywidgets as W
+import plotly.graph_objects as go
+
+from toolkit.estimate import estimate
+from toolkit.plots import metrics_figure
+from toolkit.specs import Job, SpecError
+from toolkit.train.metrics import read_metrics
+
+__all__ = ["LauncherPanel"]
+
+
+class LauncherPanel(W.VBox):
+    def __init__(self, job: Job, out_dir: str | Path, nproc: int = 1, extra_args: tuple[str, ...] = (),
+                 max_redraws_per_s: float = 4.0):
+        self.job, self.out, self.nproc = job, Path(out_dir), nproc
+        self.extra_args = tuple(extra_args)
+        self.min_redraw_s = 1.0 / max_redraws_per_s
+        self.process: subprocess.Popen | None = None
+        self.records: list[dict] = []
+        self.redraws = 0
+        self._watcher: threading.Thread | None = None
+        self._estimate = self._estimate_of(job)
+        self.figure = go.FigureWidget(metrics_figure([], self._estimate))
+        self.status = W.HTML("ready")
+        self.launch_button = W.Button(description="Launch", icon="play", button_style="success")
+        self.stop_button = W.Button(description="Stop", icon="stop", button_style="danger", disabled=True)
+        self.resume_button = W.Button(description="Resume", icon="redo", disabled=True)
+        self.launch_button.on_click(lambda _b: self.launch())
+        self.stop_button.on_click(lambda _b: self.stop())
+        self.resume_button.on_click(lambda _b: self.launch())
+        super().__init__([W.HBox([self.launch_button, self.stop_button, self.resume_button]), self.status,
+                          self.figure])
+
+    @staticmethod
+    def _estimate_of(job: Job) -> dict | None:
+        try:
+            return estimate(job)
+        except SpecError:
+            return None
+
+    # ---- process ---------------------------------------------------------------------------------
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def launch(self) -> None:
+        """Start (or resume: the same folder continues from its newest checkpoint) the run."""
+        if self.running:
+            return
+        self.out.mkdir(parents=True, exist_ok=True)
+        request = self.out / "launch.yaml"
+        self.job.to_yaml(request)
+        command = [sys.executable, "-m", "toolkit.cli", "train", "--config", str(request), "--out", str(self.out),
+                   "--nproc", str(self.nproc), "--no-progress", *self.extra_args]
+        self._log = open(self.out / "launcher.log", "w")
+        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.PIPE, text=True)
+        self.status.value = f"running: {html.escape(' '.join(command[2:]))}"
+        self.launch_button.disabled, self.stop_button.disabled, self.resume_button.disabled = True, False, True
+        self._watcher = threading.Thread(target=self._watch, daemon=True)
+        self._watcher.start()
+
+    def stop(self) -> None:
+        """Ask the run to stop: every rank finishes its step, saves a checkpoint and exits."""
+        if self.running:
+            self.process.send_signal(signal.SIGTERM)
+            self.status.value = "stopping: the ranks finish their step and checkpoint"
+
+    def wait(self, timeout_s: float = 300) -> int | None:
+        """Block until the run and the watcher end (for scripts and tests; the panel never needs it)."""
+        if self.process is not None:
+            self.process.wait(timeout=timeout_s)
+        if self._watcher is not None:
+            self._watcher.join(timeout=timeout_s)
+        return None if self.process is None else self.process.returncode
+
+    # ---- watching ----------------------------------------------------------------------------------
+    def _watch(self) -> None:
+        path = self.out / "metrics.jsonl"
+        last_draw, seen = 0.0, -1
+        while True:
+            alive = self.running
+            records = read_metrics(path)
+            now = time.monotonic()
+            if len(records) != seen and (now - last_draw >= self.min_redraw_s or not alive):
+                self.records, seen, last_draw = records, len(records), now
+                self._redraw()
+            if not alive:
+                break
+            time.sleep(0.05)
+        self._finished()
+
+    def _redraw(self) -> None:
+        fig = metrics_figure(self.records, self._estimate)
+        with self.figure.batch_update():
+            if len(self.figure.data) != len(fig.data):
+                self.figure.data = []
+                self.figure.add_traces(list(fig.data))
+            else:
+                for old, new in zip(self.figure.data, fig.data):
+                    old.update(x=new.x, y=new.y)
+        self.redraws += 1
+        last = self.records[-1] if self.records else None
+        if last and self.running:
+            self.status.value = (f"running: step {last['step']}, loss {last['loss'] if last['loss'] is None else round(last['loss'], 4)}, "
+                                 f"{last.get('tokens_per_s') or 0:,.0f} tokens/s")
+
+    def _finished(self) -> None:
+        code = self.process.returncode
+        stderr = self.process.stderr.read() if self.process.stderr else ""
+        self._log.close()
+        lines = [line for line in stderr.splitlines() if line.strip()]
+        steps = self.records[-1]["step"] if self.records else 0
+        if code == 0:
+            message = f"finished or stopped cleanly at step {steps}; checkpoint saved (Resume continues)"
+        else:
+            shown = "<br>".join(html.escape(line) for line in lines[-5:]) or f"exit code {code}"
+            message = f"<span style='color:#d62728'><b>failed (exit {code}) after step {steps}:</b><br>{shown}</span>"
+        self.status.value = message
+        self.launch_button.disabled, self.stop_button.disabled, self.resume_button.disabled = True, True, False

@@ -1,0 +1,255 @@
+"""The planner panel: configure a Job with controls, see at once whether it fits, how fast, at what cost.
+
+    from widgets.planner import PlannerPanel
+    panel = PlannerPanel(preset="llama2-7b", accelerator="H100-SXM", count=8)
+    panel            # in a notebook cell
+
+Every control change builds a new Job and calls `toolkit.estimate.estimate`; the panel only
+copies the result into figures and text (no maths here). A combination the Job rejects shows the
+message beside the panel, the control it names highlighted, and leaves the last valid view up.
+Buttons: export the job as YAML, ask the doctor for fixes (one click applies a fix), and search
+the best layouts (the planner's top plans and their Pareto front).
+"""
+from __future__ import annotations
+
+import html
+import time
+from pathlib import Path
+
+import ipywidgets as W
+import plotly.graph_objects as go
+
+from toolkit.estimate import estimate
+from toolkit.plots import copy_into, memory_figure, pareto_figure, step_figure
+from toolkit.specs import PRECISIONS, Job, SpecError, load_catalog
+
+__all__ = ["PlannerPanel"]
+
+_FIELD_OF_CONTROL = {
+    "preset": "model.preset", "seq_len": "model.seq_len", "micro_batch": "batch.micro_batch",
+    "global_batch": "batch.global_batch", "precision": "precision.mode", "optimizer": "optimizer.name",
+    "tp": "parallel.tp", "pp": "parallel.pp", "zero": "parallel.zero", "offload": "parallel.offload",
+    "sp": "parallel.sp", "recompute": "memory.recompute", "accelerator": "cluster.accelerator",
+    "count": "cluster.count", "tokens_b": "tokens", "offer": "cost.offer", "spot": "cost.spot",
+}
+
+
+class PlannerPanel(W.VBox):
+    def __init__(self, preset: str = "llama2-7b", accelerator: str = "H100-SXM", count: int = 8,
+                 tokens: float | None = None, catalog=None, **layout):
+        self.catalog = catalog or load_catalog()
+        self.job: Job | None = None
+        self.result: dict | None = None
+        self.last_update_s = 0.0
+        self._quiet = False
+        c = self.controls = self._make_controls(preset, accelerator, count, tokens)
+        for name, value in layout.items():
+            c[name].value = value
+        self.memory_fig = go.FigureWidget(memory_figure(_EMPTY))
+        self.step_fig = go.FigureWidget(step_figure(_EMPTY))
+        self.summary = W.HTML()
+        self.error = W.HTML()
+        self.export_path = W.Text(value="job.yaml", description="file", layout=W.Layout(width="240px"))
+        self.export_button = W.Button(description="export job.yaml", icon="download")
+        self.suggest_button = W.Button(description="suggest fixes", icon="medkit")
+        self.best_button = W.Button(description="best layouts", icon="search")
+        self.fixes_box = W.VBox()
+        self.best_box = W.VBox()
+        self.export_button.on_click(lambda _b: self.export())
+        self.suggest_button.on_click(lambda _b: self.suggest())
+        self.best_button.on_click(lambda _b: self.best_layouts())
+        for control in c.values():
+            control.observe(self._changed, names="value")
+        grid = W.GridBox(list(c.values()), layout=W.Layout(grid_template_columns="repeat(3, 300px)"))
+        buttons = W.HBox([self.export_path, self.export_button, self.suggest_button, self.best_button])
+        super().__init__([grid, self.error, self.memory_fig, self.step_fig, self.summary, buttons,
+                          self.fixes_box, self.best_box])
+        self.refresh()
+
+    # ---- controls --------------------------------------------------------------------------------
+    def _make_controls(self, preset, accelerator, count, tokens) -> dict:
+        cat = self.catalog
+        style = {"description_width": "110px"}
+        offers = ["none"] + sorted(o.name for o in cat.offers.values())
+        return {
+            "preset": W.Dropdown(options=sorted(p.name for p in cat.presets.values()
+                                                if p.model.has_shape and not p.model.encoder),
+                                 value=preset, description="model", style=style),
+            "seq_len": W.IntText(value=0, description="sequence (0 = preset)", style=style),
+            "micro_batch": W.IntSlider(value=1, min=1, max=64, description="micro-batch", style=style),
+            "global_batch": W.IntText(value=0, description="global batch (0 = published)", style=style),
+            "precision": W.Dropdown(options=["auto", *PRECISIONS], value="auto", description="precision", style=style),
+            "optimizer": W.Dropdown(options=["adamw", "adam", "sgd", "adamw-8bit"], description="optimizer",
+                                    style=style),
+            "tp": W.Dropdown(options=[1, 2, 4, 8, 16, 32], value=1, description="tensor parallel", style=style),
+            "pp": W.Dropdown(options=[1, 2, 4, 8, 16, 32, 64], value=1, description="pipeline stages", style=style),
+            "zero": W.ToggleButtons(options=[0, 1, 2, 3], value=0, description="ZeRO", style={**style,
+                                                                                              "button_width": "40px"}),
+            "offload": W.Dropdown(options=["none", "optimizer", "params"], description="offload", style=style),
+            "sp": W.Checkbox(value=False, description="sequence parallel"),
+            "recompute": W.Dropdown(options=["none", "selective", "full"], description="recompute", style=style),
+            "accelerator": W.Dropdown(options=[a.name for a in cat.accelerators.values()], value=accelerator,
+                                      description="accelerator", style=style),
+            "count": W.IntText(value=count, description="devices", style=style),
+            "tokens_b": W.FloatText(value=0.0 if tokens is None else tokens / 1e9,
+                                    description="tokens, B (0 = published)", style=style),
+            "offer": W.Dropdown(options=offers, value="none", description="cloud offer", style=style),
+            "spot": W.Checkbox(value=False, description="spot prices"),
+        }
+
+    def job_data(self) -> dict:
+        """The Job the controls describe, as the plain dict `Job.from_dict` reads."""
+        v = {name: control.value for name, control in self.controls.items()}
+        model = {"preset": v["preset"]}
+        if v["seq_len"]:
+            model["seq_len"] = v["seq_len"]
+        data = {"model": model,
+                "batch": {"micro_batch": v["micro_batch"], **({"global_batch": v["global_batch"]}
+                                                              if v["global_batch"] else {})},
+                "precision": {"mode": None if v["precision"] == "auto" else v["precision"]},
+                "optimizer": {"name": v["optimizer"]},
+                "parallel": {"tp": v["tp"], "pp": v["pp"], "zero": v["zero"], "offload": v["offload"], "sp": v["sp"]},
+                "memory": {"recompute": v["recompute"]},
+                "cluster": {"accelerator": v["accelerator"], "count": v["count"]},
+                "cost": {"offer": None if v["offer"] == "none" else v["offer"], "spot": v["spot"]}}
+        if v["tokens_b"]:
+            data["tokens"] = v["tokens_b"] * 1e9
+        return data
+
+    def set_job(self, data: dict) -> None:
+        """Set the controls from a job dict (e.g. a doctor's fix), then re-estimate once."""
+        c, self._quiet = self.controls, True
+        try:
+            for section, names in (("parallel", ("tp", "pp", "zero", "offload", "sp")), ("memory", ("recompute",)),
+                                   ("batch", ("micro_batch",)), ("optimizer", ("name",))):
+                for name in names:
+                    value = (data.get(section) or {}).get(name)
+                    control = c["optimizer" if section == "optimizer" else name]
+                    if value is not None and value in getattr(control, "options", [value]):
+                        control.value = value
+                    elif value is not None and not hasattr(control, "options"):
+                        control.value = value
+        finally:
+            self._quiet = False
+        self.refresh()
+
+    # ---- updating ------------------------------------------------------------------------------------
+    def _changed(self, _change) -> None:
+        if not self._quiet:
+            self.refresh()
+
+    def refresh(self) -> None:
+        """Rebuild the Job from the controls and show its estimate (or why it is not valid)."""
+        began = time.perf_counter()
+        for control in self.controls.values():
+            control.layout.border = None
+        try:
+            job = Job.from_dict(self.job_data(), self.catalog)
+            result = estimate(job, self.catalog)
+        except SpecError as err:
+            self._show_error(err)
+            self.last_update_s = time.perf_counter() - began
+            return
+        self.job, self.result = job, result
+        self.error.value = ""
+        copy_into(self.memory_fig, memory_figure(result))
+        copy_into(self.step_fig, step_figure(result))
+        self.summary.value = _summary_html(result)
+        self.last_update_s = time.perf_counter() - began
+
+    def _show_error(self, err: SpecError) -> None:
+        names = [n for n, f in _FIELD_OF_CONTROL.items() if err.field == f or err.field.startswith(f + ".")]
+        for name in names:
+            self.controls[name].layout.border = "2px solid #d62728"
+        where = f" (control: {', '.join(names)})" if names else ""
+        self.error.value = f"<div style='color:#d62728'><b>not valid{where}:</b> {html.escape(str(err))}</div>"
+
+    # ---- buttons -------------------------------------------------------------------------------------
+    def export(self) -> Path | None:
+        """Write the current (resolved) job as YAML to the path in the text box."""
+        if self.result is None:
+            return None
+        path = Path(self.export_path.value)
+        Job.from_dict(self.result["job"], self.catalog).to_yaml(path)
+        self.summary.value = _summary_html(self.result) + f"<p>wrote {html.escape(str(path))}</p>"
+        return path
+
+    def suggest(self) -> list[dict]:
+        """The doctor's fixes for this job, each a button that applies it."""
+        from toolkit.plan.doctor import diagnose_job
+        if self.job is None:
+            return []
+        report = diagnose_job(self.job, self.catalog)
+        rows: list[W.Widget] = [W.HTML("<b>" + html.escape(f) + "</b>") for f in report["findings"]]
+        for fix in report["fixes"][:8]:
+            change = "" if fix["step_change"] is None else f", step {fix['step_change']:+.0%}"
+            label = f"{fix['change']}: {fix['peak_bytes'] / 2**30:.1f} GiB{change}" + ("" if fix["fits"] else
+                                                                                         " (still over)")
+            button = W.Button(description=label, layout=W.Layout(width="auto"),
+                              button_style="success" if fix["fits"] else "")
+            button.on_click(lambda _b, job=fix["job"]: self.set_job(job))
+            rows.append(button)
+        if report.get("combined") and report["combined"]["fits"]:
+            combined = report["combined"]
+            button = W.Button(description="together: " + " + ".join(combined["changes"]),
+                              layout=W.Layout(width="auto"), button_style="success")
+            button.on_click(lambda _b, job=combined["job"]: self.set_job(job))
+            rows.append(button)
+        if not report["fixes"]:
+            rows.append(W.HTML("no single change helps"))
+        self.fixes_box.children = rows
+        return report["fixes"]
+
+    def best_layouts(self, top: int = 8) -> dict | None:
+        """The planner's best layouts on this cluster (or on the chosen offer): a table and the Pareto plot."""
+        from toolkit.plan import search
+        if self.job is None:
+            return None
+        v = self.controls
+        offers = [v["offer"].value] if v["offer"].value != "none" else None
+        gpus = None if offers else (v["count"].value, v["accelerator"].value)
+        result = search(self.job, self.catalog, gpus=gpus, offers=offers, max_gpus=v["count"].value,
+                        objective="cost" if offers else "time", top=top)
+        rows = "".join(
+            f"<tr><td>{p['devices']}x{p['accelerator']}</td><td>{_layout(p['layout'])}</td>"
+            f"<td>{p['peak_bytes'] / 2**30:.1f} GiB</td><td>{p['step_s']:.3g} s</td><td>{p['mfu']:.0%}</td>"
+            f"<td>{p['train_days']:,.1f}</td><td>{_money(p['cost'], p['currency'])}</td></tr>"
+            for p in result["plans"])
+        table = W.HTML(f"<p>{result['fitting']:,} of {result['evaluated']:,} layouts fit</p><table>"
+                       "<tr><th>devices</th><th>layout</th><th>peak</th><th>step</th><th>MFU</th><th>days</th>"
+                       f"<th>cost</th></tr>{rows}</table>")
+        children = [table]
+        if result["pareto"]:
+            children.append(go.FigureWidget(pareto_figure(result)))
+        self.best_box.children = children
+        return result
+
+
+def _money(amount: float | None, currency: str | None) -> str:
+    return "" if amount is None else f"{amount:,.0f} {currency}"
+
+
+def _layout(lay: dict) -> str:
+    return (f"dp {lay['dp']} · tp {lay['tp']} · pp {lay['pp']}{' · sp' if lay['sp'] else ''} · ZeRO-{lay['zero']}"
+            f"{'' if lay['offload'] == 'none' else ' · offload ' + lay['offload']} · mb {lay['micro_batch']}"
+            f"{'' if lay['recompute'] == 'none' else ' · ' + lay['recompute'] + ' recompute'}")
+
+
+def _summary_html(result: dict) -> str:
+    t, cost = result["time"], result["cost"]
+    lines = []
+    if t["train_days"] is not None:
+        lines.append(f"<b>time to train:</b> {t['train_days']:,.1f} days ({t['device_hours']:,.0f} device-hours)")
+    if cost["amount"] is not None:
+        line = f"<b>cost:</b> {cost['amount']:,.0f} {cost['currency']} on {cost['instances']} × {cost['offer']}"
+        if cost.get("spot_run"):
+            line += (f"; with interruptions {cost['spot_run']['amount']:,.0f} "
+                     f"(checkpoint every {cost['spot_run']['interval_s'] / 60:,.0f} min)")
+        lines.append(line)
+    lines += [f"<small>{html.escape(n)}</small>" for n in result["notes"]]
+    return "<br>".join(lines)
+
+
+_EMPTY = {"memory": {"params_bytes": 0, "grads_bytes": 0, "optimizer_bytes": 0, "activations_bytes": 0,
+                     "peak_bytes": 0, "usable_bytes": None, "device_bytes": None, "fits": None},
+          "time": {"breakdown": None, "step_s": None}}
