@@ -1,0 +1,23 @@
+"""The committed tutorials stay small and free of embedded JavaScript (nbval itself runs them)."""
+from pathlib import Path
+
+import nbformat
+import pytest
+
+NOTEBOOKS = sorted((Path(__file__).parents[1] / "notebooks").glob("[0-9]*.ipynb"))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_is_small_and_carries_no_widget_state(path):
+    assert path.stat().st_size < 500 * 1024
+    nb = nbformat.read(path, as_version=4)
+    assert "widgets" not in nb.metadata                     # notebooks/refresh.py strips it
+    text = path.read_text()
+    assert "plotly.js" not in text.lower() or "plotly.js v" not in text.lower()
+    for cell in nb.cells:
+        if cell.cell_type == "code" and any("widget-view" in str(o.get("data", {})) for o in cell.get("outputs", [])):
+            assert "NBVAL_IGNORE_OUTPUT" in cell.source     # widget ids change every run
+
+
+def test_there_are_tutorials():
+    assert {p.name for p in NOTEBOOKS} >= {"00_start_here.ipynb", "01_memory.ipynb", "02_compute_time_cost.ipynb"}
