@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lab install clean
+.PHONY: demo test lab install browser clean
 
 install: $(STAMP)
 
@@ -25,8 +25,16 @@ demo: $(STAMP)
 	rm -rf runs/demo
 	$(BIN)/toolkit train --layers 4 --hidden 256 --heads 8 --vocab 256 --seq 128 --micro-batch 8 --global-batch 16 --precision fp32 --steps 30 --warmup 3 --lr 2e-3 --eval-every 10 --nproc 2 --out runs/demo --no-progress
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(BIN)/python -m pytest -q
+
+# The browser test drives Debian's Chromium; install it when missing (as root, through apt).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	    echo "installing Chromium for the browser test (apt-get)"; \
+	    (apt-get install -y -q chromium >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null)); \
+	  else echo "make test needs Chromium for tests/browser: sudo apt-get install chromium"; exit 1; fi; }
 
 lab: $(STAMP)
 	$(BIN)/jupyter lab notebooks/
