@@ -157,3 +157,14 @@ def test_plan_and_doctor_text_and_errors(cli):
     assert code == 0 and "does NOT fit" in out and "sequence parallelism" in out
     code, _, err = cli("doctor", "--run", "/nonexistent/run")
     assert code == 2 and "no metrics.jsonl" in err
+
+
+def test_html_pages_carry_the_figures(cli, tmp_path):
+    page = tmp_path / "estimate.html"
+    code, _, _ = cli("estimate", "--model", "llama2-7b", "--gpus", "8xH100-SXM", "--html", str(page))
+    text = page.read_text()
+    assert code == 0 and text.count("plotly-graph-div") == 2 and "GiB usable" in text and "tokens\\u002fs" in text
+    assert page.stat().st_size < 100_000                  # plotly.js comes from its CDN, not inlined
+    plan = tmp_path / "plan.html"
+    code, _, _ = cli("plan", "--model", "llama2-7b", "--offers", "p5.48xlarge", "--max-gpus", "16", "--html", str(plan))
+    assert code == 0 and "Pareto front" in plan.read_text()

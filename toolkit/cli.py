@@ -42,6 +42,7 @@ OVERRIDES = {
     "dropout": ("model", "dropout", ModelSpec),
     "micro_batch": ("batch", "micro_batch", Batch), "global_batch": ("batch", "global_batch", Batch),
     "precision": ("precision", "mode", Precision), "grad_dtype": ("precision", "grad_dtype", Precision),
+    "fp8": ("precision", "fp8", Precision),
     "optimizer": ("optimizer", "name", Optimizer), "momentum": ("optimizer", "momentum", Optimizer),
     "optimizer_impl": ("optimizer", "impl", Optimizer),
     "dp": ("parallel", "dp", Parallel), "tp": ("parallel", "tp", Parallel), "pp": ("parallel", "pp", Parallel),
@@ -53,7 +54,8 @@ OVERRIDES = {
     "headroom": ("memory", "headroom_fraction", MemoryOptions),
     "gpus_per_node": ("cluster", "gpus_per_node", Cluster),
     "offer": ("cost", "offer", Cost), "spot": ("cost", "spot", Cost),
-    "interruptions": ("cost", "interruptions_per_month", Cost),
+    "interruptions": ("cost", "interruptions_per_month", Cost), "pue": ("cost", "pue", Cost),
+    "kwh_price": ("cost", "energy_price_per_kwh", Cost), "grid_co2": ("cost", "grid_kg_co2_per_kwh", Cost),
     "finetune": ("finetune", "method", Finetune), "lora_rank": ("finetune", "rank", Finetune),
     "lora_targets": ("finetune", "targets", Finetune),
     "tokens": ("", "tokens", Job), "mfu": ("", "mfu", Job),
@@ -68,7 +70,7 @@ TRAIN_OVERRIDES = {
     "fp32_norm": ("training", "fp32_norm", Training), "loss_scale": ("training", "loss_scale", Training),
     "init_from": ("training", "init_from", Training),
 }
-_BOOLEAN = {"tie_embeddings", "sp", "spot", "fp32_norm"}
+_BOOLEAN = {"tie_embeddings", "sp", "spot", "fp32_norm", "fp8"}
 _FLAG_OF_FIELD = {f"{sec}.{fld}" if sec else fld: "--" + flag.replace("_", "-")
                   for flag, (sec, fld, _cls) in {**OVERRIDES, **TRAIN_OVERRIDES}.items()}
 _FLAG_OF_FIELD.update({"cluster.count": "--gpus", "cluster.accelerator": "--gpus", "model.params": "--params",
@@ -95,10 +97,12 @@ def build_parser() -> argparse.ArgumentParser:
     est = sub.add_parser("estimate", help="estimate one training job (analytic, instant)",
                          description="Estimate parameters, memory, FLOPs, time and cost of a job.")
     _add_job_args(est)
+    _add_html(est)
     trace = sub.add_parser("trace", help="measure the job's memory by running its real step on fake tensors",
                            description="Run the real PyTorch training step on fake tensors (no memory allocated) "
                                        "and report the same keys as `estimate`, with memory measured.")
     _add_job_args(trace)
+    _add_html(trace)
     compare = sub.add_parser("compare", help="analytic estimate beside the trace, with the error per category")
     _add_job_args(compare)
 
@@ -107,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
                                       "offer, keep those that fit, rank by time or cost, and give the Pareto front. "
                                       "Any estimate flag given (e.g. --tp, --precision) fixes that choice.")
     _add_job_args(plan)
+    _add_html(plan)
     plan.add_argument("--offers", metavar="A,B,...", help="compare these offers (whole instances, powers of two)")
     plan.add_argument("--objective", metavar="{time,cost}", default="time")
     plan.add_argument("--max-gpus", metavar="N", type=int, help="largest cluster to try with --offers")
@@ -165,6 +170,10 @@ def _add_job_args(est: argparse.ArgumentParser, extra: dict | None = None) -> No
     est.add_argument("--json", action="store_true", help="print one JSON object")
 
 
+def _add_html(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--html", metavar="PATH", help="also write the figures as an HTML page")
+
+
 def parse_gpus(text: str) -> tuple[int, str]:
     """'1024xA100-80GB' -> (1024, 'A100-80GB')."""
     match = re.fullmatch(r"\s*(\d+)\s*[x×*]\s*(\S+)\s*", str(text), flags=re.IGNORECASE)
@@ -215,10 +224,21 @@ def _flag_hint(err: SpecError) -> str:
     return f"{flag}: {err}" if flag and not str(err).startswith(flag) else str(err)
 
 
+def _write_html(path: str, figures) -> None:
+    """The figures of toolkit.plots on one page (plotly.js from its CDN, so the file stays small)."""
+    from pathlib import Path
+    parts = [fig.to_html(full_html=False, include_plotlyjs="cdn" if i == 0 else False) for i, fig in enumerate(figures)]
+    Path(path).write_text("<html><head><meta charset='utf-8'></head><body>" + "".join(parts) + "</body></html>",
+                          encoding="utf-8")
+
+
 def cmd_estimate(args) -> int:
     catalog = load_catalog(*args.catalog)
     job = job_from_args(args, catalog)
     result = estimate(job, catalog)
+    if args.html:
+        from .plots import memory_figure, step_figure
+        _write_html(args.html, [memory_figure(result), step_figure(result)])
     if args.write_job:
         Job.from_dict(result["job"], catalog).to_yaml(args.write_job)
     print(json.dumps(result, indent=2, ensure_ascii=False) if args.json else render_estimate(result))
@@ -229,6 +249,9 @@ def cmd_trace(args) -> int:
     from .trace.report import traced_estimate  # imports torch: only when asked
     catalog = load_catalog(*args.catalog)
     result = traced_estimate(job_from_args(args, catalog), catalog)
+    if args.html:
+        from .plots import memory_figure
+        _write_html(args.html, [memory_figure(result)])
     print(json.dumps(result, indent=2, ensure_ascii=False) if args.json else render_estimate(result))
     return 0
 
@@ -263,6 +286,9 @@ def cmd_plan(args) -> int:
     job = job_from_args(args, catalog)
     result = search(job, catalog, gpus=gpus, offers=offers, objective=args.objective, max_gpus=args.max_gpus,
                     deadline_days=args.deadline_days, top=args.top, fixed=_fixed_axes(args))
+    if args.html:
+        from .plots import pareto_figure
+        _write_html(args.html, [pareto_figure(result)])
     print(json.dumps(result, indent=2, ensure_ascii=False) if args.json else render_plan(result))
     return 0
 

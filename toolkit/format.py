@@ -106,6 +106,14 @@ def render_estimate(est: dict) -> str:
             out += [f"  with interruptions: {money(run['amount'], cost['currency'])} — about {run['interruptions']:.1f} "
                     f"interruptions, +{run['overhead_fraction']:.1%} wall time, a checkpoint every "
                     f"{run['interval_s'] / 60:,.0f} min ({run['checkpoint_write_s']:.0f} s to write; Young/Daly)"]
+    energy = cost.get("energy")
+    if energy:
+        line = f"  energy {energy['kwh']:,.0f} kWh (accelerators at TDP × PUE {energy['pue']:g})"
+        if energy["amount"] is not None:
+            line += f", {energy['amount']:,.0f} at your price"
+        if energy["co2_kg"] is not None:
+            line += f", {energy['co2_kg'] / 1000:,.1f} t CO2"
+        out += ["", line]
     if est["notes"]:
         out += ["", "notes"] + [f"  - {n}" for n in est["notes"]]
     return "\n".join(out)

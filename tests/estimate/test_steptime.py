@@ -7,7 +7,7 @@ import pytest
 from toolkit.estimate import estimate
 from toolkit.estimate.grid import layout_grid
 from toolkit.estimate.steptime import Assumptions, hardware_for, step_time
-from toolkit.specs import Job
+from toolkit.specs import Job, SpecError
 
 
 def _job(catalog, **sections):
@@ -104,3 +104,22 @@ def test_estimate_uses_the_model_when_no_mfu_is_given(catalog):
                                           "pp_comm_s", "bubble_s", "optimizer_s"}
     given = estimate(Job.from_dict({**data, "mfu": 0.5}, catalog), catalog)["time"]
     assert given["mfu"] == 0.5 and given["mfu_source"] == "given" and given["step_s"] == modelled["step_s"]
+
+
+def test_fp8_speeds_the_matmuls_and_is_refused_without_fp8_units(catalog):
+    bf16, hw = _job(catalog)
+    fp8, hw8 = _job(catalog, precision={"fp8": True})
+    a, b = step_time(bf16, hw), step_time(fp8, hw8)
+    assert b.compute_s == pytest.approx(a.compute_s / 2, rel=0.05)      # H100: 1978.9 vs 989.4 TFLOP/s dense
+    assert b.memory_bound_s == a.memory_bound_s and b.mfu > a.mfu      # MFU still against the bf16 peak
+    with pytest.raises(SpecError, match="A100-80GB has no FP8 units"):
+        _job(catalog, cluster={"accelerator": "A100-80GB"}, precision={"fp8": True})
+
+
+def test_energy_line(catalog):
+    data = {"model": {"preset": "llama2-7b"}, "cluster": {"accelerator": "H100-SXM", "count": 8}, "mfu": 0.4,
+            "cost": {"energy_price_per_kwh": 0.2, "grid_kg_co2_per_kwh": 0.5, "pue": 1.1}}
+    est = estimate(Job.from_dict(data, catalog), catalog)
+    energy = est["cost"]["energy"]
+    assert energy["kwh"] == pytest.approx(8 * 700 * est["time"]["train_s"] / 3600 * 1.1 / 1000)
+    assert energy["amount"] == pytest.approx(energy["kwh"] * 0.2) and energy["co2_kg"] == pytest.approx(energy["kwh"] * 0.5)

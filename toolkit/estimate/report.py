@@ -107,6 +107,15 @@ def estimate(job: Job, catalog: Catalog | None = None) -> dict:
             notes.append(f"spot: {job.cost.interruptions_per_month:.0%} of instances reclaimed per month (an "
                          "assumption: set cost.interruptions_per_month to your instance's Spot Advisor band)")
 
+    # ---- energy: the accelerators at their TDP, times the facility's PUE (hosts and network not counted)
+    energy = None
+    if train_s is not None and accelerator is not None and accelerator.tdp_w:
+        kwh = devices * accelerator.tdp_w * train_s / 3600 * job.cost.pue / 1000
+        price, intensity = job.cost.energy_price_per_kwh, job.cost.grid_kg_co2_per_kwh
+        energy = {"kwh": kwh, "pue": job.cost.pue, "amount": None if price is None else kwh * price,
+                  "co2_kg": None if intensity is None else kwh * intensity}
+    cost["energy"] = energy
+
     return _plain({
         "job": job.to_dict(),
         "notes": notes,

@@ -5,7 +5,8 @@
 
 The step is built from parts, each from a published formula or a stated assumption:
 
-- compute: the job's hardware FLOPs per device (toolkit.estimate.flops, recompute included) at
+- compute: the job's hardware FLOPs per device (at the FP8 peak with `precision.fp8`; MFU stays
+  stated against the 16-bit peak, as published FP8 runs report it) (toolkit.estimate.flops, recompute included) at
   the accelerator's dense peak times a matrix-shape efficiency: every matmul of a block is put on
   a roofline (FLOPs at `gemm_fraction` of peak, or its operand bytes at HBM bandwidth, whichever
   is slower), so thin matrices (small micro-batches, wide tensor parallelism) run below peak;
@@ -66,13 +67,19 @@ class Assumptions:
 @dataclass(frozen=True)
 class Hardware:
     peak_flops: float
-    """Dense peak of the compute dtype, FLOP/s."""
+    """Dense peak of the compute dtype, FLOP/s: what MFU divides by."""
     memory_bw_bytes_per_s: float
     intra_bw_bytes_per_s: float
     """Per device, one direction, inside a node."""
     inter_bw_bytes_per_s: float
     """Per device, one direction, across nodes: the node's network divided among its devices."""
     gpus_per_node: int
+    matmul_peak_flops: float | None = None
+    """Peak the matmuls run at when it differs (FP8 matmuls with bf16 everything else); None = peak_flops."""
+
+    @property
+    def gemm_peak(self) -> float:
+        return self.matmul_peak_flops or self.peak_flops
 
 
 def hardware_for(job: Job, catalog: Catalog) -> Hardware | None:
@@ -90,8 +97,10 @@ def hardware_for(job: Job, catalog: Catalog) -> Hardware | None:
         node_net = 200e9 / 8 * cl.gpus_per_node
     if peak is None or acc.memory_bw_bytes_per_s is None or intra is None:
         return None
+    fp8 = acc.peak_flops("fp8") if job.precision.fp8 else None
     return Hardware(peak_flops=peak, memory_bw_bytes_per_s=acc.memory_bw_bytes_per_s, intra_bw_bytes_per_s=intra,
-                    inter_bw_bytes_per_s=node_net / cl.gpus_per_node, gpus_per_node=cl.gpus_per_node)
+                    inter_bw_bytes_per_s=node_net / cl.gpus_per_node, gpus_per_node=cl.gpus_per_node,
+                    matmul_peak_flops=fp8)
 
 
 @dataclass(frozen=True)
@@ -142,7 +151,7 @@ class StepTime:
 
 def _roofline_s(m, k, n, elem: float, hw: Hardware, a: Assumptions):
     """One matmul (m×k)·(k×n): FLOP-bound at gemm_fraction of peak, or bound by moving its operands."""
-    return np.maximum(2.0 * m * k * n / (hw.peak_flops * a.gemm_fraction), elem * (m * k + k * n + m * n)
+    return np.maximum(2.0 * m * k * n / (hw.gemm_peak * a.gemm_fraction), elem * (m * k + k * n + m * n)
                       / hw.memory_bw_bytes_per_s)
 
 
@@ -158,7 +167,7 @@ def _gemm_efficiency(job: Job, hw: Hardware, a: Assumptions):
         shapes.append((tokens, h, f))
     flops = sum(2.0 * x * y * z for x, y, z in shapes)
     seconds = sum(_roofline_s(x, y, z, elem, hw, a) for x, y, z in shapes)
-    return flops / (seconds * hw.peak_flops)
+    return flops / (seconds * hw.gemm_peak)
 
 
 def _memory_bound_bytes_per_token(job: Job):
@@ -208,7 +217,7 @@ def step_time(job: Job, hw: Hardware, a: Assumptions = Assumptions()) -> StepTim
     per_token = flops_per_token(job)
     hardware_flops = per_token.hardware * tokens_step
     eff = _gemm_efficiency(job, hw, a)
-    compute_s = hardware_flops / devices / (hw.peak_flops * eff)
+    compute_s = hardware_flops / devices / (hw.gemm_peak * eff)
     stage_layers = m.layers / pp
     tokens_rank = tokens_step / dp                      # tokens each data-parallel replica processes per step
     memory_s = _memory_bound_bytes_per_token(job) * stage_layers * tokens_rank / hw.memory_bw_bytes_per_s

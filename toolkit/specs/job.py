@@ -51,6 +51,9 @@ class Precision:
     None = amp-bf16 where the accelerator has bf16 units, else amp-fp16."""
     grad_dtype: Literal["param", "fp32"] = "param"
     """`fp32` keeps fp32 main gradients as Megatron does (mixed-* only)."""
+    fp8: bool = False
+    """Run the matmuls in FP8 (Transformer Engine style) on devices whose catalog row has an FP8 peak;
+    weights, gradients and states keep the mode's dtypes. Modelled in step time, not in memory."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,6 +126,12 @@ class Cost:
     """Per-device write speed to the checkpoint store (an assumption: 1 GB/s; measure yours)."""
     restart_s: float = 600.0
     """Time to get capacity back, launch and load after an interruption (an assumption)."""
+    pue: float = 1.2
+    """Power usage effectiveness of the data centre (facility power / IT power) for the energy line."""
+    energy_price_per_kwh: float | None = None
+    """Your electricity price (own hardware); None = no energy cost line (cloud prices include power)."""
+    grid_kg_co2_per_kwh: float | None = None
+    """Carbon intensity of your grid; None = no CO2 line."""
 
 
 @dataclass(frozen=True, kw_only=True)

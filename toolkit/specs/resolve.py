@@ -78,6 +78,9 @@ def resolve_job(job: Job, catalog: Catalog) -> tuple[Job, list[str]]:
     check_range(job.cost.interruptions_per_month, "cost.interruptions_per_month", 0.0, 1.0, high_open=True)
     check_positive(job.cost.checkpoint_write_bytes_per_s, "cost.checkpoint_write_bytes_per_s")
     check_positive(job.cost.restart_s, "cost.restart_s", allow_zero=True)
+    check_range(job.cost.pue, "cost.pue", 1.0, 3.0)
+    check_positive(job.cost.energy_price_per_kwh, "cost.energy_price_per_kwh", allow_zero=True)
+    check_positive(job.cost.grid_kg_co2_per_kwh, "cost.grid_kg_co2_per_kwh", allow_zero=True)
 
     # ---- cluster and offer ------------------------------------------------------------------
     offer = catalog.offer(job.cost.offer) if job.cost.offer else None
@@ -162,6 +165,14 @@ def resolve_job(job: Job, catalog: Catalog) -> tuple[Job, list[str]]:
                    if compute_dtype(m) not in accelerator.unsupported]
         raise SpecError("precision.mode", mode,
                         f"{accelerator.name} has no {compute_dtype(mode)} math units; use one of {', '.join(options)}")
+    if precision.fp8:
+        if mode == "fp32":
+            raise SpecError("precision.fp8", True, "FP8 matmuls pair with a 16-bit mode (amp-bf16, mixed-bf16, ...), "
+                                                   "not fp32")
+        if accelerator is not None and accelerator.peak_flops("fp8") is None:
+            reason = "has no FP8 units" if "fp8" in accelerator.unsupported else "has no published FP8 peak"
+            raise SpecError("precision.fp8", True, f"{accelerator.name} {reason}; FP8 runs on e.g. H100-SXM, H200, "
+                                                   "MI300X (toolkit catalog accelerators)")
     if par.offload == "optimizer":
         if mode in TORCH_SEMANTICS:
             raise SpecError("parallel.offload", "optimizer",
