@@ -72,21 +72,25 @@ def test_start_here_renders_the_planner_panel_and_a_chart(lab):
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.goto(f"{base}/lab/tree/notebooks/00_start_here.ipynb?token={token}")
-        page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
-        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
-        page.get_by_role("menuitem", name="Run", exact=True).click()
-        page.get_by_text("Run All Cells", exact=True).click()
-        page.get_by_role("button", name="suggest fixes").wait_for(timeout=120_000)      # the planner panel
-        panel_plot = page.locator(".jp-OutputArea .js-plotly-plot").first
-        panel_plot.wait_for(timeout=60_000)                                             # its FigureWidget
-        page.get_by_text("steps on 2 rank(s)").wait_for(timeout=180_000)                # the real run finished
-        page.wait_for_function("document.querySelectorAll('.jp-OutputArea .js-plotly-plot').length >= 3",
-                               timeout=60_000)                                          # the metrics chart too
-        page.get_by_role("button", name="suggest fixes").scroll_into_view_if_needed()
-        page.screenshot(path=str(ARTIFACTS / "jupyterlab_start_here.png"))
-        bars = page.locator(".jp-OutputArea .js-plotly-plot").first.locator(".bars .point")
-        assert bars.count() >= 4                      # the stacked memory bar drew its parts
-        errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
-        assert "Traceback" not in " ".join(errors.all_inner_texts())
+        try:
+            page.goto(f"{base}/lab/tree/notebooks/00_start_here.ipynb?token={token}")
+            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
+            page.get_by_role("menuitem", name="Run", exact=True).click()
+            page.get_by_text("Run All Cells", exact=True).click()
+            page.get_by_role("button", name="suggest fixes").wait_for(timeout=240_000)      # the planner panel
+            panel_plot = page.locator(".jp-OutputArea .js-plotly-plot").first
+            panel_plot.wait_for(timeout=60_000)                                             # its FigureWidget
+            page.get_by_text("steps on 2 rank(s)").wait_for(timeout=180_000)                # the real run finished
+            page.wait_for_function("document.querySelectorAll('.jp-OutputArea .js-plotly-plot').length >= 3",
+                                   timeout=60_000)                                          # the metrics chart too
+            page.get_by_role("button", name="suggest fixes").scroll_into_view_if_needed()
+            page.screenshot(path=str(ARTIFACTS / "jupyterlab_start_here.png"))
+            bars = page.locator(".jp-OutputArea .js-plotly-plot").first.locator(".bars .point")
+            assert bars.count() >= 4                      # the stacked memory bar drew its parts
+            errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
+            assert "Traceback" not in " ".join(errors.all_inner_texts())
+        except Exception:
+            page.screenshot(path=str(ARTIFACTS / "jupyterlab_failure.png"))   # what the browser showed
+            raise
         browser.close()

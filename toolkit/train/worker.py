@@ -24,7 +24,17 @@ def main(argv: list[str] | None = None) -> int:
     except TrainingStopped as stop:
         print(f"toolkit train: stopped: {stop}", file=sys.stderr)
         return 3
+    finally:
+        _shut_down_process_group()
     return 0
+
+
+def _shut_down_process_group() -> None:
+    """Leave the process group explicitly: a gloo group torn down by interpreter exit can abort the
+    process ("terminate called without an active exception") after a perfectly good run."""
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
