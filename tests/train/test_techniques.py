@@ -63,7 +63,8 @@ def test_int8_activations_halve_bf16_bytes_and_keep_the_gradient():
     assert cosine > 0.999 and not torch.equal(exact, approx)
 
 
-def test_int8_leaves_weights_and_the_loss_alone():
+def _recorded_forward(batch: int):
+    """One forward of a 1-layer model (vocab 100) under int8 hooks; returns (model, hooks, [(tensor, packed)])."""
     torch.manual_seed(0)
     model = GPT(ModelSpec(layers=1, hidden=64, heads=4, vocab=100, seq_len=16))
     hooks = Int8Activations(model, min_numel=1)
@@ -71,7 +72,12 @@ def test_int8_leaves_weights_and_the_loss_alone():
     pack = hooks._pack
     hooks._pack = lambda t: seen.append((t, pack(t))) or seen[-1][1]
     with hooks:
-        model(torch.zeros(1, 16, dtype=torch.long), torch.zeros(1, 16, dtype=torch.long))
+        model(torch.zeros(batch, 16, dtype=torch.long), torch.zeros(batch, 16, dtype=torch.long))
+    return model, hooks, seen
+
+
+def test_int8_leaves_weights_and_the_loss_alone():
+    model, _hooks, seen = _recorded_forward(1)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     assert any(not isinstance(packed, torch.Tensor) for _, packed in seen)
     for t, packed in seen:
@@ -115,15 +121,8 @@ def test_lora_trains_only_the_adapters(train):
 
 def test_int8_packs_a_tensor_saved_by_several_ops_once():
     """q, k and v each save the norm output (as their own view): one int8 copy, not three."""
-    torch.manual_seed(0)
-    model = GPT(ModelSpec(layers=1, hidden=64, heads=4, vocab=100, seq_len=16))
-    hooks = Int8Activations(model, min_numel=1)
-    results = []
-    pack = hooks._pack
-    hooks._pack = lambda t: results.append(pack(t)) or results[-1]
-    with hooks:
-        model(torch.zeros(2, 16, dtype=torch.long), torch.zeros(2, 16, dtype=torch.long))
-    packed = [r for r in results if not isinstance(r, torch.Tensor)]
+    _model, hooks, seen = _recorded_forward(2)
+    packed = [r for _t, r in seen if not isinstance(r, torch.Tensor)]
     norm_out = [r for r in packed if tuple(r[3]) == (32, 64)]       # (tokens, hidden) views of the norm output
     assert len(norm_out) >= 3 and len({id(r) for r in norm_out}) < len(norm_out)
     assert hooks.original_bytes == sum(r[4] * 4 for r in {id(r): r for r in packed}.values())
