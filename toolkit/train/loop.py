@@ -245,7 +245,7 @@ def run_training(job: Job, out_dir: str | Path, *, peak_tflops: float | None = N
 
     bar = _progress(progress and accelerator.is_main_process, start_step, t.steps)
     loop_began = time.perf_counter()
-    final_loss, stopped_by_signal, step = None, False, start_step
+    final_loss, stopped_by_signal, done = None, False, start_step
     model.train()
     try:
         for step in range(start_step, t.steps):
@@ -308,7 +308,7 @@ def run_training(job: Job, out_dir: str | Path, *, peak_tflops: float | None = N
             final_loss = mean_loss if not skipped else final_loss
             last = step + 1 == t.steps
             if val_set is not None and ((step + 1) % t.eval_every == 0 or last):
-                record["eval_loss"] = _evaluate(raw_model, val_set, job, plan, device, rank, world, accelerator)
+                record["eval_loss"] = _evaluate(raw_model, val_set, job, plan, device, rank, world)
             if metrics:
                 metrics.write(record)
             if t.trackers:
@@ -319,12 +319,11 @@ def run_training(job: Job, out_dir: str | Path, *, peak_tflops: float | None = N
             stop = _agree(stop_requested["flag"], device, world)
             if last or stop or (t.checkpoint_every and (step + 1) % t.checkpoint_every == 0):
                 save(step + 1)
+            done = step + 1
             if stop:
                 stopped_by_signal = True
                 accelerator.print(f"stopped by SIGTERM after step {step + 1}; checkpoint saved, run again to resume")
                 break
-        else:
-            step = t.steps - 1 if t.steps > start_step else start_step - 1
     finally:
         if bar:
             bar.close()
@@ -334,7 +333,7 @@ def run_training(job: Job, out_dir: str | Path, *, peak_tflops: float | None = N
             signal.signal(signal.SIGTERM, previous_handler)
         if t.trackers:
             accelerator.end_training()
-    return RunResult(steps_done=step + 1, resumed_from=start_step, stopped_by_signal=stopped_by_signal,
+    return RunResult(steps_done=done, resumed_from=start_step, stopped_by_signal=stopped_by_signal,
                      final_loss=final_loss, out_dir=out)
 
 
@@ -348,7 +347,7 @@ def _agree(flag: bool, device, world: int) -> bool:
 
 
 @torch.no_grad()
-def _evaluate(model, val_set: TokenShards, job: Job, plan, device, rank: int, world: int, accelerator) -> float:
+def _evaluate(model, val_set: TokenShards, job: Job, plan, device, rank: int, world: int) -> float:
     """Mean loss over the same eval_batches × micro_batch held-out windows whatever the number of ranks:
     rank r takes windows r, r + world, ...; losses and counts are summed over ranks."""
     model.eval()
