@@ -90,46 +90,61 @@ def _bytes_of(job: Job):
     return 2, 2, np.False_
 
 
+INT8_BYTES = 1 + 4 / 128
+"""A value compressed to int8 with one fp32 scale per block of 128 (toolkit.train.techniques.Int8Activations)."""
+
+
+def _stored(job: Job, nbytes, block: bool = True):
+    """Bytes per value of a floating-point tensor a block saves: its dtype's, or int8's when the runner compresses
+    the blocks' saved tensors (not under full recompute, whose checkpoint keeps the block input itself)."""
+    if block and job.memory.act_compress == "int8":
+        return np.where(np.asarray(job.memory.recompute) == "full", nbytes, INT8_BYTES)
+    return nbytes
+
+
 def _math_path(job: Job) -> bool:
     """Explicit attention ops: `eager`, or SDPA falling back to its math path (dropout on CPU)."""
     return job.memory.attention == "eager" or (job.model.dropout > 0 and job.memory.program == "cpu")
 
 
-def _norm_saved(job: Job, tokens: float, h: int, consumers: int) -> float:
+def _norm_saved(job: Job, tokens: float, h: int, consumers: int, block: bool = True) -> float:
     """A norm's saved tensors, its input (the residual stream) included."""
-    return _norm_internal(job, tokens, h) + _norm_output(job, tokens, h, consumers)
+    return _norm_internal(job, tokens, h, block) + _norm_output(job, tokens, h, consumers, block)
 
 
-def _norm_output(job: Job, tokens: float, h: int, consumers: int) -> float:
+def _norm_output(job: Job, tokens: float, h: int, consumers: int, block: bool = True) -> float:
     """The norm's output as the following linears keep it (autocast: each linear casts it itself)."""
     act, _residual, amp = _bytes_of(job)
-    return np.where(amp, consumers * tokens * h * 2, np.minimum(consumers, 1) * tokens * h * act)
+    return np.where(amp, consumers * tokens * h * _stored(job, 2, block),
+                    np.minimum(consumers, 1) * tokens * h * _stored(job, act, block))
 
 
-def _norm_internal(job: Job, tokens: float, h: int) -> float:
+def _norm_internal(job: Job, tokens: float, h: int, block: bool = True) -> float:
     """What the norm itself keeps for backward: its input (the residual stream) and statistics."""
     _act, residual, _amp = _bytes_of(job)
     if job.model.norm == "layernorm":
         stats = np.where(np.equal(residual, 2), 2, 4)
-        return tokens * h * residual + 2 * tokens * stats            # input, mean, rstd
+        return tokens * h * _stored(job, residual, block) + 2 * tokens * _stored(job, stats, block)  # input, mean, rstd
     # torch's RMSNorm computes in fp32: a 16-bit input is kept only as its fp32 copy; x·rstd is kept
     # for the weight's gradient, so not when the weight is frozen (LoRA)
-    normalized = 0 if job.finetune.method == "lora" else tokens * h * 4
-    return tokens * h * 4 + normalized + tokens * 4                  # input (fp32), x·rstd, rstd
+    f32 = _stored(job, 4, block)
+    normalized = 0 if job.finetune.method == "lora" else tokens * h * f32
+    return tokens * h * f32 + normalized + tokens * f32              # input (fp32), x·rstd, rstd
 
 
 def _attention_core(job: Job, tokens: float, b: int) -> float:
     """Bytes the attention core (scores to output) saves: SDPA's or the explicit ops'."""
-    act = _bytes_of(job)[0]
+    act = _stored(job, _bytes_of(job)[0])
     m = job.model
     _h, q, _kv, _f = _widths(job)
     s, a = m.seq_len, m.heads // np.asarray(job.parallel.tp)
     scores = b * a * s * s * act
     dropout = m.dropout > 0
     if not _math_path(job):                                    # flash: q, k, v (kv repeated to a heads), out, lse
-        return 4 * tokens * q * act + b * a * s * 4
+        return 4 * tokens * q * act + b * a * s * _stored(job, 4)
     if job.memory.attention == "flash":                        # SDPA's CPU math fallback computes in fp32
-        act, scores = 4, b * a * s * s * 4
+        act = _stored(job, 4)
+        scores = b * a * s * s * act
     core = 3 * tokens * q * act + scores                       # q, kᵀ, v as bmm operands; softmax output
     if job.memory.attention == "eager":
         core += s * s                                          # causal mask (bool)
@@ -155,22 +170,24 @@ def activation_bytes(job: Job) -> ActivationBytes:
     cpu = job.memory.program == "cpu"
     # dropout keeps a mask of its input's dtype on CPU (1 byte on CUDA): branch outputs are `act`,
     # the embedding output is the residual stream's dtype
-    branch_mask = tokens_h * h * (act if cpu else 1) if m.dropout > 0 else 0
+    branch_mask = tokens_h * h * (_stored(job, act) if cpu else 1) if m.dropout > 0 else 0
     embedding_mask = tokens_h * h * (residual if cpu else 1) * (m.dropout > 0)
     rope = m.position == "rope"
+    act_b, half_b = _stored(job, act), _stored(job, 2)         # a block's tensors (int8 when compressed)
 
     # ---- one block, recompute none ---------------------------------------------------------
     norm1 = _norm_saved(job, tokens_h, h, consumers=3)         # its input is the block input
     core = _attention_core(job, tokens, b)
-    # fp32 cos/sin tables cast per use (FSDP2 casts parameters, not buffers)
-    rope_casts = 4 * s * (m.head_dim_ // 2) * 2 * (rope & (amp | fsdp_gathers_16bit(job)))
-    # o's input is a view of the core output when q kept the linear's (b, s, a, d) layout, else a copy
-    o_input_copy = _math_path(job) or rope
-    o_input = tokens * q * act
+    # fp32 cos/sin tables cast per use (FSDP2 casts parameters, not buffers): two 16-bit tables, twice
+    rope_casts = 2 * half_b * s * (m.head_dim_ // 2) * 2 * (rope & (amp | fsdp_gathers_16bit(job)))
+    # o's input is a view of the core output when q kept the linear's (b, s, a, d) layout, else a copy;
+    # int8 packs the view apart from the core's own saved output (another shape), so it counts again
+    o_input_copy = _math_path(job) or rope or job.memory.act_compress == "int8"
+    o_input = tokens * q * act_b
     norm2 = _norm_saved(job, tokens_h, h, consumers=2 if m.mlp == "swiglu" else 1)   # input: x + attention
-    mlp = (4 if m.mlp == "swiglu" else 2) * tokens * f * act
-    # autocast saves a 16-bit cast of every matmul weight
-    weights = amp * 2 * (h * q + 2 * h * kv + q * h + (3 if m.mlp == "swiglu" else 2) * h * f)
+    mlp = (4 if m.mlp == "swiglu" else 2) * tokens * f * act_b
+    # autocast saves a 16-bit cast of every matmul weight (a new tensor, so int8 compresses it too)
+    weights = amp * half_b * (h * q + 2 * h * kv + q * h + (3 if m.mlp == "swiglu" else 2) * h * f)
     common = norm1 + rope_casts + norm2 + mlp + 2 * branch_mask + weights
     none = common + core + (o_input if o_input_copy else 0)
 
@@ -182,11 +199,11 @@ def activation_bytes(job: Job) -> ActivationBytes:
         [tokens_h * h * residual,                              # checkpoint keeps the block input only
          # the checkpointed core keeps its inputs (q after rope, k and v before the GQA repeat);
          # o keeps the core output (a view of it, or its copy)
-         common + tokens * (q + 2 * kv) * act + o_input],
+         common + tokens * (q + 2 * kv) * act_b + o_input],
         none)
 
     embedding = tokens * _INT64 + (s * _INT64 if m.position == "learned" else 0) + embedding_mask
-    head = _norm_saved(job, tokens_h, h, consumers=1) + _loss_bytes(job, tokens, m.vocab / tp)   # vocab-parallel
+    head = _norm_saved(job, tokens_h, h, consumers=1, block=False) + _loss_bytes(job, tokens, m.vocab / tp)
     # the recomputed block re-creates all it saves but its input, which the checkpoint already holds
     recompute_layer = np.where(full, none - tokens_h * h * residual, 0)
     in_flight = pipeline_in_flight(job)

@@ -110,6 +110,12 @@ def memory_estimate(job: Job) -> MemoryEstimate:
     mlp_temp = (2 if model.mlp == "swiglu" else 1) * tokens * ffn * act + tokens_h * h * residual
     logits_grads = 2 * tokens * vocab * 4
 
+    # int8 saved activations: backward unpacks the MLP's inner tensors to full size next to their gradients,
+    # and forward holds the block's full-size MLP tensors beside the compressed ones until each is packed
+    int8 = job.memory.act_compress == "int8"
+    mlp_full = (2 if model.mlp == "swiglu" else 1) * tokens * ffn * act
+    unpacked = mlp_full if int8 else 0.0     # (explicit attention's unpacked score matrices: not modelled yet)
+
     # End of forward, inside the loss: the logits (16-bit under autocast or 16-bit weights) and their fp32
     # copy are alive beside the log-softmax; under autocast its cache still holds the blocks' 16-bit weight
     # casts, which full recompute does not otherwise keep.
@@ -121,6 +127,9 @@ def memory_estimate(job: Job) -> MemoryEstimate:
     autocast_cache = np.where(caching, 2 * acts.stage_layers * layer_matmuls / tp, 0.0)   # head's cast is saved
     last = persistent + grads_prev + acts.last_stage + gathered.blocks + gathered.root + gathered.at_loss
     phases = {"forward end": last + logits_bytes + autocast_cache, "loss": last + logits_grads}
+    if int8:
+        phases["top layer forward"] = (persistent + grads_prev + acts.layers + acts.embedding + gathered.blocks
+                                       + gathered.root + (3 if model.mlp == "swiglu" else 2) * tokens * ffn * act)
 
     after_head = acts.layers + acts.embedding                      # loss and final norm have released theirs
     for name, done_layers in (("top layer", 0), ("bottom layer", acts.stage_layers - 1)):
@@ -138,7 +147,7 @@ def memory_estimate(job: Job) -> MemoryEstimate:
         base = persistent + grads + still_gathered + gathered.root + gathered.in_backward
         # below the top block, the block above is still reduce-scattering its gradients (FSDP2 overlaps them)
         overlap = np.where(np.asarray(done_layers) > 0, reduce_scatter, 0.0)
-        phases[name] = base + held + acts.recompute_layer + mlp_temp + overlap
+        phases[name] = base + held + acts.recompute_layer + mlp_temp + overlap + unpacked
         if name == "top layer":
             # the top block's post-backward: its activations are gone, it is resharded, and its unsharded
             # gradients are copied into the reduce-scatter input (FSDP2 only; 0 elsewhere)
@@ -238,6 +247,10 @@ def memory_notes(job: Job, mem: MemoryEstimate | None) -> list[str]:
     if par.tp > 1 or par.pp > 1 or par.offload != "none" or (par.zero > 0 and not fsdp_traced):
         notes.append("tensor/sequence/pipeline, DeepSpeed-style ZeRO and offload terms follow Megatron's and the "
                      "frameworks' semantics and are not yet checked against a trace (replicas and FSDP2 are)")
-    if job.memory.act_compress != "none":
-        notes.append("int8 activation compression is not modelled yet: activations are shown uncompressed")
+    if job.memory.act_compress == "int8":
+        if job.memory.attention == "eager" or (job.model.dropout > 0 and job.memory.program == "cpu"):
+            notes.append("int8 with explicit attention ops: activations are exact, but the peak misses the score "
+                         "matrices backward unpacks (up to ~40 % low): measure it with `toolkit trace`")
+        else:
+            notes.append("int8 activations as the runner packs them (blocks only, 1 + 4/128 bytes a value)")
     return notes

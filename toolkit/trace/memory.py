@@ -33,6 +33,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 from ..specs.errors import SpecError
 from ..specs.job import TORCH_SEMANTICS, Job
 from ..train.lora import apply_lora
+from ..train.techniques import Int8Activations
 from ..train.model import GPT
 
 __all__ = ["TraceResult", "trace_memory", "MAX_TRACED_MICRO_BATCHES"]
@@ -74,8 +75,11 @@ def _check_traceable(job: Job) -> None:
     if job.optimizer.name == "adamw-8bit":
         raise SpecError("optimizer.name", "adamw-8bit", "8-bit optimizers do not run on fake tensors; "
                                                          "validate them with a small real run")
-    if job.memory.act_compress != "none":
-        raise SpecError("memory.act_compress", job.memory.act_compress, "not traced yet")
+    if job.memory.act_compress != "none" and (job.parallel.zero >= 2 or job.memory.recompute == "full"
+                                              or job.finetune.method == "lora"):
+        raise SpecError("memory.act_compress", job.memory.act_compress,
+                        "int8 activations are traced with replicas (zero 0/1), recompute none or selective, "
+                        "full fine-tuning")
 
 
 def _make_optimizer(job: Job, params):
@@ -179,13 +183,14 @@ def _run_steps(job: Job, tracker: MemTracker, model: torch.nn.Module, stepper, o
     autocast = (torch.autocast("cpu", dtype=_DTYPES[mode.rsplit("-", 1)[1]]) if mode.startswith("amp-")
                 else contextlib.nullcontext())
     snaps = {}
+    int8 = Int8Activations(model) if job.memory.act_compress == "int8" else None
     with tracker:
         for _step in range(2):
             for _micro in range(micro_batches):
                 tracker.reset_mod_stats()  # MemTracker refuses a module called twice otherwise
                 tokens = torch.randint(0, vocab, (b, seq))   # the batch lives on the device too
                 targets = torch.randint(0, vocab, (b, seq))
-                with autocast:
+                with autocast, (int8 or contextlib.nullcontext()):
                     loss = model(tokens, targets) / micro_batches
                 snaps["boundary"] = _snapshot(tracker, "current")
                 loss.backward()

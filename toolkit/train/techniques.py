@@ -61,6 +61,15 @@ class Pruner:
         self.masks = dict(masks)
 
 
+def _storage_key(t: torch.Tensor) -> int:
+    """Identity of a tensor's storage, shared by its views; works for fake tensors too (the tracer's)."""
+    return t.untyped_storage()._cdata
+
+
+INT8_BYTES_PER_VALUE = 1 + 4 / 128
+"""One int8 byte plus a share of the fp32 scale of its block of 128 (toolkit.estimate models the same)."""
+
+
 class Int8Activations:
     """Compress what the transformer blocks save for backward:
 
@@ -74,10 +83,12 @@ class Int8Activations:
     the loss keeps its log-probabilities exact (int8 log-probs would bend every gradient by a few %)."""
 
     BLOCK = 128
+    CHUNK = 4096
+    """Blocks quantised at once: bounds the fp32 temporaries of packing and unpacking to 2 MiB."""
 
     def __init__(self, model: nn.Module, min_numel: int = 4096):
-        self.param_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
-        self.param_storages |= {b.untyped_storage().data_ptr() for b in model.buffers()}
+        self.param_storages = {_storage_key(p) for p in model.parameters()}
+        self.param_storages |= {_storage_key(b) for b in model.buffers()}
         self.min_numel = min_numel
         self.packed_bytes = 0
         """Bytes of int8 payload and scales packed during the last forward."""
@@ -111,26 +122,35 @@ class Int8Activations:
 
     def _pack(self, t: torch.Tensor):
         if (not t.is_floating_point() or t.numel() < self.min_numel
-                or t.untyped_storage().data_ptr() in self.param_storages):
+                or _storage_key(t) in self.param_storages):
             return t
-        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t._version)
+        key = (_storage_key(t), t.storage_offset(), tuple(t.shape), t.stride(), t._version)
         owner = t._base if t._base is not None else t   # views of one tensor share their base object
         hit = self._seen.get(key)
         if hit is not None and hit[0]() is owner:  # the same live tensor saved again (a freed address can be reused)
             return hit[1]
-        flat = t.detach().reshape(-1).float()
+        flat = t.detach().reshape(-1)
         pad = -flat.numel() % self.BLOCK
-        blocks = torch.nn.functional.pad(flat, (0, pad)).view(-1, self.BLOCK)
-        scale = blocks.abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / 127.0
-        packed = ((blocks / scale).round_().clamp_(-127, 127).to(torch.int8), scale, t.dtype, t.shape, flat.numel())
-        self.packed_bytes += packed[0].numel() + 4 * scale.numel()
+        blocks = (torch.nn.functional.pad(flat, (0, pad)) if pad else flat).view(-1, self.BLOCK)
+        q = torch.empty(blocks.shape, dtype=torch.int8, device=t.device)
+        scale = torch.empty(blocks.shape[0], 1, dtype=torch.float32, device=t.device)
+        for lo in range(0, blocks.shape[0], self.CHUNK):          # fp32 temporaries of one chunk at a time
+            part = blocks[lo:lo + self.CHUNK].to(torch.float32, copy=True)
+            s = part.abs().amax(dim=1, keepdim=True).clamp_min_(1e-12).div_(127.0)
+            q[lo:lo + self.CHUNK] = part.div_(s).round_().clamp_(-127, 127)
+            scale[lo:lo + self.CHUNK] = s
+        packed = (q, scale, t.dtype, t.shape, flat.numel())
+        self.packed_bytes += q.numel() + 4 * scale.numel()
         self.original_bytes += t.numel() * t.element_size()
         self._seen[key] = (weakref.ref(owner), packed)
         return packed
 
-    @staticmethod
-    def _unpack(packed):
+    @classmethod
+    def _unpack(cls, packed):
         if isinstance(packed, torch.Tensor):
             return packed
         q, scale, dtype, shape, numel = packed
-        return (q.float() * scale).view(-1)[:numel].view(shape).to(dtype)
+        out = torch.empty(q.shape, dtype=dtype, device=q.device)
+        for lo in range(0, q.shape[0], cls.CHUNK):
+            out[lo:lo + cls.CHUNK] = q[lo:lo + cls.CHUNK].float().mul_(scale[lo:lo + cls.CHUNK])
+        return out.view(-1)[:numel].view(shape)
