@@ -94,11 +94,16 @@ INT8_BYTES = 1 + 4 / 128
 """A value compressed to int8 with one fp32 scale per block of 128 (toolkit.train.techniques.Int8Activations)."""
 
 
-def _stored(job: Job, nbytes, block: bool = True):
+INT8_MIN_VALUES = 4096
+"""Smaller tensors (norm statistics of short batches) are kept as they are."""
+
+
+def _stored(job: Job, nbytes, block: bool = True, values=None):
     """Bytes per value of a floating-point tensor a block saves: its dtype's, or int8's when the runner compresses
     the blocks' saved tensors (not under full recompute, whose checkpoint keeps the block input itself)."""
     if block and job.memory.act_compress == "int8":
-        return np.where(np.asarray(job.memory.recompute) == "full", nbytes, INT8_BYTES)
+        small = False if values is None else np.asarray(values) < INT8_MIN_VALUES
+        return np.where((np.asarray(job.memory.recompute) == "full") | small, nbytes, INT8_BYTES)
     return nbytes
 
 
@@ -124,12 +129,13 @@ def _norm_internal(job: Job, tokens: float, h: int, block: bool = True) -> float
     _act, residual, _amp = _bytes_of(job)
     if job.model.norm == "layernorm":
         stats = np.where(np.equal(residual, 2), 2, 4)
-        return tokens * h * _stored(job, residual, block) + 2 * tokens * _stored(job, stats, block)  # input, mean, rstd
+        return (tokens * h * _stored(job, residual, block)
+                + 2 * tokens * _stored(job, stats, block, values=tokens))      # input, mean, rstd
     # torch's RMSNorm computes in fp32: a 16-bit input is kept only as its fp32 copy; x·rstd is kept
     # for the weight's gradient, so not when the weight is frozen (LoRA)
     f32 = _stored(job, 4, block)
     normalized = 0 if job.finetune.method == "lora" else tokens * h * f32
-    return tokens * h * f32 + normalized + tokens * f32              # input (fp32), x·rstd, rstd
+    return tokens * h * f32 + normalized + tokens * _stored(job, 4, block, values=tokens)  # input (fp32), x·rstd, rstd
 
 
 def _attention_core(job: Job, tokens: float, b: int) -> float:
@@ -141,7 +147,7 @@ def _attention_core(job: Job, tokens: float, b: int) -> float:
     scores = b * a * s * s * act
     dropout = m.dropout > 0
     if not _math_path(job):                                    # flash: q, k, v (kv repeated to a heads), out, lse
-        return 4 * tokens * q * act + b * a * s * _stored(job, 4)
+        return 4 * tokens * q * act + b * a * s * _stored(job, 4, values=b * a * s)
     if job.memory.attention == "flash":                        # SDPA's CPU math fallback computes in fp32
         act = _stored(job, 4)
         scores = b * a * s * s * act

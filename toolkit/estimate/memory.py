@@ -249,8 +249,8 @@ def memory_notes(job: Job, mem: MemoryEstimate | None) -> list[str]:
                      "frameworks' semantics and are not yet checked against a trace (replicas and FSDP2 are)")
     if job.memory.act_compress == "int8":
         if job.memory.attention == "eager" or (job.model.dropout > 0 and job.memory.program == "cpu"):
-            notes.append("int8 with explicit attention ops: activations are exact, but the peak misses the score "
-                         "matrices backward unpacks (up to ~40 % low): measure it with `toolkit trace`")
+            notes.append("int8 with explicit attention ops: activations within ~2 % of the trace, but the peak can "
+                         "miss the score matrices backward unpacks (up to ~40 % low): measure it with `toolkit trace`")
         else:
             notes.append("int8 activations as the runner packs them (blocks only, 1 + 4/128 bytes a value)")
     return notes
