@@ -25,7 +25,7 @@ import plotly.graph_objects as go
 from toolkit.estimate import estimate
 from toolkit.plots import metrics_figure
 from toolkit.specs import Job, SpecError
-from toolkit.train.metrics import read_metrics
+from toolkit.train.metrics import MetricsTail
 
 __all__ = ["LauncherPanel"]
 
@@ -96,14 +96,14 @@ class LauncherPanel(W.VBox):
 
     # ---- watching ----------------------------------------------------------------------------------
     def _watch(self) -> None:
-        path = self.out / "metrics.jsonl"
+        tail = MetricsTail(self.out / "metrics.jsonl")
         last_draw, seen = 0.0, -1
         while True:
             alive = self.running
-            records = read_metrics(path)
+            tail.poll()
             now = time.monotonic()
-            if len(records) != seen and (now - last_draw >= self.min_redraw_s or not alive):
-                self.records, seen, last_draw = records, len(records), now
+            if len(tail.records) != seen and (now - last_draw >= self.min_redraw_s or not alive):
+                self.records, seen, last_draw = list(tail.records), len(tail.records), now
                 self._redraw()
             if not alive:
                 break

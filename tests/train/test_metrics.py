@@ -24,3 +24,40 @@ def test_partial_last_line_is_ignored(tmp_path):
     assert read_metrics(path) == [{"step": 1}]
     MetricsLog(path, 10).close()         # and a resume does not carry it forward
     assert path.read_text() == json.dumps({"step": 1}) + "\n"
+
+
+def test_tail_reads_only_new_complete_lines_and_restarts_after_a_rewrite(tmp_path):
+    from toolkit.train.metrics import MetricsTail
+    path = tmp_path / "metrics.jsonl"
+    tail = MetricsTail(path)
+    assert tail.poll() == 0
+    log = MetricsLog(path, 0)
+    for step in (1, 2, 3):
+        log.write({"step": step})
+    assert tail.poll() == 3 and tail.poll() == 0
+    with open(path, "a") as f:
+        f.write('{"step": 4}\n{"step": 5, "lo')                 # a line still being written
+    assert tail.poll() == 1 and [r["step"] for r in tail.records] == [1, 2, 3, 4]
+    with open(path, "a") as f:
+        f.write('ss": 1.0}\n')
+    assert tail.poll() == 1 and tail.records[-1] == {"step": 5, "loss": 1.0}
+    log.close()
+    MetricsLog(path, 2).close()                                  # a resume from step 2 rewrites the file
+    tail.poll()
+    assert [r["step"] for r in tail.records] == [1, 2]
+
+
+def test_tail_notices_a_rewrite_that_grew_past_its_offset(tmp_path):
+    from toolkit.train.metrics import MetricsTail
+    path = tmp_path / "metrics.jsonl"
+    log = MetricsLog(path, 0)
+    log.write({"step": 1})
+    log.close()
+    tail = MetricsTail(path)
+    tail.poll()
+    log = MetricsLog(path, 1)                 # resumed: the file is replaced, then grows quickly
+    for step in range(2, 10):
+        log.write({"step": step, "note": "x" * 50})
+    log.close()
+    tail.poll()
+    assert [r["step"] for r in tail.records] == list(range(1, 10))

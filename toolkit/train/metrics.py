@@ -10,7 +10,7 @@ import json
 import os
 from pathlib import Path
 
-__all__ = ["MetricsLog", "read_metrics", "memory_reading"]
+__all__ = ["MetricsLog", "MetricsTail", "read_metrics", "memory_reading"]
 
 KEYS = ("step", "loss", "lr", "tokens_per_s", "tflops", "mfu", "mem_bytes", "mem_kind", "grad_norm",
         "loss_scale", "skipped", "time_s", "wall_s")
@@ -31,6 +31,41 @@ def read_metrics(path: str | Path) -> list[dict]:
         except json.JSONDecodeError:
             break
     return records
+
+
+class MetricsTail:
+    """Follows a metrics file as it grows, reading only the new complete lines each time (a live plot's
+    reader: polling a long run must not re-read it from the start). A resumed run replaces the file
+    (a new inode): then the tail starts over and `records` is rebuilt."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.records: list[dict] = []
+        self._offset = 0
+        self._inode = None
+
+    def poll(self) -> int:
+        """Read what was appended since the last call; returns how many records arrived."""
+        if not self.path.exists():
+            return 0
+        stat = self.path.stat()
+        size = stat.st_size
+        if stat.st_ino != self._inode or size < self._offset:    # replaced by a resume's rewrite: start over
+            self.records, self._offset, self._inode = [], 0, stat.st_ino
+        if size == self._offset:
+            return 0
+        with open(self.path, "rb") as f:
+            f.seek(self._offset)
+            chunk = f.read(size - self._offset)
+        complete = chunk[:chunk.rfind(b"\n") + 1]        # a line still being written waits for the next poll
+        before = len(self.records)
+        for line in complete.splitlines():
+            try:
+                self.records.append(json.loads(line))
+            except json.JSONDecodeError:
+                break
+        self._offset += len(complete)
+        return len(self.records) - before
 
 
 class MetricsLog:
