@@ -155,7 +155,8 @@ def memory_estimate(job: Job) -> MemoryEstimate:
             resharded = np.where(gathered.blocks > 0, gathered.block, 0.0)
             phases["top layer reduce-scatter"] = np.where(
                 reduce_scatter > 0,
-                base - down_grad - resharded + held - acts.per_layer * acts.in_flight + block_grads + reduce_scatter,
+                base - down_grad - resharded + held - acts.per_layer * acts.in_flight + block_grads + reduce_scatter
+                - np.where(gathered.blocks > 0, gathered.in_backward, 0.0),   # ZeRO-2 gathers nothing in backward
                 0.0)
 
     phases["optimizer step"] = _step_bytes(job, counts, persistent, grads_full)
