@@ -61,6 +61,15 @@ def candidate_changes(job: Job) -> list[tuple[str, Job]]:
     return out
 
 
+def _valid_changes(job: Job, catalog: Catalog):
+    """(what, resolved job) for each candidate change that is valid for this job (e.g. not tp > heads)."""
+    for what, changed in candidate_changes(job):
+        try:
+            yield what, changed.resolve(catalog)[0]
+        except SpecError:
+            continue
+
+
 def _evaluate(job: Job, catalog: Catalog):
     mem = memory_estimate(job)
     hw = hardware_for(job, catalog)
@@ -78,11 +87,7 @@ def diagnose_job(job: Job, catalog: Catalog) -> dict:
     peak, step_s, st = _evaluate(job, catalog)
     fits = peak <= usable
     fixes = []
-    for what, changed in candidate_changes(job):
-        try:
-            changed, _ = changed.resolve(catalog)
-        except SpecError:
-            continue                                   # the change is not valid for this job (e.g. tp > heads)
+    for what, changed in _valid_changes(job, catalog):
         new_peak, new_step, _ = _evaluate(changed, catalog)
         fixes.append({"change": what, "job": changed.to_dict(), "peak_bytes": new_peak, "fits": new_peak <= usable,
                       "step_s": new_step,
@@ -110,11 +115,7 @@ def _combine(job: Job, catalog: Catalog, usable: float, step_s: float | None, ro
     current_peak, current_step, _ = _evaluate(job, catalog)
     for _ in range(rounds):
         best = None
-        for what, changed in candidate_changes(current):
-            try:
-                changed, _ = changed.resolve(catalog)
-            except SpecError:
-                continue
+        for what, changed in _valid_changes(current, catalog):
             peak, step, _ = _evaluate(changed, catalog)
             freed = current_peak - peak
             if freed <= 0:

@@ -35,6 +35,7 @@ from ..specs.job import TORCH_SEMANTICS, Job
 from ..train.lora import apply_lora
 from ..train.techniques import Int8Activations
 from ..train.model import GPT
+from ..train.precision import MasterWeights
 
 __all__ = ["TraceResult", "trace_memory", "MAX_TRACED_MICRO_BATCHES"]
 
@@ -91,23 +92,17 @@ def _make_optimizer(job: Job, params):
     return cls(params, lr=1e-3, **impl)
 
 
-class _MasterWeights:
-    """mixed-*: 16-bit model weights, fp32 master copies stepped by the optimizer (DeepSpeed's scheme)."""
+class _MasterStep:
+    """mixed-*: the runner's own master weights (toolkit.train.precision), stepped as the runner does."""
 
     def __init__(self, job: Job, model: torch.nn.Module):
-        self.params = [p for p in model.parameters() if p.requires_grad]   # LoRA: the adapters only
-        self.master = [p.detach().float().requires_grad_() for p in self.params]
-        self.optimizer = _make_optimizer(job, self.master)
+        self.master = MasterWeights(model)                    # LoRA: the adapters only
+        self.optimizer = _make_optimizer(job, self.master.params)
 
     def step(self) -> None:
-        for p, m in zip(self.params, self.master):
-            m.grad = p.grad.float()
-            p.grad = None
+        self.master.grads_to_master()
         self.optimizer.step()
-        with torch.no_grad():
-            for p, m in zip(self.params, self.master):
-                p.copy_(m)
-                m.grad = None
+        self.master.master_to_model()
 
 
 class _NoHook:
@@ -155,8 +150,8 @@ def trace_memory(job: Job) -> TraceResult:
             ft = job.finetune
             apply_lora(model, ft.rank, ft.alpha, ft.targets)
         if mode.startswith("mixed-"):
-            stepper = _MasterWeights(job, model)
-            optimizer, extra = stepper.optimizer, stepper.master
+            stepper = _MasterStep(job, model)
+            optimizer, extra = stepper.optimizer, stepper.master.params
         else:
             optimizer = _make_optimizer(job, [p for p in model.parameters() if p.requires_grad])
             stepper, extra = optimizer, []

@@ -197,14 +197,15 @@ def run_training(job: Job, out_dir: str | Path, *, peak_tflops: float | None = N
     if t.trackers:
         accelerator.init_trackers("toolkit", config=job.to_dict())
 
-    def tensors_by_name():
-        named = dict(raw_model.named_parameters())
-        return {n: named[n] for n in pruner.masks}
+    pruned: list[dict] = []                  # the tensors the masks act on, looked up once per set of masks
 
     def prune_apply():
-        pruner.apply(tensors_by_name())
-        if master_of:
-            pruner.apply({n: master_of[n] for n in pruner.masks if n in master_of})
+        if not pruned:
+            named = dict(raw_model.named_parameters())
+            pruned.append({n: named[n] for n in pruner.masks})
+            pruned.append({n: master_of[n] for n in pruner.masks if n in master_of})
+        for tensors in pruned:
+            pruner.apply(tensors)
 
     if pruner and t.pruning.at_step == 0 and start_step == 0:
         pruner.compute(block_matrices(raw_model))
@@ -284,6 +285,7 @@ def run_training(job: Job, out_dir: str | Path, *, peak_tflops: float | None = N
                 master.master_to_model()
             if pruner and t.pruning.at_step and step + 1 == t.pruning.at_step:
                 pruner.compute(block_matrices(raw_model))
+                pruned.clear()
             if pruner and pruner.masks:
                 prune_apply()
             if plan.loss_scaling and scaler.get_scale() < 1.0:

@@ -21,16 +21,9 @@ this process began its training loop, so that overheads between steps show too."
 
 def read_metrics(path: str | Path) -> list[dict]:
     """Every complete line of a metrics file (a line still being written is left out)."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
-    return records
+    tail = MetricsTail(path)
+    tail.poll()
+    return tail.records
 
 
 class MetricsTail:

@@ -51,8 +51,8 @@ class Pruner:
     @torch.no_grad()
     def apply(self, tensors: dict[str, torch.Tensor]) -> None:
         """Zero the pruned entries of each named tensor (model weights, and their fp32 masters)."""
-        for name, mask in self.masks.items():
-            tensors[name].mul_(mask)
+        for name, tensor in tensors.items():
+            tensor.mul_(self.masks[name])
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return dict(self.masks)
