@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/memory_accuracy.py          # full matrix (a few minutes)
     .venv/bin/python benchmarks/memory_accuracy.py --quick  # every 4th configuration
+    .venv/bin/python benchmarks/memory_accuracy.py --only /tp  # the rows whose name contains /tp
 
 Each row: the analytic and traced peak per device, the error, the phase the model puts
 the peak in, and the activation error in bytes. Headline figures come last; int8 rows are
@@ -31,13 +32,14 @@ def matrix() -> list[tuple[str, dict]]:
     rows = []
 
     def add(name, model, mode="amp-bf16", b=2, accum=1, rec="none", att="flash", opt="adamw", impl=None,
-            momentum=0.9, dropout=None, dp=1, zero=0, lora=None, compress="none"):
+            momentum=0.9, dropout=None, dp=1, zero=0, lora=None, compress="none", tp=1, sp=False):
         if dropout is not None:
             model = dict(model, dropout=dropout)
         finetune = {"method": "lora", "rank": 8, "targets": lora} if lora else {}
         rows.append((name, {"model": model, "batch": {"micro_batch": b, "global_batch": b * accum * dp},
                             "precision": {"mode": mode}, "optimizer": {"name": opt, "impl": impl, "momentum": momentum},
-                            "parallel": {"zero": zero}, "cluster": {"count": dp}, "finetune": finetune,
+                            "parallel": {"zero": zero, "tp": tp, "sp": sp}, "cluster": {"count": dp * tp},
+                            "finetune": finetune,
                             "memory": {"recompute": rec, "attention": att, "program": "cpu",
                                        "act_compress": compress}}))
 
@@ -89,6 +91,15 @@ def matrix() -> list[tuple[str, dict]]:
     for (mname, model), zero, rec, b in itertools.product((("gpt", SMALL_GPT), ("llama", SMALL_LLAMA)), (2, 3),
                                                           ("none", "full"), (1, 4)):
         add(f"{mname}-v1000/fsdp-zero{zero}/{rec}/b{b}", dict(model, vocab=1000), rec=rec, b=b, dp=8, zero=zero)
+    # tensor parallelism (torch's DTensor plan) on a fake process group, with and without sequence parallelism
+    untied_gpt = dict(SMALL_GPT, tie_embeddings=False)
+    for mode, rec in itertools.product(("fp32", "amp-bf16", "pure-bf16", "mixed-bf16"), ("none", "selective", "full")):
+        add(f"gpt/tp2/{mode}/{rec}", untied_gpt, mode=mode, rec=rec, tp=2)
+        add(f"llama/tp2-sp/{mode}/{rec}", SMALL_LLAMA, mode=mode, rec=rec, tp=2, sp=True)
+    add("llama/tp4-sp/eager-dropout", dict(SMALL_LLAMA, kv_heads=4), att="eager", dropout=0.1, tp=4, sp=True)
+    add("llama-v1000/tp2/b4/accum2", dict(SMALL_LLAMA, vocab=1000), b=4, accum=2, tp=2)
+    add("llama7b-layers/tp4-sp/b1", LLAMA_7B_LAYERS, b=1, tp=4, sp=True)
+    add("llama7b-layers/tp8-sp/full-b2", LLAMA_7B_LAYERS, b=2, rec="full", tp=8, sp=True)
     # int8 saved activations (the runner's hooks, traced): flash attention, and the explicit-attention path
     for (mname, model), mode, rec in itertools.product((("gpt", SMALL_GPT), ("llama", SMALL_LLAMA)),
                                                        ("fp32", "amp-bf16", "pure-bf16", "mixed-bf16"),
@@ -117,21 +128,28 @@ def main() -> None:
     rows = matrix()
     if "--quick" in sys.argv:
         rows = rows[::4]
+    if "--only" in sys.argv:                 # --only SUBSTRING: the rows whose name contains it
+        part = sys.argv[sys.argv.index("--only") + 1]
+        rows = [row for row in rows if part in row[0]]
     start = time.perf_counter()
     errors, act_errors = run(rows)
     int8_flash = [e for (name, _), e in zip(rows, errors) if "/int8/" in name]
     int8_explicit = [e for (name, _), e in zip(rows, errors) if "int8-" in name]
     int8_act = [e for (name, _), e in zip(rows, act_errors) if "int8" in name]
-    replicated = [e for (name, _), e in zip(rows, errors) if "fsdp" not in name and "int8" not in name]
+    replicated = [e for (name, _), e in zip(rows, errors) if not any(k in name for k in ("fsdp", "int8", "/tp"))]
     fsdp = [e for (name, _), e in zip(rows, errors) if "fsdp" in name]
+    tensor_parallel = [e for (name, _), e in zip(rows, errors) if "/tp" in name]
     print()
     print(f"configurations: {len(rows)}")
     print(f"seconds: {time.perf_counter() - start:.0f}")
     print(f"activations max error: {100 * max(act_errors):.3f} %")
-    print(f"replicated peak max error: {100 * max(replicated):.2f} %")
+    if replicated:
+        print(f"replicated peak max error: {100 * max(replicated):.2f} %")
     if fsdp:
         print(f"fsdp peak median error: {100 * statistics.median(fsdp):.2f} %")
         print(f"fsdp peak max error: {100 * max(fsdp):.2f} %")
+    if tensor_parallel:
+        print(f"tensor-parallel peak max error: {100 * max(tensor_parallel):.2f} %")
     if int8_act:
         print(f"int8 activations max error: {100 * max(int8_act):.3f} %")
     if int8_flash:

@@ -22,11 +22,15 @@ def test_llama2_70b_traces_without_allocating():
     assert model.peak_bytes == pytest.approx(traced.peak_bytes, rel=0.03)
 
 
-@pytest.mark.parametrize("parallel, field", [({"tp": 2}, "parallel"), ({"pp": 2}, "parallel")])
-def test_untraceable_layouts_are_refused(parallel, field):
+@pytest.mark.parametrize("parallel, message", [
+    ({"pp": 2}, "tracer covers data-parallel replicas, FSDP2"),
+    ({"tp": 2, "zero": 2}, "tensor parallelism without ZeRO"),
+    ({"tp": 2}, "needs untied embeddings"),                       # GPT-2 ties its embedding and head
+])
+def test_untraceable_layouts_are_refused(parallel, message):
     job, _ = Job.from_dict({"model": {"preset": "gpt2"}, "parallel": parallel,
-                            "cluster": {"accelerator": "A100-80GB", "count": 2}}).resolve()
-    with pytest.raises(SpecError, match="tracer covers data-parallel replicas and FSDP2"):
+                            "cluster": {"accelerator": "A100-80GB", "count": 4}}).resolve()
+    with pytest.raises(SpecError, match=message):
         trace_memory(job)
 
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from ..specs.job import TORCH_SEMANTICS, Job
 from .params import projection_shapes
+from .states import vocab_per_rank
 
 __all__ = ["ActivationBytes", "activation_bytes", "fsdp_gathers_16bit", "pipeline_in_flight"]
 
@@ -113,8 +114,11 @@ def _math_path(job: Job) -> bool:
 
 
 def _norm_saved(job: Job, tokens: float, h: int, consumers: int, block: bool = True) -> float:
-    """A norm's saved tensors, its input (the residual stream) included."""
-    return _norm_internal(job, tokens, h, block) + _norm_output(job, tokens, h, consumers, block)
+    """A norm's saved tensors, its input (the residual stream) included. With sequence parallelism the norm
+    keeps its 1/tp of the tokens, and the linears after it keep the all-gathered output (torch's DTensor
+    program; Megatron keeps the shard and gathers it again in backward)."""
+    tokens_h = np.where(job.parallel.sp, tokens / job.parallel.tp, tokens)
+    return _norm_internal(job, tokens_h, h, block) + _norm_output(job, tokens, h, consumers, block)
 
 
 def _norm_output(job: Job, tokens: float, h: int, consumers: int, block: bool = True) -> float:
@@ -182,7 +186,7 @@ def activation_bytes(job: Job) -> ActivationBytes:
     act_b, half_b = _stored(job, act), _stored(job, 2)         # a block's tensors (int8 when compressed)
 
     # ---- one block, recompute none ---------------------------------------------------------
-    norm1 = _norm_saved(job, tokens_h, h, consumers=3)         # its input is the block input
+    norm1 = _norm_saved(job, tokens, h, consumers=3)           # its input is the block input
     core = _attention_core(job, tokens, b)
     # fp32 cos/sin tables cast per use (FSDP2 casts parameters, not buffers): two 16-bit tables, twice
     rope_casts = 2 * half_b * s * (m.head_dim_ // 2) * 2 * (rope & (amp | fsdp_gathers_16bit(job)))
@@ -190,7 +194,7 @@ def activation_bytes(job: Job) -> ActivationBytes:
     # int8 packs the view apart from the core's own saved output (another shape), so it counts again
     o_input_copy = _math_path(job) or rope or job.memory.act_compress == "int8"
     o_input = tokens * q * act_b
-    norm2 = _norm_saved(job, tokens_h, h, consumers=2 if m.mlp == "swiglu" else 1)   # input: x + attention
+    norm2 = _norm_saved(job, tokens, h, consumers=2 if m.mlp == "swiglu" else 1)   # input: x + attention
     mlp = (4 if m.mlp == "swiglu" else 2) * tokens * f * act_b
     # autocast saves a 16-bit cast of every matmul weight (a new tensor, so int8 compresses it too)
     weights = amp * half_b * (h * q + 2 * h * kv + q * h + (3 if m.mlp == "swiglu" else 2) * h * f)
@@ -209,7 +213,7 @@ def activation_bytes(job: Job) -> ActivationBytes:
         none)
 
     embedding = tokens * _INT64 + (s * _INT64 if m.position == "learned" else 0) + embedding_mask
-    head = _norm_saved(job, tokens_h, h, consumers=1, block=False) + _loss_bytes(job, tokens, m.vocab / tp)
+    head = _norm_saved(job, tokens, h, consumers=1, block=False) + _loss_bytes(job, tokens, vocab_per_rank(m, tp))
     # the recomputed block re-creates all it saves but its input, which the checkpoint already holds
     recompute_layer = np.where(full, none - tokens_h * h * residual, 0)
     in_flight = pipeline_in_flight(job)

@@ -14,7 +14,9 @@ The peak is the largest of the moments where memory tops out in the runner's pro
   largest total sits at one of the two ends;
 - `optimizer step`: all gradients plus the optimizer's temporaries (for-loop: two copies of
   the largest tensor; foreach: one copy of every state tensor; fused: none) and, for
-  `mixed-*`, the fp32 copies of the gradients the master weights are stepped with.
+  `mixed-*`, the fp32 copies of the gradients the master weights are stepped with;
+- `embedding backward` (tensor parallelism): all gradients and the token embedding's
+  unsharded gradient, which torch's DTensor backward builds before the rank keeps its rows.
 """
 from __future__ import annotations
 
@@ -25,7 +27,8 @@ import numpy as np
 from ..specs.job import TORCH_SEMANTICS, Job
 from .activations import activation_bytes
 from .params import count_params
-from .states import StateBytes, adapter_params_per_layer, bytes_per_param, model_state_bytes, params_per_device
+from .states import (StateBytes, adapter_params_per_layer, bytes_per_param, model_state_bytes, params_per_device,
+                     vocab_per_rank)
 
 __all__ = ["MemoryEstimate", "memory_estimate", "memory_notes", "optimizer_impl"]
 
@@ -82,7 +85,7 @@ def memory_estimate(job: Job) -> MemoryEstimate:
     counts = count_params(model)
     _w, grad_b, _o = bytes_per_param(job)
     tp, dp, zero = np.asarray(par.tp), np.asarray(1 if par.dp is None else par.dp), np.asarray(par.zero)
-    h, vocab = model.hidden, model.vocab / tp
+    h, vocab = model.hidden, vocab_per_rank(model, tp)
     tokens = np.asarray(job.batch.micro_batch) * model.seq_len
     tokens_h = np.where(par.sp, tokens / tp, tokens)
     act = 4 if mode == "fp32" else 2
@@ -107,8 +110,14 @@ def memory_estimate(job: Job) -> MemoryEstimate:
     # Backward of the MLP, beyond what it held: the incoming gradient, and the gradients of its
     # inner tensors alive together (GELU: one net of the freed input; SwiGLU: two at the product)
     ffn = model.ffn_ / tp
-    mlp_temp = (2 if model.mlp == "swiglu" else 1) * tokens * ffn * act + tokens_h * h * residual
-    logits_grads = 2 * tokens * vocab * 4
+    # (sequence parallelism: the gradient of the all-gathered input is whole until it is reduce-scattered)
+    mlp_temp = ((2 if model.mlp == "swiglu" else 1) * tokens * ffn * act + tokens_h * h * residual
+                + np.where(par.sp, tokens * h * residual, 0.0))
+    # the loss's backward: the fp32 gradient of the logits and of their log-softmax; torch's vocabulary-parallel
+    # loss (tp > 1, toolkit.train.parallel) builds it from three fp32 temporaries, and its forward holds the
+    # shifted logits beside the log-softmax (Megatron's fused kernel holds fewer)
+    vocab_parallel = tp > 1
+    logits_grads = np.where(vocab_parallel, 3, 2) * tokens * vocab * 4
 
     # int8 saved activations: backward unpacks the MLP's inner tensors to full size next to their gradients,
     # and forward holds the block's full-size MLP tensors beside the compressed ones until each is packed
@@ -119,7 +128,7 @@ def memory_estimate(job: Job) -> MemoryEstimate:
     # End of forward, inside the loss: the logits (16-bit under autocast or 16-bit weights) and their fp32
     # copy are alive beside the log-softmax; under autocast its cache still holds the blocks' 16-bit weight
     # casts, which full recompute does not otherwise keep.
-    logits_bytes = tokens * vocab * (4 if mode == "fp32" else 2 + 4)
+    logits_bytes = tokens * vocab * ((4 if mode == "fp32" else 2 + 4) + np.where(vocab_parallel, 4, 0))
     q, kv = model.heads * model.head_dim_, model.kv_heads_ * model.head_dim_
     layer_matmuls = 2 * h * q + 2 * h * kv + (3 if model.mlp == "swiglu" else 2) * h * model.ffn_
     caching = (mode.startswith("amp-") & (np.asarray(job.memory.recompute) == "full")
@@ -159,6 +168,13 @@ def memory_estimate(job: Job) -> MemoryEstimate:
                 - np.where(gathered.blocks > 0, gathered.in_backward, 0.0),   # ZeRO-2 gathers nothing in backward
                 0.0)
 
+    # torch's backward of the row-sharded token embedding makes the whole vocabulary's gradient before
+    # toolkit.train.parallel keeps this rank's rows: a transient as large as the unsharded table
+    # (when accumulating, the kept rows are a copy beside .grad until they are added into it)
+    phases["embedding backward"] = np.where(
+        (tp > 1) & (not lora),
+        persistent + grads_full + (model.vocab + np.where(accumulating, vocab, 0)) * h * unsharded_grad_b
+        + acts.embedding, 0.0)
     phases["optimizer step"] = _step_bytes(job, counts, persistent, grads_full)
     names = list(phases)
     stacked = np.stack(np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in phases.values())))
@@ -245,9 +261,13 @@ def memory_notes(job: Job, mem: MemoryEstimate | None) -> list[str]:
              f"({job.memory.attention} attention, {optimizer_impl(job)} optimizer); peak at: {mem.peak_phase}"]
     par = job.parallel
     fsdp_traced = job.precision.mode in TORCH_SEMANTICS and par.zero in (2, 3) and par.offload == "none"
-    if par.tp > 1 or par.pp > 1 or par.offload != "none" or (par.zero > 0 and not fsdp_traced):
-        notes.append("tensor/sequence/pipeline, DeepSpeed-style ZeRO and offload terms follow Megatron's and the "
-                     "frameworks' semantics and are not yet checked against a trace (replicas and FSDP2 are)")
+    if par.tp > 1:
+        notes.append("tensor parallelism follows torch's DTensor program (toolkit.train.parallel): with sp the "
+                     "linears keep their all-gathered inputs, and the vocabulary-parallel loss and the embedding's "
+                     "backward hold more than Megatron's fused kernels")
+    if par.pp > 1 or par.offload != "none" or (par.zero > 0 and not fsdp_traced) or (par.tp > 1 and par.zero):
+        notes.append("pipeline, DeepSpeed-style ZeRO, offload and tp combined with ZeRO follow Megatron's and the "
+                     "frameworks' semantics and are not yet checked against a trace (replicas, FSDP2 and tp are)")
     if job.memory.act_compress == "int8":
         if job.memory.attention == "eager" or (job.model.dropout > 0 and job.memory.program == "cpu"):
             notes.append("int8 with explicit attention ops: activations within ~2 % of the trace, but the peak can "

@@ -24,7 +24,8 @@ from ..specs.job import TORCH_SEMANTICS, Job
 from ..specs.model import ModelSpec
 from .params import count_params, projection_shapes
 
-__all__ = ["StateBytes", "adapter_params_per_layer", "bytes_per_param", "params_per_device", "model_state_bytes",
+__all__ = ["StateBytes", "adapter_params_per_layer", "bytes_per_param", "params_per_device", "replicated_per_layer",
+           "vocab_per_rank",            "model_state_bytes",
            "ADAM8BIT_BLOCK", "ADAM8BIT_BYTES_PER_PARAM"]
 
 ADAM8BIT_BLOCK = 256
@@ -67,16 +68,36 @@ def params_per_device(model: ModelSpec, tp=1, pp=1):
     """Parameters held by the busiest pipeline stage on one tensor-parallel rank.
 
     Stage 0 holds the embeddings, the last stage the final norm and the output projection
-    (a copy of the embedding when tied and pp > 1, as Megatron keeps). Everything is divided
-    by tp; replicated norms make this low by under 0.1 %. tp and pp may be numpy arrays.
+    (a copy of the embedding when tied and pp > 1, as Megatron keeps). Matrices, column
+    biases and the token embedding are divided by tp; norms, row-parallel biases (o, down)
+    and learned positions are replicated on every tensor-parallel rank. tp and pp may be
+    numpy arrays.
     """
     c = count_params(model)
+    tp = np.asarray(tp)
     if not model.has_shape:
-        return c.total / (np.asarray(tp) * pp)
-    stage_layers = c.per_layer * (model.layers // np.asarray(pp))
-    first = c.embedding + c.positions + stage_layers
-    last = stage_layers + c.final + (c.head if c.head else c.embedding)
-    return np.where(np.asarray(pp) == 1, c.total, np.maximum(first, last)) / tp
+        return c.total / (tp * pp)
+    replicated = replicated_per_layer(model)
+    layer = (c.per_layer - replicated) / tp + replicated
+    stage_layers = layer * (model.layers // np.asarray(pp))
+    rows = vocab_per_rank(model, tp) * model.hidden              # the busiest rank's share of the vocabulary
+    embedding = rows + (c.embedding - model.vocab * model.hidden) / tp
+    first = embedding + c.positions + stage_layers
+    last = stage_layers + c.final + rows
+    total = embedding + c.positions + layer * model.layers + c.final + (rows if c.head else 0)
+    return np.where(np.asarray(pp) == 1, total, np.maximum(first, last))
+
+
+def vocab_per_rank(model: ModelSpec, tp=1):
+    """Vocabulary rows on the busiest tensor-parallel rank: torch shards an uneven vocabulary by ceil(V / tp)."""
+    return np.ceil(model.vocab / np.asarray(tp))
+
+
+def replicated_per_layer(model: ModelSpec) -> int:
+    """Parameters of one block that tensor parallelism does not split: the norms and the biases added after
+    the row-parallel o and down projections."""
+    norm = 2 * model.hidden if model.norm == "layernorm" else model.hidden
+    return 2 * norm + (2 * model.hidden if model.bias == "all" else 0)
 
 
 def adapter_params_per_layer(job: Job) -> int:
@@ -105,6 +126,9 @@ def model_state_bytes(job: Job) -> StateBytes:
     offload_params = offload == "params"
     offload_optimizer = offload_params | (offload == "optimizer")
     host = np.where(offload_optimizer, optimizer_b, 0.0) + np.where(offload_params, params_b + grads_b, 0.0)
-    return StateBytes(params_bytes=np.where(offload_params, 0.0, params_b),
+    # rotary cos/sin tables: buffers in the weights' dtype, whole on every rank
+    m = job.model
+    rope_tables = m.seq_len * m.head_dim_ * weight if m.has_shape and m.position == "rope" else 0
+    return StateBytes(params_bytes=np.where(offload_params, 0.0, params_b) + rope_tables,
                       grads_bytes=np.where(offload_params, 0.0, grads_b),
                       optimizer_bytes=np.where(offload_optimizer, 0.0, optimizer_b), host_bytes=host)

@@ -11,17 +11,20 @@ the steady one: optimizer states exist throughout) and report, per device:
 - activations_bytes: what the last micro-batch holds at the forward/backward boundary;
 - peak_bytes: the largest total seen during the steady step, with its breakdown.
 
-This is the CPU program (see toolkit.train.model). It traces one data-parallel rank of a
-replicated layout, or of FSDP2 (ZeRO-2/3 under torch semantics) on a fake process group;
-tensor, pipeline, DeepSpeed-style ZeRO and offload layouts are refused until their traces land.
+This is the CPU program (see toolkit.train.model). It traces one rank of a replicated
+layout, of FSDP2 (ZeRO-2/3 under torch semantics), or of tensor (and sequence) parallelism
+with torch's DTensor plans (toolkit.train.parallel), the last two on a fake process group;
+pipeline, DeepSpeed-style ZeRO and offload layouts are refused until their traces land.
 """
 from __future__ import annotations
 
 import contextlib
+import sys
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import _sharding_prop
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 from torch.distributed._tools.mem_tracker import MemTracker
@@ -35,6 +38,7 @@ from ..specs.job import TORCH_SEMANTICS, Job
 from ..train.lora import apply_lora
 from ..train.techniques import Int8Activations
 from ..train.model import GPT
+from ..train.parallel import loss_parallel, shard_embedding_grad, tensor_parallel
 from ..train.precision import MasterWeights
 
 __all__ = ["TraceResult", "trace_memory", "MAX_TRACED_MICRO_BATCHES"]
@@ -65,10 +69,14 @@ class TraceResult:
 def _check_traceable(job: Job) -> None:
     par = job.parallel
     fsdp = par.zero in (2, 3) and job.precision.mode in TORCH_SEMANTICS
-    if par.tp > 1 or par.pp > 1 or par.offload != "none" or (par.zero > 0 and not fsdp):
+    if par.pp > 1 or par.offload != "none" or (par.zero > 0 and not fsdp) or (par.tp > 1 and par.zero > 0):
         raise SpecError("parallel", f"tp={par.tp} pp={par.pp} zero={par.zero} offload={par.offload}",
-                        "the tracer covers data-parallel replicas and FSDP2 (zero 2/3 with fp32, amp-* or "
-                        "pure-bf16) so far; toolkit estimate models the other layouts analytically")
+                        "the tracer covers data-parallel replicas, FSDP2 (zero 2/3 with fp32, amp-* or "
+                        "pure-bf16) and tensor parallelism without ZeRO so far; toolkit estimate models the other "
+                        "layouts analytically")
+    if par.tp > 1 and (job.model.tie_embeddings or (par.sp and job.model.position == "learned")):
+        raise SpecError("parallel.tp", par.tp, "the traced tensor-parallel plan needs untied embeddings, and rotary "
+                                               "positions with sequence parallelism")
     if not job.model.has_shape or job.model.encoder:
         raise SpecError("model", job.model.name, "the tracer builds the runner's decoder: give a shape, not params only")
     if job.precision.grad_dtype == "fp32":
@@ -77,9 +85,9 @@ def _check_traceable(job: Job) -> None:
         raise SpecError("optimizer.name", "adamw-8bit", "8-bit optimizers do not run on fake tensors; "
                                                          "validate them with a small real run")
     if job.memory.act_compress != "none" and (job.parallel.zero >= 2 or job.memory.recompute == "full"
-                                              or job.finetune.method == "lora"):
+                                              or job.finetune.method == "lora" or par.tp > 1):
         raise SpecError("memory.act_compress", job.memory.act_compress,
-                        "int8 activations are traced with replicas (zero 0/1), recompute none or selective, "
+                        "int8 activations are traced with replicas (tp 1, zero 0/1), recompute none or selective, "
                         "full fine-tuning")
 
 
@@ -142,22 +150,54 @@ def trace_memory(job: Job) -> TraceResult:
     if job.parallel.zero >= 2:
         return _trace_fsdp(job)
     mode = job.precision.mode
-    with FakeTensorMode():
-        weights_dtype = _DTYPES[mode.rsplit("-", 1)[1]] if mode == "pure-bf16" or mode.startswith("mixed-") \
-            else torch.float32
-        model = GPT(job.model, attention=job.memory.attention, recompute=job.memory.recompute, dtype=weights_dtype)
-        if job.finetune.method == "lora":
-            ft = job.finetune
-            apply_lora(model, ft.rank, ft.alpha, ft.targets)
-        if mode.startswith("mixed-"):
-            stepper = _MasterStep(job, model)
-            optimizer, extra = stepper.optimizer, stepper.master.params
-        else:
-            optimizer = _make_optimizer(job, [p for p in model.parameters() if p.requires_grad])
-            stepper, extra = optimizer, []
-        tracker = _DeviceTracker()
-        tracker.track_external(model, optimizer, *extra)
-        snaps = _run_steps(job, tracker, model, stepper, optimizer)
+    weights_dtype = _DTYPES[mode.rsplit("-", 1)[1]] if mode == "pure-bf16" or mode.startswith("mixed-") \
+        else torch.float32
+    tp = job.parallel.tp
+    with (_fake_process_group(tp) if tp > 1 else contextlib.nullcontext()) as mesh:
+        if tp > 1:   # DTensor plans apply to real modules: shard on the meta device, then materialise as fakes
+            with torch.device("meta"):
+                model = GPT(job.model, attention=job.memory.attention, recompute=job.memory.recompute,
+                            dtype=weights_dtype)
+            tensor_parallel(model, mesh, sequence_parallel=job.parallel.sp)
+        with FakeTensorMode(allow_non_fake_inputs=tp > 1), _propagation_apart():
+            if tp > 1:
+                model.to_empty(device="cpu")
+                shard_embedding_grad(model)
+            else:
+                model = GPT(job.model, attention=job.memory.attention, recompute=job.memory.recompute,
+                            dtype=weights_dtype)
+            return _trace_single(job, model)
+
+
+@contextlib.contextmanager
+def _propagation_apart():
+    """DTensor computes some output shapes by running the op on fake tensors of the global shape, in the
+    active fake mode; MemTracker skips such ops only when they run in another mode, so give them their own
+    (otherwise the vocabulary-parallel loss counts two full-vocabulary logit copies no real rank allocates)."""
+    own = FakeTensorMode()
+    saved = _sharding_prop.detect_fake_mode
+    _sharding_prop.detect_fake_mode = lambda *args: own
+    try:
+        yield
+    finally:
+        _sharding_prop.detect_fake_mode = saved
+
+
+def _trace_single(job: Job, model: torch.nn.Module) -> TraceResult:
+    """One rank whose parameters are whole (replicas) or DTensor shards (tensor parallelism)."""
+    mode = job.precision.mode
+    if job.finetune.method == "lora":
+        ft = job.finetune
+        apply_lora(model, ft.rank, ft.alpha, ft.targets)
+    if mode.startswith("mixed-"):
+        stepper = _MasterStep(job, model)
+        optimizer, extra = stepper.optimizer, stepper.master.params
+    else:
+        optimizer = _make_optimizer(job, [p for p in model.parameters() if p.requires_grad])
+        stepper, extra = optimizer, []
+    tracker = _DeviceTracker()
+    tracker.track_external(model, optimizer, *extra)
+    snaps = _run_steps(job, tracker, model, stepper, optimizer)
     return TraceResult(
         params_bytes=snaps["after"].get("PARAM", 0) + snaps["after"].get("BUFFER", 0),
         grads_bytes=snaps["before_step"].get("GRAD", 0),
@@ -179,16 +219,22 @@ def _run_steps(job: Job, tracker: MemTracker, model: torch.nn.Module, stepper, o
                 else contextlib.nullcontext())
     snaps = {}
     int8 = Int8Activations(model) if job.memory.act_compress == "int8" else None
+    # tensor parallelism: the logits stay sharded over the vocabulary and the loss runs on the shards
+    vocab_parallel = loss_parallel if job.parallel.tp > 1 else contextlib.nullcontext
     with tracker:
-        for _step in range(2):
+        for step in range(2):
+            if step == 1:   # the peak of the steady step only (the first one also creates optimizer states)
+                tracker._peak_mem.clear()
+                tracker._peak_mem_snap.clear()
             for _micro in range(micro_batches):
                 tracker.reset_mod_stats()  # MemTracker refuses a module called twice otherwise
                 tokens = torch.randint(0, vocab, (b, seq))   # the batch lives on the device too
                 targets = torch.randint(0, vocab, (b, seq))
-                with autocast, (int8 or contextlib.nullcontext()):
-                    loss = model(tokens, targets) / micro_batches
-                snaps["boundary"] = _snapshot(tracker, "current")
-                loss.backward()
+                with vocab_parallel():
+                    with autocast, (int8 or contextlib.nullcontext()):
+                        loss = model(tokens, targets) / micro_batches
+                    snaps["boundary"] = _snapshot(tracker, "current")
+                    loss.backward()
                 del loss, tokens, targets
             snaps["before_step"] = _snapshot(tracker, "current")
             stepper.step()
@@ -200,7 +246,7 @@ def _run_steps(job: Job, tracker: MemTracker, model: torch.nn.Module, stepper, o
     # FLOPs of one more micro-batch, outside the memory tracker: counting inside the tracked step changed the
     # memory the tracker saw for checkpointed blocks. One counter spans forward and backward, or the
     # recomputation goes unseen.
-    with FlopCounterMode(display=False) as counter:
+    with FlopCounterMode(display=False) as counter, vocab_parallel():
         with autocast:
             loss = model(torch.randint(0, vocab, (b, seq)), torch.randint(0, vocab, (b, seq)))
         loss.backward()
@@ -221,11 +267,13 @@ def _fake_process_group(world_size: int):
     if dist.is_initialized():
         raise SpecError("parallel.dp", world_size, "a process group already exists in this process; trace FSDP "
                                                    "layouts from a fresh process (toolkit trace)")
+    excepthook = sys.excepthook        # init_process_group wraps it to prefix "[rank0]:", once per call
     dist.init_process_group("fake", rank=0, world_size=world_size, store=FakeStore())
     try:
         yield init_device_mesh("cpu", (world_size,))
     finally:
         dist.destroy_process_group()
+        sys.excepthook = excepthook
 
 
 def _trace_fsdp(job: Job) -> TraceResult:

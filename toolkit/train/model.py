@@ -75,16 +75,17 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None) -> torch.Tensor:
         batch, seq, _ = x.shape
-        q = self.q(x).view(batch, seq, self.heads, self.head_dim).transpose(1, 2)
-        k = self.k(x).view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v(x).view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
+        # -1 heads: under tensor parallelism this rank holds heads / tp of them
+        q = self.q(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
+        k = self.k(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
+        v = self.v(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
         if self.rope:
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if self.recompute_core and torch.is_grad_enabled():
             y = checkpoint(self.core, q, k, v, use_reentrant=False)
         else:
             y = self.core(q, k, v)
-        return self.o(y.transpose(1, 2).reshape(batch, seq, self.heads * self.head_dim))
+        return self.o(y.transpose(1, 2).reshape(batch, seq, -1))
 
 
 class MLP(nn.Module):

@@ -1,0 +1,44 @@
+"""Tensor and sequence parallelism: one rank of torch's DTensor program, traced on a fake process group,
+against the analytic model (states, saved activations, the peak)."""
+import pytest
+
+from toolkit.estimate.memory import memory_estimate
+from toolkit.specs import Job
+from toolkit.trace.memory import trace_memory
+
+LLAMA = {"preset": "llama2-7b", "layers": 2, "hidden": 256, "heads": 8, "kv_heads": 4, "ffn": 688,
+         "seq_len": 256, "vocab": 4000}
+GPT = {"preset": "gpt2", "layers": 2, "hidden": 256, "heads": 8, "seq_len": 256, "max_positions": 256,
+       "vocab": 4001, "tie_embeddings": False}          # an odd vocabulary: uneven shards
+
+
+def traced_job(model, tp, sp=False, mode="amp-bf16", rec="none", att="flash", b=2, accum=1):
+    data = {"model": model, "batch": {"micro_batch": b, "global_batch": b * accum},
+            "precision": {"mode": mode}, "parallel": {"tp": tp, "sp": sp}, "cluster": {"count": tp},
+            "memory": {"recompute": rec, "attention": att, "program": "cpu"}}
+    return Job.from_dict(data).resolve()[0]
+
+
+@pytest.mark.parametrize("model, tp, sp, mode, rec, att", [
+    (LLAMA, 2, False, "amp-bf16", "none", "flash"),
+    (LLAMA, 2, True, "mixed-bf16", "selective", "eager"),
+    (LLAMA, 4, True, "pure-bf16", "full", "flash"),
+    (GPT, 2, False, "fp32", "none", "eager"),
+])
+def test_tensor_parallel_rank_matches_the_model(model, tp, sp, mode, rec, att):
+    job = traced_job(model, tp, sp, mode, rec, att)
+    traced, est = trace_memory(job), memory_estimate(job)
+    # states: sharded matrices and vocabulary, replicated norms and row biases, the rope tables
+    assert est.params_bytes == traced.params_bytes
+    assert est.grads_bytes == traced.grads_bytes
+    assert est.optimizer_bytes == pytest.approx(traced.optimizer_bytes, abs=1024)        # + Adam's step counters
+    assert est.activations_bytes == pytest.approx(traced.activations_bytes, rel=1e-4)
+    assert est.peak_bytes == pytest.approx(traced.peak_bytes, rel=0.01)
+
+
+def test_tensor_parallelism_divides_the_rank_and_sequence_parallelism_divides_more():
+    one, two = trace_memory(traced_job(LLAMA, 1)), trace_memory(traced_job(LLAMA, 2))
+    two_sp = trace_memory(traced_job(LLAMA, 2, sp=True))
+    assert 0.45 < two.activations_bytes / one.activations_bytes < 0.7        # norms and the residual stay whole
+    assert two_sp.activations_bytes < two.activations_bytes
+    assert two.params_bytes < 0.51 * one.params_bytes

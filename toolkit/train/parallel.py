@@ -1,0 +1,66 @@
+"""Tensor and sequence parallelism for the runner's GPT, with torch's DTensor plans (Megatron's layout).
+
+    tensor_parallel(model, mesh, sequence_parallel=True)
+    with loss_parallel():
+        loss = model(tokens, targets)
+
+q, k, v, up and gate are split by output columns, o and down by input rows, so each block
+all-reduces twice in forward and twice in backward (Shoeybi et al. 2019). The token embedding
+is split by rows and the output projection by vocabulary columns: the logits stay sharded and
+the cross-entropy runs on them under `loss_parallel()` (no rank holds the full vocabulary).
+
+With sequence parallelism (Korthikanti et al. 2022) the residual stream, the norms and the
+dropouts hold 1/tp of the tokens; the block input is all-gathered before q/k/v and up/gate,
+and o and down reduce-scatter instead of all-reducing. torch's linears keep the all-gathered
+input for their weight gradients (Megatron instead keeps the shard and gathers it again in
+backward); toolkit.estimate follows torch's program.
+"""
+from __future__ import annotations
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                               SequenceParallel, loss_parallel, parallelize_module)
+
+__all__ = ["tensor_parallel", "shard_embedding_grad", "loss_parallel"]
+
+
+def tensor_parallel(model: nn.Module, mesh: DeviceMesh, sequence_parallel: bool = False) -> nn.Module:
+    """Shard a toolkit.train.model.GPT over `mesh` (one dimension: the tensor-parallel group), in place."""
+    heads, kv_heads, tp = model.spec.heads, model.spec.kv_heads_, mesh.size()
+    if heads % tp or kv_heads % tp:
+        raise ValueError(f"tensor parallelism over {tp} ranks needs heads ({heads}) and kv heads ({kv_heads}) "
+                         f"divisible by {tp}")
+    seq = Shard(1)                      # the token dimension of (batch, seq, hidden)
+    stream = seq if sequence_parallel else Replicate()
+    for block in model.blocks:
+        plan = {"attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(), "attn.v": ColwiseParallel(),
+                "attn.o": RowwiseParallel(output_layouts=stream),
+                "mlp.up": ColwiseParallel(), "mlp.down": RowwiseParallel(output_layouts=stream)}
+        if block.mlp.swiglu:
+            plan["mlp.gate"] = ColwiseParallel()
+        if sequence_parallel:
+            plan.update({"norm1": SequenceParallel(), "norm2": SequenceParallel(),
+                         "attn": PrepareModuleInput(input_layouts=(seq, None, None),
+                                                    desired_input_layouts=(Replicate(), None, None)),
+                         "mlp": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),))})
+        parallelize_module(block, mesh, plan)
+    if model.pos is not None and sequence_parallel:
+        raise ValueError("sequence parallelism is built for rotary positions; learned positions need tp without sp")
+    plan = {"tok": RowwiseParallel(input_layouts=Replicate(), output_layouts=stream),
+            "head": ColwiseParallel(input_layouts=stream, output_layouts=Shard(-1), use_local_output=False)}
+    if sequence_parallel:
+        plan["norm"] = SequenceParallel()
+    parallelize_module(model, mesh, plan)
+    if not model.tok.weight.is_meta:
+        shard_embedding_grad(model)
+    return model
+
+
+def shard_embedding_grad(model: nn.Module) -> None:
+    """DTensor's embedding backward returns a replicated (full-vocabulary) gradient for the row-sharded
+    table; keep this rank's rows only, as the parameter is sharded (a local slice, no communication).
+    Call again after `to_empty`, which replaces the parameter and drops its hooks."""
+    weight = model.tok.weight
+    weight.register_hook(lambda grad: grad.redistribute(grad.device_mesh, weight.placements))
