@@ -122,14 +122,15 @@ def render_estimate(est: dict) -> str:
 def render_comparison(cmp: dict) -> str:
     """Estimate vs trace per memory category, with the relative error."""
     model = cmp["job"]["model"]["name"] or "model"
-    out = [f"{model}: analytic estimate vs fake-tensor trace ({cmp['program']} program), per device", ""]
+    out = [f"{model}: analytic estimate vs trace ({cmp['program']} program), per device", ""]
     out.append(f"  {'':<18}{'estimate':>14}{'trace':>14}{'error':>10}")
     for key, row in cmp["memory"].items():
         error = "—" if row["error"] is None else f"{100 * row['error']:+.2f} %"
         est = "not modelled" if row["estimate"] is None else gib(row["estimate"])
-        out.append(f"  {key.replace('_bytes', ''):<18}{est:>14}{gib(row['trace']):>14}{error:>10}")
+        traced = "not measured" if row["trace"] is None else gib(row["trace"])
+        out.append(f"  {key.replace('_bytes', ''):<18}{est:>14}{traced:>14}{error:>10}")
     flops = cmp.get("flops_per_token")
-    if flops:
+    if flops and flops["trace"]:
         est = "eager only" if flops["estimate"] is None else sci(flops["estimate"])
         error = "—" if flops["error"] is None else f"{100 * flops['error']:+.2f} %"
         out.append(f"  {'FLOPs per token':<18}{est:>14}{sci(flops['trace']):>14}{error:>10}")

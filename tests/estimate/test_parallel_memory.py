@@ -52,9 +52,11 @@ def test_pipeline_in_flight(schedule, pp, vpp, m, expected):
 
 def test_first_stage_holds_in_flight_micro_batches():
     j = job({"pp": 4}, accum=8)
-    acts = activation_bytes(j)
-    assert acts.layers == acts.per_layer * 2 * 4                      # 8 layers / 4 stages, 4 micro-batches
-    assert acts.total == max(acts.first_stage, acts.last_stage)
+    first, last = activation_bytes(j, "first"), activation_bytes(j, "last")
+    sent = 2 * 1024 * 1024 * 4                                       # the output it sent on, kept for backward
+    assert first.layers == (first.per_layer * 2 + sent) * 4          # 8 layers / 4 stages, 4 micro-batches
+    assert last.layers == last.per_layer * 2 and first.head == 0 < last.head
+    assert activation_bytes(j).total == max(first.total, last.total)
 
 
 def test_zero3_gathers_a_layer_and_its_prefetch():

@@ -20,6 +20,7 @@ and lets the flash kernel regenerate its dropout mask; it is modelled, not yet t
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,42 +29,52 @@ from ..specs.job import TORCH_SEMANTICS, Job
 from .params import projection_shapes
 from .states import vocab_per_rank
 
-__all__ = ["ActivationBytes", "activation_bytes", "fsdp_gathers_16bit", "pipeline_in_flight"]
+__all__ = ["ActivationBytes", "activation_bytes", "fsdp_gathers_16bit", "pick", "pipeline_in_flight"]
 
 _INT64 = 8
 
 
 @dataclass(frozen=True)
 class ActivationBytes:
+    """Saved activations of one pipeline stage (the whole model without pipelining)."""
     per_layer: float
     """Saved by one transformer block (its input included) for one micro-batch."""
     layers: float
-    """All blocks of the first pipeline stage, times the micro-batches it holds."""
+    """The stage's blocks, times the micro-batches it holds."""
     embedding: float
-    """Token ids and positions kept by the embedding lookups (stage 0)."""
+    """Token ids and positions kept by the embedding lookups, for every micro-batch held (first stage)."""
     head: float
-    """Final norm, output projection and loss of one micro-batch (last stage)."""
+    """Final norm, output projection and loss of one micro-batch (last stage; 0 elsewhere)."""
     recompute_layer: float
     """Under full recompute: one block's activations rebuilt during backward (a transient)."""
     in_flight: float = 1.0
-    """Micro-batches the first pipeline stage holds (1 without pipelining)."""
+    """Micro-batches the stage holds at once (1 without pipelining)."""
     stage_layers: int = 0
-    pipelined: bool = False
+    heads_held: float = 1.0
+    """Micro-batches whose head activations are held (GPipe's last stage: all of them)."""
+    shared_per_layer: float = 0.0
+    """Part of per_layer shared by the micro-batches of a pipeline step: autocast's 16-bit weight casts, cached
+    for the whole step (one autocast context around the schedule) and freed only when it ends."""
 
     @property
-    def first_stage(self) -> float:
-        """Embedding and blocks of every micro-batch in flight (and the head when there is one stage)."""
-        return self.layers + self.embedding + np.where(self.pipelined, 0, self.head)
+    def freed_per_layer(self) -> float:
+        """What one micro-batch's backward through one block releases."""
+        return self.per_layer - self.shared_per_layer
 
-    @property
-    def last_stage(self) -> float:
-        """With pipelining: one micro-batch through the last stage's blocks and the head."""
-        return np.where(self.pipelined, self.per_layer * self.stage_layers + self.head, self.first_stage)
+    shared_head: float = 0.0
+    """Part of head shared the same way (the output projection's weight cast)."""
 
     @property
     def total(self) -> float:
-        """The busiest stage."""
-        return np.maximum(self.first_stage, self.last_stage)
+        return self.layers + self.embedding + self.head * self.heads_held \
+            - self.shared_head * np.maximum(self.heads_held - 1, 0)
+
+
+def pick(choose_second, first, second):
+    """Field by field, `second` where choose_second holds, else `first` (dataclasses of equal type)."""
+    values = {f.name: np.where(choose_second, getattr(second, f.name), getattr(first, f.name))
+              for f in dataclasses.fields(first)}
+    return type(first)(**values)
 
 
 def _widths(job: Job):
@@ -164,10 +175,14 @@ def _attention_core(job: Job, tokens: float, b: int) -> float:
     return core
 
 
-def activation_bytes(job: Job) -> ActivationBytes:
-    """Saved activations of one micro-batch on the busiest device of a resolved job."""
+def activation_bytes(job: Job, stage: str | None = None) -> ActivationBytes:
+    """Saved activations on one device of a resolved job: the first or last pipeline stage, or (None) the one
+    that holds more. Without pipelining every stage is the whole model."""
     if job.finetune.method == "lora":
         return _lora_activations(job)
+    if stage is None:
+        first, last = activation_bytes(job, "first"), activation_bytes(job, "last")
+        return pick(last.total > first.total, first, last)
     m = job.model
     act, residual, amp = _bytes_of(job)
     h, q, kv, f = _widths(job)
@@ -216,11 +231,33 @@ def activation_bytes(job: Job) -> ActivationBytes:
     head = _norm_saved(job, tokens, h, consumers=1, block=False) + _loss_bytes(job, tokens, vocab_per_rank(m, tp))
     # the recomputed block re-creates all it saves but its input, which the checkpoint already holds
     recompute_layer = np.where(full, none - tokens_h * h * residual, 0)
-    in_flight = pipeline_in_flight(job)
+    single = np.asarray(pp) == 1
+    if stage == "first":
+        in_flight = pipeline_in_flight(job)
+        owns_embedding, owns_head = True, single
+    else:   # the last stage: one micro-batch at a time under 1F1B, all of them under GPipe
+        micro = np.asarray(1 if job.grad_accum is None else job.grad_accum)
+        in_flight = np.where(single | (np.asarray(job.parallel.schedule) != "gpipe"), 1.0, micro)
+        owns_embedding, owns_head = single, True
     stage_layers = m.layers // np.asarray(pp)
-    return ActivationBytes(per_layer=per_layer, layers=per_layer * stage_layers * in_flight,
-                           embedding=embedding * in_flight, head=head, recompute_layer=recompute_layer,
-                           in_flight=in_flight, stage_layers=stage_layers, pipelined=np.asarray(pp) > 1)
+    # torch's pipeline schedule keeps the last stage's output (the logits) until that micro-batch's backward
+    kept_logits = np.where(single, 0.0, tokens * vocab_per_rank(m, tp) * (4 if job.precision.mode == "fp32" else 2))
+    shared = np.where(single | full, 0.0, weights)
+    shared_head = np.where(single | ~np.asarray(owns_head), 0.0, _bytes_of(job)[2] * 2 * h * vocab_per_rank(m, tp))
+    # ...every stage but the last keeps its output (the residual stream it sent on) for the backward; under
+    # 1F1B a stage also holds one residual-stream-sized receive buffer per micro-batch of the step beside what
+    # its blocks keep (measured on torch's Schedule1F1B; GPipe's buffers are the blocks' inputs themselves)
+    kept_output = np.where(single | owns_head, 0.0, tokens_h * h * residual * in_flight)
+    micro_batches = np.asarray(1 if job.grad_accum is None else job.grad_accum)
+    one_f_one_b = ~single & (np.asarray(job.parallel.schedule) != "gpipe")
+    kept_output = kept_output + np.where(one_f_one_b, micro_batches * tokens_h * h * residual, 0.0)
+    return ActivationBytes(per_layer=per_layer,
+                           layers=((per_layer - shared) * in_flight + shared) * stage_layers + kept_output,
+                           shared_per_layer=shared, shared_head=shared_head,
+                           embedding=np.where(owns_embedding, embedding * in_flight, 0.0),
+                           head=np.where(owns_head, head + kept_logits, 0.0), recompute_layer=recompute_layer,
+                           in_flight=in_flight, stage_layers=stage_layers,
+                           heads_held=np.where(owns_head, in_flight, 0.0))
 
 
 def pipeline_in_flight(job: Job) -> float:
@@ -312,4 +349,4 @@ def _lora_activations(job: Job) -> ActivationBytes:
     head = _norm_internal(job, tokens, h) + _loss_bytes(job, tokens, m.vocab)   # the frozen head keeps no input
     batch = tokens * _INT64                                           # the token ids stay on the device
     return ActivationBytes(per_layer=rest, layers=np.asarray(layers), embedding=batch, head=head,
-                           recompute_layer=0, in_flight=1.0, stage_layers=m.layers, pipelined=False)
+                           recompute_layer=0, in_flight=1.0, stage_layers=m.layers)

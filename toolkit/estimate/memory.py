@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..specs.job import TORCH_SEMANTICS, Job
-from .activations import activation_bytes
+from .activations import activation_bytes, pick
 from .params import count_params
 from .states import (StateBytes, adapter_params_per_layer, bytes_per_param, model_state_bytes, params_per_device,
                      vocab_per_rank)
@@ -59,7 +59,7 @@ def optimizer_impl(job: Job) -> str:
     return "for-loop" if job.memory.program == "cpu" else "foreach"
 
 
-def _optimizer_temp_bytes(job: Job, largest_param: float) -> float:
+def _optimizer_temp_bytes(job: Job, largest_param: float, stage: str | None = None) -> float:
     """Temporaries of one optimizer step, in bytes."""
     name, impl = job.optimizer.name, optimizer_impl(job)
     if name == "sgd" or impl == "fused":
@@ -68,7 +68,7 @@ def _optimizer_temp_bytes(job: Job, largest_param: float) -> float:
     zero, dp = np.asarray(par.zero), np.asarray(1 if par.dp is None else par.dp)
     state = 2 if job.precision.mode == "pure-bf16" else 4
     shard = np.where(zero >= 1, dp, 1)                       # the optimizer steps this rank's shard only
-    n = _trainable_per_device(job) / shard
+    n = _trainable_per_device(job, stage) / shard
     if impl == "foreach":
         return n * state                                     # sqrt(v) for every tensor at once
     # ZeroRedundancyOptimizer (torch ZeRO-1) gives whole tensors to ranks; FSDP2 and DeepSpeed split them
@@ -77,10 +77,31 @@ def _optimizer_temp_bytes(job: Job, largest_param: float) -> float:
 
 
 def memory_estimate(job: Job) -> MemoryEstimate:
-    """The memory of a resolved job on its busiest device."""
-    states = model_state_bytes(job)
-    acts = activation_bytes(job)
+    """The memory of a resolved job on its busiest device: with pipelining, the first stage (most
+    micro-batches in flight, the embedding) or the last (the head and the loss), whichever peaks higher."""
+    first = _stage_memory(job, "first")
+    if np.all(np.asarray(job.parallel.pp) == 1):
+        return first
+    last = _stage_memory(job, "last")
+    choose = last.peak_bytes > first.peak_bytes
+    merged = {name: np.where(choose, last.phases.get(name, 0.0), first.phases.get(name, 0.0))
+              for name in dict.fromkeys([*first.phases, *last.phases])}
+    return MemoryEstimate(
+        **{f: np.where(choose, getattr(last, f), getattr(first, f))
+           for f in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "host_bytes",
+                     "peak_bytes", "peak_phase")},
+        phases=merged, states=pick(choose, first.states, last.states))
+
+
+def _stage_memory(job: Job, stage: str) -> MemoryEstimate:
+    """One pipeline stage's memory ("first" or "last"; without pipelining both are the whole model)."""
+    states = model_state_bytes(job, stage)
+    acts = activation_bytes(job, stage)
     model, par = job.model, job.parallel
+    single = np.asarray(par.pp) == 1
+    owns_head = single | (stage == "last")
+    # GPipe runs every forward before any backward: no gradient exists while the activations pile up
+    gpipe = ~single & (np.asarray(par.schedule) == "gpipe")
     mode = job.precision.mode
     counts = count_params(model)
     _w, grad_b, _o = bytes_per_param(job)
@@ -93,7 +114,7 @@ def memory_estimate(job: Job) -> MemoryEstimate:
     accumulating = np.asarray(1 if job.grad_accum is None else job.grad_accum) > 1             # also: pipelining over several micro-batches
     persistent = states.params_bytes + states.optimizer_bytes
     grads_full = states.grads_bytes
-    grads_prev = np.where(accumulating, grads_full, 0.0)
+    grads_prev = np.where(accumulating & ~gpipe, grads_full, 0.0)
     gathered = _gathered_params(job, counts)
     reduce_scatter = gathered.reduce_scatter
 
@@ -101,11 +122,11 @@ def memory_estimate(job: Job) -> MemoryEstimate:
     lora = job.finetune.method == "lora"
     per_layer_trainable = adapter_params_per_layer(job) if lora else counts.per_layer
     layer_grad = per_layer_trainable * grad_b / tp / np.where(zero >= 2, dp, 1)
-    head_param = 0 if lora else (counts.head if counts.head else counts.embedding)   # tied: at the head
+    head_param = np.where(owns_head, 0 if lora else (counts.head if counts.head else counts.embedding), 0)  # tied: at the head
     # FSDP2 computes gradients on the gathered (16-bit) weights and shards them at each module's post-backward:
     # the root's (head) until the end of backward, a block's until the block is done
     unsharded_grad_b = np.where(reduce_scatter > 0, 4 if mode == "fp32" else 2, grad_b)
-    head_grad = (head_param + (0 if lora else counts.final)) * unsharded_grad_b / tp
+    head_grad = (head_param + np.where(owns_head & (not lora), counts.final, 0)) * unsharded_grad_b / tp
 
     # Backward of the MLP, beyond what it held: the incoming gradient, and the gradients of its
     # inner tensors alive together (GELU: one net of the freed input; SwiGLU: two at the product)
@@ -134,13 +155,16 @@ def memory_estimate(job: Job) -> MemoryEstimate:
     caching = (mode.startswith("amp-") & (np.asarray(job.memory.recompute) == "full")
                & (gathered.root == 0) & (gathered.in_backward == 0))
     autocast_cache = np.where(caching, 2 * acts.stage_layers * layer_matmuls / tp, 0.0)   # head's cast is saved
-    last = persistent + grads_prev + acts.last_stage + gathered.blocks + gathered.root + gathered.at_loss
-    phases = {"forward end": last + logits_bytes + autocast_cache, "loss": last + logits_grads}
+    last = persistent + grads_prev + acts.total + gathered.blocks + gathered.root + gathered.at_loss
+    # a pipeline schedule runs inside one autocast context: its cache lives through the backward too
+    step_cache = np.where(single, 0.0, autocast_cache)
+    phases = {"forward end": last + np.where(owns_head, logits_bytes, 0.0) + autocast_cache,
+              "loss": last + np.where(owns_head, logits_grads, 0.0) + step_cache}
     if int8:
         phases["top layer forward"] = (persistent + grads_prev + acts.layers + acts.embedding + gathered.blocks
                                        + gathered.root + (3 if model.mlp == "swiglu" else 2) * tokens * ffn * act)
 
-    after_head = acts.layers + acts.embedding                      # loss and final norm have released theirs
+    after_head = acts.total - acts.head                            # loss and final norm have released theirs
     for name, done_layers in (("top layer", 0), ("bottom layer", acts.stage_layers - 1)):
         # by the MLP's backward, the layer has made its down-projection's weight gradient too; when
         # accumulating, that gradient is a temporary (in the compute dtype, then cast) added into .grad
@@ -148,15 +172,15 @@ def memory_estimate(job: Job) -> MemoryEstimate:
             down_grad = job.finetune.rank * (ffn + h) * grad_b * ("down" in job.finetune.targets)
         else:
             down_grad = h * ffn * unsharded_grad_b
-        grads = np.where(accumulating,
+        grads = np.where(accumulating & ~gpipe,
                          grads_full + down_grad + (h * ffn * 2 if mode.startswith("amp-") else 0),
                          head_grad + done_layers * layer_grad + down_grad)
-        held = after_head - done_layers * acts.per_layer * acts.in_flight
+        held = after_head - done_layers * acts.freed_per_layer          # one micro-batch goes backward at a time
         still_gathered = gathered.blocks * (1 - done_layers / np.maximum(acts.stage_layers, 1))
         base = persistent + grads + still_gathered + gathered.root + gathered.in_backward
         # below the top block, the block above is still reduce-scattering its gradients (FSDP2 overlaps them)
         overlap = np.where(np.asarray(done_layers) > 0, reduce_scatter, 0.0)
-        phases[name] = base + held + acts.recompute_layer + mlp_temp + overlap + unpacked
+        phases[name] = base + held + acts.recompute_layer + mlp_temp + overlap + unpacked + step_cache
         if name == "top layer":
             # the top block's post-backward: its activations are gone, it is resharded, and its unsharded
             # gradients are copied into the reduce-scatter input (FSDP2 only; 0 elsewhere)
@@ -164,18 +188,22 @@ def memory_estimate(job: Job) -> MemoryEstimate:
             resharded = np.where(gathered.blocks > 0, gathered.block, 0.0)
             phases["top layer reduce-scatter"] = np.where(
                 reduce_scatter > 0,
-                base - down_grad - resharded + held - acts.per_layer * acts.in_flight + block_grads + reduce_scatter
+                base - down_grad - resharded + held - acts.freed_per_layer + block_grads + reduce_scatter
                 - np.where(gathered.blocks > 0, gathered.in_backward, 0.0),   # ZeRO-2 gathers nothing in backward
                 0.0)
 
-    # torch's backward of the row-sharded token embedding makes the whole vocabulary's gradient before
-    # toolkit.train.parallel keeps this rank's rows: a transient as large as the unsharded table
-    # (when accumulating, the kept rows are a copy beside .grad until they are added into it)
+    # The token embedding's backward, last: when accumulating, its new gradient is a temporary beside .grad
+    # until it is added in; under tensor parallelism torch's backward of the row-sharded table first makes
+    # the whole vocabulary's gradient, before toolkit.train.parallel keeps this rank's rows. Other
+    # micro-batches in flight (pipelines) still hold their activations.
+    owns_embedding = single | (stage == "first")
+    embedding_temp = (np.where(tp > 1, model.vocab, 0) + np.where(accumulating, vocab, 0)) * h * unsharded_grad_b
+    others = acts.total - acts.head * acts.heads_held - acts.freed_per_layer * acts.stage_layers \
+        - acts.embedding / acts.in_flight
     phases["embedding backward"] = np.where(
-        (tp > 1) & (not lora),
-        persistent + grads_full + (model.vocab + np.where(accumulating, vocab, 0)) * h * unsharded_grad_b
-        + acts.embedding, 0.0)
-    phases["optimizer step"] = _step_bytes(job, counts, persistent, grads_full)
+        owns_embedding & (embedding_temp > 0) & (not lora),
+        persistent + grads_full + embedding_temp + acts.embedding + others, 0.0)
+    phases["optimizer step"] = _step_bytes(job, counts, persistent, grads_full, stage)
     names = list(phases)
     stacked = np.stack(np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in phases.values())))
     index = stacked.argmax(axis=0)
@@ -225,27 +253,27 @@ def _gathered_params(job: Job, counts) -> _Gathered:
         block=block)
 
 
-def _step_bytes(job: Job, counts, persistent: float, grads_full: float) -> float:
+def _step_bytes(job: Job, counts, persistent: float, grads_full: float, stage: str | None = None) -> float:
     """Device bytes during the optimizer step."""
     par = job.parallel
     largest = max(counts.embedding, counts.head, _largest_matrix(job)) / np.asarray(par.tp)
     if job.finetune.method == "lora":                              # only the adapters are stepped
         largest = job.finetune.rank * max(job.model.hidden, job.model.ffn_, job.model.heads * job.model.head_dim_)
-    step = persistent + grads_full + _optimizer_temp_bytes(job, largest)
+    step = persistent + grads_full + _optimizer_temp_bytes(job, largest, stage)
     if job.precision.mode.startswith("mixed-"):
-        n = _trainable_per_device(job)
+        n = _trainable_per_device(job, stage)
         step = step + np.where(np.asarray(par.zero) == 0,
                                4 * n - grads_full,                 # fp32 copies replace the 16-bit gradients
                                4 * n / np.asarray(1 if par.dp is None else par.dp))    # DeepSpeed: fp32 copy of this rank's partition
     return np.where(np.asarray(par.offload) != "none", persistent + grads_full, step)   # offload: step on the host
 
 
-def _trainable_per_device(job: Job):
+def _trainable_per_device(job: Job, stage: str | None = None):
     """Parameters the optimizer steps on one device (before ZeRO sharding): all, or LoRA's adapters."""
     par = job.parallel
     if job.finetune.method == "lora":
         return adapter_params_per_layer(job) * (job.model.layers // np.asarray(par.pp)) / np.asarray(par.tp)
-    return params_per_device(job.model, par.tp, par.pp)
+    return params_per_device(job.model, par.tp, par.pp, stage)
 
 
 def _largest_matrix(job: Job) -> int:

@@ -64,10 +64,11 @@ def bytes_per_param(job: Job) -> tuple[float, float, float]:
     return weight, grad, optimizer + master
 
 
-def params_per_device(model: ModelSpec, tp=1, pp=1):
+def params_per_device(model: ModelSpec, tp=1, pp=1, stage: str | None = None):
     """Parameters held by the busiest pipeline stage on one tensor-parallel rank.
 
-    Stage 0 holds the embeddings, the last stage the final norm and the output projection
+    Stage 0 holds the embeddings, the last stage the final norm and the output projection; `stage`
+    ("first", "last") asks for that one instead.
     (a copy of the embedding when tied and pp > 1, as Megatron keeps). Matrices, column
     biases and the token embedding are divided by tp; norms, row-parallel biases (o, down)
     and learned positions are replicated on every tensor-parallel rank. tp and pp may be
@@ -85,7 +86,8 @@ def params_per_device(model: ModelSpec, tp=1, pp=1):
     first = embedding + c.positions + stage_layers
     last = stage_layers + c.final + rows
     total = embedding + c.positions + layer * model.layers + c.final + (rows if c.head else 0)
-    return np.where(np.asarray(pp) == 1, total, np.maximum(first, last))
+    busiest = {"first": first, "last": last, None: np.maximum(first, last)}[stage]
+    return np.where(np.asarray(pp) == 1, total, busiest)
 
 
 def vocab_per_rank(model: ModelSpec, tp=1):
@@ -108,10 +110,11 @@ def adapter_params_per_layer(job: Job) -> int:
     return sum(job.finetune.rank * (shapes[t][0] + shapes[t][1]) for t in job.finetune.targets)
 
 
-def model_state_bytes(job: Job) -> StateBytes:
-    """Persistent model-state bytes on the busiest device of a resolved job (layout fields may be arrays)."""
+def model_state_bytes(job: Job, stage: str | None = None) -> StateBytes:
+    """Persistent model-state bytes on the busiest device of a resolved job, or of its first or last pipeline
+    stage (layout fields may be arrays)."""
     par = job.parallel
-    n = params_per_device(job.model, par.tp, par.pp)
+    n = params_per_device(job.model, par.tp, par.pp, stage)
     weight, grad, optimizer = bytes_per_param(job)
     trainable = n
     if job.finetune.method == "lora":                      # frozen base: only the adapters train

@@ -64,16 +64,18 @@ class TraceResult:
     """FlopCounterMode's count for one micro-batch (forward, backward, recompute), per token. It counts every
     matmul, eager attention over the full score matrix, and the CPU flash kernel as 0."""
     program: str = "cpu"
+    stage_peaks_bytes: tuple[int, ...] = ()
+    """Pipeline traces: every stage's peak (the fields above are the busiest stage's)."""
 
 
 def _check_traceable(job: Job) -> None:
     par = job.parallel
     fsdp = par.zero in (2, 3) and job.precision.mode in TORCH_SEMANTICS
-    if par.pp > 1 or par.offload != "none" or (par.zero > 0 and not fsdp) or (par.tp > 1 and par.zero > 0):
+    if par.offload != "none" or (par.zero > 0 and not fsdp) or (par.tp > 1 and par.zero > 0):
         raise SpecError("parallel", f"tp={par.tp} pp={par.pp} zero={par.zero} offload={par.offload}",
                         "the tracer covers data-parallel replicas, FSDP2 (zero 2/3 with fp32, amp-* or "
-                        "pure-bf16) and tensor parallelism without ZeRO so far; toolkit estimate models the other "
-                        "layouts analytically")
+                        "pure-bf16), tensor parallelism without ZeRO and pipelines alone so far; toolkit estimate "
+                        "models the other layouts analytically")
     if par.tp > 1 and (job.model.tie_embeddings or (par.sp and job.model.position == "learned")):
         raise SpecError("parallel.tp", par.tp, "the traced tensor-parallel plan needs untied embeddings, and rotary "
                                                "positions with sequence parallelism")
@@ -145,7 +147,11 @@ def _snapshot(tracker: MemTracker, kind: str) -> dict[str, int]:
 
 
 def trace_memory(job: Job) -> TraceResult:
-    """Trace one device of a resolved job (its CPU program)."""
+    """Trace one device of a resolved job (its CPU program). Pipelines run on real gloo ranks
+    (toolkit.trace.pipeline): the busiest stage."""
+    if job.parallel.pp > 1:
+        from .pipeline import trace_pipeline
+        return trace_pipeline(job)
     _check_traceable(job)
     if job.parallel.zero >= 2:
         return _trace_fsdp(job)

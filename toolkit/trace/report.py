@@ -24,13 +24,16 @@ def traced_estimate(job: Job, catalog: Catalog | None = None) -> dict:
     memory.update(params_bytes=traced.params_bytes, grads_bytes=traced.grads_bytes,
                   optimizer_bytes=traced.optimizer_bytes,
                   states_bytes=traced.params_bytes + traced.grads_bytes + traced.optimizer_bytes,
-                  activations_bytes=traced.activations_bytes, peak_bytes=traced.peak_bytes, host_bytes=0,
+                  # a pipeline stage has no single forward/backward boundary: its activations are not measured
+                  activations_bytes=None if traced.stage_peaks_bytes else traced.activations_bytes,
+                  peak_bytes=traced.peak_bytes, host_bytes=0,
                   source="trace", program=traced.program, peak_breakdown=traced.peak_breakdown)
     if memory["usable_bytes"] is not None:
         memory["fits"] = traced.peak_bytes <= memory["usable_bytes"]
     result["compute"]["traced_flops_per_token"] = traced.flops_per_token
     result["notes"] = [n for n in result["notes"] if not n.startswith(("fits:", "model states alone"))]
-    result["notes"].append(f"memory traced on fake tensors: the {traced.program} program of one data-parallel rank")
+    how = "on real gloo ranks" if traced.stage_peaks_bytes else "on fake tensors"
+    result["notes"].append(f"memory traced {how}: the {traced.program} program of one rank")
     return result
 
 
@@ -43,11 +46,11 @@ def compare_memory(job: Job, catalog: Catalog | None = None) -> dict:
     rows = {}
     for key in COMPARED:
         est, tr = analytic[key], traced["memory"][key]
-        error = None if est is None or not tr else (est - tr) / tr
+        error = None if est is None or not tr else (est - tr) / tr          # (tr None: not measured)
         rows[key] = {"estimate": est, "trace": tr, "error": error}
     flops = {"estimate": None, "trace": traced["compute"]["traced_flops_per_token"], "error": None}
     resolved, _ = job.resolve(catalog)
-    if resolved.memory.attention == "eager" and resolved.model.has_shape:
+    if resolved.memory.attention == "eager" and resolved.model.has_shape and flops["trace"]:
         # FlopCounterMode sees the eager program's full score matrix: compare like with like
         flops["estimate"] = flops_per_token(resolved, causal=False).hardware
         flops["error"] = (flops["estimate"] - flops["trace"]) / flops["trace"]

@@ -1,4 +1,4 @@
-"""Tensor and sequence parallelism for the runner's GPT, with torch's DTensor plans (Megatron's layout).
+"""Tensor, sequence and pipeline parallelism for the runner's GPT, with torch's DTensor plans (Megatron's layout).
 
     tensor_parallel(model, mesh, sequence_parallel=True)
     with loss_parallel():
@@ -17,13 +17,15 @@ backward); toolkit.estimate follows torch's program.
 """
 from __future__ import annotations
 
+import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
                                                SequenceParallel, loss_parallel, parallelize_module)
 
-__all__ = ["tensor_parallel", "shard_embedding_grad", "loss_parallel"]
+__all__ = ["tensor_parallel", "shard_embedding_grad", "loss_parallel", "PipelineStage"]
 
 
 def tensor_parallel(model: nn.Module, mesh: DeviceMesh, sequence_parallel: bool = False) -> nn.Module:
@@ -64,3 +66,39 @@ def shard_embedding_grad(model: nn.Module) -> None:
     Call again after `to_empty`, which replaces the parameter and drops its hooks."""
     weight = model.tok.weight
     weight.register_hook(lambda grad: grad.redistribute(grad.device_mesh, weight.placements))
+
+
+class PipelineStage(nn.Module):
+    """One pipeline stage of a GPT: the token embedding on the first, a contiguous run of blocks, the final
+    norm and output projection on the last. forward takes token ids (first stage) or the hidden states the
+    previous stage sent, and returns hidden states or, on the last stage, the logits."""
+
+    def __init__(self, model: nn.Module, stage: int, stages: int):
+        super().__init__()
+        spec = model.spec
+        if spec.layers % stages:
+            raise ValueError(f"{spec.layers} layers do not split into {stages} equal pipeline stages")
+        if spec.tie_embeddings or spec.position == "learned":
+            raise ValueError("pipeline stages are built for untied embeddings and rotary positions")
+        per = spec.layers // stages
+        self.first, self.last = stage == 0, stage == stages - 1
+        self.tok = model.tok if self.first else None
+        self.drop = model.drop if self.first else None
+        self.blocks = nn.ModuleList(model.blocks[stage * per:(stage + 1) * per])
+        self.norm = model.norm if self.last else None
+        self.head = model.head if self.last else None
+        self.recompute = model.recompute
+        self.register_buffer("cos", model.cos, persistent=False)
+        self.register_buffer("sin", model.sin, persistent=False)
+
+    def forward(self, x):
+        if self.first:
+            x = self.drop(self.tok(x))
+        seq = x.shape[1]
+        cos, sin = self.cos[:seq], self.sin[:seq]
+        for block in self.blocks:
+            if self.recompute == "full" and torch.is_grad_enabled():
+                x = checkpoint(block, x, cos, sin, use_reentrant=False)
+            else:
+                x = block(x, cos, sin)
+        return self.head(self.norm(x)) if self.last else x

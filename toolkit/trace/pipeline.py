@@ -1,0 +1,185 @@
+"""Measure pipeline-parallel memory on real gloo ranks: torch's pipelining schedules, one process per stage.
+
+torch.distributed.pipelining does not run on fake tensors (its start-up vote reads a tensor's
+value), so each stage runs for real, on the CPU, with uninitialised weights: the values do
+not matter, the bytes do. Every rank measures its own step with MemTracker, as the fake-tensor
+tracer does, and the busiest stage is reported. Real memory limits this to small models
+(see MAX_PIPELINE_TRACE_BYTES).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import socket
+import tempfile
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+from ..specs.errors import SpecError
+from ..specs.job import Job
+from .memory import _DTYPES, TraceResult, _DeviceTracker, _make_optimizer, _MasterStep, _snapshot
+
+__all__ = ["trace_pipeline", "trace_pipeline_stages", "MAX_PIPELINE_TRACE_BYTES", "MAX_PIPELINE_MICRO_BATCHES"]
+
+MAX_PIPELINE_TRACE_BYTES = 4 * 2**30
+"""The estimated peak of all stages together must fit in this much real memory."""
+MAX_PIPELINE_MICRO_BATCHES = 32
+
+
+def check_pipeline_traceable(job: Job, estimated_total_bytes: float) -> None:
+    par, m = job.parallel, job.grad_accum or 1
+    if par.tp > 1 or par.zero > 0 or par.offload != "none" or par.vpp > 1 or job.precision.grad_dtype == "fp32":
+        raise SpecError("parallel", f"pp={par.pp} tp={par.tp} zero={par.zero} vpp={par.vpp}",
+                        "pipelines are traced alone (tp 1, zero 0, no offload, vpp 1, gradients in the "
+                        "parameters' dtype) so far")
+    if job.model.layers % par.pp:
+        raise SpecError("parallel.pp", par.pp, f"must divide model.layers = {job.model.layers} for equal stages")
+    if job.model.tie_embeddings or job.model.position == "learned":
+        raise SpecError("model", job.model.name, "pipeline traces need untied embeddings and rotary positions "
+                                                 "(--no-tie-embeddings, a Llama-style model)")
+    if job.finetune.method != "full" or job.memory.act_compress != "none" or job.optimizer.name == "adamw-8bit":
+        raise SpecError("finetune.method", job.finetune.method, "pipelines are traced with full fine-tuning, "
+                                                                "no activation compression, no 8-bit optimizer")
+    if m > MAX_PIPELINE_MICRO_BATCHES:
+        raise SpecError("batch.global_batch", job.batch.global_batch,
+                        f"{m} micro-batches per step; the pipeline trace runs at most {MAX_PIPELINE_MICRO_BATCHES} "
+                        "(set global_batch = micro_batch × dp × m with a smaller m)")
+    if estimated_total_bytes > MAX_PIPELINE_TRACE_BYTES:
+        raise SpecError("model", job.model.name,
+                        f"a pipeline trace allocates real memory ({estimated_total_bytes / 2**30:.1f} GiB over "
+                        f"{par.pp} stages, more than {MAX_PIPELINE_TRACE_BYTES / 2**30:.0f} GiB): trace fewer layers "
+                        "or a narrower model")
+
+
+class _StageTracker(_DeviceTracker):
+    """A pipeline stage runs its forward once per micro-batch within one step, which MemTracker takes for a
+    new iteration and refuses; the per-module statistics it keeps for that are not used here."""
+
+    def _pre_fw_hook(self, module, inputs) -> None:
+        if module in self.memory_tracking and not self._mod_tracker.is_bw:
+            return
+        super()._pre_fw_hook(module, inputs)
+
+
+def trace_pipeline(job: Job) -> TraceResult:
+    """Run two steps of the job's pipeline schedule on pp real gloo ranks; the busiest stage's memory."""
+    stages = trace_pipeline_stages(job)
+    busiest = max(stages, key=lambda s: s.peak_bytes)
+    return dataclasses.replace(busiest, stage_peaks_bytes=tuple(s.peak_bytes for s in stages))
+
+
+def trace_pipeline_stages(job: Job) -> list[TraceResult]:
+    """Every stage's memory, first to last."""
+    from ..estimate.memory import memory_estimate           # the estimate sizes the run, it does not judge it
+    check_pipeline_traceable(job, float(memory_estimate(job).peak_bytes) * job.parallel.pp)
+    with tempfile.TemporaryDirectory() as out:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        try:
+            mp.start_processes(_stage_main, args=(job.to_dict(), job.parallel.pp, port, out),
+                               nprocs=job.parallel.pp, start_method="spawn")
+        except mp.ProcessRaisedException as failure:
+            errors = sorted(Path(out).glob("stage*.err"), key=lambda p: p.stat().st_mtime)
+            detail = errors[0].read_text().strip() if errors else str(failure)
+            raise RuntimeError(f"pipeline trace failed on {errors[0].stem if errors else 'a stage'}: "
+                               f"{detail}") from failure
+        return [TraceResult(**json.loads(Path(out, f"stage{rank}.json").read_text()))
+                for rank in range(job.parallel.pp)]
+
+
+def _stage_main(rank: int, job_dict: dict, stages: int, port: int, out: str) -> None:
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=stages)
+    try:
+        job = Job.from_dict(job_dict)
+        result = _trace_stage(job, rank, stages)
+        Path(out, f"stage{rank}.json").write_text(json.dumps(dataclasses.asdict(result)))
+        dist.barrier()                  # no rank closes its connections while another still sends
+    except BaseException:
+        Path(out, f"stage{rank}.err").write_text(traceback.format_exc())   # the first failure, not its echoes
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def _trace_stage(job: Job, rank: int, stages: int) -> TraceResult:
+    from torch.distributed.pipelining import PipelineStage as TorchStage
+    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
+
+    from ..train.model import GPT
+    from ..train.parallel import PipelineStage
+
+    mode, m = job.precision.mode, job.grad_accum or 1
+    spec, b, seq = job.model, job.batch.micro_batch, job.model.seq_len
+    weights_dtype = _DTYPES[mode.rsplit("-", 1)[1]] if mode == "pure-bf16" or mode.startswith("mixed-") \
+        else torch.float32
+    with torch.device("meta"):
+        model = GPT(spec, attention=job.memory.attention, recompute=job.memory.recompute, dtype=weights_dtype)
+        stage_module = PipelineStage(model, rank, stages)
+    stage_module.to_empty(device="cpu")                      # uninitialised: only the bytes matter
+    del model
+    act_dtype = torch.float32 if mode == "fp32" or mode.startswith("amp-") else weights_dtype
+    example_in = (torch.zeros(b, seq, dtype=torch.long) if rank == 0
+                  else torch.zeros(b, seq, spec.hidden, dtype=act_dtype, requires_grad=True))
+    out_dtype = torch.bfloat16 if mode == "amp-bf16" else torch.float16 if mode == "amp-fp16" else act_dtype
+    example_out = torch.zeros(b, seq, spec.vocab if rank == stages - 1 else spec.hidden, dtype=out_dtype)
+    if mode.startswith("amp-") and rank < stages - 1:
+        example_out = example_out.float()                   # the residual stream stays fp32 under autocast
+    example_out.requires_grad_(True)                        # (the schedule sends gradients back for these)
+    stage = TorchStage(stage_module, rank, stages, torch.device("cpu"), input_args=(example_in,),
+                       output_args=(example_out,))
+
+    def loss_fn(logits, targets):
+        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
+
+    schedule_cls = ScheduleGPipe if job.parallel.schedule == "gpipe" else Schedule1F1B
+    schedule = schedule_cls(stage, m, loss_fn=loss_fn)
+    if mode.startswith("mixed-"):
+        stepper = _MasterStep(job, stage_module)
+        optimizer, extra = stepper.optimizer, stepper.master.params
+    else:
+        optimizer = _make_optimizer(job, stage_module.parameters())
+        stepper, extra = optimizer, []
+    autocast = (torch.autocast("cpu", dtype=_DTYPES[mode.rsplit("-", 1)[1]]) if mode.startswith("amp-")
+                else contextlib.nullcontext())
+    tracker = _StageTracker()
+    tracker.track_external(stage_module, optimizer, *extra)
+    snaps = {}
+    with tracker:
+        for step in range(2):
+            if step == 1:
+                tracker._peak_mem.clear()
+                tracker._peak_mem_snap.clear()
+            tracker.reset_mod_stats()
+            with autocast:
+                if rank == 0:
+                    schedule.step(torch.randint(0, spec.vocab, (b * m, seq)))
+                elif rank == stages - 1:
+                    schedule.step(target=torch.randint(0, spec.vocab, (b * m, seq)), return_outputs=False)
+                else:
+                    schedule.step()
+            snaps["before_step"] = _snapshot(tracker, "current")
+            stepper.step()
+            optimizer.zero_grad(set_to_none=True)
+        snaps["after"] = _snapshot(tracker, "current")
+    snaps["peak"] = _snapshot(tracker, "peak")
+    after = snaps["after"]
+    return TraceResult(
+        params_bytes=after.get("PARAM", 0) + after.get("BUFFER", 0),
+        grads_bytes=snaps["before_step"].get("GRAD", 0),
+        optimizer_bytes=after.get("OPT", 0) + after.get("OTH", 0),
+        activations_bytes=0,                 # no single forward/backward boundary: micro-batches interleave
+        peak_bytes=snaps["peak"].get("Total", 0),
+        peak_breakdown=snaps["peak"],
+        boundary_breakdown={},
+        program=f"cpu, {job.parallel.schedule} stage {rank} of {stages}",
+    )
