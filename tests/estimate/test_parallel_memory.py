@@ -53,9 +53,10 @@ def test_pipeline_in_flight(schedule, pp, vpp, m, expected):
 def test_first_stage_holds_in_flight_micro_batches():
     j = job({"pp": 4}, accum=8)
     first, last = activation_bytes(j, "first"), activation_bytes(j, "last")
-    sent = 2 * 1024 * 1024 * 4                                       # the output it sent on, kept for backward
-    assert first.layers == (first.per_layer * 2 + sent) * 4          # 8 layers / 4 stages, 4 micro-batches
-    assert last.layers == last.per_layer * 2 and first.head == 0 < last.head
+    stream = 2 * 1024 * 1024 * 4             # one micro-batch's residual stream: the output a stage sent on
+    # 8 layers / 4 stages, 4 micro-batches in flight, each keeping its output; 1F1B's 8 receive buffers
+    assert first.layers == (first.per_layer * 2 + stream) * 4 + 8 * stream
+    assert last.layers == last.per_layer * 2 + 8 * stream and first.head == 0 < last.head
     assert activation_bytes(j).total == max(first.total, last.total)
 
 
