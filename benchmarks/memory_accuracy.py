@@ -33,10 +33,10 @@ def matrix() -> list[tuple[str, dict]]:
 
     def add(name, model, mode="amp-bf16", b=2, accum=1, rec="none", att="flash", opt="adamw", impl=None,
             momentum=0.9, dropout=None, dp=1, zero=0, lora=None, compress="none", tp=1, sp=False, pp=1,
-            schedule="1f1b"):
+            schedule="1f1b", method="lora"):
         if dropout is not None:
             model = dict(model, dropout=dropout)
-        finetune = {"method": "lora", "rank": 8, "targets": lora} if lora else {}
+        finetune = {"method": method, "rank": 8, "targets": lora} if lora else {}
         rows.append((name, {"model": model, "batch": {"micro_batch": b, "global_batch": b * accum * dp},
                             "precision": {"mode": mode}, "optimizer": {"name": opt, "impl": impl, "momentum": momentum},
                             "parallel": {"zero": zero, "tp": tp, "sp": sp, "pp": pp, "schedule": schedule},
@@ -86,6 +86,13 @@ def matrix() -> list[tuple[str, dict]]:
             (["q", "v"], ["q", "k", "v", "o", "up", "down"]), (32000, 1000)):
         add(f"{mname}-v{vocab}/lora-{'+'.join(targets)}/{mode}", dict(model, vocab=vocab), mode=mode, lora=targets)
     add("llama7b-layers/lora-qv/pure-bf16", LLAMA_7B_LAYERS, mode="pure-bf16", b=1, lora=["q", "v"])
+    # QLoRA: NF4 base matrices (toolkit.train.qlora), adapters on top
+    for (mname, model), mode, targets, vocab in itertools.product(
+            (("gpt", SMALL_GPT), ("llama", SMALL_LLAMA)), ("amp-bf16", "pure-bf16", "mixed-bf16"),
+            (["q", "v"], ["q", "k", "v", "o", "up", "down"]), (32000, 1000)):
+        add(f"{mname}-v{vocab}/qlora-{'+'.join(targets)}/{mode}", dict(model, vocab=vocab), mode=mode, lora=targets,
+            method="qlora")
+    add("llama7b-layers/qlora-qv/amp-bf16", LLAMA_7B_LAYERS, b=1, lora=["q", "v"], method="qlora")
     # FSDP2 (torch ZeRO-2/3) on a fake process group of 8 ranks
     for (mname, model), mode, zero, rec in itertools.product(
             (("gpt", SMALL_GPT), ("llama", SMALL_LLAMA)), ("fp32", "amp-bf16", "pure-bf16"), (2, 3), ("none", "full")):
@@ -151,6 +158,7 @@ def main() -> None:
     replicated = [e for (name, _), e in zip(rows, errors) if not any(k in name for k in ("fsdp", "int8", "/tp", "/pp"))]
     fsdp = [e for (name, _), e in zip(rows, errors) if "fsdp" in name]
     tensor_parallel = [e for (name, _), e in zip(rows, errors) if "/tp" in name]
+    qlora = [e for (name, _), e in zip(rows, errors) if "qlora" in name]
     pipeline = [e for (name, _), e in zip(rows, errors) if "/pp" in name]
     print()
     print(f"configurations: {len(rows)}")
@@ -165,6 +173,8 @@ def main() -> None:
         print(f"fsdp peak max error: {100 * max(fsdp):.2f} %")
     if tensor_parallel:
         print(f"tensor-parallel peak max error: {100 * max(tensor_parallel):.2f} %")
+    if qlora:
+        print(f"qlora peak max error: {100 * max(qlora):.2f} %")
     if pipeline:
         print(f"pipeline peak median error: {100 * statistics.median(pipeline):.2f} %")
         print(f"pipeline peak max error: {100 * max(pipeline):.2f} %")

@@ -149,7 +149,7 @@ def _norm_internal(job: Job, tokens: float, h: int, block: bool = True) -> float
     # torch's RMSNorm computes in fp32: a 16-bit input is kept only as its fp32 copy; x·rstd is kept
     # for the weight's gradient, so not when the weight is frozen (LoRA)
     f32 = _stored(job, 4, block)
-    normalized = 0 if job.finetune.method == "lora" else tokens * h * f32
+    normalized = 0 if job.finetune.adapters else tokens * h * f32
     return tokens * h * f32 + normalized + tokens * _stored(job, 4, block, values=tokens)  # input (fp32), x·rstd, rstd
 
 
@@ -178,7 +178,7 @@ def _attention_core(job: Job, tokens: float, b: int) -> float:
 def activation_bytes(job: Job, stage: str | None = None) -> ActivationBytes:
     """Saved activations on one device of a resolved job: the first or last pipeline stage, or (None) the one
     that holds more. Without pipelining every stage is the whole model."""
-    if job.finetune.method == "lora":
+    if job.finetune.adapters:
         return _lora_activations(job)
     if stage is None:
         first, last = activation_bytes(job, "first"), activation_bytes(job, "last")
@@ -293,6 +293,7 @@ def _lora_activations(job: Job) -> ActivationBytes:
     b, s = job.batch.micro_batch, m.seq_len
     tokens = b * s
     targets, r = set(job.finetune.targets), job.finetune.rank
+    qlora = job.finetune.method == "qlora"
     shapes = projection_shapes(m)                                    # LoRA runs without tensor parallelism
     copy = _math_path(job) or m.position == "rope"
     half_head = s * (m.head_dim_ // 2) * 2                           # one bf16 cast of a rope table
@@ -302,7 +303,8 @@ def _lora_activations(job: Job) -> ActivationBytes:
         an adapter's B always, its A if the input needs a gradient."""
         if not amp:
             return 0.0
-        out = sum(shapes[n][0] * shapes[n][1] for n in names) if input_rg else 0.0
+        # (QLoRA's frozen NF4 matrices keep no cast: they are dequantized again in backward)
+        out = sum(shapes[n][0] * shapes[n][1] for n in names) if input_rg and not qlora else 0.0
         for n in names:
             if n in targets:
                 out += r * shapes[n][1] + (r * shapes[n][0] if input_rg else 0)

@@ -119,7 +119,7 @@ def _stage_memory(job: Job, stage: str) -> MemoryEstimate:
     reduce_scatter = gathered.reduce_scatter
 
     # gradients appear during backward: head first, then layer by layer, embedding last
-    lora = job.finetune.method == "lora"
+    lora = job.finetune.adapters
     per_layer_trainable = adapter_params_per_layer(job) if lora else counts.per_layer
     layer_grad = per_layer_trainable * grad_b / tp / np.where(zero >= 2, dp, 1)
     head_param = np.where(owns_head, 0 if lora else (counts.head if counts.head else counts.embedding), 0)  # tied: at the head
@@ -165,6 +165,11 @@ def _stage_memory(job: Job, stage: str) -> MemoryEstimate:
                                        + gathered.root + (3 if model.mlp == "swiglu" else 2) * tokens * ffn * act)
 
     after_head = acts.total - acts.head                            # loss and final norm have released theirs
+    if job.finetune.method == "qlora":
+        # the top block's down projection, forward: its weight being dequantized, with the unpacked indices
+        # (1 byte), their int32 copy for the table lookup and the looked-up levels (toolkit.train.qlora)
+        phases["top layer forward"] = (persistent + grads_prev + acts.layers + acts.embedding
+                                       + (1 + 4 + 2 + 2) * h * model.ffn_)
     for name, done_layers in (("top layer", 0), ("bottom layer", acts.stage_layers - 1)):
         # by the MLP's backward, the layer has made its down-projection's weight gradient too; when
         # accumulating, that gradient is a temporary (in the compute dtype, then cast) added into .grad
@@ -257,7 +262,7 @@ def _step_bytes(job: Job, counts, persistent: float, grads_full: float, stage: s
     """Device bytes during the optimizer step."""
     par = job.parallel
     largest = max(counts.embedding, counts.head, _largest_matrix(job)) / np.asarray(par.tp)
-    if job.finetune.method == "lora":                              # only the adapters are stepped
+    if job.finetune.adapters:                              # only the adapters are stepped
         largest = job.finetune.rank * max(job.model.hidden, job.model.ffn_, job.model.heads * job.model.head_dim_)
     step = persistent + grads_full + _optimizer_temp_bytes(job, largest, stage)
     if job.precision.mode.startswith("mixed-"):
@@ -271,7 +276,7 @@ def _step_bytes(job: Job, counts, persistent: float, grads_full: float, stage: s
 def _trainable_per_device(job: Job, stage: str | None = None):
     """Parameters the optimizer steps on one device (before ZeRO sharding): all, or LoRA's adapters."""
     par = job.parallel
-    if job.finetune.method == "lora":
+    if job.finetune.adapters:
         return adapter_params_per_layer(job) * (job.model.layers // np.asarray(par.pp)) / np.asarray(par.tp)
     return params_per_device(job.model, par.tp, par.pp, stage)
 
@@ -296,6 +301,10 @@ def memory_notes(job: Job, mem: MemoryEstimate | None) -> list[str]:
     if par.pp > 1 or par.offload != "none" or (par.zero > 0 and not fsdp_traced) or (par.tp > 1 and par.zero):
         notes.append("pipeline, DeepSpeed-style ZeRO, offload and tp combined with ZeRO follow Megatron's and the "
                      "frameworks' semantics and are not yet checked against a trace (replicas, FSDP2 and tp are)")
+    if job.finetune.method == "qlora":
+        notes.append("QLoRA as toolkit.train.qlora runs it: NF4 with double quantization (bitsandbytes' layout, "
+                     "0.516 bytes a weight); its dequantizing matmul holds ~9 bytes per weight of one matrix at a "
+                     "time, bitsandbytes' CUDA kernels about 2")
     if job.memory.act_compress == "int8":
         if job.memory.attention == "eager" or (job.model.dropout > 0 and job.memory.program == "cpu"):
             notes.append("int8 with explicit attention ops: activations within ~2 % of the trace, but the peak can "

@@ -24,9 +24,12 @@ from ..specs.job import TORCH_SEMANTICS, Job
 from ..specs.model import ModelSpec
 from .params import count_params, projection_shapes
 
-__all__ = ["StateBytes", "adapter_params_per_layer", "bytes_per_param", "params_per_device", "replicated_per_layer",
+__all__ = ["StateBytes", "adapter_params_per_layer", "qlora_block_bytes", "nf4_matrix_bytes", "bytes_per_param", "params_per_device", "replicated_per_layer",
            "vocab_per_rank",            "model_state_bytes",
            "ADAM8BIT_BLOCK", "ADAM8BIT_BYTES_PER_PARAM"]
+
+NF4_BLOCK, NF4_SCALE_BLOCK = 64, 256
+"""QLoRA's NF4: weights per absmax, absmax values per fp32 scale (double quantization)."""
 
 ADAM8BIT_BLOCK = 256
 """bitsandbytes' block size for blockwise 8-bit optimizer states (one fp32 absmax per block)."""
@@ -104,10 +107,28 @@ def replicated_per_layer(model: ModelSpec) -> int:
 
 def adapter_params_per_layer(job: Job) -> int:
     """LoRA parameters of one block: r·(in + out) for every targeted projection (0 for full fine-tuning)."""
-    if job.finetune.method != "lora":
+    if not job.finetune.adapters:
         return 0
     shapes = projection_shapes(job.model)
     return sum(job.finetune.rank * (shapes[t][0] + shapes[t][1]) for t in job.finetune.targets)
+
+
+def qlora_block_bytes(job: Job) -> tuple[int, float, int]:
+    """Per block: the parameters of its matrices, their bytes as NF4 (codes, 8-bit absmax, fp32 scales, the
+    fp32 mean and the 16-entry level table of every NF4Linear), and their bias parameters."""
+    m = job.model
+    shapes = projection_shapes(m)
+    names = [n for n in shapes if n != "gate" or m.mlp == "swiglu"]
+    matrices = sum(shapes[n][0] * shapes[n][1] for n in names)
+    nf4 = sum(nf4_matrix_bytes(shapes[n][0] * shapes[n][1]) for n in names)
+    biased = {"all": names, "qkv": ["q", "k", "v"]}.get(m.bias, [])
+    return matrices, nf4, sum(shapes[n][1] for n in biased)
+
+
+def nf4_matrix_bytes(numel: int) -> float:
+    """One NF4Linear's buffers (toolkit.train.qlora): 4-bit codes, an int8 absmax per 64 weights, an fp32
+    scale per 256 absmax values, the fp32 mean, and its table of 16 bf16 levels."""
+    return numel / 2 + numel / NF4_BLOCK + 4 * numel / (NF4_BLOCK * NF4_SCALE_BLOCK) + 4 + 16 * 2
 
 
 def model_state_bytes(job: Job, stage: str | None = None) -> StateBytes:
@@ -117,13 +138,18 @@ def model_state_bytes(job: Job, stage: str | None = None) -> StateBytes:
     n = params_per_device(job.model, par.tp, par.pp, stage)
     weight, grad, optimizer = bytes_per_param(job)
     trainable = n
-    if job.finetune.method == "lora":                      # frozen base: only the adapters train
+    if job.finetune.adapters:                      # frozen base: only the adapters train
         trainable = adapter_params_per_layer(job) * (job.model.layers // np.asarray(par.pp)) / par.tp
         n = n + trainable
     dp, zero, offload = np.asarray(1 if par.dp is None else par.dp), np.asarray(par.zero), np.asarray(par.offload)
     torch_semantics = job.precision.mode in TORCH_SEMANTICS
     shard_weights = np.where((zero == 3) | ((zero == 2) & torch_semantics), dp, 1)
     params_b = n * weight / shard_weights
+    if job.finetune.method == "qlora":     # the blocks' frozen matrices in NF4 instead (LoRA layouts: replicas)
+        matrices, nf4, biases = qlora_block_bytes(job)
+        stage_layers = job.model.layers // np.asarray(par.pp)
+        compute = 2                        # NF4Linear keeps its bias in the 16-bit compute dtype
+        params_b = params_b + stage_layers * (nf4 - matrices * weight + biases * (compute - weight))
     grads_b = trainable * grad / np.where(zero >= 2, dp, 1)
     optimizer_b = trainable * optimizer / np.where(zero >= 1, dp, 1)
     offload_params = offload == "params"

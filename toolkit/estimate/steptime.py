@@ -279,6 +279,6 @@ def step_time(job: Job, hw: Hardware, a: Assumptions = Assumptions()) -> StepTim
 def _trainable(job: Job):
     """Parameters one device trains (before ZeRO sharding): its stage on its tp rank, or LoRA's adapters."""
     par = job.parallel
-    if job.finetune.method == "lora":
+    if job.finetune.adapters:
         return adapter_params_per_layer(job) * (job.model.layers // np.asarray(par.pp)) / np.asarray(par.tp)
     return params_per_device(job.model, par.tp, par.pp)

@@ -136,14 +136,20 @@ class Cost:
 
 @dataclass(frozen=True, kw_only=True)
 class Finetune:
-    method: Literal["full", "lora"] = "full"
-    """full: every weight trains; lora: frozen weights plus low-rank adapters (Hu et al. 2021)."""
+    method: Literal["full", "lora", "qlora"] = "full"
+    """full: every weight trains; lora: frozen weights plus low-rank adapters (Hu et al. 2021); qlora: the
+    same with the blocks' frozen matrices stored in 4-bit NormalFloat (Dettmers et al. 2023)."""
     rank: int = 8
     """Adapter rank r."""
     alpha: float = 16.0
     """Adapter scale numerator (the update is scaled by alpha / rank)."""
     targets: tuple[str, ...] = ("q", "k", "v", "o")
     """Projections that get adapters: q, k, v, o (attention), up, gate (SwiGLU only), down (MLP)."""
+
+    @property
+    def adapters(self) -> bool:
+        """LoRA or QLoRA: a frozen base and trainable adapters."""
+        return self.method in ("lora", "qlora")
 
 
 LORA_TARGETS = ("q", "k", "v", "o", "up", "gate", "down")

@@ -116,3 +116,14 @@ class ModelSpec:
             raise SpecError("model.seq_len", self.seq_len,
                             f"exceeds the learned position table (model.max_positions = {self.max_positions_}); "
                             "raise model.max_positions in a job file to train a wider table")
+
+
+def nf4_shapes_ok(model: "ModelSpec") -> str | None:
+    """The first block projection whose size is not a multiple of 64 × 256 weights (NF4 with double
+    quantization packs those), or None when all fit."""
+    h, q, kv, f = model.hidden, model.heads * model.head_dim_, model.kv_heads_ * model.head_dim_, model.ffn_
+    shapes = {"q": h * q, "k": h * kv, "v": h * kv, "o": q * h, "up": h * f, "down": f * h}
+    for name, numel in shapes.items():
+        if numel % (64 * 256):
+            return name
+    return None

@@ -11,6 +11,7 @@ from .catalog import Catalog
 from .errors import SpecError
 from .fields import check_positive, check_range
 from .job import LORA_TARGETS, TORCH_SEMANTICS, Job, compute_dtype
+from .model import nf4_shapes_ok
 
 __all__ = ["resolve_job", "divisors"]
 
@@ -200,7 +201,7 @@ def resolve_job(job: Job, catalog: Catalog) -> tuple[Job, list[str]]:
 
     # ---- fine-tuning --------------------------------------------------------------------------
     ft = job.finetune
-    if ft.method == "lora":
+    if ft.adapters:
         check_positive(ft.rank, "finetune.rank")
         check_positive(ft.alpha, "finetune.alpha")
         if not ft.targets:
@@ -210,15 +211,24 @@ def resolve_job(job: Job, catalog: Catalog) -> tuple[Job, list[str]]:
                 allowed = [t for t in LORA_TARGETS if t != "gate" or model.mlp == "swiglu"]
                 raise SpecError("finetune.targets", target, f"allowed: {', '.join(allowed)}")
         if not model.has_shape:
-            raise SpecError("finetune.method", "lora", "adapters need the model's shape (layers, hidden, heads)")
+            raise SpecError("finetune.method", ft.method, "adapters need the model's shape (layers, hidden, heads)")
         if job.memory.recompute != "none":
             raise SpecError("memory.recompute", job.memory.recompute,
                             "LoRA with activation recompute is not modelled yet; use recompute none")
         if model.dropout > 0:
             raise SpecError("model.dropout", model.dropout, "LoRA with dropout is not modelled yet; use dropout 0")
         if job.parallel.tp > 1 or job.parallel.pp > 1 or job.parallel.zero >= 2:
-            raise SpecError("finetune.method", "lora", "LoRA is modelled for data-parallel replicas (zero 0 or 1) "
+            raise SpecError("finetune.method", ft.method, "LoRA is modelled for data-parallel replicas (zero 0 or 1) "
                                                        "so far; use tp 1, pp 1")
+
+    if ft.method == "qlora":
+        bad = nf4_shapes_ok(model)                # NF4 packs blocks of 64 weights, 256 scales per fp32 scale
+        if bad:
+            raise SpecError("finetune.method", "qlora", f"NF4 stores matrices in multiples of 16,384 weights; the "
+                                                        f"{bad} projection is not (use widths that are multiples of 128)")
+        if precision.mode == "fp32" or job.optimizer.name == "adamw-8bit":
+            raise SpecError("finetune.method", "qlora", "QLoRA computes in 16 bits with 16/32-bit adapters: use "
+                                                        "amp-bf16, pure-bf16 or mixed-bf16 (and adamw, adam or sgd)")
 
     # ---- batch ------------------------------------------------------------------------------
     per_step = batch.micro_batch * par.dp

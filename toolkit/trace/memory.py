@@ -36,6 +36,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 from ..specs.errors import SpecError
 from ..specs.job import TORCH_SEMANTICS, Job
 from ..train.lora import apply_lora
+from ..train.qlora import apply_qlora
 from ..train.techniques import Int8Activations
 from ..train.model import GPT
 from ..train.parallel import loss_parallel, shard_embedding_grad, tensor_parallel
@@ -87,10 +88,14 @@ def _check_traceable(job: Job) -> None:
         raise SpecError("optimizer.name", "adamw-8bit", "8-bit optimizers do not run on fake tensors; "
                                                          "validate them with a small real run")
     if job.memory.act_compress != "none" and (job.parallel.zero >= 2 or job.memory.recompute == "full"
-                                              or job.finetune.method == "lora" or par.tp > 1):
+                                              or job.finetune.adapters or par.tp > 1):
         raise SpecError("memory.act_compress", job.memory.act_compress,
                         "int8 activations are traced with replicas (tp 1, zero 0/1), recompute none or selective, "
                         "full fine-tuning")
+
+
+def _compute_dtype(job: Job) -> torch.dtype:
+    return torch.float16 if job.precision.mode.endswith("fp16") else torch.bfloat16
 
 
 def _make_optimizer(job: Job, params):
@@ -192,9 +197,11 @@ def _propagation_apart():
 def _trace_single(job: Job, model: torch.nn.Module) -> TraceResult:
     """One rank whose parameters are whole (replicas) or DTensor shards (tensor parallelism)."""
     mode = job.precision.mode
-    if job.finetune.method == "lora":
-        ft = job.finetune
+    ft = job.finetune
+    if ft.method == "lora":
         apply_lora(model, ft.rank, ft.alpha, ft.targets)
+    elif ft.method == "qlora":
+        apply_qlora(model, ft.rank, ft.alpha, ft.targets, compute_dtype=_compute_dtype(job))
     if mode.startswith("mixed-"):
         stepper = _MasterStep(job, model)
         optimizer, extra = stepper.optimizer, stepper.master.params

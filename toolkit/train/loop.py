@@ -32,6 +32,7 @@ from .lora import apply_lora
 from .metrics import MetricsLog, memory_reading
 from .model import GPT
 from .precision import MasterWeights, precision_plan, use_fp32_norms
+from .qlora import apply_qlora
 from .techniques import Int8Activations, Pruner, block_matrices
 
 __all__ = ["run_training", "RunResult", "TrainingStopped", "lr_at", "runner_checks"]
@@ -109,6 +110,9 @@ def _build_model(job: Job, param_dtype: torch.dtype) -> torch.nn.Module:
         load_initial_weights(model, job.training.init_from)
     if job.finetune.method == "lora":
         apply_lora(model, job.finetune.rank, job.finetune.alpha, job.finetune.targets)
+    elif job.finetune.method == "qlora":
+        apply_qlora(model, job.finetune.rank, job.finetune.alpha, job.finetune.targets,
+                    compute_dtype=torch.float16 if compute_dtype(job.precision.mode) == "fp16" else torch.bfloat16)
     if job.training.fp32_norm:
         use_fp32_norms(model)
     return model
