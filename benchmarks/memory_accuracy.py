@@ -86,6 +86,13 @@ def matrix() -> list[tuple[str, dict]]:
             (["q", "v"], ["q", "k", "v", "o", "up", "down"]), (32000, 1000)):
         add(f"{mname}-v{vocab}/lora-{'+'.join(targets)}/{mode}", dict(model, vocab=vocab), mode=mode, lora=targets)
     add("llama7b-layers/lora-qv/pure-bf16", LLAMA_7B_LAYERS, mode="pure-bf16", b=1, lora=["q", "v"])
+    # LoRA and QLoRA with full recompute and dropout
+    for (mname, model), method, rec, drop in itertools.product((("gpt", SMALL_GPT), ("llama", SMALL_LLAMA)),
+                                                               ("lora", "qlora"), ("none", "full"), (0.0, 0.1)):
+        if rec == "none" and drop == 0.0:
+            continue
+        add(f"{mname}-v8000/{method}-qvdown/{rec}/dropout{drop}", dict(model, vocab=8000), dropout=drop, rec=rec,
+            lora=["q", "v", "down"], method=method)
     # QLoRA: NF4 base matrices (toolkit.train.qlora), adapters on top
     for (mname, model), mode, targets, vocab in itertools.product(
             (("gpt", SMALL_GPT), ("llama", SMALL_LLAMA)), ("amp-bf16", "pure-bf16", "mixed-bf16"),

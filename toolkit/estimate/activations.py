@@ -344,11 +344,19 @@ def _lora_activations(job: Job) -> ActivationBytes:
             mlp_rg = up_rg
             saved += casts(("up",), x1_rg)
         saved += casts(("down",), mlp_rg)
+        # dropout keeps its mask where its input needs a gradient: the attention and MLP branch outputs
+        saved += branch_mask * (x1_rg + (mlp_rg or "down" in targets))
         return saved
 
+    cpu = job.memory.program == "cpu"
+    branch_mask = tokens * h * (act if cpu else 1) if m.dropout > 0 else 0
     first, rest = block(False), block(True)
     layers = first + rest * (m.layers - 1)
+    per_layer, recompute_layer = rest, 0.0
+    if job.memory.recompute == "full":          # each block keeps its input; backward rebuilds one at a time
+        per_layer = tokens * h * residual
+        layers, recompute_layer = per_layer * m.layers, rest - per_layer
     head = _norm_internal(job, tokens, h) + _loss_bytes(job, tokens, m.vocab)   # the frozen head keeps no input
     batch = tokens * _INT64                                           # the token ids stay on the device
-    return ActivationBytes(per_layer=rest, layers=np.asarray(layers), embedding=batch, head=head,
-                           recompute_layer=0, in_flight=1.0, stage_layers=m.layers)
+    return ActivationBytes(per_layer=per_layer, layers=np.asarray(layers), embedding=batch, head=head,
+                           recompute_layer=recompute_layer, in_flight=1.0, stage_layers=m.layers)

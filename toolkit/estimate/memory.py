@@ -152,6 +152,8 @@ def _stage_memory(job: Job, stage: str) -> MemoryEstimate:
     logits_bytes = tokens * vocab * ((4 if mode == "fp32" else 2 + 4) + np.where(vocab_parallel, 4, 0))
     q, kv = model.heads * model.head_dim_, model.kv_heads_ * model.head_dim_
     layer_matmuls = 2 * h * q + 2 * h * kv + (3 if model.mlp == "swiglu" else 2) * h * model.ffn_
+    if job.finetune.adapters:                 # autocast caches casts of trainable leaves only: the adapters
+        layer_matmuls = adapter_params_per_layer(job)
     caching = (mode.startswith("amp-") & (np.asarray(job.memory.recompute) == "full")
                & (gathered.root == 0) & (gathered.in_backward == 0))
     autocast_cache = np.where(caching, 2 * acts.stage_layers * layer_matmuls / tp, 0.0)   # head's cast is saved
@@ -165,11 +167,14 @@ def _stage_memory(job: Job, stage: str) -> MemoryEstimate:
                                        + gathered.root + (3 if model.mlp == "swiglu" else 2) * tokens * ffn * act)
 
     after_head = acts.total - acts.head                            # loss and final norm have released theirs
+    dequant = 0.0
     if job.finetune.method == "qlora":
         # the top block's down projection, forward: its weight being dequantized, with the unpacked indices
-        # (1 byte), their int32 copy for the table lookup and the looked-up levels (toolkit.train.qlora)
-        phases["top layer forward"] = (persistent + grads_prev + acts.layers + acts.embedding
-                                       + (1 + 4 + 2 + 2) * h * model.ffn_)
+        # (1 byte), their int32 copy for the table lookup and the looked-up levels (toolkit.train.qlora);
+        # under full recompute the same happens inside backward, while the block is rebuilt
+        dequant = (1 + 4 + 2 + 2) * h * model.ffn_
+        phases["top layer forward"] = persistent + grads_prev + acts.layers + acts.embedding + dequant
+        dequant = np.where(np.asarray(job.memory.recompute) == "full", dequant, 0.0)
     for name, done_layers in (("top layer", 0), ("bottom layer", acts.stage_layers - 1)):
         # by the MLP's backward, the layer has made its down-projection's weight gradient too; when
         # accumulating, that gradient is a temporary (in the compute dtype, then cast) added into .grad
@@ -185,7 +190,8 @@ def _stage_memory(job: Job, stage: str) -> MemoryEstimate:
         base = persistent + grads + still_gathered + gathered.root + gathered.in_backward
         # below the top block, the block above is still reduce-scattering its gradients (FSDP2 overlaps them)
         overlap = np.where(np.asarray(done_layers) > 0, reduce_scatter, 0.0)
-        phases[name] = base + held + acts.recompute_layer + mlp_temp + overlap + unpacked + step_cache
+        # (QLoRA rebuilding a block: its dequantizing moment counted on top, which errs 4-6 % high)
+        phases[name] = base + held + acts.recompute_layer + mlp_temp + overlap + unpacked + step_cache + dequant
         if name == "top layer":
             # the top block's post-backward: its activations are gone, it is resharded, and its unsharded
             # gradients are copied into the reduce-scatter input (FSDP2 only; 0 elsewhere)
