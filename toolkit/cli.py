@@ -18,7 +18,7 @@ import argparse
 import json
 import re
 import sys
-from typing import get_args, get_type_hints
+from typing import Literal, get_args, get_origin, get_type_hints
 
 from .estimate import count_params, estimate
 from .format import count, render_comparison, render_doctor, render_estimate, render_plan
@@ -86,7 +86,13 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _allowed(cls, name) -> str:
-    values = [a for a in get_args(get_type_hints(cls)[name]) if a is not type(None)]
+    """The choices of a Literal field (also inside `Literal[...] | None`), as argparse shows them."""
+    values = []
+    for arg in get_args(get_type_hints(cls)[name]):
+        if get_origin(arg) is Literal:
+            values.extend(get_args(arg))
+        elif arg is not type(None):
+            values.append(arg)
     return "{" + ",".join(str(v) for v in values) + "}" if values and not isinstance(values[0], type) else ""
 
 
