@@ -307,6 +307,13 @@ def memory_notes(job: Job, mem: MemoryEstimate | None) -> list[str]:
     if par.pp > 1 or par.offload != "none" or (par.zero > 0 and not fsdp_traced) or (par.tp > 1 and par.zero):
         notes.append("pipeline, DeepSpeed-style ZeRO, offload and tp combined with ZeRO follow Megatron's and the "
                      "frameworks' semantics and are not yet checked against a trace (replicas, FSDP2 and tp are)")
+    if par.pp > 1 and par.schedule != "gpipe":
+        m = job.grad_accum or 1
+        buffers = m * job.batch.micro_batch * job.model.seq_len * job.model.hidden / (par.tp if par.sp else 1) \
+            * (4 if job.precision.mode.startswith("amp-") or job.precision.mode == "fp32" else 2)
+        notes.append(f"pipeline stages follow torch.distributed.pipelining, which allocates a receive buffer for "
+                     f"each of the step's {m} micro-batches: {buffers / 2**30:.2f} GiB per stage here (Megatron "
+                     f"reuses a few); fewer, larger micro-batches shrink it")
     if job.finetune.method == "qlora":
         notes.append("QLoRA as toolkit.train.qlora runs it: NF4 with double quantization (bitsandbytes' layout, "
                      "0.516 bytes a weight); its dequantizing matmul holds ~9 bytes per weight of one matrix at a "
