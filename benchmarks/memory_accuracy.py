@@ -109,7 +109,7 @@ def matrix() -> list[tuple[str, dict]]:
         add(f"{mname}-v1000/fsdp-zero{zero}/{rec}/b{b}", dict(model, vocab=1000), rec=rec, b=b, dp=8, zero=zero)
     # tensor parallelism (torch's DTensor plan) on a fake process group, with and without sequence parallelism
     untied_gpt = dict(SMALL_GPT, tie_embeddings=False)
-    for mode, rec in itertools.product(("fp32", "amp-bf16", "pure-bf16", "mixed-bf16"), ("none", "selective", "full")):
+    for mode, rec in itertools.product(("fp32", "amp-bf16", "amp-fp16", "pure-bf16"), ("none", "selective", "full")):
         add(f"gpt/tp2/{mode}/{rec}", untied_gpt, mode=mode, rec=rec, tp=2)
         add(f"llama/tp2-sp/{mode}/{rec}", SMALL_LLAMA, mode=mode, rec=rec, tp=2, sp=True)
     add("llama/tp4-sp/eager-dropout", dict(SMALL_LLAMA, kv_heads=4), att="eager", dropout=0.1, tp=4, sp=True)
@@ -118,7 +118,7 @@ def matrix() -> list[tuple[str, dict]]:
     add("llama7b-layers/tp8-sp/full-b2", LLAMA_7B_LAYERS, b=2, rec="full", tp=8, sp=True)
     # pipelines: torch's schedules on real gloo ranks (one process per stage), the busiest stage
     llama_v8000 = dict(SMALL_LLAMA, vocab=8000)
-    for mode, rec, schedule in itertools.product(("fp32", "amp-bf16", "pure-bf16", "mixed-bf16"), ("none", "full"),
+    for mode, rec, schedule in itertools.product(("fp32", "amp-bf16", "amp-fp16", "pure-bf16"), ("none", "full"),
                                                  ("1f1b", "gpipe")):
         add(f"llama-v8000/pp2-{schedule}/{mode}/{rec}", llama_v8000, mode=mode, rec=rec, accum=4, pp=2,
             schedule=schedule)

@@ -18,7 +18,7 @@ def pipeline_job(schedule, mode="amp-bf16", rec="none", m=4, pp=2, model=LLAMA):
     return Job.from_dict(data).resolve()[0]
 
 
-@pytest.mark.parametrize("schedule, mode, rec", [("1f1b", "amp-bf16", "full"), ("gpipe", "mixed-bf16", "none")])
+@pytest.mark.parametrize("schedule, mode, rec", [("1f1b", "amp-bf16", "full"), ("gpipe", "pure-bf16", "none")])
 def test_each_stage_matches_the_model(schedule, mode, rec):
     job = pipeline_job(schedule, mode, rec)
     first, last = trace_pipeline_stages(job)
@@ -40,5 +40,7 @@ def test_gpipe_holds_every_micro_batch_and_1f1b_at_most_pp():
 def test_untraceable_pipelines_are_refused_before_any_process_starts():
     with pytest.raises(SpecError, match="must divide model.layers"):
         trace_memory(pipeline_job("1f1b", pp=3, model=dict(LLAMA, layers=4)))
+    with pytest.raises(SpecError, match="Megatron's pipeline program"):
+        trace_memory(pipeline_job("1f1b", mode="mixed-bf16"))
     with pytest.raises(SpecError, match="allocates real memory"):
         trace_memory(pipeline_job("1f1b", model={"preset": "llama2-7b", "layers": 4}))

@@ -126,10 +126,11 @@ def _math_path(job: Job) -> bool:
 
 def _norm_saved(job: Job, tokens: float, h: int, consumers: int, block: bool = True) -> float:
     """A norm's saved tensors, its input (the residual stream) included. With sequence parallelism the norm
-    keeps its 1/tp of the tokens, and the linears after it keep the all-gathered output (torch's DTensor
-    program; Megatron keeps the shard and gathers it again in backward)."""
+    keeps its 1/tp of the tokens, and the linears after it keep the all-gathered output in torch's DTensor
+    program; Megatron's (the mixed-* modes) keeps the shard and gathers it again in backward."""
     tokens_h = np.where(job.parallel.sp, tokens / job.parallel.tp, tokens)
-    return _norm_internal(job, tokens_h, h, block) + _norm_output(job, tokens, h, consumers, block)
+    gathered = tokens if job.precision.mode in TORCH_SEMANTICS else tokens_h
+    return _norm_internal(job, tokens_h, h, block) + _norm_output(job, gathered, h, consumers, block)
 
 
 def _norm_output(job: Job, tokens: float, h: int, consumers: int, block: bool = True) -> float:
@@ -240,16 +241,20 @@ def activation_bytes(job: Job, stage: str | None = None) -> ActivationBytes:
         in_flight = np.where(single | (np.asarray(job.parallel.schedule) != "gpipe"), 1.0, micro)
         owns_embedding, owns_head = single, True
     stage_layers = m.layers // np.asarray(pp)
-    # torch's pipeline schedule keeps the last stage's output (the logits) until that micro-batch's backward
-    kept_logits = np.where(single, 0.0, tokens * vocab_per_rank(m, tp) * (4 if job.precision.mode == "fp32" else 2))
+    # Pipelines follow torch.distributed.pipelining (the mixed-* modes: Megatron's, which frees a sent output's
+    # data, reuses its receive buffers and computes the loss inside the last stage). torch's schedule keeps
+    # the last stage's output (the logits) until that micro-batch's backward; every other stage keeps the
+    # output it sent on; under 1F1B a stage also holds one residual-stream-sized receive buffer per
+    # micro-batch of the step beside what its blocks keep (measured on torch's Schedule1F1B; GPipe's
+    # buffers are the blocks' inputs themselves).
+    torch_pipeline = ~single & (job.precision.mode in TORCH_SEMANTICS)
+    kept_logits = np.where(torch_pipeline, tokens * vocab_per_rank(m, tp) * (4 if job.precision.mode == "fp32" else 2),
+                           0.0)
     shared = np.where(single | full, 0.0, weights)
     shared_head = np.where(single | ~np.asarray(owns_head), 0.0, _bytes_of(job)[2] * 2 * h * vocab_per_rank(m, tp))
-    # ...every stage but the last keeps its output (the residual stream it sent on) for the backward; under
-    # 1F1B a stage also holds one residual-stream-sized receive buffer per micro-batch of the step beside what
-    # its blocks keep (measured on torch's Schedule1F1B; GPipe's buffers are the blocks' inputs themselves)
-    kept_output = np.where(single | owns_head, 0.0, tokens_h * h * residual * in_flight)
+    kept_output = np.where(~torch_pipeline | owns_head, 0.0, tokens_h * h * residual * in_flight)
     micro_batches = np.asarray(1 if job.grad_accum is None else job.grad_accum)
-    one_f_one_b = ~single & (np.asarray(job.parallel.schedule) != "gpipe")
+    one_f_one_b = torch_pipeline & (np.asarray(job.parallel.schedule) != "gpipe")
     kept_output = kept_output + np.where(one_f_one_b, micro_batches * tokens_h * h * residual, 0.0)
     return ActivationBytes(per_layer=per_layer,
                            layers=((per_layer - shared) * in_flight + shared) * stage_layers + kept_output,

@@ -136,8 +136,9 @@ def _stage_memory(job: Job, stage: str) -> MemoryEstimate:
                 + np.where(par.sp, tokens * h * residual, 0.0))
     # the loss's backward: the fp32 gradient of the logits and of their log-softmax; torch's vocabulary-parallel
     # loss (tp > 1, toolkit.train.parallel) builds it from three fp32 temporaries, and its forward holds the
-    # shifted logits beside the log-softmax (Megatron's fused kernel holds fewer)
-    vocab_parallel = tp > 1
+    # shifted logits beside the log-softmax. mixed-* modes follow Megatron's program (DeepSpeed's for ZeRO),
+    # whose fused kernel holds no more than the plain loss.
+    vocab_parallel = (tp > 1) & (mode in TORCH_SEMANTICS)      # mixed-*: Megatron's fused kernel
     logits_grads = np.where(vocab_parallel, 3, 2) * tokens * vocab * 4
 
     # int8 saved activations: backward unpacks the MLP's inner tensors to full size next to their gradients,
@@ -208,11 +209,12 @@ def _stage_memory(job: Job, stage: str) -> MemoryEstimate:
     # the whole vocabulary's gradient, before toolkit.train.parallel keeps this rank's rows. Other
     # micro-batches in flight (pipelines) still hold their activations.
     owns_embedding = single | (stage == "first")
-    embedding_temp = (np.where(tp > 1, model.vocab, 0) + np.where(accumulating, vocab, 0)) * h * unsharded_grad_b
+    embedding_temp = (np.where(vocab_parallel, model.vocab, 0) + np.where(accumulating, vocab, 0)) * h \
+        * unsharded_grad_b
     others = acts.total - acts.head * acts.heads_held - acts.freed_per_layer * acts.stage_layers \
-        - acts.embedding / acts.in_flight
+        - acts.embedding / np.maximum(acts.in_flight, 1)
     phases["embedding backward"] = np.where(
-        owns_embedding & (embedding_temp > 0) & (not lora),
+        owns_embedding & (embedding_temp > 0) & (not lora),     # (Megatron's embedding makes sharded gradients)
         persistent + grads_full + embedding_temp + acts.embedding + others, 0.0)
     phases["optimizer step"] = _step_bytes(job, counts, persistent, grads_full, stage)
     names = list(phases)
@@ -304,10 +306,12 @@ def memory_notes(job: Job, mem: MemoryEstimate | None) -> list[str]:
         notes.append("tensor parallelism follows torch's DTensor program (toolkit.train.parallel): with sp the "
                      "linears keep their all-gathered inputs, and the vocabulary-parallel loss and the embedding's "
                      "backward hold more than Megatron's fused kernels")
-    if par.pp > 1 or par.offload != "none" or (par.zero > 0 and not fsdp_traced) or (par.tp > 1 and par.zero):
-        notes.append("pipeline, DeepSpeed-style ZeRO, offload and tp combined with ZeRO follow Megatron's and the "
-                     "frameworks' semantics and are not yet checked against a trace (replicas, FSDP2 and tp are)")
-    if par.pp > 1 and par.schedule != "gpipe":
+    combined_pp = par.pp > 1 and (par.tp > 1 or par.zero > 0 or par.vpp > 1)
+    if combined_pp or par.offload != "none" or (par.zero > 0 and not fsdp_traced) or (par.tp > 1 and par.zero):
+        notes.append("ZeRO-1, DeepSpeed-style ZeRO, offload, and tp or pp combined with ZeRO, with each other or "
+                     "interleaved follow Megatron's and the frameworks' semantics and are not yet checked against a "
+                     "trace (replicas, FSDP2, tp and pipelines alone are)")
+    if par.pp > 1 and par.schedule != "gpipe" and job.precision.mode in TORCH_SEMANTICS:
         m = job.grad_accum or 1
         buffers = m * job.batch.micro_batch * job.model.seq_len * job.model.hidden / (par.tp if par.sp else 1) \
             * (4 if job.precision.mode.startswith("amp-") or job.precision.mode == "fp32" else 2)

@@ -77,6 +77,10 @@ def _check_traceable(job: Job) -> None:
                         "the tracer covers data-parallel replicas, FSDP2 (zero 2/3 with fp32, amp-* or "
                         "pure-bf16), tensor parallelism without ZeRO and pipelines alone so far; toolkit estimate "
                         "models the other layouts analytically")
+    if par.tp > 1 and job.precision.mode not in TORCH_SEMANTICS:
+        raise SpecError("precision.mode", job.precision.mode, "mixed-* modes follow Megatron's tensor-parallel "
+                                                              "program, which the tracer does not run; trace tp "
+                                                              "with fp32, amp-* or pure-bf16 (torch's DTensor plan)")
     if par.tp > 1 and (job.model.tie_embeddings or (par.sp and job.model.position == "learned")):
         raise SpecError("parallel.tp", par.tp, "the traced tensor-parallel plan needs untied embeddings, and rotary "
                                                "positions with sequence parallelism")

@@ -23,7 +23,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from ..specs.errors import SpecError
-from ..specs.job import Job
+from ..specs.job import TORCH_SEMANTICS, Job
 from .memory import _DTYPES, TraceResult, _DeviceTracker, _make_optimizer, _MasterStep, _snapshot
 
 __all__ = ["trace_pipeline", "trace_pipeline_stages", "MAX_PIPELINE_TRACE_BYTES", "MAX_PIPELINE_MICRO_BATCHES"]
@@ -39,6 +39,10 @@ def check_pipeline_traceable(job: Job, estimated_total_bytes: float) -> None:
         raise SpecError("parallel", f"pp={par.pp} tp={par.tp} zero={par.zero} vpp={par.vpp}",
                         "pipelines are traced alone (tp 1, zero 0, no offload, vpp 1, gradients in the "
                         "parameters' dtype) so far")
+    if job.precision.mode not in TORCH_SEMANTICS:
+        raise SpecError("precision.mode", job.precision.mode, "mixed-* modes follow Megatron's pipeline program, "
+                                                              "which the tracer does not run; trace pipelines with "
+                                                              "fp32, amp-* or pure-bf16 (torch's schedules)")
     if job.model.layers % par.pp:
         raise SpecError("parallel.pp", par.pp, f"must divide model.layers = {job.model.layers} for equal stages")
     if job.model.tie_embeddings or job.model.position == "learned":

@@ -13,7 +13,8 @@ With sequence parallelism (Korthikanti et al. 2022) the residual stream, the nor
 dropouts hold 1/tp of the tokens; the block input is all-gathered before q/k/v and up/gate,
 and o and down reduce-scatter instead of all-reducing. torch's linears keep the all-gathered
 input for their weight gradients (Megatron instead keeps the shard and gathers it again in
-backward); toolkit.estimate follows torch's program.
+backward); toolkit.estimate follows torch's program for fp32, amp-* and pure-bf16, and
+Megatron's for the mixed-* modes.
 """
 from __future__ import annotations
 
