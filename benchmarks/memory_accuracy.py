@@ -100,6 +100,10 @@ def matrix() -> list[tuple[str, dict]]:
         add(f"{mname}-v{vocab}/qlora-{'+'.join(targets)}/{mode}", dict(model, vocab=vocab), mode=mode, lora=targets,
             method="qlora")
     add("llama7b-layers/qlora-qv/amp-bf16", LLAMA_7B_LAYERS, b=1, lora=["q", "v"], method="qlora")
+    # torch's ZeRO-1 (ZeroRedundancyOptimizer: whole tensors per rank) on a fake process group
+    for (mname, model), mode, impl in itertools.product((("gpt", SMALL_GPT), ("llama", SMALL_LLAMA)),
+                                                        ("fp32", "amp-bf16", "pure-bf16"), ("for-loop", "foreach")):
+        add(f"{mname}/zero1-dp8/{mode}/{impl}", model, mode=mode, impl=impl, dp=8, zero=1)
     # FSDP2 (torch ZeRO-2/3) on a fake process group of 8 ranks
     for (mname, model), mode, zero, rec in itertools.product(
             (("gpt", SMALL_GPT), ("llama", SMALL_LLAMA)), ("fp32", "amp-bf16", "pure-bf16"), (2, 3), ("none", "full")):

@@ -23,7 +23,7 @@ from typing import Literal, get_args, get_origin, get_type_hints
 from .estimate import count_params, estimate
 from .format import count, render_comparison, render_doctor, render_estimate, render_plan
 from .specs import Job, SpecError, load_catalog
-from .specs.errors import did_you_mean
+from .specs.errors import MeasurementFailed, did_you_mean
 from .specs.fields import to_dict
 from .specs.job import Batch, Cluster, Cost, Finetune, MemoryOptions, Optimizer, Parallel, Precision, Training
 from .specs.model import ModelSpec
@@ -393,6 +393,9 @@ def main(argv: list[str] | None = None) -> int:
     except SpecError as err:
         print(f"toolkit {args.command}: error: {_flag_hint(err)}", file=sys.stderr)
         return 2
+    except MeasurementFailed as err:
+        print(f"toolkit {args.command}: error: {err}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 

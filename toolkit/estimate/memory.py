@@ -308,9 +308,9 @@ def memory_notes(job: Job, mem: MemoryEstimate | None) -> list[str]:
                      "backward hold more than Megatron's fused kernels")
     combined_pp = par.pp > 1 and (par.tp > 1 or par.zero > 0 or par.vpp > 1)
     if combined_pp or par.offload != "none" or (par.zero > 0 and not fsdp_traced) or (par.tp > 1 and par.zero):
-        notes.append("ZeRO-1, DeepSpeed-style ZeRO, offload, and tp or pp combined with ZeRO, with each other or "
+        notes.append("DeepSpeed-style ZeRO, offload, and tp or pp combined with ZeRO, with each other or "
                      "interleaved follow Megatron's and the frameworks' semantics and are not yet checked against a "
-                     "trace (replicas, FSDP2, tp and pipelines alone are)")
+                     "trace (replicas, torch's ZeRO-1/2/3, tp and pipelines alone are)")
     if par.pp > 1 and par.schedule != "gpipe" and job.precision.mode in TORCH_SEMANTICS:
         m = job.grad_accum or 1
         buffers = m * job.batch.micro_batch * job.model.seq_len * job.model.hidden / (par.tp if par.sp else 1) \

@@ -93,6 +93,13 @@ def params_per_device(model: ModelSpec, tp=1, pp=1, stage: str | None = None):
     return np.where(np.asarray(pp) == 1, total, busiest)
 
 
+def largest_tensor(model: ModelSpec, tp=1):
+    """Parameters of the largest single tensor on one tensor-parallel rank: an embedding, the head or a matrix."""
+    m = model
+    matrices = max(m.hidden * m.heads * m.head_dim_, m.hidden * m.ffn_) / np.asarray(tp)
+    return np.maximum(vocab_per_rank(m, tp) * m.hidden, matrices)
+
+
 def vocab_per_rank(model: ModelSpec, tp=1):
     """Vocabulary rows on the busiest tensor-parallel rank: torch shards an uneven vocabulary by ceil(V / tp)."""
     return np.ceil(model.vocab / np.asarray(tp))
@@ -152,6 +159,11 @@ def model_state_bytes(job: Job, stage: str | None = None) -> StateBytes:
         params_b = params_b + stage_layers * (nf4 - matrices * weight + biases * (compute - weight))
     grads_b = trainable * grad / np.where(zero >= 2, dp, 1)
     optimizer_b = trainable * optimizer / np.where(zero >= 1, dp, 1)
+    if torch_semantics and not job.finetune.adapters and job.model.has_shape:
+        # torch's ZeRO-1 (ZeroRedundancyOptimizer) gives whole tensors to ranks: no rank holds less than the
+        # largest one (GPT-2's tied embedding is over half the model)
+        optimizer_b = np.where(zero == 1, np.maximum(optimizer_b, largest_tensor(job.model, par.tp) * optimizer),
+                               optimizer_b)
     offload_params = offload == "params"
     offload_optimizer = offload_params | (offload == "optimizer")
     host = np.where(offload_optimizer, optimizer_b, 0.0) + np.where(offload_params, params_b + grads_b, 0.0)

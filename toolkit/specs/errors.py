@@ -4,7 +4,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
-__all__ = ["SpecError", "did_you_mean"]
+__all__ = ["SpecError", "MeasurementFailed", "did_you_mean"]
 
 
 class SpecError(ValueError):
@@ -20,6 +20,10 @@ class SpecError(ValueError):
         self.problem = problem
         shown = value if isinstance(value, (int, float)) and not isinstance(value, bool) else repr(value)
         super().__init__(f"{field} = {shown}: {problem}" if field else problem)
+
+
+class MeasurementFailed(RuntimeError):
+    """A measurement that runs processes (a pipeline trace) lost one: says which, and its last error line."""
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:

@@ -71,12 +71,12 @@ class TraceResult:
 
 def _check_traceable(job: Job) -> None:
     par = job.parallel
-    fsdp = par.zero in (2, 3) and job.precision.mode in TORCH_SEMANTICS
-    if par.offload != "none" or (par.zero > 0 and not fsdp) or (par.tp > 1 and par.zero > 0):
+    torch_zero = par.zero in (1, 2, 3) and job.precision.mode in TORCH_SEMANTICS
+    if par.offload != "none" or (par.zero > 0 and not torch_zero) or (par.tp > 1 and par.zero > 0):
         raise SpecError("parallel", f"tp={par.tp} pp={par.pp} zero={par.zero} offload={par.offload}",
-                        "the tracer covers data-parallel replicas, FSDP2 (zero 2/3 with fp32, amp-* or "
-                        "pure-bf16), tensor parallelism without ZeRO and pipelines alone so far; toolkit estimate "
-                        "models the other layouts analytically")
+                        "the tracer covers data-parallel replicas, torch's ZeRO (ZeroRedundancyOptimizer, FSDP2; "
+                        "with fp32, amp-* or pure-bf16), tensor parallelism without ZeRO and pipelines alone so "
+                        "far; toolkit estimate models the other layouts analytically")
     if par.tp > 1 and job.precision.mode not in TORCH_SEMANTICS:
         raise SpecError("precision.mode", job.precision.mode, "mixed-* modes follow Megatron's tensor-parallel "
                                                               "program, which the tracer does not run; trace tp "
@@ -103,12 +103,18 @@ def _compute_dtype(job: Job) -> torch.dtype:
 
 
 def _make_optimizer(job: Job, params):
+    """The job's optimizer; under torch's ZeRO-1 wrapped in ZeroRedundancyOptimizer (a process group must exist),
+    which steps this rank's share of whole tensors and broadcasts the updated ones."""
     opt = job.optimizer
-    impl = {"for-loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}, None: {}}[opt.impl]
+    kwargs = {"for-loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}, None: {}}[opt.impl]
     if opt.name == "sgd":
-        return torch.optim.SGD(params, lr=1e-3, momentum=opt.momentum, **impl)
-    cls = torch.optim.AdamW if opt.name == "adamw" else torch.optim.Adam
-    return cls(params, lr=1e-3, **impl)
+        cls, kwargs = torch.optim.SGD, dict(kwargs, momentum=opt.momentum)
+    else:
+        cls = torch.optim.AdamW if opt.name == "adamw" else torch.optim.Adam
+    if job.parallel.zero == 1:
+        from torch.distributed.optim import ZeroRedundancyOptimizer   # (importing it warns about torch.jit)
+        return ZeroRedundancyOptimizer(list(params), optimizer_class=cls, lr=1e-3, **kwargs)
+    return cls(params, lr=1e-3, **kwargs)
 
 
 class _MasterStep:
@@ -167,8 +173,9 @@ def trace_memory(job: Job) -> TraceResult:
     mode = job.precision.mode
     weights_dtype = _DTYPES[mode.rsplit("-", 1)[1]] if mode == "pure-bf16" or mode.startswith("mixed-") \
         else torch.float32
-    tp = job.parallel.tp
-    with (_fake_process_group(tp) if tp > 1 else contextlib.nullcontext()) as mesh:
+    tp, zero1 = job.parallel.tp, job.parallel.zero == 1
+    group = tp if tp > 1 else job.parallel.dp if zero1 else 1            # ZeRO-1 shards over the dp ranks
+    with (_fake_process_group(group) if tp > 1 or zero1 else contextlib.nullcontext()) as mesh:
         if tp > 1:   # DTensor plans apply to real modules: shard on the meta device, then materialise as fakes
             with torch.device("meta"):
                 model = GPT(job.model, attention=job.memory.attention, recompute=job.memory.recompute,

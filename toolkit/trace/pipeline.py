@@ -22,7 +22,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from ..specs.errors import SpecError
+from ..estimate.memory import memory_estimate
+from ..specs.errors import MeasurementFailed, SpecError
 from ..specs.job import TORCH_SEMANTICS, Job
 from .memory import _DTYPES, TraceResult, _DeviceTracker, _make_optimizer, _MasterStep, _snapshot
 
@@ -80,8 +81,7 @@ def trace_pipeline(job: Job) -> TraceResult:
 
 
 def trace_pipeline_stages(job: Job) -> list[TraceResult]:
-    """Every stage's memory, first to last."""
-    from ..estimate.memory import memory_estimate           # the estimate sizes the run, it does not judge it
+    """Every stage's memory, first to last. (The estimate only sizes the run: it refuses ones too large.)"""
     check_pipeline_traceable(job, float(memory_estimate(job).peak_bytes) * job.parallel.pp)
     with tempfile.TemporaryDirectory() as out:
         with socket.socket() as s:
@@ -90,11 +90,11 @@ def trace_pipeline_stages(job: Job) -> list[TraceResult]:
         try:
             mp.start_processes(_stage_main, args=(job.to_dict(), job.parallel.pp, port, out),
                                nprocs=job.parallel.pp, start_method="spawn")
-        except mp.ProcessRaisedException as failure:
+        except mp.ProcessException as failure:      # an error in a stage, or a stage killed
             errors = sorted(Path(out).glob("stage*.err"), key=lambda p: p.stat().st_mtime)
-            detail = errors[0].read_text().strip() if errors else str(failure)
-            raise RuntimeError(f"pipeline trace failed on {errors[0].stem if errors else 'a stage'}: "
-                               f"{detail}") from failure
+            detail = errors[0].read_text().strip().splitlines()[-1] if errors else str(failure).strip()
+            where = errors[0].stem if errors else f"stage{failure.error_index}"
+            raise MeasurementFailed(f"pipeline trace failed on {where}: {detail}") from failure
         return [TraceResult(**json.loads(Path(out, f"stage{rank}.json").read_text()))
                 for rank in range(job.parallel.pp)]
 
