@@ -122,7 +122,8 @@ def matrix() -> list[tuple[str, dict]]:
     add("llama7b-layers/tp8-sp/full-b2", LLAMA_7B_LAYERS, b=2, rec="full", tp=8, sp=True)
     # pipelines: torch's schedules on real gloo ranks (one process per stage), the busiest stage
     llama_v8000 = dict(SMALL_LLAMA, vocab=8000)
-    for mode, rec, schedule in itertools.product(("fp32", "amp-bf16", "amp-fp16", "pure-bf16"), ("none", "full"),
+    # (no amp-fp16 here: these stages compute for real, and CPU fp16 matmuls are slow; fake-tensor rows cover it)
+    for mode, rec, schedule in itertools.product(("fp32", "amp-bf16", "pure-bf16"), ("none", "full"),
                                                  ("1f1b", "gpipe")):
         add(f"llama-v8000/pp2-{schedule}/{mode}/{rec}", llama_v8000, mode=mode, rec=rec, accum=4, pp=2,
             schedule=schedule)
