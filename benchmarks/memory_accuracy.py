@@ -140,6 +140,15 @@ def matrix() -> list[tuple[str, dict]]:
     return rows
 
 
+PEAK_GROUPS = [  # (label, which row names belong, report the median too)
+    ("replicated", lambda name: not any(k in name for k in ("fsdp", "int8", "/tp", "/pp")), False),
+    ("fsdp", lambda name: "fsdp" in name, True),
+    ("tensor-parallel", lambda name: "/tp" in name, False),
+    ("qlora", lambda name: "qlora" in name, False),
+    ("pipeline", lambda name: "/pp" in name, True),
+]
+
+
 def run(rows) -> list[float]:
     errors, act_errors = [], []
     print(f"{'configuration':36} {'traced MiB':>11} {'model MiB':>11} {'error':>8}  phase")
@@ -167,29 +176,18 @@ def main() -> None:
     int8_flash = [e for (name, _), e in zip(rows, errors) if "/int8/" in name]
     int8_explicit = [e for (name, _), e in zip(rows, errors) if "int8-" in name]
     int8_act = [e for (name, _), e in zip(rows, act_errors) if "int8" in name and e is not None]
-    replicated = [e for (name, _), e in zip(rows, errors) if not any(k in name for k in ("fsdp", "int8", "/tp", "/pp"))]
-    fsdp = [e for (name, _), e in zip(rows, errors) if "fsdp" in name]
-    tensor_parallel = [e for (name, _), e in zip(rows, errors) if "/tp" in name]
-    qlora = [e for (name, _), e in zip(rows, errors) if "qlora" in name]
-    pipeline = [e for (name, _), e in zip(rows, errors) if "/pp" in name]
     print()
     print(f"configurations: {len(rows)}")
     print(f"seconds: {time.perf_counter() - start:.0f}")
     measured = [e for e in act_errors if e is not None]
     if measured:
         print(f"activations max error: {100 * max(measured):.3f} %")
-    if replicated:
-        print(f"replicated peak max error: {100 * max(replicated):.2f} %")
-    if fsdp:
-        print(f"fsdp peak median error: {100 * statistics.median(fsdp):.2f} %")
-        print(f"fsdp peak max error: {100 * max(fsdp):.2f} %")
-    if tensor_parallel:
-        print(f"tensor-parallel peak max error: {100 * max(tensor_parallel):.2f} %")
-    if qlora:
-        print(f"qlora peak max error: {100 * max(qlora):.2f} %")
-    if pipeline:
-        print(f"pipeline peak median error: {100 * statistics.median(pipeline):.2f} %")
-        print(f"pipeline peak max error: {100 * max(pipeline):.2f} %")
+    for label, belongs, with_median in PEAK_GROUPS:
+        chosen = [e for (name, _), e in zip(rows, errors) if belongs(name)]
+        if chosen and with_median:
+            print(f"{label} peak median error: {100 * statistics.median(chosen):.2f} %")
+        if chosen:
+            print(f"{label} peak max error: {100 * max(chosen):.2f} %")
     if int8_act:
         print(f"int8 activations max error: {100 * max(int8_act):.3f} %")
     if int8_flash:
