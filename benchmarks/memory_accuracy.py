@@ -88,7 +88,8 @@ def matrix() -> list[tuple[str, dict]]:
     add("llama7b-layers/lora-qv/pure-bf16", LLAMA_7B_LAYERS, mode="pure-bf16", b=1, lora=["q", "v"])
     # LoRA and QLoRA with full recompute and dropout
     for (mname, model), method, rec, drop in itertools.product((("gpt", SMALL_GPT), ("llama", SMALL_LLAMA)),
-                                                               ("lora", "qlora"), ("none", "full"), (0.0, 0.1)):
+                                                               ("lora", "qlora"), ("none", "selective", "full"),
+                                                               (0.0, 0.1)):
         if rec == "none" and drop == 0.0:
             continue
         add(f"{mname}-v8000/{method}-qvdown/{rec}/dropout{drop}", dict(model, vocab=8000), dropout=drop, rec=rec,

@@ -32,9 +32,11 @@ def test_lora_activations_match_trace_to_the_byte(arch, mode, targets, att):
 
 @pytest.mark.parametrize("arch, method, mode, rec, dropout, att", [
     ("gpt", "lora", "amp-bf16", "full", 0.0, "flash"), ("llama", "lora", "pure-bf16", "none", 0.1, "eager"),
-    ("gpt", "lora", "amp-bf16", "none", 0.1, "flash"), ("llama", "qlora", "mixed-bf16", "full", 0.1, "flash")])
+    ("gpt", "lora", "amp-bf16", "none", 0.1, "flash"), ("llama", "qlora", "mixed-bf16", "full", 0.1, "flash"),
+    ("gpt", "lora", "fp32", "selective", 0.1, "eager"), ("llama", "qlora", "amp-bf16", "selective", 0.0, "eager")])
 def test_lora_with_recompute_and_dropout_match_the_trace(arch, method, mode, rec, dropout, att):
-    """Full recompute keeps each block's input; dropout keeps a mask only where its input needs a gradient."""
+    """Full recompute keeps each block's input, selective the attention core's inputs; dropout keeps a mask
+    only where its input needs a gradient."""
     model = ({"preset": "gpt2", "layers": 2, "hidden": 384, "heads": 6, "seq_len": 128, "max_positions": 128}
              if arch == "gpt" else {"preset": "llama2-7b", "layers": 2, "hidden": 512, "heads": 8, "kv_heads": 2,
                                     "ffn": 1536, "seq_len": 128})
@@ -70,8 +72,7 @@ def test_article_case_lora_on_a_24gb_card(catalog):
     assert estimate(full, catalog)["memory"]["fits"] is False
 
 
-@pytest.mark.parametrize("change, field", [({"memory": {"recompute": "selective"}}, "memory.recompute"),
-                                           ({"finetune": {"method": "lora", "targets": ["gate"]}}, "finetune.targets"),
+@pytest.mark.parametrize("change, field", [({"finetune": {"method": "lora", "targets": ["gate"]}}, "finetune.targets"),
                                            ({"finetune": {"method": "lora", "targets": []}}, "finetune.targets")])
 def test_unmodelled_or_impossible_lora_is_refused(change, field):
     data = {"model": TINY_GPT, "finetune": {"method": "lora"}, **change}

@@ -299,6 +299,7 @@ def _lora_activations(job: Job) -> ActivationBytes:
     tokens = b * s
     targets, r = set(job.finetune.targets), job.finetune.rank
     qlora = job.finetune.method == "qlora"
+    selective = job.memory.recompute == "selective"
     shapes = projection_shapes(m)                                    # LoRA runs without tensor parallelism
     copy = _math_path(job) or m.position == "rope"
     half_head = s * (m.head_dim_ // 2) * 2                           # one bf16 cast of a rope table
@@ -326,12 +327,14 @@ def _lora_activations(job: Job) -> ActivationBytes:
         saved += casts(("q", "k", "v"), rg_in)
         if m.position == "rope" and amp:
             saved += 2 * (q_rg + k_rg) * half_head                   # cos/sin casts kept by the rotations
-        if attn_rg:
+        if attn_rg and selective:             # the checkpointed core keeps its inputs: q, and k, v before GQA
+            saved += tokens * (q + 2 * _kv) * act
+        elif attn_rg:
             saved += _attention_core(job, tokens, b)
             if _math_path(job):       # explicit q·kᵀ keeps q only for k's gradient and kᵀ only for q's
                 core_bytes = 4 if job.memory.attention == "flash" else act
                 saved -= tokens * q * core_bytes * ((not k_rg) + (not q_rg))
-        if "o" in targets and (copy or not attn_rg):
+        if "o" in targets and (copy or not attn_rg or selective):
             saved += tokens * q * act                               # o's input, kept by its adapter
         saved += casts(("o",), attn_rg)
         x1_rg = attn_rg or "o" in targets
@@ -358,6 +361,8 @@ def _lora_activations(job: Job) -> ActivationBytes:
     first, rest = block(False), block(True)
     layers = first + rest * (m.layers - 1)
     per_layer, recompute_layer = rest, 0.0
+    if selective:                               # backward rebuilds one block's attention core at a time
+        recompute_layer = _attention_core(job, tokens, b)
     if job.memory.recompute == "full":          # each block keeps its input; backward rebuilds one at a time
         per_layer = tokens * h * residual
         layers, recompute_layer = per_layer * m.layers, rest - per_layer

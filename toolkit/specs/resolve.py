@@ -212,9 +212,6 @@ def resolve_job(job: Job, catalog: Catalog) -> tuple[Job, list[str]]:
                 raise SpecError("finetune.targets", target, f"allowed: {', '.join(allowed)}")
         if not model.has_shape:
             raise SpecError("finetune.method", ft.method, "adapters need the model's shape (layers, hidden, heads)")
-        if job.memory.recompute == "selective":
-            raise SpecError("memory.recompute", "selective",
-                            "LoRA with selective recompute is not modelled yet; use none or full")
         if job.parallel.tp > 1 or job.parallel.pp > 1 or job.parallel.zero >= 2:
             raise SpecError("finetune.method", ft.method, "LoRA is modelled for data-parallel replicas (zero 0 or 1) "
                                                        "so far; use tp 1, pp 1")
