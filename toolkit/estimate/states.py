@@ -29,7 +29,7 @@ __all__ = ["StateBytes", "adapter_params_per_layer", "qlora_block_bytes", "nf4_m
            "ADAM8BIT_BLOCK", "ADAM8BIT_BYTES_PER_PARAM"]
 
 NF4_BLOCK, NF4_SCALE_BLOCK = 64, 256
-"""QLoRA's NF4: weights per absmax, absmax values per fp32 scale (double quantization)."""
+"""QLoRA's NF4 (toolkit.train.qlora): weights per absmax, absmax values per fp32 scale (double quantization)."""
 
 ADAM8BIT_BLOCK = 256
 """bitsandbytes' block size for blockwise 8-bit optimizer states (one fp32 absmax per block)."""

@@ -17,14 +17,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..estimate.states import NF4_BLOCK, NF4_SCALE_BLOCK   # one definition of the layout; its bytes live there too
 from .lora import apply_lora
 
-__all__ = ["NF4Linear", "apply_qlora", "NF4_BLOCK", "NF4_SCALE_BLOCK", "nf4_bytes"]
-
-NF4_BLOCK = 64
-"""Weights per absmax (QLoRA's block size)."""
-NF4_SCALE_BLOCK = 256
-"""absmax values per fp32 scale in the double quantization."""
+__all__ = ["NF4Linear", "apply_qlora", "NF4_LEVELS"]
 
 # The 16 NF4 levels: quantiles of N(0, 1) normalised to [-1, 1], with an exact zero
 # (QLoRA paper, appendix E; the same table as bitsandbytes' NF4 data type).
@@ -32,11 +28,6 @@ NF4_LEVELS = (-1.0, -0.6961928009986877, -0.5250730514526367, -0.394917488098144
               -0.18477343022823334, -0.09105003625154495, 0.0, 0.07958029955625534, 0.16093020141124725,
               0.24611230194568634, 0.33791524171829224, 0.44070982933044434, 0.5626170039176941,
               0.7229568362236023, 1.0)
-
-
-def nf4_bytes(numel: int) -> float:
-    """Bytes of one weight matrix in NF4 with double quantization (without the 4-byte mean it also keeps)."""
-    return numel / 2 + numel / NF4_BLOCK + 4 * numel / (NF4_BLOCK * NF4_SCALE_BLOCK)
 
 
 class NF4Linear(nn.Module):
