@@ -147,6 +147,11 @@ class _DeviceTracker(MemTracker):
                 self._param_to_grad_hook_handles[param] = (_NoHook(), _NoHook())
         return super()._track_module_params_and_buffers(module, install_grad_hooks)
 
+    def reset_peak(self) -> None:
+        """Forget the peak so far: the next one is measured from here."""
+        self._peak_mem.clear()
+        self._peak_mem_snap.clear()
+
     def _update_peak_stats(self, peak_state) -> None:  # noqa: ARG002 - MemTracker's signature
         for device, snap in self._curr_mem_snap.items():
             total = snap["Total"]
@@ -248,8 +253,7 @@ def _run_steps(job: Job, tracker: MemTracker, model: torch.nn.Module, stepper, o
     with tracker:
         for step in range(2):
             if step == 1:   # the peak of the steady step only (the first one also creates optimizer states)
-                tracker._peak_mem.clear()
-                tracker._peak_mem_snap.clear()
+                tracker.reset_peak()
             for _micro in range(micro_batches):
                 tracker.reset_mod_stats()  # MemTracker refuses a module called twice otherwise
                 tokens = torch.randint(0, vocab, (b, seq))   # the batch lives on the device too
@@ -283,6 +287,7 @@ class _FSDPDeviceTracker(FSDPMemTracker):
     """FSDPMemTracker without per-module peaks (see _DeviceTracker)."""
 
     _update_peak_stats = _DeviceTracker._update_peak_stats
+    reset_peak = _DeviceTracker.reset_peak
 
 
 @contextlib.contextmanager

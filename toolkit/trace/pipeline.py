@@ -160,9 +160,8 @@ def _trace_stage(job: Job, rank: int, stages: int) -> TraceResult:
     snaps = {}
     with tracker:
         for step in range(2):
-            if step == 1:
-                tracker._peak_mem.clear()
-                tracker._peak_mem_snap.clear()
+            if step == 1:   # the steady step's peak only
+                tracker.reset_peak()
             tracker.reset_mod_stats()
             with autocast:
                 if rank == 0:
