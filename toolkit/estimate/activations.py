@@ -29,7 +29,7 @@ from ..specs.job import TORCH_SEMANTICS, Job
 from .params import projection_shapes
 from .states import vocab_per_rank
 
-__all__ = ["ActivationBytes", "activation_bytes", "fsdp_gathers_16bit", "pick", "pipeline_in_flight"]
+__all__ = ["ActivationBytes", "activation_bytes", "element_bytes", "fsdp_gathers_16bit", "pick", "pipeline_in_flight"]
 
 _INT64 = 8
 
@@ -89,7 +89,7 @@ def fsdp_gathers_16bit(job: Job):
     return amp & (np.asarray(job.parallel.zero) >= 2)
 
 
-def _bytes_of(job: Job):
+def element_bytes(job: Job):
     """(bytes per activation element, per residual-stream element, does autocast cast each linear's input?).
 
     Arrays when the layout is: FSDP2 changes the amp program (see fsdp_gathers_16bit)."""
@@ -135,14 +135,14 @@ def _norm_saved(job: Job, tokens: float, h: int, consumers: int, block: bool = T
 
 def _norm_output(job: Job, tokens: float, h: int, consumers: int, block: bool = True) -> float:
     """The norm's output as the following linears keep it (autocast: each linear casts it itself)."""
-    act, _residual, amp = _bytes_of(job)
+    act, _residual, amp = element_bytes(job)
     return np.where(amp, consumers * tokens * h * _stored(job, 2, block),
                     np.minimum(consumers, 1) * tokens * h * _stored(job, act, block))
 
 
 def _norm_internal(job: Job, tokens: float, h: int, block: bool = True) -> float:
     """What the norm itself keeps for backward: its input (the residual stream) and statistics."""
-    _act, residual, _amp = _bytes_of(job)
+    _act, residual, _amp = element_bytes(job)
     if job.model.norm == "layernorm":
         stats = np.where(np.equal(residual, 2), 2, 4)
         return (tokens * h * _stored(job, residual, block)
@@ -156,7 +156,7 @@ def _norm_internal(job: Job, tokens: float, h: int, block: bool = True) -> float
 
 def _attention_core(job: Job, tokens: float, b: int) -> float:
     """Bytes the attention core (scores to output) saves: SDPA's or the explicit ops'."""
-    act = _stored(job, _bytes_of(job)[0])
+    act = _stored(job, element_bytes(job)[0])
     m = job.model
     _h, q, _kv, _f = _widths(job)
     s, a = m.seq_len, m.heads // np.asarray(job.parallel.tp)
@@ -185,7 +185,7 @@ def activation_bytes(job: Job, stage: str | None = None) -> ActivationBytes:
         first, last = activation_bytes(job, "first"), activation_bytes(job, "last")
         return pick(last.total > first.total, first, last)
     m = job.model
-    act, residual, amp = _bytes_of(job)
+    act, residual, amp = element_bytes(job)
     h, q, kv, f = _widths(job)
     b, s = job.batch.micro_batch, m.seq_len
     tokens = b * s
@@ -251,7 +251,7 @@ def activation_bytes(job: Job, stage: str | None = None) -> ActivationBytes:
     kept_logits = np.where(torch_pipeline, tokens * vocab_per_rank(m, tp) * (4 if job.precision.mode == "fp32" else 2),
                            0.0)
     shared = np.where(single | full, 0.0, weights)
-    shared_head = np.where(single | ~np.asarray(owns_head), 0.0, _bytes_of(job)[2] * 2 * h * vocab_per_rank(m, tp))
+    shared_head = np.where(single | ~np.asarray(owns_head), 0.0, element_bytes(job)[2] * 2 * h * vocab_per_rank(m, tp))
     kept_output = np.where(~torch_pipeline | owns_head, 0.0, tokens_h * h * residual * in_flight)
     micro_batches = np.asarray(1 if job.grad_accum is None else job.grad_accum)
     one_f_one_b = torch_pipeline & (np.asarray(job.parallel.schedule) != "gpipe")
@@ -281,7 +281,7 @@ def pipeline_in_flight(job: Job) -> float:
 def _loss_bytes(job: Job, tokens: float, vocab: float) -> float:
     """Output projection and loss: fp32 log-softmax, target ids, the loss and nll's total weight, and the
     projection's 16-bit weight cast under autocast."""
-    amp = _bytes_of(job)[2]
+    amp = element_bytes(job)[2]
     return tokens * vocab * 4 + tokens * _INT64 + 2 * 4 + amp * 2 * job.model.hidden * vocab
 
 
@@ -293,7 +293,7 @@ def _lora_activations(job: Job) -> ActivationBytes:
     input comes from a frozen embedding and needs no gradient, so what it keeps differs from the rest.
     """
     m = job.model
-    act, residual, amp = _bytes_of(job)
+    act, residual, amp = element_bytes(job)
     h, q, _kv, f = _widths(job)
     b, s = job.batch.micro_batch, m.seq_len
     tokens = b * s

@@ -11,7 +11,9 @@ The peak is the largest of the moments where memory tops out in the runner's pro
 - `top layer` and `bottom layer` of the backward pass: activations still held, gradients
   made so far, and the layer's backward temporaries (the recomputed block under full
   recompute). Activations shrink and gradients grow linearly across layers, so the
-  largest total sits at one of the two ends;
+  largest total sits at one of the two ends (under FSDP2, which reduce-scatters each block's
+  gradients while the next one runs and prefetches no block below the bottom one, also at the
+  `layer below the top` or the `layer above the bottom`);
 - `optimizer step`: all gradients plus the optimizer's temporaries (for-loop: two copies of
   the largest tensor; foreach: one copy of every state tensor; fused: none) and, for
   `mixed-*`, the fp32 copies of the gradients the master weights are stepped with;
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..specs.job import TORCH_SEMANTICS, Job
-from .activations import activation_bytes, pick
+from .activations import activation_bytes, element_bytes, pick
 from .params import count_params
 from .states import (StateBytes, adapter_params_per_layer, bytes_per_param, model_state_bytes, params_per_device,
                      vocab_per_rank)
@@ -110,7 +112,7 @@ def _stage_memory(job: Job, stage: str) -> MemoryEstimate:
     tokens = np.asarray(job.batch.micro_batch) * model.seq_len
     tokens_h = np.where(par.sp, tokens / tp, tokens)
     act = 4 if mode == "fp32" else 2
-    residual = 2 if mode.startswith(("pure-", "mixed-")) else 4
+    residual = element_bytes(job)[1]          # (FSDP2 under amp-* casts each block's input to 16-bit)
     accumulating = np.asarray(1 if job.grad_accum is None else job.grad_accum) > 1             # also: pipelining over several micro-batches
     persistent = states.params_bytes + states.optimizer_bytes
     grads_full = states.grads_bytes
@@ -161,7 +163,7 @@ def _stage_memory(job: Job, stage: str) -> MemoryEstimate:
     last = persistent + grads_prev + acts.total + gathered.blocks + gathered.root + gathered.at_loss
     # a pipeline schedule runs inside one autocast context: its cache lives through the backward too
     step_cache = np.where(single, 0.0, autocast_cache)
-    phases = {"forward end": last + np.where(owns_head, logits_bytes, 0.0) + autocast_cache,
+    phases = {"forward end": last + np.where(owns_head, logits_bytes, 0.0) + autocast_cache + gathered.forward_tail,
               "loss": last + np.where(owns_head, logits_grads, 0.0) + step_cache}
     if int8:
         phases["top layer forward"] = (persistent + grads_prev + acts.layers + acts.embedding + gathered.blocks
@@ -176,7 +178,15 @@ def _stage_memory(job: Job, stage: str) -> MemoryEstimate:
         dequant = (1 + 4 + 2 + 2) * h * model.ffn_
         phases["top layer forward"] = persistent + grads_prev + acts.layers + acts.embedding + dequant
         dequant = np.where(np.asarray(job.memory.recompute) == "full", dequant, 0.0)
-    for name, done_layers in (("top layer", 0), ("bottom layer", acts.stage_layers - 1)):
+    # FSDP2: below the top block, the block above is still reduce-scattering, and ZeRO-3 prefetches the next
+    # block during each block's backward but the bottom one's; the totals are linear between those changes,
+    # so the layer below the top and the one above the bottom are candidates too
+    for name, done_layers in (("top layer", 0), ("layer below the top", np.minimum(acts.stage_layers - 1, 1)),
+                              ("layer above the bottom", np.maximum(acts.stage_layers - 2, 0)),
+                              ("bottom layer", acts.stage_layers - 1)):
+        if (name == "layer below the top" and not np.any(reduce_scatter)) or \
+                (name == "layer above the bottom" and not np.any(gathered.prefetch)):
+            continue
         # by the MLP's backward, the layer has made its down-projection's weight gradient too; when
         # accumulating, that gradient is a temporary (in the compute dtype, then cast) added into .grad
         if lora:                                                    # only an adapter on down has a gradient
@@ -188,7 +198,8 @@ def _stage_memory(job: Job, stage: str) -> MemoryEstimate:
                          head_grad + done_layers * layer_grad + down_grad)
         held = after_head - done_layers * acts.freed_per_layer          # one micro-batch goes backward at a time
         still_gathered = gathered.blocks * (1 - done_layers / np.maximum(acts.stage_layers, 1))
-        base = persistent + grads + still_gathered + gathered.root + gathered.in_backward
+        in_backward = gathered.in_backward - (gathered.prefetch if name == "bottom layer" else 0.0)
+        base = persistent + grads + still_gathered + gathered.root + in_backward
         # below the top block, the block above is still reduce-scattering its gradients (FSDP2 overlaps them)
         overlap = np.where(np.asarray(done_layers) > 0, reduce_scatter, 0.0)
         # (QLoRA rebuilding a block: its dequantizing moment counted on top, which errs 4-6 % high)
@@ -200,8 +211,7 @@ def _stage_memory(job: Job, stage: str) -> MemoryEstimate:
             resharded = np.where(gathered.blocks > 0, gathered.block, 0.0)
             phases["top layer reduce-scatter"] = np.where(
                 reduce_scatter > 0,
-                base - down_grad - resharded + held - acts.freed_per_layer + block_grads + reduce_scatter
-                - np.where(gathered.blocks > 0, gathered.in_backward, 0.0),   # ZeRO-2 gathers nothing in backward
+                base - down_grad - resharded + held - acts.freed_per_layer + block_grads + reduce_scatter,
                 0.0)
 
     # The token embedding's backward, last: when accumulating, its new gradient is a temporary beside .grad
@@ -236,6 +246,8 @@ class _Gathered:
     in_backward: float = 0.0       # blocks gathered during a block's backward (ZeRO-3: it and the next)
     reduce_scatter: float = 0.0    # one block's unsharded gradients in the reduce-scatter input
     block: float = 0.0             # one gathered block
+    prefetch: float = 0.0          # of in_backward, the next block's prefetch (none below the bottom block)
+    forward_tail: float = 0.0      # ZeRO-2: the last block's all-gather output, kept until backward starts
 
 
 def _gathered_params(job: Job, counts) -> _Gathered:
@@ -261,9 +273,11 @@ def _gathered_params(job: Job, counts) -> _Gathered:
         blocks=np.where(zero2, block * (job.model.layers // np.asarray(par.pp)), 0.0),
         root=np.where(fsdp, root, 0.0),
         at_loss=np.select([zero3, deepspeed3], [block, 2 * block], 0.0),
-        in_backward=np.select([zero2, zero3 | deepspeed3], [block, 2 * block], 0.0),  # ZeRO-2: one all-gather buffer
+        in_backward=np.where(zero3 | deepspeed3, 2 * block, 0.0),      # (ZeRO-2's blocks are in `blocks`)
         reduce_scatter=np.where(fsdp, reduce_scatter, 0.0),
-        block=block)
+        block=block,
+        prefetch=np.where(zero3, block, 0.0),
+        forward_tail=np.where(zero2, block, 0.0))
 
 
 def _step_bytes(job: Job, counts, persistent: float, grads_full: float, stage: str | None = None) -> float:
@@ -307,10 +321,10 @@ def memory_notes(job: Job, mem: MemoryEstimate | None) -> list[str]:
                      "linears keep their all-gathered inputs, and the vocabulary-parallel loss and the embedding's "
                      "backward hold more than Megatron's fused kernels")
     combined_pp = par.pp > 1 and (par.tp > 1 or par.zero > 0 or par.vpp > 1)
-    if combined_pp or par.offload != "none" or (par.zero > 0 and not fsdp_traced) or (par.tp > 1 and par.zero):
-        notes.append("DeepSpeed-style ZeRO, offload, and tp or pp combined with ZeRO, with each other or "
-                     "interleaved follow Megatron's and the frameworks' semantics and are not yet checked against a "
-                     "trace (replicas, torch's ZeRO-1/2/3, tp and pipelines alone are)")
+    if combined_pp or par.offload != "none" or (par.zero > 0 and not fsdp_traced) or (par.tp > 1 and par.zero == 1):
+        notes.append("DeepSpeed-style ZeRO, offload, tp with ZeRO-1, and pp combined with tp, ZeRO or "
+                     "interleaving follow Megatron's and the frameworks' semantics and are not yet checked against a "
+                     "trace (replicas, torch's ZeRO-1/2/3, tp alone or inside FSDP2, and pipelines alone are)")
     if par.pp > 1 and par.schedule != "gpipe" and job.precision.mode in TORCH_SEMANTICS:
         m = job.grad_accum or 1
         buffers = m * job.batch.micro_batch * job.model.seq_len * job.model.hidden / (par.tp if par.sp else 1) \
