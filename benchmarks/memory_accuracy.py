@@ -121,6 +121,18 @@ def matrix() -> list[tuple[str, dict]]:
     add("llama-v1000/tp2/b4/accum2", dict(SMALL_LLAMA, vocab=1000), b=4, accum=2, tp=2)
     add("llama7b-layers/tp4-sp/b1", LLAMA_7B_LAYERS, b=1, tp=4, sp=True)
     add("llama7b-layers/tp8-sp/full-b2", LLAMA_7B_LAYERS, b=2, rec="full", tp=8, sp=True)
+    # tensor parallelism inside FSDP2 (torchtitan's 2-D layout: a dp x tp mesh) on a fake process group
+    for mode, zero, rec in itertools.product(("fp32", "amp-bf16", "pure-bf16"), (2, 3), ("none", "full")):
+        add(f"llama/2d-tp2-sp-dp4-zero{zero}/{mode}/{rec}", SMALL_LLAMA, mode=mode, rec=rec, tp=2, sp=True, dp=4,
+            zero=zero)
+    for zero, rec in itertools.product((2, 3), ("none", "selective")):
+        add(f"gpt/2d-tp2-dp4-zero{zero}/amp-fp16/{rec}", untied_gpt, mode="amp-fp16", rec=rec, tp=2, dp=4, zero=zero)
+    add("llama-v1000/2d-tp2-dp8-zero3/b4/accum2", dict(SMALL_LLAMA, vocab=1000), b=4, accum=2, tp=2, dp=8, zero=3)
+    for zero in (2, 3):   # a small vocabulary: the peak moves into the backward layers
+        add(f"llama-v1000/2d-tp2-sp-dp4-zero{zero}/full/b4", dict(SMALL_LLAMA, vocab=1000), b=4, rec="full", tp=2,
+            sp=True, dp=4, zero=zero)
+    add("llama7b-layers/2d-tp4-sp-dp8-zero3/b1", LLAMA_7B_LAYERS, b=1, tp=4, sp=True, dp=8, zero=3)
+    add("llama7b-layers/2d-tp8-sp-dp4-zero2/full-b2", LLAMA_7B_LAYERS, b=2, rec="full", tp=8, sp=True, dp=4, zero=2)
     # pipelines: torch's schedules on real gloo ranks (one process per stage), the busiest stage
     llama_v8000 = dict(SMALL_LLAMA, vocab=8000)
     # (no amp-fp16 here: these stages compute for real, and CPU fp16 matmuls are slow; fake-tensor rows cover it)
@@ -142,9 +154,10 @@ def matrix() -> list[tuple[str, dict]]:
 
 
 PEAK_GROUPS = [  # (label, which row names belong, report the median too)
-    ("replicated", lambda name: not any(k in name for k in ("fsdp", "int8", "/tp", "/pp")), False),
+    ("replicated", lambda name: not any(k in name for k in ("fsdp", "int8", "/tp", "/pp", "/2d")), False),
     ("fsdp", lambda name: "fsdp" in name, True),
     ("tensor-parallel", lambda name: "/tp" in name, False),
+    ("tp x fsdp", lambda name: "/2d" in name, False),
     ("qlora", lambda name: "qlora" in name, False),
     ("pipeline", lambda name: "/pp" in name, True),
 ]

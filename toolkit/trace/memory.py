@@ -12,9 +12,11 @@ the steady one: optimizer states exist throughout) and report, per device:
 - peak_bytes: the largest total seen during the steady step, with its breakdown.
 
 This is the CPU program (see toolkit.train.model). It traces one rank of a replicated
-layout, of FSDP2 (ZeRO-2/3 under torch semantics), or of tensor (and sequence) parallelism
-with torch's DTensor plans (toolkit.train.parallel), the last two on a fake process group;
-pipeline, DeepSpeed-style ZeRO and offload layouts are refused until their traces land.
+layout, of FSDP2 (ZeRO-2/3 under torch semantics), of tensor (and sequence) parallelism
+with torch's DTensor plans (toolkit.train.parallel), or of both on a dp x tp mesh
+(torchtitan's 2-D layout), all but the first on a fake process group. Pipelines run on real
+gloo ranks (toolkit.trace.pipeline); DeepSpeed-style ZeRO and offload are refused until their
+traces land.
 """
 from __future__ import annotations
 
@@ -72,11 +74,11 @@ class TraceResult:
 def _check_traceable(job: Job) -> None:
     par = job.parallel
     torch_zero = par.zero in (1, 2, 3) and job.precision.mode in TORCH_SEMANTICS
-    if par.offload != "none" or (par.zero > 0 and not torch_zero) or (par.tp > 1 and par.zero > 0):
+    if par.offload != "none" or (par.zero > 0 and not torch_zero) or (par.tp > 1 and par.zero == 1):
         raise SpecError("parallel", f"tp={par.tp} pp={par.pp} zero={par.zero} offload={par.offload}",
                         "the tracer covers data-parallel replicas, torch's ZeRO (ZeroRedundancyOptimizer, FSDP2; "
-                        "with fp32, amp-* or pure-bf16), tensor parallelism without ZeRO and pipelines alone so "
-                        "far; toolkit estimate models the other layouts analytically")
+                        "with fp32, amp-* or pure-bf16), tensor parallelism alone or inside FSDP2 (zero 2/3), and "
+                        "pipelines alone so far; toolkit estimate models the other layouts analytically")
     if par.tp > 1 and job.precision.mode not in TORCH_SEMANTICS:
         raise SpecError("precision.mode", job.precision.mode, "mixed-* modes follow Megatron's tensor-parallel "
                                                               "program, which the tracer does not run; trace tp "
@@ -291,22 +293,25 @@ class _FSDPDeviceTracker(FSDPMemTracker):
 
 
 @contextlib.contextmanager
-def _fake_process_group(world_size: int):
-    """A fake process group of `world_size` ranks in this process: collectives return at once, moving nothing."""
+def _fake_process_group(world_size: int, tp: int = 1):
+    """A fake process group of `world_size` (× `tp`) ranks in this process: collectives return at once, moving
+    nothing. With tp > 1 the mesh has two dimensions, "dp" and "tp"."""
     if dist.is_initialized():
         raise SpecError("parallel.dp", world_size, "a process group already exists in this process; trace FSDP "
                                                    "layouts from a fresh process (toolkit trace)")
     excepthook = sys.excepthook        # init_process_group wraps it to prefix "[rank0]:", once per call
-    dist.init_process_group("fake", rank=0, world_size=world_size, store=FakeStore())
+    dist.init_process_group("fake", rank=0, world_size=world_size * tp, store=FakeStore())
     try:
-        yield init_device_mesh("cpu", (world_size,))
+        yield (init_device_mesh("cpu", (world_size, tp), mesh_dim_names=("dp", "tp")) if tp > 1
+               else init_device_mesh("cpu", (world_size,)))
     finally:
         dist.destroy_process_group()
         sys.excepthook = excepthook
 
 
 def _trace_fsdp(job: Job) -> TraceResult:
-    """ZeRO-2/3 as torch does them: FSDP2 `fully_shard` per block and at the root, on a fake process group.
+    """ZeRO-2/3 as torch does them: FSDP2 `fully_shard` per block and at the root, on a fake process group;
+    with tp > 1, over the dp dimension of a dp x tp mesh whose tp dimension holds the DTensor plan.
 
     fully_shard cannot run inside FakeTensorMode: the model is sharded on the meta device, then
     materialised as fake tensors with `to_empty`.
@@ -318,14 +323,17 @@ def _trace_fsdp(job: Job) -> TraceResult:
         policy = MixedPrecisionPolicy(param_dtype=_DTYPES[mode.rsplit("-", 1)[1]], reduce_dtype=torch.float32)
     elif mode == "pure-bf16":
         weights_dtype = torch.bfloat16
-    with _fake_process_group(par.dp) as mesh:
+    with _fake_process_group(par.dp, par.tp) as mesh:
         with torch.device("meta"):
             model = GPT(job.model, attention=job.memory.attention, recompute=job.memory.recompute, dtype=weights_dtype)
+        if par.tp > 1:      # torchtitan's order: tensor parallelism inside each data-parallel shard
+            tensor_parallel(model, mesh["tp"], sequence_parallel=par.sp)
+        dp_mesh = mesh["dp"] if par.tp > 1 else mesh
         reshard = par.zero == 3
         for block in model.blocks:
-            fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
-        fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
-        with FakeTensorMode(allow_non_fake_inputs=True):
+            fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy)
+        fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy)
+        with FakeTensorMode(allow_non_fake_inputs=True), _propagation_apart():
             model.to_empty(device="cpu")
             optimizer = _make_optimizer(job, model.parameters())
             tracker = _FSDPDeviceTracker(model, optimizer)
