@@ -1,4 +1,5 @@
-"""Measure pipeline-parallel memory on real gloo ranks: torch's pipelining schedules, one process per stage.
+"""Measure pipeline-parallel memory on real gloo ranks: torch's pipelining schedules (1F1B, GPipe, interleaved
+1F1B), one process per stage.
 
 torch.distributed.pipelining does not run on fake tensors (its start-up vote reads a tensor's
 value), so each stage runs for real, on the CPU, with uninitialised weights: the values do
@@ -36,16 +37,20 @@ MAX_PIPELINE_MICRO_BATCHES = 32
 
 def check_pipeline_traceable(job: Job, estimated_total_bytes: float) -> None:
     par, m = job.parallel, job.grad_accum or 1
-    if par.tp > 1 or par.zero > 0 or par.offload != "none" or par.vpp > 1 or job.precision.grad_dtype == "fp32":
-        raise SpecError("parallel", f"pp={par.pp} tp={par.tp} zero={par.zero} vpp={par.vpp}",
-                        "pipelines are traced alone (tp 1, zero 0, no offload, vpp 1, gradients in the "
+    if par.tp > 1 or par.zero > 0 or par.offload != "none" or job.precision.grad_dtype == "fp32":
+        raise SpecError("parallel", f"pp={par.pp} tp={par.tp} zero={par.zero}",
+                        "pipelines are traced alone (tp 1, zero 0, no offload, gradients in the "
                         "parameters' dtype) so far")
+    if par.vpp > 1 and par.schedule == "gpipe":
+        raise SpecError("parallel.schedule", par.schedule, "interleaved stages (vpp > 1) run the interleaved 1F1B "
+                                                           "schedule; set schedule: 1f1b or vpp: 1")
     if job.precision.mode not in TORCH_SEMANTICS:
         raise SpecError("precision.mode", job.precision.mode, "mixed-* modes follow Megatron's pipeline program, "
                                                               "which the tracer does not run; trace pipelines with "
                                                               "fp32, amp-* or pure-bf16 (torch's schedules)")
-    if job.model.layers % par.pp:
-        raise SpecError("parallel.pp", par.pp, f"must divide model.layers = {job.model.layers} for equal stages")
+    if job.model.layers % (par.pp * par.vpp):
+        raise SpecError("parallel.pp", par.pp, f"pp × vpp must divide model.layers = {job.model.layers} for equal "
+                                               "stages")
     if job.model.tie_embeddings or job.model.position == "learned":
         raise SpecError("model", job.model.name, "pipeline traces need untied embeddings and rotary positions "
                                                  "(--no-tie-embeddings, a Llama-style model)")
@@ -90,10 +95,12 @@ def trace_pipeline_stages(job: Job) -> list[TraceResult]:
         try:
             mp.start_processes(_stage_main, args=(job.to_dict(), job.parallel.pp, port, out),
                                nprocs=job.parallel.pp, start_method="spawn")
-        except mp.ProcessException as failure:      # an error in a stage, or a stage killed
+        except (mp.ProcessRaisedException, mp.ProcessExitedException) as failure:   # a stage failed, or was killed
             errors = sorted(Path(out).glob("stage*.err"), key=lambda p: p.stat().st_mtime)
             detail = errors[0].read_text().strip().splitlines()[-1] if errors else str(failure).strip()
             where = errors[0].stem if errors else f"stage{failure.error_index}"
+            if getattr(failure, "signal_name", None):        # killed from outside, often for memory
+                detail += " (killed: out of memory? trace fewer layers, a narrower model or fewer micro-batches)"
             raise MeasurementFailed(f"pipeline trace failed on {where}: {detail}") from failure
         return [TraceResult(**json.loads(Path(out, f"stage{rank}.json").read_text()))
                 for rank in range(job.parallel.pp)]
@@ -116,37 +123,46 @@ def _stage_main(rank: int, job_dict: dict, stages: int, port: int, out: str) -> 
 
 
 def _trace_stage(job: Job, rank: int, stages: int) -> TraceResult:
+    """One rank's step: its stage, or under interleaving (vpp > 1) its chunks rank, rank + pp, ..."""
     from torch.distributed.pipelining import PipelineStage as TorchStage
-    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
+    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
     from ..train.model import GPT
     from ..train.parallel import PipelineStage
 
-    mode, m = job.precision.mode, job.grad_accum or 1
+    mode, m, vpp = job.precision.mode, job.grad_accum or 1, job.parallel.vpp
     spec, b, seq = job.model, job.batch.micro_batch, job.model.seq_len
+    chunks = stages * vpp
     weights_dtype = _DTYPES[mode.rsplit("-", 1)[1]] if mode == "pure-bf16" or mode.startswith("mixed-") \
         else torch.float32
     with torch.device("meta"):
         model = GPT(spec, attention=job.memory.attention, recompute=job.memory.recompute, dtype=weights_dtype)
-        stage_module = PipelineStage(model, rank, stages)
-    stage_module.to_empty(device="cpu")                      # uninitialised: only the bytes matter
+        modules = [PipelineStage(model, chunk, chunks) for chunk in range(rank, chunks, stages)]
+    stage_module = torch.nn.ModuleList(modules).to_empty(device="cpu")   # uninitialised: only the bytes matter
     del model
     act_dtype = torch.float32 if mode == "fp32" or mode.startswith("amp-") else weights_dtype
-    example_in = (torch.zeros(b, seq, dtype=torch.long) if rank == 0
-                  else torch.zeros(b, seq, spec.hidden, dtype=act_dtype, requires_grad=True))
     out_dtype = torch.bfloat16 if mode == "amp-bf16" else torch.float16 if mode == "amp-fp16" else act_dtype
-    example_out = torch.zeros(b, seq, spec.vocab if rank == stages - 1 else spec.hidden, dtype=out_dtype)
-    if mode.startswith("amp-") and rank < stages - 1:
-        example_out = example_out.float()                   # the residual stream stays fp32 under autocast
-    example_out.requires_grad_(True)                        # (the schedule sends gradients back for these)
-    stage = TorchStage(stage_module, rank, stages, torch.device("cpu"), input_args=(example_in,),
-                       output_args=(example_out,))
+
+    def torch_stage(chunk: int, module: torch.nn.Module):
+        example_in = (torch.zeros(b, seq, dtype=torch.long) if chunk == 0
+                      else torch.zeros(b, seq, spec.hidden, dtype=act_dtype, requires_grad=True))
+        example_out = torch.zeros(b, seq, spec.vocab if chunk == chunks - 1 else spec.hidden, dtype=out_dtype)
+        if mode.startswith("amp-") and chunk < chunks - 1:
+            example_out = example_out.float()               # the residual stream stays fp32 under autocast
+        example_out.requires_grad_(True)                    # (the schedule sends gradients back for these)
+        return TorchStage(module, chunk, chunks, torch.device("cpu"), input_args=(example_in,),
+                          output_args=(example_out,))
+
+    torch_stages = [torch_stage(chunk, module) for chunk, module in zip(range(rank, chunks, stages), modules)]
 
     def loss_fn(logits, targets):
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
 
-    schedule_cls = ScheduleGPipe if job.parallel.schedule == "gpipe" else Schedule1F1B
-    schedule = schedule_cls(stage, m, loss_fn=loss_fn)
+    if vpp > 1:
+        schedule = ScheduleInterleaved1F1B(torch_stages, m, loss_fn=loss_fn)
+    else:
+        schedule_cls = ScheduleGPipe if job.parallel.schedule == "gpipe" else Schedule1F1B
+        schedule = schedule_cls(torch_stages[0], m, loss_fn=loss_fn)
     if mode.startswith("mixed-"):
         stepper = _MasterStep(job, stage_module)
         optimizer, extra = stepper.optimizer, stepper.master.params
@@ -184,5 +200,5 @@ def _trace_stage(job: Job, rank: int, stages: int) -> TraceResult:
         peak_bytes=snaps["peak"].get("Total", 0),
         peak_breakdown=snaps["peak"],
         boundary_breakdown={},
-        program=f"cpu, {job.parallel.schedule} stage {rank} of {stages}",
+        program=f"cpu, {'interleaved ' if vpp > 1 else ''}{job.parallel.schedule} stage {rank} of {stages}",
     )
