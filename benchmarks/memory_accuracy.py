@@ -33,13 +33,14 @@ def matrix() -> list[tuple[str, dict]]:
 
     def add(name, model, mode="amp-bf16", b=2, accum=1, rec="none", att="flash", opt="adamw", impl=None,
             momentum=0.9, dropout=None, dp=1, zero=0, lora=None, compress="none", tp=1, sp=False, pp=1,
-            schedule="1f1b", method="lora"):
+            schedule="1f1b", method="lora", vpp=1):
         if dropout is not None:
             model = dict(model, dropout=dropout)
         finetune = {"method": method, "rank": 8, "targets": lora} if lora else {}
         rows.append((name, {"model": model, "batch": {"micro_batch": b, "global_batch": b * accum * dp},
                             "precision": {"mode": mode}, "optimizer": {"name": opt, "impl": impl, "momentum": momentum},
-                            "parallel": {"zero": zero, "tp": tp, "sp": sp, "pp": pp, "schedule": schedule},
+                            "parallel": {"zero": zero, "tp": tp, "sp": sp, "pp": pp, "vpp": vpp,
+                                                         "schedule": schedule},
                             "cluster": {"count": dp * tp * pp},
                             "finetune": finetune,
                             "memory": {"recompute": rec, "attention": att, "program": "cpu",
@@ -143,6 +144,17 @@ def matrix() -> list[tuple[str, dict]]:
     add("llama/pp4-1f1b/m8", SMALL_LLAMA, accum=8, pp=4)
     add("llama-v1000/pp2-1f1b/selective/b4", dict(SMALL_LLAMA, vocab=1000), rec="selective", b=4, accum=4, pp=2)
     add("llama-v1000/pp4-gpipe/m4", dict(SMALL_LLAMA, vocab=1000), accum=4, pp=4, schedule="gpipe")
+    # interleaved 1F1B (torch's ScheduleInterleaved1F1B: each rank runs vpp chunks), and a middle stage
+    llama8_v1000 = dict(SMALL_LLAMA, layers=8, vocab=1000)
+    add("llama-v8000/pp2-vpp2/amp-bf16/none/m4", llama_v8000, accum=4, pp=2, vpp=2)
+    add("llama-v8000/pp2-vpp2/amp-bf16/none/m2", llama_v8000, accum=2, pp=2, vpp=2)       # one round: m = pp
+    add("llama-v1000/pp2-vpp2/pure-bf16/full/m8", dict(SMALL_LLAMA, vocab=1000), mode="pure-bf16", rec="full",
+        accum=8, pp=2, vpp=2)
+    add("llama8-v1000/pp2-vpp4/pure-bf16/full/m8", llama8_v1000, mode="pure-bf16", rec="full", accum=8, pp=2, vpp=4)
+    add("llama8-v1000/pp4-vpp2/pure-bf16/full/m8", llama8_v1000, mode="pure-bf16", rec="full", accum=8, pp=4, vpp=2)
+    add("llama8-v8000/pp2-vpp4/amp-bf16/selective/m4", dict(llama8_v1000, vocab=8000), rec="selective", accum=4,
+        pp=2, vpp=4)
+    add("llama8-v1000/pp4-1f1b/pure-bf16/full/m8", llama8_v1000, mode="pure-bf16", rec="full", accum=8, pp=4)
     # int8 saved activations (the runner's hooks, traced): flash attention, and the explicit-attention path
     for (mname, model), mode, rec in itertools.product((("gpt", SMALL_GPT), ("llama", SMALL_LLAMA)),
                                                        ("fp32", "amp-bf16", "pure-bf16", "mixed-bf16"),

@@ -1,9 +1,15 @@
-"""Pipelines: torch's 1F1B and GPipe schedules run on real gloo ranks (one process per stage), each stage
-measured with MemTracker, against the analytic model of the first and last stage."""
+"""Pipelines: torch's 1F1B, GPipe and interleaved 1F1B schedules run on real gloo ranks (one process per
+stage), each stage measured with MemTracker, against the analytic model of the first, second and last stage."""
+import signal
+import threading
+import time
+
+import psutil
 import pytest
 
 from toolkit.estimate.memory import _stage_memory, memory_estimate
 from toolkit.specs import Job, SpecError
+from toolkit.specs.errors import MeasurementFailed
 from toolkit.trace.memory import trace_memory
 from toolkit.trace.pipeline import trace_pipeline_stages
 
@@ -11,9 +17,9 @@ LLAMA = {"preset": "llama2-7b", "layers": 4, "hidden": 256, "heads": 4, "kv_head
          "seq_len": 256, "vocab": 4000}
 
 
-def pipeline_job(schedule, mode="amp-bf16", rec="none", m=4, pp=2, model=LLAMA):
+def pipeline_job(schedule, mode="amp-bf16", rec="none", m=4, pp=2, model=LLAMA, vpp=1):
     data = {"model": model, "batch": {"micro_batch": 2, "global_batch": 2 * m}, "precision": {"mode": mode},
-            "parallel": {"pp": pp, "schedule": schedule}, "cluster": {"count": pp},
+            "parallel": {"pp": pp, "vpp": vpp, "schedule": schedule}, "cluster": {"count": pp},
             "memory": {"recompute": rec, "program": "cpu"}}
     return Job.from_dict(data).resolve()[0]
 
@@ -44,3 +50,51 @@ def test_untraceable_pipelines_are_refused_before_any_process_starts():
         trace_memory(pipeline_job("1f1b", mode="mixed-bf16"))
     with pytest.raises(SpecError, match="allocates real memory"):
         trace_memory(pipeline_job("1f1b", model={"preset": "llama2-7b", "layers": 4}))
+
+
+@pytest.mark.parametrize("mode, rec, vocab", [("amp-bf16", "none", 4000), ("pure-bf16", "full", 1000)])
+def test_interleaved_stages_match_the_model(mode, rec, vocab):
+    """Two chunks a rank: more micro-batches in flight on the first rank, and (full recompute, small vocabulary)
+    a peak at the step's end, when the schedule still holds everything it sent."""
+    job = pipeline_job("1f1b", mode, rec, m=4, model=dict(LLAMA, vocab=vocab), vpp=2)
+    stages = trace_pipeline_stages(job)
+    for traced, stage in zip(stages, ("first", "last")):
+        est = _stage_memory(job, stage)
+        assert est.params_bytes == traced.params_bytes          # a pair of rope tables per chunk
+        assert est.grads_bytes == traced.grads_bytes
+        assert est.peak_bytes == pytest.approx(traced.peak_bytes, rel=0.03)
+    plain = trace_pipeline_stages(pipeline_job("1f1b", mode, rec, m=4, model=dict(LLAMA, vocab=vocab)))
+    assert stages[0].peak_bytes > plain[0].peak_bytes
+
+
+def test_a_middle_stage_can_be_the_busiest():
+    """Four stages, a small vocabulary: the middle stages receive inputs and gradients both."""
+    job = pipeline_job("1f1b", "pure-bf16", "full", m=16, pp=4, model=dict(LLAMA, vocab=1000))
+    stages = trace_pipeline_stages(job)
+    assert max(s.peak_bytes for s in stages[1:3]) > stages[-1].peak_bytes
+    assert _stage_memory(job, "second").peak_bytes == pytest.approx(stages[1].peak_bytes, rel=0.03)
+    assert memory_estimate(job).peak_bytes == pytest.approx(max(s.peak_bytes for s in stages), rel=0.03)
+
+
+def test_a_killed_stage_is_reported_by_name():
+    job = pipeline_job("1f1b", m=8, model=dict(LLAMA, layers=8))
+    outcome = {}
+
+    def run():
+        try:
+            trace_pipeline_stages(job)
+        except MeasurementFailed as failure:
+            outcome["error"] = str(failure)
+
+    tracer = threading.Thread(target=run)
+    tracer.start()
+    deadline = time.monotonic() + 60
+    while len(psutil.Process().children()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.0)                                               # the stages are up and connecting
+    victim = psutil.Process().children()[-1]
+    victim.send_signal(signal.SIGKILL)
+    tracer.join(timeout=120)
+    assert "error" in outcome, "the trace did not notice its killed stage"
+    assert "pipeline trace failed on stage" in outcome["error"] and "SIGKILL" in outcome["error"]
+    assert "out of memory?" in outcome["error"]

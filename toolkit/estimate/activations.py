@@ -63,6 +63,9 @@ class ActivationBytes:
 
     shared_head: float = 0.0
     """Part of head shared the same way (the output projection's weight cast)."""
+    step_end_buffers: float = 0.0
+    """torch's interleaved schedule: the step's receive buffers and every tensor it sent, which it keeps until
+    the step ends (0 elsewhere)."""
 
     @property
     def total(self) -> float:
@@ -183,7 +186,11 @@ def activation_bytes(job: Job, stage: str | None = None) -> ActivationBytes:
         return _lora_activations(job)
     if stage is None:
         first, last = activation_bytes(job, "first"), activation_bytes(job, "last")
-        return pick(last.total > first.total, first, last)
+        busier = pick(last.total > first.total, first, last)
+        if np.all(np.asarray(job.parallel.pp) <= 2):
+            return busier
+        second = activation_bytes(job, "second")
+        return pick((np.asarray(job.parallel.pp) > 2) & (second.total > busier.total), busier, second)
     m = job.model
     act, residual, amp = element_bytes(job)
     h, q, kv, f = _widths(job)
@@ -233,47 +240,59 @@ def activation_bytes(job: Job, stage: str | None = None) -> ActivationBytes:
     # the recomputed block re-creates all it saves but its input, which the checkpoint already holds
     recompute_layer = np.where(full, none - tokens_h * h * residual, 0)
     single = np.asarray(pp) == 1
-    if stage == "first":
-        in_flight = pipeline_in_flight(job)
-        owns_embedding, owns_head = True, single
-    else:   # the last stage: one micro-batch at a time under 1F1B, all of them under GPipe
-        micro = np.asarray(1 if job.grad_accum is None else job.grad_accum)
-        in_flight = np.where(single | (np.asarray(job.parallel.schedule) != "gpipe"), 1.0, micro)
-        owns_embedding, owns_head = single, True
+    micro_batches = np.asarray(1 if job.grad_accum is None else job.grad_accum)
+    gpipe = np.asarray(job.parallel.schedule) == "gpipe"
+    in_flight = pipeline_in_flight(job, stage)
+    owns_embedding, owns_head = single | (stage == "first"), single | (stage == "last")
     stage_layers = m.layers // np.asarray(pp)
     # Pipelines follow torch.distributed.pipelining (the mixed-* modes: Megatron's, which frees a sent output's
     # data, reuses its receive buffers and computes the loss inside the last stage). torch's schedule keeps
-    # the last stage's output (the logits) until that micro-batch's backward; every other stage keeps the
-    # output it sent on; under 1F1B a stage also holds one residual-stream-sized receive buffer per
-    # micro-batch of the step beside what its blocks keep (measured on torch's Schedule1F1B; GPipe's
-    # buffers are the blocks' inputs themselves).
+    # the last stage's output (the logits) until that micro-batch's backward; every other chunk keeps the
+    # output it sent on; under 1F1B (interleaved or not) each chunk also holds one residual-stream-sized
+    # buffer per micro-batch of the step for what it receives: inputs (all but the model's first chunk) and
+    # gradients (all but the last), beside what its blocks keep (measured on torch's Schedule1F1B and
+    # ScheduleInterleaved1F1B; GPipe's buffers are the blocks' inputs themselves).
     torch_pipeline = ~single & (job.precision.mode in TORCH_SEMANTICS)
     kept_logits = np.where(torch_pipeline, tokens * vocab_per_rank(m, tp) * (4 if job.precision.mode == "fp32" else 2),
                            0.0)
     shared = np.where(single | full, 0.0, weights)
     shared_head = np.where(single | ~np.asarray(owns_head), 0.0, element_bytes(job)[2] * 2 * h * vocab_per_rank(m, tp))
-    kept_output = np.where(~torch_pipeline | owns_head, 0.0, tokens_h * h * residual * in_flight)
-    micro_batches = np.asarray(1 if job.grad_accum is None else job.grad_accum)
-    one_f_one_b = torch_pipeline & (np.asarray(job.parallel.schedule) != "gpipe")
-    kept_output = kept_output + np.where(one_f_one_b, micro_batches * tokens_h * h * residual, 0.0)
+    vpp = np.asarray(job.parallel.vpp)
+    chunk_forwards = in_flight * vpp                       # chunk forwards alive at once on this rank
+    heads = np.where(owns_head, np.where(gpipe, micro_batches, 1.0), 0.0)
+    stream = tokens_h * h * residual
+    kept_output = np.where(torch_pipeline, (chunk_forwards - heads) * stream, 0.0)
+    receiving = (vpp - owns_embedding) + (vpp - owns_head)          # chunks receiving inputs, and gradients
+    buffers = np.where(torch_pipeline & ~gpipe, micro_batches * receiving * stream, 0.0)
+    kept_output = kept_output + buffers
+    # torch's interleaved schedule waits for its sends only when the step ends: every output and input gradient
+    # a chunk sent stays until then, as many as the receive buffers by the last backward
+    step_end_buffers = np.where(vpp > 1, 2 * buffers, 0.0)
     return ActivationBytes(per_layer=per_layer,
                            layers=((per_layer - shared) * in_flight + shared) * stage_layers + kept_output,
                            shared_per_layer=shared, shared_head=shared_head,
                            embedding=np.where(owns_embedding, embedding * in_flight, 0.0),
                            head=np.where(owns_head, head + kept_logits, 0.0), recompute_layer=recompute_layer,
                            in_flight=in_flight, stage_layers=stage_layers,
-                           heads_held=np.where(owns_head, in_flight, 0.0))
+                           heads_held=heads, step_end_buffers=step_end_buffers)
 
 
-def pipeline_in_flight(job: Job) -> float:
-    """Micro-batches whose activations the first pipeline stage holds at once, in stage-layer units.
+def pipeline_in_flight(job: Job, stage: str | None = "first") -> float:
+    """Micro-batches whose activations a pipeline stage ("first", "second" or "last") holds at once, in
+    stage-layer units.
 
-    GPipe keeps all m micro-batches of a step; 1F1B at most p (Narayanan et al. 2021); the
-    interleaved schedule with v chunks holds p·(1 + (p−1)/(p·v)) (Megatron-LM's accounting).
+    GPipe keeps all m micro-batches of a step; 1F1B at most p on the first stage and one on the last
+    (Narayanan et al. 2021). Interleaved over v chunks, a rank runs its warm-up forwards, (v − 1)·r
+    (r = p when p divides m) plus 2 per stage after it, and one more before its first backward, each
+    1/v of its layers: p + (p − 1)/v on the first stage (Megatron-LM's p·(1 + (p−1)/(p·v))), and
+    ((v − 1)·p + 1)/v on the last; torch's ScheduleInterleaved1F1B and Megatron warm up alike.
     """
     p, v = np.asarray(job.parallel.pp), np.asarray(job.parallel.vpp)
     m = np.asarray(1 if job.grad_accum is None else job.grad_accum)
-    one_f_one_b = np.minimum(m, p) * np.where(v > 1, 1 + (p - 1) / (p * v), 1.0)
+    per_round = m // np.maximum(1, m // p)            # torch: rounds of p micro-batches, or one round of m
+    after = {"first": p - 1, "second": p - 2, "last": 0, None: p - 1}[stage]          # stages after this one
+    interleaved = np.minimum((v - 1) * per_round + 2 * after + 1, m * v) / v
+    one_f_one_b = np.where(v > 1, interleaved, np.minimum(m, after + 1))
     in_flight = np.where(np.asarray(job.parallel.schedule) == "gpipe", m, one_f_one_b)
     return np.where(p == 1, 1.0, in_flight)
 

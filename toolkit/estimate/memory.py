@@ -80,30 +80,41 @@ def _optimizer_temp_bytes(job: Job, largest_param: float, stage: str | None = No
 
 def memory_estimate(job: Job) -> MemoryEstimate:
     """The memory of a resolved job on its busiest device: with pipelining, the first stage (most
-    micro-batches in flight, the embedding) or the last (the head and the loss), whichever peaks higher."""
-    first = _stage_memory(job, "first")
-    if np.all(np.asarray(job.parallel.pp) == 1):
-        return first
-    last = _stage_memory(job, "last")
-    choose = last.peak_bytes > first.peak_bytes
-    merged = {name: np.where(choose, last.phases.get(name, 0.0), first.phases.get(name, 0.0))
-              for name in dict.fromkeys([*first.phases, *last.phases])}
-    return MemoryEstimate(
-        **{f: np.where(choose, getattr(last, f), getattr(first, f))
-           for f in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "host_bytes",
-                     "peak_bytes", "peak_phase")},
-        phases=merged, states=pick(choose, first.states, last.states))
+    micro-batches in flight, the embedding), the last (the head and the loss) or, with more than two
+    stages, the second (a middle stage's buffers), whichever peaks higher."""
+    pp = np.asarray(job.parallel.pp)
+    busiest = _stage_memory(job, "first")
+    if np.all(pp == 1):
+        return busiest
+    # the last stage holds the head; with more than two stages, torch's schedules give the middle ones the most
+    # receive buffers, and the second holds the most micro-batches of those (Megatron's program reuses its
+    # buffers: its second stage never holds more than the first)
+    for stage in ("last", "second"):
+        if stage == "second" and (np.all(pp <= 2) or job.precision.mode not in TORCH_SEMANTICS):
+            break
+        other = _stage_memory(job, stage)
+        choose = (other.peak_bytes > busiest.peak_bytes) & ((pp > 2) if stage == "second" else True)
+        busiest = MemoryEstimate(
+            **{f: np.where(choose, getattr(other, f), getattr(busiest, f))
+               for f in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "host_bytes",
+                         "peak_bytes", "peak_phase")},
+            phases={name: np.where(choose, other.phases.get(name, 0.0), busiest.phases.get(name, 0.0))
+                    for name in dict.fromkeys([*busiest.phases, *other.phases])},
+            states=pick(choose, busiest.states, other.states))
+    return busiest
 
 
 def _stage_memory(job: Job, stage: str) -> MemoryEstimate:
-    """One pipeline stage's memory ("first" or "last"; without pipelining both are the whole model)."""
+    """One pipeline stage's memory ("first", "second" or "last"; without pipelining each is the whole model)."""
     states = model_state_bytes(job, stage)
     acts = activation_bytes(job, stage)
     model, par = job.model, job.parallel
     single = np.asarray(par.pp) == 1
     owns_head = single | (stage == "last")
-    # GPipe runs every forward before any backward: no gradient exists while the activations pile up
-    gpipe = ~single & (np.asarray(par.schedule) == "gpipe")
+    # GPipe runs every forward before any backward, and so does 1F1B on a stage whose warm-up covers all the
+    # step's micro-batches: no gradient exists while the activations pile up
+    micro_batches = np.asarray(1 if job.grad_accum is None else job.grad_accum)
+    gpipe = ~single & ((np.asarray(par.schedule) == "gpipe") | (acts.in_flight >= micro_batches))
     mode = job.precision.mode
     counts = count_params(model)
     _w, grad_b, _o = bytes_per_param(job)
@@ -116,7 +127,6 @@ def _stage_memory(job: Job, stage: str) -> MemoryEstimate:
     accumulating = np.asarray(1 if job.grad_accum is None else job.grad_accum) > 1             # also: pipelining over several micro-batches
     persistent = states.params_bytes + states.optimizer_bytes
     grads_full = states.grads_bytes
-    grads_prev = np.where(accumulating & ~gpipe, grads_full, 0.0)
     gathered = _gathered_params(job, counts)
     reduce_scatter = gathered.reduce_scatter
 
@@ -129,6 +139,11 @@ def _stage_memory(job: Job, stage: str) -> MemoryEstimate:
     # the root's (head) until the end of backward, a block's until the block is done
     unsharded_grad_b = np.where(reduce_scatter > 0, 4 if mode == "fp32" else 2, grad_b)
     head_grad = (head_param + np.where(owns_head & (not lora), counts.final, 0)) * unsharded_grad_b / tp
+    # gradients made by earlier micro-batches of the step; interleaved over one round (m <= p) the last stage
+    # runs every backward of its head chunk before any of its other chunks'
+    one_round = (np.asarray(par.vpp) > 1) & (micro_batches // np.asarray(par.pp) <= 1) & (stage == "last")
+    grads_before = np.where(one_round, head_grad + layer_grad * acts.stage_layers / np.asarray(par.vpp), grads_full)
+    grads_prev = np.where(accumulating & ~gpipe, grads_before, 0.0)
 
     # Backward of the MLP, beyond what it held: the incoming gradient, and the gradients of its
     # inner tensors alive together (GELU: one net of the freed input; SwiGLU: two at the product)
@@ -194,7 +209,7 @@ def _stage_memory(job: Job, stage: str) -> MemoryEstimate:
         else:
             down_grad = h * ffn * unsharded_grad_b
         grads = np.where(accumulating & ~gpipe,
-                         grads_full + down_grad + (h * ffn * 2 if mode.startswith("amp-") else 0),
+                         grads_before + down_grad + (h * ffn * 2 if mode.startswith("amp-") else 0),
                          head_grad + done_layers * layer_grad + down_grad)
         held = after_head - done_layers * acts.freed_per_layer          # one micro-batch goes backward at a time
         still_gathered = gathered.blocks * (1 - done_layers / np.maximum(acts.stage_layers, 1))
@@ -226,6 +241,12 @@ def _stage_memory(job: Job, stage: str) -> MemoryEstimate:
     phases["embedding backward"] = np.where(
         owns_embedding & (embedding_temp > 0) & (not lora),     # (Megatron's embedding makes sharded gradients)
         persistent + grads_full + embedding_temp + acts.embedding + others, 0.0)
+    # torch's interleaved schedule, at its last backward: all it sent is still held (see activation_bytes), with
+    # one block of one micro-batch being differentiated and autocast's weight casts
+    phases["step end"] = np.where(
+        acts.step_end_buffers > 0,
+        persistent + grads_full + acts.step_end_buffers + acts.per_layer
+        + acts.shared_per_layer * (acts.stage_layers - 1) + acts.recompute_layer + mlp_temp + step_cache, 0.0)
     phases["optimizer step"] = _step_bytes(job, counts, persistent, grads_full, stage)
     names = list(phases)
     stacked = np.stack(np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in phases.values())))
@@ -320,18 +341,21 @@ def memory_notes(job: Job, mem: MemoryEstimate | None) -> list[str]:
         notes.append("tensor parallelism follows torch's DTensor program (toolkit.train.parallel): with sp the "
                      "linears keep their all-gathered inputs, and the vocabulary-parallel loss and the embedding's "
                      "backward hold more than Megatron's fused kernels")
-    combined_pp = par.pp > 1 and (par.tp > 1 or par.zero > 0 or par.vpp > 1)
+    combined_pp = par.pp > 1 and (par.tp > 1 or par.zero > 0)
     if combined_pp or par.offload != "none" or (par.zero > 0 and not fsdp_traced) or (par.tp > 1 and par.zero == 1):
-        notes.append("DeepSpeed-style ZeRO, offload, tp with ZeRO-1, and pp combined with tp, ZeRO or "
-                     "interleaving follow Megatron's and the frameworks' semantics and are not yet checked against a "
-                     "trace (replicas, torch's ZeRO-1/2/3, tp alone or inside FSDP2, and pipelines alone are)")
+        notes.append("DeepSpeed-style ZeRO, offload, tp with ZeRO-1, and pp combined with tp or ZeRO follow "
+                     "Megatron's and the frameworks' semantics and are not yet checked against a trace (replicas, "
+                     "torch's ZeRO-1/2/3, tp alone or inside FSDP2, and pipelines alone or interleaved are)")
     if par.pp > 1 and par.schedule != "gpipe" and job.precision.mode in TORCH_SEMANTICS:
         m = job.grad_accum or 1
-        buffers = m * job.batch.micro_batch * job.model.seq_len * job.model.hidden / (par.tp if par.sp else 1) \
+        stream = job.batch.micro_batch * job.model.seq_len * job.model.hidden / (par.tp if par.sp else 1) \
             * (4 if job.precision.mode.startswith("amp-") or job.precision.mode == "fp32" else 2)
+        per_stage = m * stream * (2 * par.vpp - 1 if par.pp == 2 else 2 * par.vpp)
+        kept = " and keeps every tensor it sent until the step ends (as much again)" if par.vpp > 1 else ""
         notes.append(f"pipeline stages follow torch.distributed.pipelining, which allocates a receive buffer for "
-                     f"each of the step's {m} micro-batches: {buffers / 2**30:.2f} GiB per stage here (Megatron "
-                     f"reuses a few); fewer, larger micro-batches shrink it")
+                     f"each of the step's {m} micro-batches, per chunk and direction{kept}: "
+                     f"{per_stage * (2 if par.vpp > 1 else 1) / 2**30:.2f} GiB on the busiest stage here "
+                     f"(Megatron reuses a few); fewer, larger micro-batches shrink it")
     if job.finetune.method == "qlora":
         notes.append("QLoRA as toolkit.train.qlora runs it: NF4 with double quantization (bitsandbytes' layout, "
                      "0.516 bytes a weight); its dequantizing matmul holds ~9 bytes per weight of one matrix at a "

@@ -71,7 +71,7 @@ def params_per_device(model: ModelSpec, tp=1, pp=1, stage: str | None = None):
     """Parameters held by the busiest pipeline stage on one tensor-parallel rank.
 
     Stage 0 holds the embeddings, the last stage the final norm and the output projection; `stage`
-    ("first", "last") asks for that one instead.
+    ("first", "second", "last") asks for that one instead (a middle stage holds only its blocks).
     (a copy of the embedding when tied and pp > 1, as Megatron keeps). Matrices, column
     biases and the token embedding are divided by tp; norms, row-parallel biases (o, down)
     and learned positions are replicated on every tensor-parallel rank. tp and pp may be
@@ -89,7 +89,7 @@ def params_per_device(model: ModelSpec, tp=1, pp=1, stage: str | None = None):
     first = embedding + c.positions + stage_layers
     last = stage_layers + c.final + rows
     total = embedding + c.positions + layer * model.layers + c.final + (rows if c.head else 0)
-    busiest = {"first": first, "last": last, None: np.maximum(first, last)}[stage]
+    busiest = {"first": first, "last": last, "second": stage_layers, None: np.maximum(first, last)}[stage]
     return np.where(np.asarray(pp) == 1, total, busiest)
 
 
@@ -167,9 +167,10 @@ def model_state_bytes(job: Job, stage: str | None = None) -> StateBytes:
     offload_params = offload == "params"
     offload_optimizer = offload_params | (offload == "optimizer")
     host = np.where(offload_optimizer, optimizer_b, 0.0) + np.where(offload_params, params_b + grads_b, 0.0)
-    # rotary cos/sin tables: buffers in the weights' dtype, whole on every rank
+    # rotary cos/sin tables: buffers in the weights' dtype, whole on every rank, one pair per model chunk
     m = job.model
-    rope_tables = m.seq_len * m.head_dim_ * weight if m.has_shape and m.position == "rope" else 0
+    rope_tables = m.seq_len * m.head_dim_ * weight * np.asarray(par.vpp) if m.has_shape and m.position == "rope" \
+        else 0
     return StateBytes(params_bytes=np.where(offload_params, 0.0, params_b) + rope_tables,
                       grads_bytes=np.where(offload_params, 0.0, grads_b),
                       optimizer_bytes=np.where(offload_optimizer, 0.0, optimizer_b), host_bytes=host)
