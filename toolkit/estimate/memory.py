@@ -241,6 +241,14 @@ def _stage_memory(job: Job, stage: str) -> MemoryEstimate:
     phases["embedding backward"] = np.where(
         owns_embedding & (embedding_temp > 0) & (not lora),     # (Megatron's embedding makes sharded gradients)
         persistent + grads_full + embedding_temp + acts.embedding + others, 0.0)
+    # When every forward ran first (GPipe), the second micro-batch's backward starts with all the gradients the
+    # first one made and the activations of the others: its loss (last stage) or its top block's backward
+    shared = acts.shared_per_layer * acts.stage_layers + np.where(owns_head, acts.shared_head, 0.0)
+    one_micro_batch = (acts.total - shared) / np.maximum(acts.in_flight, 1)
+    phases["next micro-batch"] = np.where(
+        gpipe & (micro_batches > 1),
+        persistent + grads_full + acts.total - one_micro_batch + step_cache
+        + np.where(owns_head, logits_grads, acts.recompute_layer + mlp_temp), 0.0)
     # torch's interleaved schedule, at its last backward: all it sent is still held (see activation_bytes), with
     # one block of one micro-batch being differentiated and autocast's weight casts
     phases["step end"] = np.where(
