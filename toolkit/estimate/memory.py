@@ -89,9 +89,10 @@ def memory_estimate(job: Job) -> MemoryEstimate:
     # the last stage holds the head; with more than two stages, torch's schedules give the middle ones the most
     # receive buffers, and the second holds the most micro-batches of those (Megatron's program reuses its
     # buffers: its second stage never holds more than the first)
-    for stage in ("last", "second"):
-        if stage == "second" and (np.all(pp <= 2) or job.precision.mode not in TORCH_SEMANTICS):
-            break
+    others = ["last"]
+    if np.any(pp > 2) and job.precision.mode in TORCH_SEMANTICS:
+        others.append("second")
+    for stage in others:
         other = _stage_memory(job, stage)
         choose = (other.peak_bytes > busiest.peak_bytes) & ((pp > 2) if stage == "second" else True)
         busiest = MemoryEstimate(
@@ -114,7 +115,7 @@ def _stage_memory(job: Job, stage: str) -> MemoryEstimate:
     # GPipe runs every forward before any backward, and so does 1F1B on a stage whose warm-up covers all the
     # step's micro-batches: no gradient exists while the activations pile up
     micro_batches = np.asarray(1 if job.grad_accum is None else job.grad_accum)
-    gpipe = ~single & ((np.asarray(par.schedule) == "gpipe") | (acts.in_flight >= micro_batches))
+    forwards_first = ~single & (acts.in_flight >= micro_batches)          # (GPipe: always)
     mode = job.precision.mode
     counts = count_params(model)
     _w, grad_b, _o = bytes_per_param(job)
@@ -143,7 +144,7 @@ def _stage_memory(job: Job, stage: str) -> MemoryEstimate:
     # runs every backward of its head chunk before any of its other chunks'
     one_round = (np.asarray(par.vpp) > 1) & (micro_batches // np.asarray(par.pp) <= 1) & (stage == "last")
     grads_before = np.where(one_round, head_grad + layer_grad * acts.stage_layers / np.asarray(par.vpp), grads_full)
-    grads_prev = np.where(accumulating & ~gpipe, grads_before, 0.0)
+    grads_prev = np.where(accumulating & ~forwards_first, grads_before, 0.0)
 
     # Backward of the MLP, beyond what it held: the incoming gradient, and the gradients of its
     # inner tensors alive together (GELU: one net of the freed input; SwiGLU: two at the product)
@@ -208,7 +209,7 @@ def _stage_memory(job: Job, stage: str) -> MemoryEstimate:
             down_grad = job.finetune.rank * (ffn + h) * grad_b * ("down" in job.finetune.targets)
         else:
             down_grad = h * ffn * unsharded_grad_b
-        grads = np.where(accumulating & ~gpipe,
+        grads = np.where(accumulating & ~forwards_first,
                          grads_before + down_grad + (h * ffn * 2 if mode.startswith("amp-") else 0),
                          head_grad + done_layers * layer_grad + down_grad)
         held = after_head - done_layers * acts.freed_per_layer          # one micro-batch goes backward at a time
@@ -246,7 +247,7 @@ def _stage_memory(job: Job, stage: str) -> MemoryEstimate:
     shared = acts.shared_per_layer * acts.stage_layers + np.where(owns_head, acts.shared_head, 0.0)
     one_micro_batch = (acts.total - shared) / np.maximum(acts.in_flight, 1)
     phases["next micro-batch"] = np.where(
-        gpipe & (micro_batches > 1),
+        forwards_first & (micro_batches > 1),
         persistent + grads_full + acts.total - one_micro_batch + step_cache
         + np.where(owns_head, logits_grads, acts.recompute_layer + mlp_temp), 0.0)
     # torch's interleaved schedule, at its last backward: all it sent is still held (see activation_bytes), with
