@@ -110,6 +110,7 @@ def test_a_killed_rank_stops_the_run_and_names_the_checkpoint(tmp_path, corpus):
     (["--global-batch", "3"], "must be a multiple of micro_batch × dp"),
     (["--steps", "0"], "training.steps = 0: must be greater than zero"),
     (["--vocab", "100"], "is smaller than the data's vocabulary"),
+    (["--precision", "mixed-bf16", "--grad-dtype", "fp32"], "--grad-dtype: precision.grad_dtype = 'fp32': the runner keeps"),
 ])
 def test_bad_jobs_fail_before_any_process_starts(tmp_path, extra, message):
     result = toolkit_train(tmp_path / "run", *extra)

@@ -73,6 +73,10 @@ def runner_checks(job: Job) -> None:
                                                        "not compress: choose int8 or full recompute")
     if par.offload != "none":
         raise SpecError("parallel.offload", par.offload, "the runner does not offload yet; set offload = none")
+    if job.precision.grad_dtype == "fp32":
+        raise SpecError("precision.grad_dtype", "fp32", "the runner keeps gradients in the parameters' dtype (fp32 "
+                                                        "main gradients are modelled, not run yet); set grad_dtype = "
+                                                        "param to train")
     if job.optimizer.name == "adamw-8bit":
         try:
             import bitsandbytes  # noqa: F401
