@@ -24,9 +24,9 @@ from ..specs.job import TORCH_SEMANTICS, Job
 from ..specs.model import ModelSpec
 from .params import count_params, projection_shapes
 
-__all__ = ["StateBytes", "adapter_params_per_layer", "qlora_block_bytes", "nf4_matrix_bytes", "bytes_per_param", "params_per_device", "replicated_per_layer",
-           "vocab_per_rank",            "model_state_bytes",
-           "ADAM8BIT_BLOCK", "ADAM8BIT_BYTES_PER_PARAM"]
+__all__ = ["StateBytes", "adapter_params_per_layer", "bytes_per_param", "largest_tensor", "model_state_bytes",
+           "nf4_matrix_bytes", "params_per_device", "qlora_block_bytes", "replicated_per_layer", "vocab_per_rank",
+           "ADAM8BIT_BLOCK", "ADAM8BIT_BYTES_PER_PARAM", "NF4_BLOCK", "NF4_SCALE_BLOCK"]
 
 NF4_BLOCK, NF4_SCALE_BLOCK = 64, 256
 """QLoRA's NF4 (toolkit.train.qlora): weights per absmax, absmax values per fp32 scale (double quantization)."""

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from ..estimate.memory import memory_estimate
 from ..specs.errors import MeasurementFailed, SpecError
 from ..specs.job import TORCH_SEMANTICS, Job
-from .memory import _DTYPES, TraceResult, _DeviceTracker, _make_optimizer, _MasterStep, _snapshot
+from .memory import _DTYPES, TraceResult, _DeviceTracker, _make_optimizer, _snapshot
 
 __all__ = ["trace_pipeline", "trace_pipeline_stages", "MAX_PIPELINE_TRACE_BYTES", "MAX_PIPELINE_MICRO_BATCHES"]
 
@@ -37,10 +37,9 @@ MAX_PIPELINE_MICRO_BATCHES = 32
 
 def check_pipeline_traceable(job: Job, estimated_total_bytes: float) -> None:
     par, m = job.parallel, job.grad_accum or 1
-    if par.tp > 1 or par.zero > 0 or par.offload != "none" or job.precision.grad_dtype == "fp32":
+    if par.tp > 1 or par.zero > 0 or par.offload != "none":
         raise SpecError("parallel", f"pp={par.pp} tp={par.tp} zero={par.zero}",
-                        "pipelines are traced alone (tp 1, zero 0, no offload, gradients in the "
-                        "parameters' dtype) so far")
+                        "pipelines are traced alone (tp 1, zero 0, no offload) so far")
     if par.vpp > 1 and par.schedule == "gpipe":
         raise SpecError("parallel.schedule", par.schedule, "interleaved stages (vpp > 1) run the interleaved 1F1B "
                                                            "schedule; set schedule: 1f1b or vpp: 1")
@@ -133,8 +132,7 @@ def _trace_stage(job: Job, rank: int, stages: int) -> TraceResult:
     mode, m, vpp = job.precision.mode, job.grad_accum or 1, job.parallel.vpp
     spec, b, seq = job.model, job.batch.micro_batch, job.model.seq_len
     chunks = stages * vpp
-    weights_dtype = _DTYPES[mode.rsplit("-", 1)[1]] if mode == "pure-bf16" or mode.startswith("mixed-") \
-        else torch.float32
+    weights_dtype = torch.bfloat16 if mode == "pure-bf16" else torch.float32    # (mixed-* is refused above)
     with torch.device("meta"):
         model = GPT(spec, attention=job.memory.attention, recompute=job.memory.recompute, dtype=weights_dtype)
         modules = [PipelineStage(model, chunk, chunks) for chunk in range(rank, chunks, stages)]
@@ -163,16 +161,11 @@ def _trace_stage(job: Job, rank: int, stages: int) -> TraceResult:
     else:
         schedule_cls = ScheduleGPipe if job.parallel.schedule == "gpipe" else Schedule1F1B
         schedule = schedule_cls(torch_stages[0], m, loss_fn=loss_fn)
-    if mode.startswith("mixed-"):
-        stepper = _MasterStep(job, stage_module)
-        optimizer, extra = stepper.optimizer, stepper.master.params
-    else:
-        optimizer = _make_optimizer(job, stage_module.parameters())
-        stepper, extra = optimizer, []
+    optimizer = _make_optimizer(job, stage_module.parameters())
     autocast = (torch.autocast("cpu", dtype=_DTYPES[mode.rsplit("-", 1)[1]]) if mode.startswith("amp-")
                 else contextlib.nullcontext())
     tracker = _StageTracker()
-    tracker.track_external(stage_module, optimizer, *extra)
+    tracker.track_external(stage_module, optimizer)
     snaps = {}
     with tracker:
         for step in range(2):
@@ -187,7 +180,7 @@ def _trace_stage(job: Job, rank: int, stages: int) -> TraceResult:
                 else:
                     schedule.step()
             snaps["before_step"] = _snapshot(tracker, "current")
-            stepper.step()
+            optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         snaps["after"] = _snapshot(tracker, "current")
     snaps["peak"] = _snapshot(tracker, "peak")
