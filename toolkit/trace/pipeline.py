@@ -11,22 +11,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
-import os
-import socket
-import tempfile
-import traceback
-from pathlib import Path
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from ..estimate.memory import memory_estimate
-from ..specs.errors import MeasurementFailed, SpecError
+from ..specs.errors import SpecError
 from ..specs.job import TORCH_SEMANTICS, Job
 from .memory import _DTYPES, TraceResult, _DeviceTracker, _make_optimizer, _snapshot
+from .ranks import trace_on_ranks
 
 __all__ = ["trace_pipeline", "trace_pipeline_stages", "MAX_PIPELINE_TRACE_BYTES", "MAX_PIPELINE_MICRO_BATCHES"]
 
@@ -87,38 +80,8 @@ def trace_pipeline(job: Job) -> TraceResult:
 def trace_pipeline_stages(job: Job) -> list[TraceResult]:
     """Every stage's memory, first to last. (The estimate only sizes the run: it refuses ones too large.)"""
     check_pipeline_traceable(job, float(memory_estimate(job).peak_bytes) * job.parallel.pp)
-    with tempfile.TemporaryDirectory() as out:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        try:
-            mp.start_processes(_stage_main, args=(job.to_dict(), job.parallel.pp, port, out),
-                               nprocs=job.parallel.pp, start_method="spawn")
-        except (mp.ProcessRaisedException, mp.ProcessExitedException) as failure:   # a stage failed, or was killed
-            errors = sorted(Path(out).glob("stage*.err"), key=lambda p: p.stat().st_mtime)
-            detail = errors[0].read_text().strip().splitlines()[-1] if errors else str(failure).strip()
-            where = errors[0].stem if errors else f"stage{failure.error_index}"
-            if getattr(failure, "signal_name", None):        # killed from outside, often for memory
-                detail += " (killed: out of memory? trace fewer layers, a narrower model or fewer micro-batches)"
-            raise MeasurementFailed(f"pipeline trace failed on {where}: {detail}") from failure
-        return [TraceResult(**json.loads(Path(out, f"stage{rank}.json").read_text()))
-                for rank in range(job.parallel.pp)]
-
-
-def _stage_main(rank: int, job_dict: dict, stages: int, port: int, out: str) -> None:
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=stages)
-    try:
-        job = Job.from_dict(job_dict)
-        result = _trace_stage(job, rank, stages)
-        Path(out, f"stage{rank}.json").write_text(json.dumps(dataclasses.asdict(result)))
-        dist.barrier()                  # no rank closes its connections while another still sends
-    except BaseException:
-        Path(out, f"stage{rank}.err").write_text(traceback.format_exc())   # the first failure, not its echoes
-        raise
-    finally:
-        dist.destroy_process_group()
+    return trace_on_ranks(_trace_stage, job, job.parallel.pp, "pipeline", "stage",
+                          "trace fewer layers, a narrower model or fewer micro-batches")
 
 
 def _trace_stage(job: Job, rank: int, stages: int) -> TraceResult:

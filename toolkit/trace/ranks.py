@@ -1,0 +1,66 @@
+"""Run one measuring function on several real gloo ranks and collect what each rank measured.
+
+The programs that do not run on fake tensors (torch's pipeline schedules, DeepSpeed's ZeRO)
+run for real on small models, one process per rank. A rank that fails, or is killed from
+outside, becomes a MeasurementFailed that names it and says what to shrink.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import tempfile
+import traceback
+from pathlib import Path
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from ..specs.errors import MeasurementFailed
+from ..specs.job import Job
+from .memory import TraceResult
+
+__all__ = ["trace_on_ranks"]
+
+MeasureRank = Callable[[Job, int, int], TraceResult]
+"""(job, rank, world size) -> that rank's measurement; runs inside its own process with the group set up."""
+
+
+def trace_on_ranks(measure: MeasureRank, job: Job, world: int, program: str, role: str,
+                   shrink: str) -> list[TraceResult]:
+    """Every rank's measurement, rank 0 first. `program` and `role` name the trace and a rank in messages
+    ("pipeline", "stage"); `shrink` says what to make smaller when a rank is killed (usually for memory)."""
+    with tempfile.TemporaryDirectory() as out:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        try:
+            mp.start_processes(_rank_main, args=(measure, job.to_dict(), world, port, out, role),
+                               nprocs=world, start_method="spawn")
+        except (mp.ProcessRaisedException, mp.ProcessExitedException) as failure:   # a rank failed, or was killed
+            errors = sorted(Path(out).glob(f"{role}*.err"), key=lambda p: p.stat().st_mtime)
+            detail = errors[0].read_text().strip().splitlines()[-1] if errors else str(failure).strip()
+            where = errors[0].stem if errors else f"{role}{failure.error_index}"
+            if getattr(failure, "signal_name", None):        # killed from outside, often for memory
+                detail += f" (killed: out of memory? {shrink})"
+            raise MeasurementFailed(f"{program} trace failed on {where}: {detail}") from failure
+        return [TraceResult(**json.loads(Path(out, f"{role}{rank}.json").read_text())) for rank in range(world)]
+
+
+def _rank_main(rank: int, measure: MeasureRank, job_dict: dict, world: int, port: int, out: str, role: str) -> None:
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        result = measure(Job.from_dict(job_dict), rank, world)
+        Path(out, f"{role}{rank}.json").write_text(json.dumps(dataclasses.asdict(result)))
+        dist.barrier()                  # no rank closes its connections while another still sends
+    except BaseException:
+        Path(out, f"{role}{rank}.err").write_text(traceback.format_exc())   # the first failure, not its echoes
+        raise
+    finally:
+        dist.destroy_process_group()
