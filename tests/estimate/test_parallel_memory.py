@@ -61,12 +61,16 @@ def test_first_stage_holds_in_flight_micro_batches():
 
 
 def test_zero3_gathers_a_layer_and_its_prefetch():
-    """ZeRO-3 holds two unsharded blocks (current + prefetched) during forward and backward."""
-    z2 = memory_estimate(job({"dp": 8, "zero": 2}, mode="mixed-bf16"))
-    z3 = memory_estimate(job({"dp": 8, "zero": 3}, mode="mixed-bf16"))
+    """DeepSpeed's ZeRO-3 keeps two blocks' worth of parameters gathered (current + prefetched), the head alone
+    when that is larger, and its gradient partition and reduce bucket from start-up on (ZeRO-2 makes them
+    during backward)."""
     per_layer = 12 * 1024 * 1024 + 13 * 1024                        # GPT-2 block parameters at h = 1024
-    assert z2.phases["loss"] - z3.phases["loss"] == pytest.approx(
-        (z2.params_bytes - z3.params_bytes) - 2 * per_layer * 2)     # DeepSpeed: no root gathering modelled
+    bucket = 25 * 2**20                                              # training.bucket_cap_mb's default
+    for vocab, gathered in ((50257, 50257 * 1024), (8000, 2 * per_layer)):     # the tied head, or two blocks
+        z2 = memory_estimate(job({"dp": 8, "zero": 2}, mode="mixed-bf16", model=dict(GPT, vocab=vocab)))
+        z3 = memory_estimate(job({"dp": 8, "zero": 3}, mode="mixed-bf16", model=dict(GPT, vocab=vocab)))
+        assert z2.phases["loss"] - z3.phases["loss"] == pytest.approx(
+            (z2.params_bytes - z3.params_bytes) - gathered * 2 - z3.grads_bytes - bucket)
 
 
 def test_fsdp_zero2_keeps_unsharded_weights_until_backward():

@@ -130,6 +130,12 @@ def _stage_memory(job: Job, stage: str) -> MemoryEstimate:
     grads_full = states.grads_bytes
     gathered = _gathered_params(job, counts)
     reduce_scatter = gathered.reduce_scatter
+    firsts, lasts = single | (stage == "first"), single | (stage == "last")
+    ds = _deepspeed_reduce(job, _trainable_per_device(job, stage), grad_b, dp,
+                           ends=(np.where(firsts, counts.embedding, 0) / tp,
+                                 np.where(lasts, counts.head, 0) / tp))
+    persistent = persistent + ds.fixed
+    grads_full = np.where(ds.fixed > 0, 0.0, grads_full)          # (DeepSpeed's ZeRO-3: counted in persistent)
 
     # gradients appear during backward: head first, then layer by layer, embedding last
     lora = job.finetune.adapters
@@ -144,7 +150,10 @@ def _stage_memory(job: Job, stage: str) -> MemoryEstimate:
     # runs every backward of its head chunk before any of its other chunks'
     one_round = (np.asarray(par.vpp) > 1) & (micro_batches // np.asarray(par.pp) <= 1) & (stage == "last")
     grads_before = np.where(one_round, head_grad + layer_grad * acts.stage_layers / np.asarray(par.vpp), grads_full)
-    grads_prev = np.where(accumulating & ~forwards_first, grads_before, 0.0)
+    # DeepSpeed's ZeRO-1 reduces at the step's end (and its bucket, once made, stays until then); ZeRO-2 into its
+    # partition at every micro-batch
+    grads_before = np.select([ds.stage1, ds.grads > 0], [ds.grads, ds.partition], grads_before)
+    grads_prev = np.where(accumulating & ~forwards_first, grads_before + np.where(ds.stage1, ds.bucket, 0.0), 0.0)
 
     # Backward of the MLP, beyond what it held: the incoming gradient, and the gradients of its
     # inner tensors alive together (GELU: one net of the freed input; SwiGLU: two at the product)
@@ -209,9 +218,16 @@ def _stage_memory(job: Job, stage: str) -> MemoryEstimate:
             down_grad = job.finetune.rank * (ffn + h) * grad_b * ("down" in job.finetune.targets)
         else:
             down_grad = h * ffn * unsharded_grad_b
+        made = head_grad + done_layers * layer_grad
+        # DeepSpeed's ZeRO-2 copies each gradient into its bucket, and the bucket, when full, into the partition
+        whole = head_grad + done_layers * per_layer_trainable * grad_b / tp
+        made = np.where(ds.bucket > 0, np.where(ds.stage1, whole, ds.flushed(whole) * ds.partition), made) + ds.bucket
+        made = np.where(ds.fixed > 0, 0.0, made)                  # ZeRO-3: straight into its bucket
         grads = np.where(accumulating & ~forwards_first,
-                         grads_before + down_grad + (h * ffn * 2 if mode.startswith("amp-") else 0),
-                         head_grad + done_layers * layer_grad + down_grad)
+                         grads_before + ds.bucket + down_grad + (h * ffn * 2 if mode.startswith("amp-") else 0),
+                         made + down_grad)
+        if name == "bottom layer":      # a full bucket being reduced meanwhile: flattened again (errs high by that)
+            grads = grads + np.where(ds.grads > ds.bucket, ds.flat_copy, 0.0)
         held = after_head - done_layers * acts.freed_per_layer          # one micro-batch goes backward at a time
         still_gathered = gathered.blocks * (1 - done_layers / np.maximum(acts.stage_layers, 1))
         in_backward = gathered.in_backward - (gathered.prefetch if name == "bottom layer" else 0.0)
@@ -256,12 +272,22 @@ def _stage_memory(job: Job, stage: str) -> MemoryEstimate:
         acts.step_end_buffers > 0,
         persistent + grads_full + acts.step_end_buffers + acts.per_layer
         + acts.shared_per_layer * (acts.stage_layers - 1) + acts.recompute_layer + mlp_temp + step_cache, 0.0)
-    phases["optimizer step"] = _step_bytes(job, counts, persistent, grads_full, stage)
+    # DeepSpeed ZeRO-1/2, the backward's end: the last bucket flattened for its reduction; ZeRO-1 reduces its
+    # whole gradients only now, so those not yet in the bucket are still there
+    phases["gradient reduce"] = np.where(
+        ds.bucket > 0,
+        persistent + ds.bucket + ds.flat_copy
+        + np.where(ds.stage1, np.maximum(ds.grads - ds.bucket, 0.0),
+                   np.where(accumulating | (ds.grads > ds.bucket), ds.partition, 0.0)), 0.0)
+    phases["optimizer step"] = _step_bytes(job, counts, persistent, grads_full, stage,
+                                           np.where(ds.fixed > 0, 0.0, ds.partition))
     names = list(phases)
     stacked = np.stack(np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in phases.values())))
     index = stacked.argmax(axis=0)
     phase = np.asarray(names, dtype=object)[index]
-    return MemoryEstimate(params_bytes=states.params_bytes, grads_bytes=states.grads_bytes,
+    # (DeepSpeed's ZeRO-2 partitions reach past their ranges: see _deepspeed_reduce)
+    grads_bytes = np.where((ds.grads > 0) & ~np.asarray(ds.stage1), ds.partition, states.grads_bytes)
+    return MemoryEstimate(params_bytes=states.params_bytes, grads_bytes=grads_bytes,
                           optimizer_bytes=states.optimizer_bytes, activations_bytes=acts.total,
                           host_bytes=states.host_bytes, peak_bytes=stacked.max(axis=0),
                           peak_phase=phase, phases=phases, states=states)
@@ -285,8 +311,9 @@ def _gathered_params(job: Job, counts) -> _Gathered:
     Without resharding after forward (ZeRO-2) every block's 16-bit weights stay gathered from its
     forward to its backward; with resharding (ZeRO-3, or parameter offload) one block is gathered
     and the next prefetched. Each block's gradients wait in the reduce-scatter input (fp32 under
-    amp-*) while the block below runs its backward. DeepSpeed's ZeRO-3 is modelled as two
-    gathered blocks. Checked against FSDP2 traces on a fake process group.
+    amp-*) while the block below runs its backward. DeepSpeed's ZeRO-3, configured to prefetch one
+    block's parameters and release them after use (toolkit.trace.zero), holds two blocks' worth.
+    Checked against FSDP2 traces on a fake process group and DeepSpeed on gloo ranks.
     """
     par, mode = job.parallel, job.precision.mode
     zero, offload = np.asarray(par.zero), np.asarray(par.offload)
@@ -298,11 +325,14 @@ def _gathered_params(job: Job, counts) -> _Gathered:
     zero2 = torch_semantics & (zero == 2) & (offload == "none")       # every block stays gathered
     zero3 = torch_semantics & ~zero2 & ((zero == 3) | (offload == "params"))
     deepspeed3 = (not torch_semantics) & (zero == 3)
+    head = (counts.head or counts.embedding) / np.asarray(par.tp) * compute_bytes       # (tied: the embedding)
     fsdp = zero2 | zero3
     return _Gathered(
         blocks=np.where(zero2, block * (job.model.layers // np.asarray(par.pp)), 0.0),
         root=np.where(fsdp, root, 0.0),
-        at_loss=np.select([zero3, deepspeed3], [block, 2 * block], 0.0),
+        # DeepSpeed's ZeRO-3 keeps up to two blocks' worth of parameters live: the head, gathered for its backward,
+        # and as much of the top block as fits beside it (none beside a head larger than that)
+        at_loss=np.select([zero3, deepspeed3], [block, np.maximum(head, 2 * block)], 0.0),
         in_backward=np.where(zero3 | deepspeed3, 2 * block, 0.0),      # (ZeRO-2's blocks are in `blocks`)
         reduce_scatter=np.where(fsdp, reduce_scatter, 0.0),
         block=block,
@@ -310,8 +340,53 @@ def _gathered_params(job: Job, counts) -> _Gathered:
         forward_tail=np.where(zero2, block, 0.0))
 
 
-def _step_bytes(job: Job, counts, persistent: float, grads_full: float, stage: str | None = None) -> float:
-    """Device bytes during the optimizer step."""
+@dataclass(frozen=True)
+class _Reduce:
+    """DeepSpeed's ZeRO-1/2 gradient reduction (mixed-*, zero 1 or 2, no offload), in bytes; all 0 elsewhere.
+
+    Each gradient is copied into a contiguous bucket (training.bucket_cap_mb) as backward makes it;
+    a full bucket is flattened once more for the all-reduce, and this rank's slice copied into its
+    16-bit gradient partition, made whole at the first reduction. ZeRO-1 does the same once the last
+    micro-batch's backward is over, holding every gradient until then. Checked against DeepSpeed
+    0.19 on gloo ranks (toolkit.trace.zero)."""
+    bucket: float = 0.0            # the reduce bucket, from the first gradient of a backward to its end
+    fixed: float = 0.0             # ZeRO-3: its gradient partition and reduce bucket, made at start-up
+    flat_copy: float = 0.0         # a bucket's contents, flattened for the reduction
+    partition: float = 0.0         # this rank's gradient partition, from the first reduction to the step
+    grads: float = 0.0             # every 16-bit gradient of the stage, whole
+    stage1: bool | np.ndarray = False
+
+    def flushed(self, made: float):
+        """1 where a bucket has already been reduced once `made` bytes of gradients exist."""
+        return np.asarray(made) > self.bucket
+
+
+def _deepspeed_reduce(job: Job, params: float, grad_b: float, dp, ends=(0.0, 0.0)) -> _Reduce:
+    """`params`: the stage's trainable parameters on this rank, `ends`: its first and last tensors (the token
+    embedding and the head, whose size decides how far past its range a ZeRO-1/2 partition reaches)."""
+    par = job.parallel
+    grads_bytes = params * grad_b
+    # ZeRO-1/2's gradient partition holds every parameter its range touches, whole: ranks inside a large first or
+    # last tensor hold all of it, and the rank where it ends holds it and the rest of its range (ZeRO-3 splits
+    # each parameter instead)
+    span = params / dp
+    reach = [np.where(end > span, np.ceil(end / span) * span, span) for end in ends]
+    partition_bytes = np.where(np.asarray(par.zero) == 3, span, np.minimum(np.maximum(*reach), params)) * grad_b
+    zero = np.asarray(par.zero)
+    if job.precision.mode in TORCH_SEMANTICS or not np.any(zero > 0):
+        return _Reduce()
+    on = ((zero == 1) | (zero == 2)) & (np.asarray(par.offload) == "none")
+    bucket_bytes = int(job.training.bucket_cap_mb * 2**20 / 2) * 2        # 16-bit elements, as configured
+    bucket = np.where(on, bucket_bytes, 0.0)
+    fixed = np.where((zero == 3) & (np.asarray(par.offload) == "none"), partition_bytes + bucket_bytes, 0.0)
+    return _Reduce(bucket=bucket, fixed=fixed, flat_copy=np.minimum(bucket, grads_bytes), partition=partition_bytes,
+                   grads=np.where(on, grads_bytes, 0.0), stage1=on & (zero == 1))
+
+
+def _step_bytes(job: Job, counts, persistent: float, grads_full: float, stage: str | None = None,
+                partition: float = 0.0) -> float:
+    """Device bytes during the optimizer step (`partition`: DeepSpeed's 16-bit gradient partition, if not in
+    `persistent`)."""
     par = job.parallel
     largest = max(counts.embedding, counts.head, _largest_matrix(job)) / np.asarray(par.tp)
     if job.finetune.adapters:                              # only the adapters are stepped
@@ -319,9 +394,15 @@ def _step_bytes(job: Job, counts, persistent: float, grads_full: float, stage: s
     step = persistent + grads_full + _optimizer_temp_bytes(job, largest, stage)
     if job.precision.mode.startswith("mixed-"):
         n = _trainable_per_device(job, stage)
-        step = step + np.where(np.asarray(par.zero) == 0,
-                               4 * n - grads_full,                 # fp32 copies replace the 16-bit gradients
-                               4 * n / np.asarray(1 if par.dp is None else par.dp))    # DeepSpeed: fp32 copy of this rank's partition
+        dp = np.asarray(1 if par.dp is None else par.dp)
+        # DeepSpeed steps one flat fp32 partition: its fp32 gradient replaces the 16-bit one, and the optimizer's
+        # temporaries are copies of the whole partition (for-loop: two, foreach: one, fused: none)
+        flat = {"for-loop": 2, "foreach": 1, "fused": 0}[optimizer_impl(job)] if job.optimizer.name != "sgd" else 0
+        state = 2 if job.precision.mode == "pure-bf16" else 4
+        deepspeed = persistent + 4 * n / dp + np.maximum(partition, flat * state * n / dp)
+        step = np.where(np.asarray(par.zero) == 0,
+                        step + 4 * n - grads_full,           # fp32 copies replace the 16-bit gradients
+                        deepspeed)
     return np.where(np.asarray(par.offload) != "none", persistent + grads_full, step)   # offload: step on the host
 
 
@@ -351,10 +432,18 @@ def memory_notes(job: Job, mem: MemoryEstimate | None) -> list[str]:
                      "linears keep their all-gathered inputs, and the vocabulary-parallel loss and the embedding's "
                      "backward hold more than Megatron's fused kernels")
     combined_pp = par.pp > 1 and (par.tp > 1 or par.zero > 0)
-    if combined_pp or par.offload != "none" or (par.zero > 0 and not fsdp_traced) or (par.tp > 1 and par.zero == 1):
-        notes.append("DeepSpeed-style ZeRO, offload, tp with ZeRO-1, and pp combined with tp or ZeRO follow "
+    deepspeed = par.zero > 0 and job.precision.mode not in TORCH_SEMANTICS
+    deepspeed_traced = deepspeed and par.tp == 1 and par.pp == 1 and par.offload == "none"
+    if combined_pp or par.offload != "none" or (par.zero > 0 and not fsdp_traced and not deepspeed_traced) \
+            or (par.tp > 1 and par.zero == 1):
+        notes.append("offload, tp with ZeRO-1 or with DeepSpeed's ZeRO, and pp combined with tp or ZeRO follow "
                      "Megatron's and the frameworks' semantics and are not yet checked against a trace (replicas, "
-                     "torch's ZeRO-1/2/3, tp alone or inside FSDP2, and pipelines alone or interleaved are)")
+                     "torch's and DeepSpeed's ZeRO-1/2/3, tp alone or inside FSDP2, and pipelines alone or "
+                     "interleaved are)")
+    if deepspeed:
+        notes.append(f"DeepSpeed's ZeRO-{par.zero} as toolkit.trace.zero.deepspeed_config(job) sets it up: reduce "
+                     f"bucket {job.training.bucket_cap_mb:g} MB (training.bucket_cap_mb; DeepSpeed's own default is "
+                     f"1 GB in 16-bit)" + (", one block gathered and one prefetched" if par.zero == 3 else ""))
     if par.pp > 1 and par.schedule != "gpipe" and job.precision.mode in TORCH_SEMANTICS:
         m = job.grad_accum or 1
         stream = job.batch.micro_batch * job.model.seq_len * job.model.hidden / (par.tp if par.sp else 1) \

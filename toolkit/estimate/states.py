@@ -11,7 +11,9 @@ Bytes per parameter follow the precision mode's semantics (see toolkit.specs.job
 ZeRO shards over the dp ranks: stage 1 the optimizer part, stage 2 also the gradients,
 stage 3 also the weights (ZeRO paper, arXiv 1910.02054). Under torch semantics ZeRO-2 is
 FSDP2 without resharding after forward: its persistent weights are sharded too (the
-unsharded copies are transient, modelled with activations). Offload moves the named
+unsharded copies are transient, modelled with activations). DeepSpeed's ZeRO-1 holds every
+gradient until the backward ends, as the paper counts, then reduces them into this rank's
+partition before the step (toolkit.estimate.memory). Offload moves the named
 states to host memory, reported apart.
 """
 from __future__ import annotations

@@ -15,8 +15,8 @@ This is the CPU program (see toolkit.train.model). It traces one rank of a repli
 layout, of FSDP2 (ZeRO-2/3 under torch semantics), of tensor (and sequence) parallelism
 with torch's DTensor plans (toolkit.train.parallel), or of both on a dp x tp mesh
 (torchtitan's 2-D layout), all but the first on a fake process group. Pipelines run on real
-gloo ranks (toolkit.trace.pipeline); DeepSpeed-style ZeRO and offload are refused until their
-traces land.
+gloo ranks (toolkit.trace.pipeline), and so does DeepSpeed's ZeRO (toolkit.trace.zero); offload
+is refused until its trace lands.
 """
 from __future__ import annotations
 
@@ -77,8 +77,9 @@ def _check_traceable(job: Job) -> None:
     if par.offload != "none" or (par.zero > 0 and not torch_zero) or (par.tp > 1 and par.zero == 1):
         raise SpecError("parallel", f"tp={par.tp} pp={par.pp} zero={par.zero} offload={par.offload}",
                         "the tracer covers data-parallel replicas, torch's ZeRO (ZeroRedundancyOptimizer, FSDP2; "
-                        "with fp32, amp-* or pure-bf16), tensor parallelism alone or inside FSDP2 (zero 2/3), and "
-                        "pipelines alone so far; toolkit estimate models the other layouts analytically")
+                        "with fp32, amp-* or pure-bf16), DeepSpeed's ZeRO (mixed-bf16), tensor parallelism alone or "
+                        "inside FSDP2 (zero 2/3), and pipelines alone so far; toolkit estimate models the other "
+                        "layouts analytically")
     if par.tp > 1 and job.precision.mode not in TORCH_SEMANTICS:
         raise SpecError("precision.mode", job.precision.mode, "mixed-* modes follow Megatron's tensor-parallel "
                                                               "program, which the tracer does not run; trace tp "
@@ -104,16 +105,17 @@ def _compute_dtype(job: Job) -> torch.dtype:
     return torch.float16 if job.precision.mode.endswith("fp16") else torch.bfloat16
 
 
-def _make_optimizer(job: Job, params):
+def _make_optimizer(job: Job, params, zero_redundancy: bool = True):
     """The job's optimizer; under torch's ZeRO-1 wrapped in ZeroRedundancyOptimizer (a process group must exist),
-    which steps this rank's share of whole tensors and broadcasts the updated ones."""
+    which steps this rank's share of whole tensors and broadcasts the updated ones (unless `zero_redundancy` is
+    off: DeepSpeed partitions by itself)."""
     opt = job.optimizer
     kwargs = {"for-loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}, None: {}}[opt.impl]
     if opt.name == "sgd":
         cls, kwargs = torch.optim.SGD, dict(kwargs, momentum=opt.momentum)
     else:
         cls = torch.optim.AdamW if opt.name == "adamw" else torch.optim.Adam
-    if job.parallel.zero == 1:
+    if job.parallel.zero == 1 and zero_redundancy:
         from torch.distributed.optim import ZeroRedundancyOptimizer   # (importing it warns about torch.jit)
         return ZeroRedundancyOptimizer(list(params), optimizer_class=cls, lr=1e-3, **kwargs)
     return cls(params, lr=1e-3, **kwargs)
@@ -174,6 +176,9 @@ def trace_memory(job: Job) -> TraceResult:
     if job.parallel.pp > 1:
         from .pipeline import trace_pipeline
         return trace_pipeline(job)
+    if job.parallel.zero > 0 and job.precision.mode not in TORCH_SEMANTICS:
+        from .zero import trace_zero
+        return trace_zero(job)
     _check_traceable(job)
     if job.parallel.zero >= 2:
         return _trace_fsdp(job)

@@ -1,0 +1,71 @@
+"""DeepSpeed's ZeRO (the mixed-* modes with zero 1/2/3): DeepSpeed itself on real gloo ranks, each rank measured
+with MemTracker, against the analytic model of its buckets, partitions and flat optimizer step."""
+import pytest
+
+from toolkit.estimate.memory import memory_estimate
+from toolkit.specs import Job, SpecError
+from toolkit.trace.memory import trace_memory
+from toolkit.trace.zero import deepspeed_config, trace_zero_ranks
+
+LLAMA = {"preset": "llama2-7b", "layers": 4, "hidden": 256, "heads": 4, "kv_heads": 2, "ffn": 688,
+         "seq_len": 256, "vocab": 4000}
+GPT2 = {"preset": "gpt2-xl", "layers": 4, "hidden": 512, "heads": 8, "seq_len": 256, "vocab": 8000}
+
+
+def zero_job(zero, m=1, dp=2, rec="none", bucket_mb=4.0, model=LLAMA, mode="mixed-bf16", **parallel):
+    data = {"model": model, "batch": {"micro_batch": 2, "global_batch": 2 * dp * m}, "precision": {"mode": mode},
+            "parallel": {"zero": zero, "dp": dp, **parallel}, "cluster": {"count": dp * parallel.get("tp", 1)},
+            "memory": {"recompute": rec, "program": "cpu"}, "training": {"bucket_cap_mb": bucket_mb}}
+    return Job.from_dict(data).resolve()[0]
+
+
+def assert_matches(job, traced, rel=0.02):
+    est = memory_estimate(job)
+    assert est.params_bytes == pytest.approx(traced.params_bytes, rel=0.01)
+    assert est.grads_bytes == pytest.approx(traced.grads_bytes, rel=0.03)    # (DeepSpeed rounds partitions to
+    assert est.optimizer_bytes == pytest.approx(traced.optimizer_bytes, rel=0.01)     # whole tensors)
+    assert est.activations_bytes == pytest.approx(traced.activations_bytes, rel=0.03)
+    assert est.peak_bytes == pytest.approx(traced.peak_bytes, rel=rel)
+    return est
+
+
+def test_zero1_holds_whole_gradients_and_its_bucket_while_accumulating():
+    """ZeRO-1 reduces only at the step's last micro-batch: until then every gradient is whole, beside the bucket
+    its first backward made (the paper's 2 + 2 + 12/Nd bytes per parameter, and the bucket on top)."""
+    job = zero_job(1, m=2, bucket_mb=25.0, model=GPT2)
+    traced = trace_memory(job)
+    assert traced.program.startswith("cpu, DeepSpeed") and "ZeRO-1" in traced.program
+    est = assert_matches(job, traced, rel=0.01)           # (the 25 MB bucket is 8 % of this peak)
+    assert est.peak_phase == "loss"
+    assert traced.grads_bytes == pytest.approx(traced.params_bytes, rel=1e-3)   # whole, 16-bit like the weights
+
+
+def test_zero2_peaks_reducing_its_last_bucket():
+    """With full recompute and a bucket larger than the model, ZeRO-2 reduces once, at the backward's end: the
+    bucket and its flattened copy are the peak."""
+    job = zero_job(2, rec="full", bucket_mb=25.0)
+    est = assert_matches(job, max(trace_zero_ranks(job), key=lambda r: r.peak_bytes), rel=0.01)
+    assert est.peak_phase == "gradient reduce"
+
+
+def test_zero3_partitions_weights_and_keeps_its_gradient_buffers():
+    job = zero_job(3, rec="selective", m=2)
+    traced = trace_memory(job)
+    est = assert_matches(job, traced)
+    assert est.params_bytes < traced.peak_bytes / 10                     # weights partitioned over dp = 2
+
+
+def test_deepspeed_config_is_what_the_estimate_models():
+    config = deepspeed_config(zero_job(3, bucket_mb=8.0))
+    zero = config["zero_optimization"]
+    assert zero["reduce_bucket_size"] == 4 * 2**20                      # 8 MB of 16-bit elements
+    assert config["bf16"] == {"enabled": True} and zero["stage3_max_reuse_distance"] == 0
+    # one block: q and o 256 x 256, k and v 256 x 128 (2 kv heads of 64), gate, up and down 256 x 688, two norms
+    assert zero["stage3_prefetch_bucket_size"] == 2 * 256 * 256 + 2 * 256 * 128 + 3 * 256 * 688 + 2 * 256
+
+
+def test_untraceable_deepspeed_layouts_are_refused_before_any_process_starts():
+    with pytest.raises(SpecError, match="fp16 on GPUs only"):
+        trace_memory(zero_job(2, mode="mixed-fp16"))
+    with pytest.raises(SpecError, match="data-parallel ranks alone"):
+        trace_memory(zero_job(2, tp=2))

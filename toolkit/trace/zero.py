@@ -1,0 +1,186 @@
+"""Measure DeepSpeed's ZeRO (the mixed-* modes with zero 1, 2 or 3) on real gloo ranks.
+
+The mixed-* modes name DeepSpeed's program: 16-bit weights and gradients, fp32 master
+weights and optimizer states partitioned over the dp ranks (stage 1), the 16-bit gradients
+too (stage 2), and the 16-bit weights too (stage 3). DeepSpeed reads tensor values while it
+steps (overflow checks, norms), so it does not run on fake tensors: each dp rank runs the
+runner's GPT for real with DeepSpeed's engine on the CPU, and measures its step with
+MemTracker. Real memory limits this to small models (MAX_ZERO_TRACE_BYTES).
+
+`deepspeed_config(job)` is the DeepSpeed configuration the estimate models and the trace
+runs; pass it to `deepspeed.initialize` to train with the same memory.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+from ..estimate.memory import memory_estimate
+from ..estimate.params import count_params
+from ..specs.errors import SpecError
+from ..specs.job import TORCH_SEMANTICS, Job
+from .memory import MAX_TRACED_MICRO_BATCHES, TraceResult, _DeviceTracker, _make_optimizer, _snapshot
+from .ranks import trace_on_ranks
+
+__all__ = ["MAX_ZERO_TRACE_BYTES", "deepspeed_config", "trace_zero", "trace_zero_ranks"]
+
+MAX_ZERO_TRACE_BYTES = 4 * 2**30
+"""The estimated peak of all ranks together must fit in this much real memory."""
+
+
+def deepspeed_config(job: Job) -> dict:
+    """DeepSpeed's configuration for a mixed-* job with ZeRO: its micro-batch, accumulation, 16-bit mode and
+    ZeRO stage, with the reduce and all-gather buckets set from training.bucket_cap_mb (in 16-bit elements;
+    DeepSpeed's own default, 5e8 elements, is a 1 GB bucket)."""
+    bucket = int(job.training.bucket_cap_mb * 2**20 / 2)
+    half = "bf16" if job.precision.mode.endswith("bf16") else "fp16"
+    zero = {"stage": job.parallel.zero, "reduce_bucket_size": bucket, "allgather_bucket_size": bucket,
+            "contiguous_gradients": True, "overlap_comm": False}
+    if job.parallel.zero == 3:
+        # one block gathered at a time and the next one prefetched (FSDP's unit), released after each use; only
+        # vectors as small as the hidden size (norms) stay whole on every rank
+        block = count_params(job.model).per_layer
+        zero.update(stage3_prefetch_bucket_size=block, stage3_max_live_parameters=2 * block,
+                    stage3_max_reuse_distance=0, stage3_param_persistence_threshold=job.model.hidden)
+    return {
+        "train_micro_batch_size_per_gpu": job.batch.micro_batch,
+        "gradient_accumulation_steps": job.grad_accum or 1,
+        half: {"enabled": True},
+        "zero_optimization": zero,
+        "gradient_clipping": 0.0,
+        "zero_allow_untested_optimizer": True,    # the job's torch optimizer, as the runner builds it
+    }
+
+
+def check_zero_traceable(job: Job, estimated_total_bytes: float) -> None:
+    par = job.parallel
+    if job.precision.mode in TORCH_SEMANTICS or par.zero == 0:
+        raise SpecError("precision.mode", job.precision.mode,
+                        "DeepSpeed's ZeRO is traced for the mixed-* modes with zero 1, 2 or 3 (torch's ZeRO runs "
+                        "for fp32, amp-* and pure-bf16)")
+    if par.tp > 1 or par.pp > 1 or par.offload != "none":
+        raise SpecError("parallel", f"tp={par.tp} pp={par.pp} offload={par.offload}",
+                        "DeepSpeed's ZeRO is traced over data-parallel ranks alone (tp 1, pp 1, no offload) so far")
+    if job.finetune.method != "full" or job.memory.act_compress != "none" or job.optimizer.name == "adamw-8bit":
+        raise SpecError("finetune.method", job.finetune.method, "DeepSpeed's ZeRO is traced with full fine-tuning, "
+                                                                "no activation compression, no 8-bit optimizer")
+    if job.precision.mode == "mixed-fp16" and not torch.cuda.is_available():
+        raise SpecError("precision.mode", job.precision.mode, "DeepSpeed runs fp16 on GPUs only; trace mixed-bf16 "
+                                                              "here (the estimate treats both alike but for the loss "
+                                                              "scaler's overflow checks)")
+    if job.precision.grad_dtype == "fp32":
+        raise SpecError("precision.grad_dtype", "fp32", "fp32 main gradients are not traced yet; use param")
+    if estimated_total_bytes > MAX_ZERO_TRACE_BYTES:
+        raise SpecError("model", job.model.name,
+                        f"a DeepSpeed trace allocates real memory ({estimated_total_bytes / 2**30:.1f} GiB over "
+                        f"{par.dp} ranks, more than {MAX_ZERO_TRACE_BYTES / 2**30:.0f} GiB): trace fewer layers, a "
+                        "narrower model or fewer ranks")
+
+
+def trace_zero(job: Job) -> TraceResult:
+    """Two steps of DeepSpeed's ZeRO on dp real gloo ranks; the busiest rank's memory."""
+    ranks = trace_zero_ranks(job)
+    return max(ranks, key=lambda r: r.peak_bytes)
+
+
+def trace_zero_ranks(job: Job) -> list[TraceResult]:
+    """Every dp rank's memory. (The estimate only sizes the run: it refuses ones too large.)"""
+    check_zero_traceable(job, float(memory_estimate(job).peak_bytes) * job.parallel.dp)
+    try:
+        import deepspeed  # noqa: F401 - only to say early that it is missing
+    except ImportError as missing:
+        raise SpecError("precision.mode", job.precision.mode, "DeepSpeed's ZeRO is traced with DeepSpeed itself: "
+                                                              "pip install deepspeed (or the toolkit's [test] extra)"
+                        ) from missing
+    return trace_on_ranks(_trace_rank, job, job.parallel.dp, "DeepSpeed", "rank",
+                          "trace fewer layers, a narrower model or fewer ranks")
+
+
+def _storage_bytes(tensors) -> int:
+    """Bytes of the distinct storages behind `tensors` (DeepSpeed's parameters are views into flat buffers)."""
+    seen = {}
+    for t in tensors:
+        if t is not None and t.numel():
+            storage = t.untyped_storage()
+            seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
+
+
+def _trace_rank(job: Job, rank: int, world: int) -> TraceResult:
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import deepspeed
+    from deepspeed.utils import logger
+
+    from ..train.model import GPT
+
+    logger.setLevel(logging.WARNING)
+    deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+    torch.manual_seed(rank)
+    spec, b, seq = job.model, job.batch.micro_batch, job.model.seq_len
+    micro_batches = min(job.grad_accum or 1, MAX_TRACED_MICRO_BATCHES)
+    config = deepspeed_config(job)
+    config["gradient_accumulation_steps"] = micro_batches        # from the second on, each repeats the pattern
+    # initialised weights: fp16 skips steps that overflow, which would hide the optimizer's states
+    model = GPT(spec, attention=job.memory.attention, recompute=job.memory.recompute)
+    optimizer = _make_optimizer(job, model.parameters(), zero_redundancy=False)     # DeepSpeed partitions it
+    tracker = _DeviceTracker()
+    tracker.track_external(model)
+    ended = {}
+    with tracker:
+        # DeepSpeed builds its flat 16-bit and fp32 buffers here: inside the tracker, so it sees every byte
+        engine, zero, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+        if job.parallel.zero == 1:      # ZeRO-1 reduces once backward is over: measure the gradients before
+            reduce = zero.reduce_gradients
+
+            def measured_reduce(*args, **kwargs):
+                ended["grads"] = _storage_bytes([p.grad for p in engine.module.parameters()])
+                return reduce(*args, **kwargs)
+            zero.reduce_gradients = measured_reduce
+        for step in range(2):
+            if step == 1:   # the steady step's peak only
+                tracker.reset_peak()
+            for micro in range(micro_batches):
+                tracker.reset_mod_stats()
+                tokens = torch.randint(0, spec.vocab, (b, seq))
+                targets = torch.randint(0, spec.vocab, (b, seq))
+                start = _snapshot(tracker, "current")
+                loss = engine(tokens, targets)
+                boundary = _snapshot(tracker, "current")
+                engine.backward(loss)
+                del loss, tokens, targets
+                if micro == micro_batches - 1:
+                    grads = ended.get("grads") or _grad_bytes(zero)
+                engine.step()          # DeepSpeed's API: called every micro-batch, it steps at the boundary
+    peak = _snapshot(tracker, "peak")
+    # the fp32 master partitions: the inner optimizer's parameters (stage 3 hands them over only while stepping)
+    master = [p for group in zero.optimizer.param_groups for p in group["params"]]
+    master += list(getattr(zero, "fp32_partitioned_groups_flat", []))
+    states = [t for s in zero.optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
+    optimizer_bytes = _storage_bytes(master + states)
+    # 16-bit weights: views into DeepSpeed's flat buffer (stages 1, 2), or this rank's partition (stage 3) and the
+    # small vectors it keeps whole
+    weights = [t for p in engine.module.parameters()
+               for t in ((p.ds_tensor, p) if getattr(p, "ds_persist", False) else (getattr(p, "ds_tensor", p),))]
+    # activations at the boundary: what the forward added, less the weights ZeRO-3 gathered meanwhile
+    activations = (boundary["Total"] - start["Total"]) - (boundary.get("PARAM", 0) - start.get("PARAM", 0))
+    return TraceResult(
+        params_bytes=_storage_bytes(weights + list(engine.module.buffers())),
+        grads_bytes=grads,
+        optimizer_bytes=optimizer_bytes,
+        activations_bytes=activations,
+        peak_bytes=peak["Total"],
+        peak_breakdown=peak,
+        boundary_breakdown=boundary,
+        program=f"cpu, DeepSpeed {deepspeed.__version__} ZeRO-{job.parallel.zero} rank {rank} of {world}",
+    )
+
+
+def _grad_bytes(zero) -> int:
+    """The 16-bit gradients ZeRO-2 and ZeRO-3 hold when the backward ends: this rank's partition
+    (`averaged_gradients`; stage 3: its flat gradient partitions)."""
+    if hasattr(zero, "grad_partitions_flat_buffer"):
+        return _storage_bytes([zero.grad_partitions_flat_buffer])
+    return _storage_bytes(t for grads in zero.averaged_gradients.values() for t in (grads or []))
