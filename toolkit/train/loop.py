@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import signal
 import time
 from dataclasses import dataclass
@@ -138,6 +139,8 @@ def _diagnose_nonfinite(job: Job, step: int, lr: float, loss: float, grad_norm: 
 def run_training(job: Job, out_dir: str | Path, *, peak_tflops: float | None = None, cache_dir: str | Path | None = None,
                  progress: bool = True) -> RunResult:
     """Train `job` (already validated or not) and write checkpoints and metrics under `out_dir`."""
+    if not torch.cuda.is_available():   # accelerate imports DeepSpeed when it is installed, which then warns on
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")     # every rank that it fell back to the CPU
     from accelerate import Accelerator
     from accelerate.utils import DistributedDataParallelKwargs
 
