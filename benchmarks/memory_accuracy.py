@@ -33,7 +33,7 @@ def matrix() -> list[tuple[str, dict]]:
 
     def add(name, model, mode="amp-bf16", b=2, accum=1, rec="none", att="flash", opt="adamw", impl=None,
             momentum=0.9, dropout=None, dp=1, zero=0, lora=None, compress="none", tp=1, sp=False, pp=1,
-            schedule="1f1b", method="lora", vpp=1):
+            schedule="1f1b", method="lora", vpp=1, bucket_mb=25.0):
         if dropout is not None:
             model = dict(model, dropout=dropout)
         finetune = {"method": method, "rank": 8, "targets": lora} if lora else {}
@@ -42,7 +42,7 @@ def matrix() -> list[tuple[str, dict]]:
                             "parallel": {"zero": zero, "tp": tp, "sp": sp, "pp": pp, "vpp": vpp,
                                                          "schedule": schedule},
                             "cluster": {"count": dp * tp * pp},
-                            "finetune": finetune,
+                            "finetune": finetune, "training": {"bucket_cap_mb": bucket_mb},
                             "memory": {"recompute": rec, "attention": att, "program": "cpu",
                                        "act_compress": compress}}))
 
@@ -141,11 +141,11 @@ def matrix() -> list[tuple[str, dict]]:
                                                  ("1f1b", "gpipe")):
         add(f"llama-v8000/pp2-{schedule}/{mode}/{rec}", llama_v8000, mode=mode, rec=rec, accum=4, pp=2,
             schedule=schedule)
-    add("llama/pp4-1f1b/m8", SMALL_LLAMA, accum=8, pp=4)
+    add("llama-s256/pp4-1f1b/m8", dict(SMALL_LLAMA, seq_len=256), accum=8, pp=4)
     add("llama-v1000/pp2-1f1b/selective/b4", dict(SMALL_LLAMA, vocab=1000), rec="selective", b=4, accum=4, pp=2)
     add("llama-v1000/pp4-gpipe/m4", dict(SMALL_LLAMA, vocab=1000), accum=4, pp=4, schedule="gpipe")
     # interleaved 1F1B (torch's ScheduleInterleaved1F1B: each rank runs vpp chunks), and a middle stage
-    llama8_v1000 = dict(SMALL_LLAMA, layers=8, vocab=1000)
+    llama8_v1000 = dict(SMALL_LLAMA, layers=8, vocab=1000, seq_len=256)
     add("llama-v8000/pp2-vpp2/amp-bf16/none/m4", llama_v8000, accum=4, pp=2, vpp=2)
     add("llama-v8000/pp2-vpp2/amp-bf16/none/m2", llama_v8000, accum=2, pp=2, vpp=2)       # one round: m = pp
     add("llama-v1000/pp2-vpp2/pure-bf16/full/m8", dict(SMALL_LLAMA, vocab=1000), mode="pure-bf16", rec="full",
@@ -155,6 +155,19 @@ def matrix() -> list[tuple[str, dict]]:
     add("llama8-v8000/pp2-vpp4/amp-bf16/selective/m4", dict(llama8_v1000, vocab=8000), rec="selective", accum=4,
         pp=2, vpp=4)
     add("llama8-v1000/pp4-1f1b/pure-bf16/full/m8", llama8_v1000, mode="pure-bf16", rec="full", accum=8, pp=4)
+    # DeepSpeed's ZeRO (mixed-bf16): DeepSpeed itself on real gloo ranks (small models: it reads tensor values)
+    ds_llama = dict(SMALL_LLAMA, seq_len=256)
+    add("gpt/ds-zero1/mixed-bf16/none", SMALL_GPT, mode="mixed-bf16", dp=2, zero=1)
+    add("llama-s256/ds-zero1/mixed-bf16/full/accum2", ds_llama, mode="mixed-bf16", rec="full", accum=2, dp=2, zero=1)
+    add("gpt/ds-zero2/mixed-bf16/selective/accum2", SMALL_GPT, mode="mixed-bf16", rec="selective", accum=2, dp=2,
+        zero=2)
+    add("llama-s256/ds-zero2/mixed-bf16/none/dp4", ds_llama, mode="mixed-bf16", dp=4, zero=2, bucket_mb=4.0)
+    add("llama-v1000/ds-zero2/mixed-bf16/full/foreach", dict(ds_llama, vocab=1000), mode="mixed-bf16", rec="full",
+        impl="foreach", dp=2, zero=2)
+    add("gpt/ds-zero3/mixed-bf16/none", SMALL_GPT, mode="mixed-bf16", dp=2, zero=3)
+    add("llama-s256/ds-zero3/mixed-bf16/full/accum2", ds_llama, mode="mixed-bf16", rec="full", accum=2, dp=2, zero=3)
+    add("llama-v1000/ds-zero3/mixed-bf16/selective/b4/dp4", dict(ds_llama, vocab=1000), mode="mixed-bf16",
+        rec="selective", b=4, dp=4, zero=3, bucket_mb=4.0)
     # int8 saved activations (the runner's hooks, traced): flash attention, and the explicit-attention path
     for (mname, model), mode, rec in itertools.product((("gpt", SMALL_GPT), ("llama", SMALL_LLAMA)),
                                                        ("fp32", "amp-bf16", "pure-bf16", "mixed-bf16"),
@@ -166,8 +179,9 @@ def matrix() -> list[tuple[str, dict]]:
 
 
 PEAK_GROUPS = [  # (label, which row names belong, report the median too)
-    ("replicated", lambda name: not any(k in name for k in ("fsdp", "int8", "/tp", "/pp", "/2d")), False),
+    ("replicated", lambda name: not any(k in name for k in ("fsdp", "int8", "/tp", "/pp", "/2d", "/ds-")), False),
     ("fsdp", lambda name: "fsdp" in name, True),
+    ("deepspeed zero", lambda name: "/ds-zero" in name, False),
     ("tensor-parallel", lambda name: "/tp" in name, False),
     ("tp x fsdp", lambda name: "/2d" in name, False),
     ("qlora", lambda name: "qlora" in name, False),
@@ -177,16 +191,18 @@ PEAK_GROUPS = [  # (label, which row names belong, report the median too)
 
 def run(rows) -> list[float]:
     errors, act_errors = [], []
-    print(f"{'configuration':36} {'traced MiB':>11} {'model MiB':>11} {'error':>8}  phase")
+    print(f"{'configuration':36} {'traced MiB':>11} {'model MiB':>11} {'error':>8} {'s':>5}  phase")
     for name, data in rows:
         job, _ = Job.from_dict(data).resolve()
+        start = time.perf_counter()
         traced, model = trace_memory(job), memory_estimate(job)
+        seconds = time.perf_counter() - start
         error = (model.peak_bytes - traced.peak_bytes) / traced.peak_bytes
         errors.append(abs(error))
         act_errors.append(abs(model.activations_bytes - traced.activations_bytes) / traced.activations_bytes
                           if traced.activations_bytes else None)   # (a pipeline stage has no single boundary)
         print(f"{name:36} {traced.peak_bytes / 2**20:11.1f} {model.peak_bytes / 2**20:11.1f} "
-              f"{100 * error:+7.2f}%  {model.peak_phase}")
+              f"{100 * error:+7.2f}% {seconds:5.1f}  {model.peak_phase}")
     return errors, act_errors
 
 

@@ -1,5 +1,6 @@
 """Pipelines: torch's 1F1B, GPipe and interleaved 1F1B schedules run on real gloo ranks (one process per
 stage), each stage measured with MemTracker, against the analytic model of the first, second and last stage."""
+import os
 import signal
 import threading
 import time
@@ -96,13 +97,16 @@ def test_a_killed_stage_is_reported_by_name():
         except MeasurementFailed as failure:
             outcome["error"] = str(failure)
 
+    def stages():     # the stage processes: forked by the fork server this process started
+        return [p for p in psutil.Process().children(recursive=True) if p.ppid() != os.getpid()]
+
     tracer = threading.Thread(target=run)
     tracer.start()
     deadline = time.monotonic() + 60
-    while len(psutil.Process().children()) < 2 and time.monotonic() < deadline:
+    while len(stages()) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(1.0)                                               # the stages are up and connecting
-    victim = psutil.Process().children()[-1]
+    victim = stages()[-1]
     victim.send_signal(signal.SIGKILL)
     tracer.join(timeout=120)
     assert "error" in outcome, "the trace did not notice its killed stage"

@@ -7,7 +7,9 @@ outside, becomes a MeasurementFailed that names it and says what to shrink.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
+import multiprocessing
 import os
 import socket
 import tempfile
@@ -37,9 +39,10 @@ def trace_on_ranks(measure: MeasureRank, job: Job, world: int, program: str, rol
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
+        _start_forkserver()
         try:
             mp.start_processes(_rank_main, args=(measure, job.to_dict(), world, port, out, role),
-                               nprocs=world, start_method="spawn")
+                               nprocs=world, start_method="forkserver")
         except (mp.ProcessRaisedException, mp.ProcessExitedException) as failure:   # a rank failed, or was killed
             errors = sorted(Path(out).glob(f"{role}*.err"), key=lambda p: p.stat().st_mtime)
             detail = errors[0].read_text().strip().splitlines()[-1] if errors else str(failure).strip()
@@ -48,6 +51,17 @@ def trace_on_ranks(measure: MeasureRank, job: Job, world: int, program: str, rol
                 detail += f" (killed: out of memory? {shrink})"
             raise MeasurementFailed(f"{program} trace failed on {where}: {detail}") from failure
         return [TraceResult(**json.loads(Path(out, f"{role}{rank}.json").read_text())) for rank in range(world)]
+
+
+def _start_forkserver() -> None:
+    """Ranks fork from a server that imported torch and the tracers once, instead of each importing them
+    anew (seconds per rank); the server inherits this process's environment when it starts."""
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")         # (see toolkit.trace.zero)
+    preload = ["torch", "toolkit.trace.pipeline", "toolkit.trace.zero"]
+    if importlib.util.find_spec("deepspeed") is not None:
+        preload.append("deepspeed")
+    multiprocessing.get_context("forkserver").set_forkserver_preload(preload)
 
 
 def _rank_main(rank: int, measure: MeasureRank, job_dict: dict, world: int, port: int, out: str, role: str) -> None:

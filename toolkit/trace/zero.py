@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 
 import torch
 
@@ -112,11 +113,16 @@ def _trace_rank(job: Job, rank: int, world: int) -> TraceResult:
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import deepspeed
+    import deepspeed.ops
     from deepspeed.utils import logger
 
     from ..train.model import GPT
 
     logger.setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")   # DeepSpeed's old calls
+    # DeepSpeed's C++ ops are not needed here (the job's torch optimizer steps): answering "none is compatible"
+    # spares probing a compiler and building its shared-memory all-reduce (an inference fast path)
+    deepspeed.ops.__compatible_ops__ = {}
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
     torch.manual_seed(rank)
     spec, b, seq = job.model, job.batch.micro_batch, job.model.seq_len
