@@ -35,6 +35,9 @@ def main() -> None:
                        offload=["none", "params"])
     grids = per_second(lambda: memory_estimate(grid.job))
     single = per_second(lambda: memory_estimate(resolved))
+    # torch's schedules with more than two stages: the first, second and last stage are compared
+    torch_pp, _ = Job.from_dict(dict(data, precision={"mode": "amp-bf16"}), catalog).resolve(catalog)
+    single_torch_pp = per_second(lambda: memory_estimate(torch_pp))
     print(f"layouts in the grid: {len(grid)}")
     print(f"build_job_per_s: {build:,.0f}")
     print(f"estimates_per_s: {full:,.0f}")
@@ -50,6 +53,7 @@ def main() -> None:
     print(f"plan search: {evaluated // runs:,} layouts per search, {(time.perf_counter() - start) / runs:.2f} s each")
     print(f"estimate_ms: {1000 / full:.3f}")
     print(f"memory_model_single_ms: {1000 / single:.3f}")
+    print(f"memory_model_single_torch_pp4_ms: {1000 / single_torch_pp:.3f}")
     print(f"grid_layouts_per_s: {grids * len(grid):,.0f}")
     print(f"plan_layouts_per_s: {plan_rate:,.0f}")
 

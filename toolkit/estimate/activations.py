@@ -27,7 +27,7 @@ import numpy as np
 
 from ..specs.job import TORCH_SEMANTICS, Job
 from .params import projection_shapes
-from .states import vocab_per_rank
+from .states import by_stage, vocab_per_rank
 
 __all__ = ["ActivationBytes", "activation_bytes", "element_bytes", "fsdp_gathers_16bit", "pick", "pipeline_in_flight"]
 
@@ -290,7 +290,7 @@ def pipeline_in_flight(job: Job, stage: str | None = "first") -> float:
     p, v = np.asarray(job.parallel.pp), np.asarray(job.parallel.vpp)
     m = np.asarray(1 if job.grad_accum is None else job.grad_accum)
     per_round = m // np.maximum(1, m // p)            # torch: rounds of p micro-batches, or one round of m
-    after = {"first": p - 1, "second": p - 2, "last": 0, None: p - 1}[stage]          # stages after this one
+    after = p - 1 if stage is None else by_stage(stage, p - 1, p - 2, 0)       # stages after this one
     interleaved = np.minimum((v - 1) * per_round + 2 * after + 1, m * v) / v
     one_f_one_b = np.where(v > 1, interleaved, np.minimum(m, after + 1))
     in_flight = np.where(np.asarray(job.parallel.schedule) == "gpipe", m, one_f_one_b)

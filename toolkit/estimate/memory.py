@@ -22,12 +22,13 @@ The peak is the largest of the moments where memory tops out in the runner's pro
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..specs.job import TORCH_SEMANTICS, Job
-from .activations import activation_bytes, element_bytes, pick
+from .activations import activation_bytes, element_bytes
 from .params import count_params
 from .states import (StateBytes, adapter_params_per_layer, bytes_per_param, model_state_bytes, params_per_device,
                      vocab_per_rank)
@@ -83,26 +84,30 @@ def memory_estimate(job: Job) -> MemoryEstimate:
     micro-batches in flight, the embedding), the last (the head and the loss) or, with more than two
     stages, the second (a middle stage's buffers), whichever peaks higher."""
     pp = np.asarray(job.parallel.pp)
-    busiest = _stage_memory(job, "first")
     if np.all(pp == 1):
-        return busiest
+        return _stage_memory(job, "first")
     # the last stage holds the head; with more than two stages, torch's schedules give the middle ones the most
     # receive buffers, and the second holds the most micro-batches of those (Megatron's program reuses its
-    # buffers: its second stage never holds more than the first)
-    others = ["last"]
+    # buffers: its second stage never holds more than the first). All stages are evaluated in one pass, one per
+    # leading index; ties go to the earlier one.
+    names = ["first", "last"]
     if np.any(pp > 2) and job.precision.mode in TORCH_SEMANTICS:
-        others.append("second")
-    for stage in others:
-        other = _stage_memory(job, stage)
-        choose = (other.peak_bytes > busiest.peak_bytes) & ((pp > 2) if stage == "second" else True)
-        busiest = MemoryEstimate(
-            **{f: np.where(choose, getattr(other, f), getattr(busiest, f))
-               for f in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "host_bytes",
-                         "peak_bytes", "peak_phase")},
-            phases={name: np.where(choose, other.phases.get(name, 0.0), busiest.phases.get(name, 0.0))
-                    for name in dict.fromkeys([*busiest.phases, *other.phases])},
-            states=pick(choose, busiest.states, other.states))
-    return busiest
+        names.append("second")
+    stages = np.array(names).reshape((-1,) + (1,) * pp.ndim)
+    each = _stage_memory(job, stages)
+    shape = np.broadcast(stages, each.peak_bytes).shape
+    eligible = np.broadcast_to((stages != "second") | (pp > 2), shape)
+    busiest = np.where(eligible, np.broadcast_to(each.peak_bytes, shape), -np.inf).argmax(axis=0)
+
+    def take(value):
+        value = np.broadcast_to(value, shape)
+        return np.take_along_axis(value, busiest[None], axis=0)[0]
+
+    return MemoryEstimate(
+        **{f: take(getattr(each, f)) for f in ("params_bytes", "grads_bytes", "optimizer_bytes",
+                                               "activations_bytes", "host_bytes", "peak_bytes", "peak_phase")},
+        phases={name: take(value) for name, value in each.phases.items()},
+        states=StateBytes(**{f.name: take(getattr(each.states, f.name)) for f in dataclasses.fields(StateBytes)}))
 
 
 def _stage_memory(job: Job, stage: str) -> MemoryEstimate:

@@ -26,7 +26,7 @@ from ..specs.job import TORCH_SEMANTICS, Job
 from ..specs.model import ModelSpec
 from .params import count_params, projection_shapes
 
-__all__ = ["StateBytes", "adapter_params_per_layer", "bytes_per_param", "largest_tensor", "model_state_bytes",
+__all__ = ["StateBytes", "adapter_params_per_layer", "by_stage", "bytes_per_param", "largest_tensor", "model_state_bytes",
            "nf4_matrix_bytes", "params_per_device", "qlora_block_bytes", "replicated_per_layer", "vocab_per_rank",
            "ADAM8BIT_BLOCK", "ADAM8BIT_BYTES_PER_PARAM", "NF4_BLOCK", "NF4_SCALE_BLOCK"]
 
@@ -91,8 +91,16 @@ def params_per_device(model: ModelSpec, tp=1, pp=1, stage: str | None = None):
     first = embedding + c.positions + stage_layers
     last = stage_layers + c.final + rows
     total = embedding + c.positions + layer * model.layers + c.final + (rows if c.head else 0)
-    busiest = {"first": first, "last": last, "second": stage_layers, None: np.maximum(first, last)}[stage]
+    busiest = by_stage(stage, first, stage_layers, last) if stage is not None else np.maximum(first, last)
     return np.where(np.asarray(pp) == 1, total, busiest)
+
+
+def by_stage(stage, first, second, last):
+    """The value for a pipeline stage: `stage` is "first", "second" or "last", or a numpy array of those names
+    (toolkit.estimate.memory evaluates all stages in one pass, one per leading index)."""
+    if isinstance(stage, str):
+        return {"first": first, "second": second, "last": last}[stage]
+    return np.select([stage == "first", stage == "second"], [first, second], last)
 
 
 def largest_tensor(model: ModelSpec, tp=1):
