@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import signal
 import time
 from dataclasses import dataclass
@@ -139,8 +138,6 @@ def _diagnose_nonfinite(job: Job, step: int, lr: float, loss: float, grad_norm: 
 def run_training(job: Job, out_dir: str | Path, *, peak_tflops: float | None = None, cache_dir: str | Path | None = None,
                  progress: bool = True) -> RunResult:
     """Train `job` (already validated or not) and write checkpoints and metrics under `out_dir`."""
-    if not torch.cuda.is_available():   # accelerate imports DeepSpeed when it is installed, which then warns on
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")     # every rank that it fell back to the CPU
     from accelerate import Accelerator
     from accelerate.utils import DistributedDataParallelKwargs
 
@@ -202,8 +199,8 @@ def run_training(job: Job, out_dir: str | Path, *, peak_tflops: float | None = N
     else:
         torch.manual_seed(t.seed + 1 + rank)                   # dropout differs between ranks, repeatably
 
+    raw_model = model               # (accelerator.unwrap_model would import DeepSpeed, when installed, in every rank)
     model = accelerator.prepare_model(model)
-    raw_model = accelerator.unwrap_model(model)
     metrics = MetricsLog(out / "metrics.jsonl", start_step) if accelerator.is_main_process else None
     if t.trackers:
         accelerator.init_trackers("toolkit", config=job.to_dict())
