@@ -110,8 +110,9 @@ def memory_estimate(job: Job) -> MemoryEstimate:
         states=StateBytes(**{f.name: take(getattr(each.states, f.name)) for f in dataclasses.fields(StateBytes)}))
 
 
-def _stage_memory(job: Job, stage: str) -> MemoryEstimate:
-    """One pipeline stage's memory ("first", "second" or "last"; without pipelining each is the whole model)."""
+def _stage_memory(job: Job, stage) -> MemoryEstimate:
+    """One pipeline stage's memory ("first", "second" or "last", or an array of those names: one result per
+    entry; without pipelining each is the whole model)."""
     states = model_state_bytes(job, stage)
     acts = activation_bytes(job, stage)
     model, par = job.model, job.parallel
@@ -347,13 +348,13 @@ def _gathered_params(job: Job, counts) -> _Gathered:
 
 @dataclass(frozen=True)
 class _Reduce:
-    """DeepSpeed's ZeRO-1/2 gradient reduction (mixed-*, zero 1 or 2, no offload), in bytes; all 0 elsewhere.
+    """DeepSpeed's gradient buffers (mixed-* with ZeRO, no offload), in bytes; all 0 elsewhere.
 
-    Each gradient is copied into a contiguous bucket (training.bucket_cap_mb) as backward makes it;
-    a full bucket is flattened once more for the all-reduce, and this rank's slice copied into its
-    16-bit gradient partition, made whole at the first reduction. ZeRO-1 does the same once the last
-    micro-batch's backward is over, holding every gradient until then. Checked against DeepSpeed
-    0.19 on gloo ranks (toolkit.trace.zero)."""
+    ZeRO-2 copies each gradient into a contiguous bucket (training.bucket_cap_mb) as backward makes
+    it; a full bucket is flattened once more for the all-reduce, and this rank's slice copied into
+    its 16-bit gradient partition, made whole at the first reduction. ZeRO-1 does the same once the
+    last micro-batch's backward is over, holding every gradient until then. ZeRO-3 makes its bucket
+    and partition at start-up. Checked against DeepSpeed 0.19 on gloo ranks (toolkit.trace.zero)."""
     bucket: float = 0.0            # the reduce bucket, from the first gradient of a backward to its end
     fixed: float = 0.0             # ZeRO-3: its gradient partition and reduce bucket, made at start-up
     flat_copy: float = 0.0         # a bucket's contents, flattened for the reduction
@@ -369,17 +370,16 @@ class _Reduce:
 def _deepspeed_reduce(job: Job, params: float, grad_b: float, dp, ends=(0.0, 0.0)) -> _Reduce:
     """`params`: the stage's trainable parameters on this rank, `ends`: its first and last tensors (the token
     embedding and the head, whose size decides how far past its range a ZeRO-1/2 partition reaches)."""
-    par = job.parallel
+    par, zero = job.parallel, np.asarray(job.parallel.zero)
+    if job.precision.mode in TORCH_SEMANTICS or not np.any(zero > 0):
+        return _Reduce()
     grads_bytes = params * grad_b
     # ZeRO-1/2's gradient partition holds every parameter its range touches, whole: ranks inside a large first or
     # last tensor hold all of it, and the rank where it ends holds it and the rest of its range (ZeRO-3 splits
     # each parameter instead)
     span = params / dp
     reach = [np.where(end > span, np.ceil(end / span) * span, span) for end in ends]
-    partition_bytes = np.where(np.asarray(par.zero) == 3, span, np.minimum(np.maximum(*reach), params)) * grad_b
-    zero = np.asarray(par.zero)
-    if job.precision.mode in TORCH_SEMANTICS or not np.any(zero > 0):
-        return _Reduce()
+    partition_bytes = np.where(zero == 3, span, np.minimum(np.maximum(*reach), params)) * grad_b
     on = ((zero == 1) | (zero == 2)) & (np.asarray(par.offload) == "none")
     bucket_bytes = int(job.training.bucket_cap_mb * 2**20 / 2) * 2        # 16-bit elements, as configured
     bucket = np.where(on, bucket_bytes, 0.0)
@@ -403,8 +403,7 @@ def _step_bytes(job: Job, counts, persistent: float, grads_full: float, stage: s
         # DeepSpeed steps one flat fp32 partition: its fp32 gradient replaces the 16-bit one, and the optimizer's
         # temporaries are copies of the whole partition (for-loop: two, foreach: one, fused: none)
         flat = {"for-loop": 2, "foreach": 1, "fused": 0}[optimizer_impl(job)] if job.optimizer.name != "sgd" else 0
-        state = 2 if job.precision.mode == "pure-bf16" else 4
-        deepspeed = persistent + 4 * n / dp + np.maximum(partition, flat * state * n / dp)
+        deepspeed = persistent + 4 * n / dp + np.maximum(partition, flat * 4 * n / dp)
         step = np.where(np.asarray(par.zero) == 0,
                         step + 4 * n - grads_full,           # fp32 copies replace the 16-bit gradients
                         deepspeed)

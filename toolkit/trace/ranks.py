@@ -11,7 +11,6 @@ import importlib.util
 import json
 import multiprocessing
 import os
-import socket
 import tempfile
 import traceback
 from pathlib import Path
@@ -36,9 +35,10 @@ def trace_on_ranks(measure: MeasureRank, job: Job, world: int, program: str, rol
     """Every rank's measurement, rank 0 first. `program` and `role` name the trace and a rank in messages
     ("pipeline", "stage"); `shrink` says what to make smaller when a rank is killed (usually for memory)."""
     with tempfile.TemporaryDirectory() as out:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        # this process hosts the ranks' rendezvous on a port it holds from the start (a port picked, released and
+        # bound again by rank 0 could be taken meanwhile by another run on the machine)
+        store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        port = store.port
         _start_forkserver()
         try:
             mp.start_processes(_rank_main, args=(measure, job.to_dict(), world, port, out, role),
@@ -68,7 +68,8 @@ def _rank_main(rank: int, measure: MeasureRank, job_dict: dict, world: int, port
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    store = dist.TCPStore("127.0.0.1", port, is_master=False)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
     try:
         result = measure(Job.from_dict(job_dict), rank, world)
         Path(out, f"{role}{rank}.json").write_text(json.dumps(dataclasses.asdict(result)))
