@@ -99,15 +99,18 @@ def memory_estimate(job: Job) -> MemoryEstimate:
     eligible = np.broadcast_to((stages != "second") | (pp > 2), shape)
     busiest = np.where(eligible, np.broadcast_to(each.peak_bytes, shape), -np.inf).argmax(axis=0)
 
-    def take(value):
-        value = np.broadcast_to(value, shape)
-        return np.take_along_axis(value, busiest[None], axis=0)[0]
-
-    return MemoryEstimate(
-        **{f: take(getattr(each, f)) for f in ("params_bytes", "grads_bytes", "optimizer_bytes",
-                                               "activations_bytes", "host_bytes", "peak_bytes", "peak_phase")},
-        phases={name: take(value) for name, value in each.phases.items()},
-        states=StateBytes(**{f.name: take(getattr(each.states, f.name)) for f in dataclasses.fields(StateBytes)}))
+    # every number the estimate reports, stacked, so that one indexing picks the busiest stage's
+    fields = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "host_bytes", "peak_bytes")
+    state_fields = [f.name for f in dataclasses.fields(StateBytes)]
+    values = ([getattr(each, f) for f in fields] + [getattr(each.states, f) for f in state_fields]
+              + list(each.phases.values()))
+    stacked = np.stack([np.broadcast_to(np.asarray(v, dtype=float), shape) for v in values])
+    chosen = list(np.take_along_axis(stacked, busiest[None, None], axis=1)[:, 0])
+    picked = dict(zip(fields, chosen[:len(fields)]))
+    states = StateBytes(**dict(zip(state_fields, chosen[len(fields):len(fields) + len(state_fields)])))
+    phase = np.take_along_axis(np.broadcast_to(each.peak_phase, shape), busiest[None], axis=0)[0]
+    return MemoryEstimate(**picked, peak_phase=phase, states=states,
+                          phases=dict(zip(each.phases, chosen[len(fields) + len(state_fields):])))
 
 
 def _stage_memory(job: Job, stage) -> MemoryEstimate:
