@@ -139,10 +139,10 @@ def _stage_memory(job: Job, stage) -> MemoryEstimate:
     grads_full = states.grads_bytes
     gathered = _gathered_params(job, counts)
     reduce_scatter = gathered.reduce_scatter
-    firsts, lasts = single | (stage == "first"), single | (stage == "last")
+    owns_embedding = single | (stage == "first")
     ds = _deepspeed_reduce(job, _trainable_per_device(job, stage), grad_b, dp,
-                           ends=(np.where(firsts, counts.embedding, 0) / tp,
-                                 np.where(lasts, counts.head, 0) / tp))
+                           ends=(np.where(owns_embedding, counts.embedding, 0) / tp,
+                                 np.where(owns_head, counts.head, 0) / tp))
     persistent = persistent + ds.fixed
     grads_full = np.where(ds.fixed > 0, 0.0, grads_full)          # (DeepSpeed's ZeRO-3: counted in persistent)
 
@@ -259,7 +259,6 @@ def _stage_memory(job: Job, stage) -> MemoryEstimate:
     # until it is added in; under tensor parallelism torch's backward of the row-sharded table first makes
     # the whole vocabulary's gradient, before toolkit.train.parallel keeps this rank's rows. Other
     # micro-batches in flight (pipelines) still hold their activations.
-    owns_embedding = single | (stage == "first")
     embedding_temp = (np.where(vocab_parallel, model.vocab, 0) + np.where(accumulating, vocab, 0)) * h \
         * unsharded_grad_b
     others = acts.total - acts.head * acts.heads_held - acts.freed_per_layer * acts.stage_layers \

@@ -13,8 +13,8 @@ import multiprocessing
 import os
 import tempfile
 import traceback
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -57,7 +57,7 @@ def _start_forkserver() -> None:
     """Ranks fork from a server that imported torch and the tracers once, instead of each importing them
     anew (seconds per rank); the server inherits this process's environment when it starts."""
     if not torch.cuda.is_available():
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")         # (see toolkit.trace.zero)
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")   # DeepSpeed, preloaded below, picks it on import
     preload = ["torch", "toolkit.trace.pipeline", "toolkit.trace.zero"]
     if importlib.util.find_spec("deepspeed") is not None:
         preload.append("deepspeed")

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import os
 import warnings
 
 import torch
@@ -23,7 +22,13 @@ from ..estimate.memory import memory_estimate
 from ..estimate.params import count_params
 from ..specs.errors import SpecError
 from ..specs.job import TORCH_SEMANTICS, Job
-from .memory import MAX_TRACED_MICRO_BATCHES, TraceResult, _DeviceTracker, _make_optimizer, _snapshot
+from .memory import (
+    MAX_TRACED_MICRO_BATCHES,
+    TraceResult,
+    _DeviceTracker,
+    _make_optimizer,
+    _snapshot,
+)
 from .ranks import trace_on_ranks
 
 __all__ = ["MAX_ZERO_TRACE_BYTES", "deepspeed_config", "trace_zero", "trace_zero_ranks"]
@@ -111,8 +116,6 @@ def _storage_bytes(tensors) -> int:
 
 
 def _trace_rank(job: Job, rank: int, world: int) -> TraceResult:
-    if not torch.cuda.is_available():
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import deepspeed
     import deepspeed.ops
     from deepspeed.utils import logger
