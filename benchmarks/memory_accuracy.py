@@ -33,12 +33,12 @@ def matrix() -> list[tuple[str, dict]]:
 
     def add(name, model, mode="amp-bf16", b=2, accum=1, rec="none", att="flash", opt="adamw", impl=None,
             momentum=0.9, dropout=None, dp=1, zero=0, lora=None, compress="none", tp=1, sp=False, pp=1,
-            schedule="1f1b", method="lora", vpp=1, bucket_mb=25.0):
+            schedule="1f1b", method="lora", vpp=1, bucket_mb=25.0, grads="param"):
         if dropout is not None:
             model = dict(model, dropout=dropout)
         finetune = {"method": method, "rank": 8, "targets": lora} if lora else {}
         rows.append((name, {"model": model, "batch": {"micro_batch": b, "global_batch": b * accum * dp},
-                            "precision": {"mode": mode}, "optimizer": {"name": opt, "impl": impl, "momentum": momentum},
+                            "precision": {"mode": mode, "grad_dtype": grads}, "optimizer": {"name": opt, "impl": impl, "momentum": momentum},
                             "parallel": {"zero": zero, "tp": tp, "sp": sp, "pp": pp, "vpp": vpp,
                                                          "schedule": schedule},
                             "cluster": {"count": dp * tp * pp},
@@ -74,6 +74,14 @@ def matrix() -> list[tuple[str, dict]]:
     add("llama7b-layers/amp-b1", LLAMA_7B_LAYERS, b=1)
     add("llama7b-layers/full-b2", LLAMA_7B_LAYERS, b=2, rec="full")
     add("llama7b-layers/mixed-selective", LLAMA_7B_LAYERS, mode="mixed-bf16", b=1, rec="selective")
+    # Megatron's fp32 main gradients: a persistent fp32 buffer the 16-bit gradients are added into
+    add("gpt/mixed-bf16/fp32-grads/none", SMALL_GPT, mode="mixed-bf16", grads="fp32")
+    add("llama/mixed-fp16/fp32-grads/selective/accum2", SMALL_LLAMA, mode="mixed-fp16", grads="fp32",
+        rec="selective", accum=2)
+    add("llama-v1000/mixed-bf16/fp32-grads/full/foreach", dict(SMALL_LLAMA, vocab=1000), mode="mixed-bf16",
+        grads="fp32", rec="full", impl="foreach", b=1)
+    add("llama7b-layers/mixed-bf16/fp32-grads/full", LLAMA_7B_LAYERS, mode="mixed-bf16", grads="fp32", b=1,
+        rec="full")
     # small vocabularies: the peak moves from the loss into the backward layers or the optimizer step
     for (mname, model), rec, b, accum in itertools.product((("gpt", SMALL_GPT), ("llama", SMALL_LLAMA)),
                                                            ("none", "full"), (1, 4), (1, 2)):

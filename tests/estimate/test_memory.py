@@ -12,9 +12,9 @@ TINY_GPT = {"layers": 2, "hidden": 48, "heads": 6, "vocab": 101, "seq_len": 20, 
 TINY_LLAMA = dict(TINY_GPT, mlp="swiglu", norm="rmsnorm", position="rope", bias="none", kv_heads=2)
 
 
-def job(model, mode="amp-bf16", b=3, accum=1, rec="none", att="flash", opt="adamw", impl=None) -> Job:
+def job(model, mode="amp-bf16", b=3, accum=1, rec="none", att="flash", opt="adamw", impl=None, grads="param") -> Job:
     return Job.from_dict({"model": model, "batch": {"micro_batch": b, "global_batch": b * accum},
-                          "precision": {"mode": mode}, "optimizer": {"name": opt, "impl": impl},
+                          "precision": {"mode": mode, "grad_dtype": grads}, "optimizer": {"name": opt, "impl": impl},
                           "memory": {"recompute": rec, "attention": att, "program": "cpu"}}).resolve()[0]
 
 
@@ -48,6 +48,10 @@ PEAK_CASES = {
     "optimizer-step-bound": (dict(SMALL_GPT, vocab=500), {"b": 1}),
     "mixed-master-weights": (dict(SMALL_LLAMA, vocab=500), {"mode": "mixed-bf16", "rec": "full", "b": 1}),
     "pure-bf16-sgd": (SMALL_LLAMA, {"mode": "pure-bf16", "opt": "sgd", "rec": "selective"}),
+    # Megatron's fp32 main gradients exist from start-up: at the loss (first) and at an accumulating step
+    "fp32-main-grads-at-the-loss": (SMALL_GPT, {"mode": "mixed-bf16", "grads": "fp32"}),
+    "fp32-main-grads-accumulating": (dict(SMALL_LLAMA, vocab=500), {"mode": "mixed-fp16", "grads": "fp32",
+                                                                     "b": 1, "accum": 2, "impl": "foreach"}),
 }
 
 

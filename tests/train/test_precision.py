@@ -66,6 +66,35 @@ def test_master_weights_keep_updates_that_bf16_would_round_away():
     assert w[0].item() == pytest.approx(1.0078125)      # the bf16 neighbour of 1.01
 
 
+def test_fp32_main_gradients_accumulate_what_bf16_gradients_round_away():
+    """Three micro-batches' gradients 1, 2^-9, 2^-9: a bf16 sum stays 1 (its step is 2^-7 there), the fp32 main
+    gradient holds 1 + 2^-8; each 16-bit gradient is dropped once added, and the buffer outlives zero_grad."""
+    def run(main_grads):
+        module = torch.nn.Module()
+        module.w = torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16))
+        master = MasterWeights(module, main_grads=main_grads)
+        for scale in (1.0, 2.0**-9, 2.0**-9):
+            (module.w.float().sum() * scale).backward()
+        master.grads_to_master()
+        return module, master
+    plain, plain_master = run(False)
+    assert plain_master.params[0].grad[0].item() == 1.0
+    module, master = run(True)
+    assert module.w.grad is None
+    assert master.params[0].grad[0].item() == 1.0 + 2.0**-8
+    buffer = master.main_grads
+    torch.optim.SGD(master.params, lr=0.1).zero_grad(set_to_none=True)
+    master.zero_grad()
+    assert master.params[0].grad.data_ptr() == buffer.data_ptr() and not buffer.any()
+
+
+def test_fp32_main_gradients_train(train):
+    records, state = train(precision={"mode": "mixed-bf16", "grad_dtype": "fp32"},
+                           batch={"micro_batch": 2, "global_batch": 8}, training={"steps": 3})
+    assert state["master"][0].dtype == torch.float32
+    assert all(math.isfinite(r["loss"]) for r in records) and records[-1]["loss"] < records[0]["loss"]
+
+
 @pytest.mark.parametrize("mode, changes", [("pure-bf16", True), ("mixed-bf16", True), ("amp-bf16", False)])
 def test_fp32_norm_changes_training_with_16_bit_weights_only(train, mode, changes):
     plain, _ = train("plain", precision={"mode": mode}, training={"steps": 4})

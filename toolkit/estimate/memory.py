@@ -145,16 +145,22 @@ def _stage_memory(job: Job, stage) -> MemoryEstimate:
                                  np.where(owns_head, counts.head, 0) / tp))
     persistent = persistent + ds.fixed
     grads_full = np.where(ds.fixed > 0, 0.0, grads_full)          # (DeepSpeed's ZeRO-3: counted in persistent)
+    # Megatron's fp32 main gradients: one buffer allocated at start-up and zeroed, never freed, so it is there in
+    # forward too; each 16-bit gradient is added into it as autograd makes it, and dropped
+    main_grads = mode.startswith("mixed-") & (job.precision.grad_dtype == "fp32") & (zero == 0)
+    persistent = persistent + np.where(main_grads, grads_full, 0.0)
+    grads_full = np.where(main_grads, 0.0, grads_full)
 
     # gradients appear during backward: head first, then layer by layer, embedding last
     lora = job.finetune.adapters
     per_layer_trainable = adapter_params_per_layer(job) if lora else counts.per_layer
-    layer_grad = per_layer_trainable * grad_b / tp / np.where(zero >= 2, dp, 1)
+    layer_grad = np.where(main_grads, 0.0, per_layer_trainable * grad_b / tp / np.where(zero >= 2, dp, 1))
     head_param = np.where(owns_head, 0 if lora else (counts.head if counts.head else counts.embedding), 0)  # tied: at the head
     # FSDP2 computes gradients on the gathered (16-bit) weights and shards them at each module's post-backward:
     # the root's (head) until the end of backward, a block's until the block is done
-    unsharded_grad_b = np.where(reduce_scatter > 0, 4 if mode == "fp32" else 2, grad_b)
-    head_grad = (head_param + np.where(owns_head & (not lora), counts.final, 0)) * unsharded_grad_b / tp
+    unsharded_grad_b = np.where((reduce_scatter > 0) | main_grads, 4 if mode == "fp32" else 2, grad_b)
+    head_grad = np.where(main_grads, 0.0,
+                         (head_param + np.where(owns_head & (not lora), counts.final, 0)) * unsharded_grad_b / tp)
     # gradients made by earlier micro-batches of the step; interleaved over one round (m <= p) the last stage
     # runs every backward of its head chunk before any of its other chunks'
     one_round = (np.asarray(par.vpp) > 1) & (micro_batches // np.asarray(par.pp) <= 1) & (stage == "last")
@@ -288,7 +294,7 @@ def _stage_memory(job: Job, stage) -> MemoryEstimate:
         + np.where(ds.stage1, np.maximum(ds.grads - ds.bucket, 0.0),
                    np.where(accumulating | (ds.grads > ds.bucket), ds.partition, 0.0)), 0.0)
     phases["optimizer step"] = _step_bytes(job, counts, persistent, grads_full, stage,
-                                           np.where(ds.fixed > 0, 0.0, ds.partition))
+                                           np.where(ds.fixed > 0, 0.0, ds.partition), main_grads)
     names = list(phases)
     stacked = np.stack(np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in phases.values())))
     index = stacked.argmax(axis=0)
@@ -391,9 +397,9 @@ def _deepspeed_reduce(job: Job, params: float, grad_b: float, dp, ends=(0.0, 0.0
 
 
 def _step_bytes(job: Job, counts, persistent: float, grads_full: float, stage: str | None = None,
-                partition: float = 0.0) -> float:
+                partition: float = 0.0, main_grads=False) -> float:
     """Device bytes during the optimizer step (`partition`: DeepSpeed's 16-bit gradient partition, if not in
-    `persistent`)."""
+    `persistent`; `main_grads`: the fp32 main gradients are in `persistent` and are the masters' gradients)."""
     par = job.parallel
     largest = max(counts.embedding, counts.head, _largest_matrix(job)) / np.asarray(par.tp)
     if job.finetune.adapters:                              # only the adapters are stepped
@@ -407,7 +413,7 @@ def _step_bytes(job: Job, counts, persistent: float, grads_full: float, stage: s
         flat = {"for-loop": 2, "foreach": 1, "fused": 0}[optimizer_impl(job)] if job.optimizer.name != "sgd" else 0
         deepspeed = persistent + 4 * n / dp + np.maximum(partition, flat * 4 * n / dp)
         step = np.where(np.asarray(par.zero) == 0,
-                        step + 4 * n - grads_full,           # fp32 copies replace the 16-bit gradients
+                        np.where(main_grads, step, step + 4 * n - grads_full),   # fp32 copies replace 16-bit ones
                         deepspeed)
     return np.where(np.asarray(par.offload) != "none", persistent + grads_full, step)   # offload: step on the host
 
@@ -450,6 +456,10 @@ def memory_notes(job: Job, mem: MemoryEstimate | None) -> list[str]:
         notes.append(f"DeepSpeed's ZeRO-{par.zero} as toolkit.trace.zero.deepspeed_config(job) sets it up: reduce "
                      f"bucket {job.training.bucket_cap_mb:g} MB (training.bucket_cap_mb; DeepSpeed's own default is "
                      f"1 GB in 16-bit)" + (", one block gathered and one prefetched" if par.zero == 3 else ""))
+    if job.precision.grad_dtype == "fp32":
+        notes.append("fp32 main gradients as Megatron keeps them: one fp32 buffer from start-up, each 16-bit "
+                     "gradient added in and dropped" + (" (checked against a trace)" if par.zero == 0 and par.pp == 1 and par.tp == 1
+                                                        else "; with ZeRO, tp or pp not yet checked against a trace"))
     if par.pp > 1 and par.schedule != "gpipe" and job.precision.mode in TORCH_SEMANTICS:
         m = job.grad_accum or 1
         stream = job.batch.micro_batch * job.model.seq_len * job.model.hidden / (par.tp if par.sp else 1) \

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -29,7 +30,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import _sharding_prop
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-from torch.distributed._tools.mem_tracker import MemTracker
+from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.utils.flop_counter import FlopCounterMode
@@ -89,8 +90,9 @@ def _check_traceable(job: Job) -> None:
                                                "positions with sequence parallelism")
     if not job.model.has_shape or job.model.encoder:
         raise SpecError("model", job.model.name, "the tracer builds the runner's decoder: give a shape, not params only")
-    if job.precision.grad_dtype == "fp32":
-        raise SpecError("precision.grad_dtype", "fp32", "fp32 main gradients are not traced yet; use param")
+    if job.precision.grad_dtype == "fp32" and (par.zero > 0 or par.tp > 1 or job.finetune.adapters):
+        raise SpecError("precision.grad_dtype", "fp32", "fp32 main gradients are traced with replicas (zero 0, "
+                                                        "tp 1) and full fine-tuning so far; use param")
     if job.optimizer.name == "adamw-8bit":
         raise SpecError("optimizer.name", "adamw-8bit", "8-bit optimizers do not run on fake tensors; "
                                                          "validate them with a small real run")
@@ -125,13 +127,17 @@ class _MasterStep:
     """mixed-*: the runner's own master weights (toolkit.train.precision), stepped as the runner does."""
 
     def __init__(self, job: Job, model: torch.nn.Module):
-        self.master = MasterWeights(model)                    # LoRA: the adapters only
+        self.master = MasterWeights(model, main_grads=job.precision.grad_dtype == "fp32")   # LoRA: the adapters
         self.optimizer = _make_optimizer(job, self.master.params)
 
     def step(self) -> None:
         self.master.grads_to_master()
         self.optimizer.step()
         self.master.master_to_model()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+        self.master.zero_grad()               # fp32 main gradients: zeroed in place, kept
 
 
 class _NoHook:
@@ -150,6 +156,10 @@ class _DeviceTracker(MemTracker):
             if not param.requires_grad and self._param_to_grad_hook_handles.get(param) is None:
                 self._param_to_grad_hook_handles[param] = (_NoHook(), _NoHook())
         return super()._track_module_params_and_buffers(module, install_grad_hooks)
+
+    def track_gradients(self, tensor: torch.Tensor) -> None:
+        """Count a tensor made outside the tracker as gradients (fp32 main gradients: the masters' .grad)."""
+        self._update_and_maybe_create_winfos(tensor, _MemRefType.GRAD)
 
     def reset_peak(self) -> None:
         """Forget the peak so far: the next one is measured from here."""
@@ -233,7 +243,11 @@ def _trace_single(job: Job, model: torch.nn.Module) -> TraceResult:
         stepper, extra = optimizer, []
     tracker = _DeviceTracker()
     tracker.track_external(model, optimizer, *extra)
-    snaps = _run_steps(job, tracker, model, stepper, optimizer)
+    if mode.startswith("mixed-") and stepper.master.main_grads is not None:
+        tracker.track_gradients(stepper.master.main_grads)
+    with warnings.catch_warnings():   # (MemTracker's own gradient hook finds the 16-bit gradient already dropped)
+        warnings.filterwarnings("ignore", "Expected a tensor or a traceable wrapper-subclass", UserWarning)
+        snaps = _run_steps(job, tracker, model, stepper, optimizer)
     return TraceResult(
         params_bytes=snaps["after"].get("PARAM", 0) + snaps["after"].get("BUFFER", 0),
         grads_bytes=snaps["before_step"].get("GRAD", 0),
@@ -273,7 +287,7 @@ def _run_steps(job: Job, tracker: MemTracker, model: torch.nn.Module, stepper, o
                 del loss, tokens, targets
             snaps["before_step"] = _snapshot(tracker, "current")
             stepper.step()
-            optimizer.zero_grad(set_to_none=True)
+            stepper.zero_grad(set_to_none=True)
             for p in model.parameters():
                 p.grad = None
         snaps["after"] = _snapshot(tracker, "current")

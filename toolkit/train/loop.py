@@ -6,7 +6,8 @@
 What a step does, in order: set the learning rate (linear warm-up, cosine decay); for each
 micro-batch, forward under the precision mode's autocast (and int8 saved activations if asked) and
 backward of loss / accumulation, syncing DDP gradients on the last one only; move 16-bit gradients
-to the fp32 masters (mixed-*); unscale (fp16 modes); clip and log the global gradient norm; step,
+to the fp32 masters (mixed-*; with fp32 main gradients they are already there, and are all-reduced
+once, without DDP, as Megatron does); unscale (fp16 modes); clip and log the global gradient norm; step,
 or skip an overflowing fp16 step; write the masters back; re-apply pruning masks; one metrics line;
 a checkpoint every N steps, at the end and on SIGTERM. A non-finite loss or gradient outside loss
 scaling stops the run with a diagnosis instead of training on garbage.
@@ -73,10 +74,6 @@ def runner_checks(job: Job) -> None:
                                                        "not compress: choose int8 or full recompute")
     if par.offload != "none":
         raise SpecError("parallel.offload", par.offload, "the runner does not offload yet; set offload = none")
-    if job.precision.grad_dtype == "fp32":
-        raise SpecError("precision.grad_dtype", "fp32", "the runner keeps gradients in the parameters' dtype (fp32 "
-                                                        "main gradients are modelled, not run yet); set grad_dtype = "
-                                                        "param to train")
     if job.optimizer.name == "adamw-8bit":
         try:
             import bitsandbytes  # noqa: F401
@@ -167,7 +164,8 @@ def run_training(job: Job, out_dir: str | Path, *, peak_tflops: float | None = N
     base_mem_bytes, _ = memory_reading(device)              # before any weight exists: the summary's baseline
     torch.manual_seed(t.seed)                                 # the same initial weights on every rank
     model = _build_model(job, plan.param_dtype).to(device)
-    master = MasterWeights(model) if plan.master_weights else None
+    main_grads = job.precision.grad_dtype == "fp32"
+    master = MasterWeights(model, main_grads=main_grads) if plan.master_weights else None
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = _optimizer(job, master.params if master else trainable, device)
     scaler = torch.amp.GradScaler(device.type, init_scale=t.loss_scale, enabled=plan.loss_scaling)
@@ -200,7 +198,8 @@ def run_training(job: Job, out_dir: str | Path, *, peak_tflops: float | None = N
         torch.manual_seed(t.seed + 1 + rank)                   # dropout differs between ranks, repeatably
 
     raw_model = model               # (accelerator.unwrap_model would import DeepSpeed, when installed, in every rank)
-    model = accelerator.prepare_model(model)
+    if not main_grads:            # fp32 main gradients are all-reduced by hand once per step, as Megatron does
+        model = accelerator.prepare_model(model)
     metrics = MetricsLog(out / "metrics.jsonl", start_step) if accelerator.is_main_process else None
     if t.trackers:
         accelerator.init_trackers("toolkit", config=job.to_dict())
@@ -276,6 +275,9 @@ def run_training(job: Job, out_dir: str | Path, *, peak_tflops: float | None = N
                 loss_sum += loss.detach().float()
             if master:
                 master.grads_to_master()
+            if main_grads and world > 1:
+                _all_reduce_mean([master.main_grads] + [p.grad for p, m in master.pairs
+                                                        if m is p and p.grad is not None], world)
             scaler.unscale_(optimizer)
             grad_norm = float(torch.nn.utils.clip_grad_norm_(opt_params, t.grad_clip or float("inf")))
             mean_loss = float(accelerator.reduce(loss_sum, "mean")) / accum if world > 1 else float(loss_sum) / accum
@@ -287,6 +289,8 @@ def run_training(job: Job, out_dir: str | Path, *, peak_tflops: float | None = N
             scaler.step(optimizer)
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
+            if master:
+                master.zero_grad()
             skipped = plan.loss_scaling and scaler.get_scale() < scale_before
             skipped_total += int(skipped)
             if master and not skipped:
@@ -345,6 +349,14 @@ def run_training(job: Job, out_dir: str | Path, *, peak_tflops: float | None = N
             accelerator.end_training()
     return RunResult(steps_done=done, resumed_from=start_step, stopped_by_signal=stopped_by_signal,
                      final_loss=final_loss, out_dir=out)
+
+
+def _all_reduce_mean(grads: list[torch.Tensor], world: int) -> None:
+    """Data parallelism for fp32 main gradients: their mean over the ranks, in place (the main-gradient buffer is
+    one tensor, so this is one all-reduce plus one per fp32 parameter such as an FP32Norm's)."""
+    for grad in grads:
+        torch.distributed.all_reduce(grad)
+        grad.div_(world)
 
 
 def _agree(flag: bool, device, world: int) -> bool:

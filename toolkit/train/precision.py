@@ -82,21 +82,50 @@ class MasterWeights:
 
     The optimizer sees `self.params`: the fp32 copy for a 16-bit parameter, the parameter itself for
     one already in fp32 (an FP32Norm). After backward, `grads_to_master` moves the 16-bit gradients
-    into fp32; after the step, `master_to_model` writes the update back in 16 bits."""
+    into fp32; after the step, `master_to_model` writes the update back in 16 bits.
 
-    def __init__(self, model: nn.Module):
+    With `main_grads` (precision.grad_dtype = fp32) the gradients are Megatron's fp32 main gradients
+    instead: one flat fp32 buffer, allocated here and kept for the whole run (zeroed, never freed),
+    whose views are the masters' `.grad`. Each 16-bit gradient is added into it the moment autograd
+    makes it and then dropped, so accumulation over micro-batches happens in fp32 and at most one
+    16-bit gradient exists at a time."""
+
+    def __init__(self, model: nn.Module, main_grads: bool = False):
         self.pairs = []
         for p in model.parameters():
             if p.requires_grad:
                 master = p if p.dtype == torch.float32 else p.detach().float().requires_grad_(True)
                 self.pairs.append((p, master))
         self.params = [m for _, m in self.pairs]
+        self.main_grads: torch.Tensor | None = None
+        self._views: list[tuple[torch.Tensor, torch.Tensor]] = []
+        if main_grads:
+            halves = [(p, m) for p, m in self.pairs if m is not p]
+            self.main_grads = torch.zeros(sum(m.numel() for _, m in halves), dtype=torch.float32,
+                                          device=halves[0][1].device if halves else "cpu")
+            offset = 0
+            for p, m in halves:
+                view = self.main_grads[offset:offset + m.numel()].view_as(m)
+                offset += m.numel()
+                self._views.append((m, view))
+                p.register_post_accumulate_grad_hook(_add_into(view))
+            self.zero_grad()
 
     def grads_to_master(self) -> None:
+        if self.main_grads is not None:           # already there, in fp32
+            return
         for p, m in self.pairs:
             if m is not p:
                 m.grad = None if p.grad is None else p.grad.float()
                 p.grad = None
+
+    def zero_grad(self) -> None:
+        """After the optimizer's own zero_grad: the main gradients zeroed in place and handed back to the masters
+        (the buffer persists across steps, as Megatron's does); nothing to do without main gradients."""
+        if self.main_grads is not None:
+            self.main_grads.zero_()
+            for m, view in self._views:
+                m.grad = view
 
     @torch.no_grad()
     def master_to_model(self) -> None:
@@ -111,3 +140,12 @@ class MasterWeights:
     def load_state_dict(self, tensors: list[torch.Tensor]) -> None:
         for (_, m), t in zip(self.pairs, tensors, strict=True):
             m.copy_(t)
+
+
+def _add_into(main_grad: torch.Tensor):
+    """A post-accumulate-grad hook: the parameter's new 16-bit gradient added into its fp32 main gradient, then
+    dropped (the next micro-batch's gradient starts from nothing, so no 16-bit sum builds up)."""
+    def hook(param: torch.Tensor) -> None:
+        main_grad.add_(param.grad)
+        param.grad = None
+    return hook
