@@ -33,13 +33,13 @@ def matrix() -> list[tuple[str, dict]]:
 
     def add(name, model, mode="amp-bf16", b=2, accum=1, rec="none", att="flash", opt="adamw", impl=None,
             momentum=0.9, dropout=None, dp=1, zero=0, lora=None, compress="none", tp=1, sp=False, pp=1,
-            schedule="1f1b", method="lora", vpp=1, bucket_mb=25.0, grads="param"):
+            schedule="1f1b", method="lora", vpp=1, bucket_mb=25.0, grads="param", offload="none"):
         if dropout is not None:
             model = dict(model, dropout=dropout)
         finetune = {"method": method, "rank": 8, "targets": lora} if lora else {}
         rows.append((name, {"model": model, "batch": {"micro_batch": b, "global_batch": b * accum * dp},
                             "precision": {"mode": mode, "grad_dtype": grads}, "optimizer": {"name": opt, "impl": impl, "momentum": momentum},
-                            "parallel": {"zero": zero, "tp": tp, "sp": sp, "pp": pp, "vpp": vpp,
+                            "parallel": {"zero": zero, "offload": offload, "tp": tp, "sp": sp, "pp": pp, "vpp": vpp,
                                                          "schedule": schedule},
                             "cluster": {"count": dp * tp * pp},
                             "finetune": finetune, "training": {"bucket_cap_mb": bucket_mb},
@@ -121,6 +121,18 @@ def matrix() -> list[tuple[str, dict]]:
     for (mname, model), zero, rec, b in itertools.product((("gpt", SMALL_GPT), ("llama", SMALL_LLAMA)), (2, 3),
                                                           ("none", "full"), (1, 4)):
         add(f"{mname}-v1000/fsdp-zero{zero}/{rec}/b{b}", dict(model, vocab=1000), rec=rec, b=b, dp=8, zero=zero)
+    # FSDP2 accumulating gradients over micro-batches, and with CPU offload (device and host bytes apart)
+    for (mname, model), mode, zero in itertools.product((("gpt", SMALL_GPT), ("llama", SMALL_LLAMA)),
+                                                        ("amp-bf16", "pure-bf16"), (2, 3)):
+        add(f"{mname}-v1000/fsdp-zero{zero}/{mode}/full/b1/accum2", dict(model, vocab=1000), mode=mode, rec="full",
+            b=1, accum=2, dp=8, zero=zero)
+    for (mname, model), mode, zero in itertools.product((("gpt", SMALL_GPT), ("llama", SMALL_LLAMA)),
+                                                        ("fp32", "amp-bf16", "pure-bf16"), (2, 3)):
+        if zero == 2:       # a real vocabulary: the loss is the peak
+            add(f"{mname}/fsdp-offload-zero2/{mode}/none", model, mode=mode, dp=8, zero=2, offload="params")
+        else:               # a small one: the backward is
+            add(f"{mname}-v1000/fsdp-offload-zero3/{mode}/full/b1/accum2", dict(model, vocab=1000), mode=mode,
+                rec="full", b=1, accum=2, dp=8, zero=3, offload="params")
     # tensor parallelism (torch's DTensor plan) on a fake process group, with and without sequence parallelism
     untied_gpt = dict(SMALL_GPT, tie_embeddings=False)
     for mode, rec in itertools.product(("fp32", "amp-bf16", "amp-fp16", "pure-bf16"), ("none", "selective", "full")):

@@ -238,8 +238,11 @@ def _stage_memory(job: Job, stage) -> MemoryEstimate:
         whole = head_grad + done_layers * per_layer_trainable * grad_b / tp
         made = np.where(ds.bucket > 0, np.where(ds.stage1, whole, ds.flushed(whole) * ds.partition), made) + ds.bucket
         made = np.where(ds.fixed > 0, 0.0, made)                  # ZeRO-3: straight into its bucket
-        grads = np.where(accumulating & ~forwards_first,
-                         grads_before + ds.bucket + down_grad + (h * ffn * 2 if mode.startswith("amp-") else 0),
+        # accumulating: earlier micro-batches' gradients, plus the new ones not yet added in (replicas: the down
+        # projection's, and under autocast its 16-bit original beside the fp32 cast; FSDP2: also the root's whole
+        # 16-bit head gradient, reduce-scattered only at the end of backward)
+        adding = np.where(reduce_scatter > 0, head_grad, h * ffn * 2 if mode.startswith("amp-") else 0)
+        grads = np.where(accumulating & ~forwards_first, grads_before + ds.bucket + down_grad + adding,
                          made + down_grad)
         if name == "bottom layer":      # a full bucket being reduced meanwhile: flattened again (errs high by that)
             grads = grads + np.where(ds.grads > ds.bucket, ds.flat_copy, 0.0)
@@ -322,8 +325,8 @@ class _Gathered:
 
 def _gathered_params(job: Job, counts) -> _Gathered:
     """FSDP2 (torch semantics) gathers the root's parameters for the whole forward and backward.
-    Without resharding after forward (ZeRO-2) every block's 16-bit weights stay gathered from its
-    forward to its backward; with resharding (ZeRO-3, or parameter offload) one block is gathered
+    Without resharding after forward (ZeRO-2, with or without offload) every block's 16-bit weights
+    stay gathered from its forward to its backward; with resharding (ZeRO-3) one block is gathered
     and the next prefetched. Each block's gradients wait in the reduce-scatter input (fp32 under
     amp-*) while the block below runs its backward. DeepSpeed's ZeRO-3, configured to prefetch one
     block's parameters and release them after use (toolkit.trace.zero), holds two blocks' worth.
@@ -336,8 +339,8 @@ def _gathered_params(job: Job, counts) -> _Gathered:
     root = (counts.embedding + counts.positions + counts.head + counts.final) / np.asarray(par.tp) * compute_bytes
     reduce_scatter = counts.per_layer / np.asarray(par.tp) * (2 if mode == "pure-bf16" else 4)
     torch_semantics = mode in TORCH_SEMANTICS
-    zero2 = torch_semantics & (zero == 2) & (offload == "none")       # every block stays gathered
-    zero3 = torch_semantics & ~zero2 & ((zero == 3) | (offload == "params"))
+    zero2 = torch_semantics & (zero == 2)                             # every block stays gathered
+    zero3 = torch_semantics & (zero == 3)
     deepspeed3 = (not torch_semantics) & (zero == 3)
     head = (counts.head or counts.embedding) / np.asarray(par.tp) * compute_bytes       # (tied: the embedding)
     fsdp = zero2 | zero3
@@ -438,7 +441,8 @@ def memory_notes(job: Job, mem: MemoryEstimate | None) -> list[str]:
     notes = [f"memory follows the {job.memory.program} program of the runner's GPT "
              f"({job.memory.attention} attention, {optimizer_impl(job)} optimizer); peak at: {mem.peak_phase}"]
     par = job.parallel
-    fsdp_traced = job.precision.mode in TORCH_SEMANTICS and par.zero in (2, 3) and par.offload == "none"
+    fsdp_traced = job.precision.mode in TORCH_SEMANTICS and par.zero in (2, 3) \
+        and (par.offload == "none" or par.tp == 1)
     if par.tp > 1:
         notes.append("tensor parallelism follows torch's DTensor program (toolkit.train.parallel): with sp the "
                      "linears keep their all-gathered inputs, and the vocabulary-parallel loss and the embedding's "
@@ -446,12 +450,17 @@ def memory_notes(job: Job, mem: MemoryEstimate | None) -> list[str]:
     combined_pp = par.pp > 1 and (par.tp > 1 or par.zero > 0)
     deepspeed = par.zero > 0 and job.precision.mode not in TORCH_SEMANTICS
     deepspeed_traced = deepspeed and par.tp == 1 and par.pp == 1 and par.offload == "none"
-    if combined_pp or par.offload != "none" or (par.zero > 0 and not fsdp_traced and not deepspeed_traced) \
-            or (par.tp > 1 and par.zero == 1):
-        notes.append("offload, tp with ZeRO-1 or with DeepSpeed's ZeRO, and pp combined with tp or ZeRO follow "
-                     "Megatron's and the frameworks' semantics and are not yet checked against a trace (replicas, "
-                     "torch's and DeepSpeed's ZeRO-1/2/3, tp alone or inside FSDP2, and pipelines alone or "
-                     "interleaved are)")
+    if combined_pp or (par.offload != "none" and not fsdp_traced) \
+            or (par.zero > 0 and not fsdp_traced and not deepspeed_traced) or (par.tp > 1 and par.zero == 1):
+        notes.append("DeepSpeed's ZeRO-Offload, offload with tp, tp with ZeRO-1 or with DeepSpeed's ZeRO, and pp "
+                     "combined with tp or ZeRO follow Megatron's and the frameworks' semantics and are not yet "
+                     "checked against a trace (replicas, torch's ZeRO-1/2/3 and FSDP2's CPU offload, DeepSpeed's "
+                     "ZeRO-1/2/3, tp alone or inside FSDP2, and pipelines alone or interleaved are)")
+    if par.offload != "none" and fsdp_traced:
+        notes.append("FSDP2's CPU offload: sharded parameters, gradients and optimizer states in host memory, the "
+                     "step on the host; a GPU also copies each shard to the device before all-gathering it and "
+                     "each reduce-scattered gradient before sending it back (up to 1/dp of a block, briefly), "
+                     "which the CPU program and this estimate leave out")
     if deepspeed:
         notes.append(f"DeepSpeed's ZeRO-{par.zero} as toolkit.trace.zero.deepspeed_config(job) sets it up: reduce "
                      f"bucket {job.training.bucket_cap_mb:g} MB (training.bucket_cap_mb; DeepSpeed's own default is "

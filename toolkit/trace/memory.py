@@ -32,7 +32,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.utils.flop_counter import FlopCounterMode
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -68,6 +68,9 @@ class TraceResult:
     """FlopCounterMode's count for one micro-batch (forward, backward, recompute), per token. It counts every
     matmul, eager attention over the full score matrix, and the CPU flash kernel as 0."""
     program: str = "cpu"
+    host_bytes: int = 0
+    """Offload: what stays in host memory (sharded parameters, gradients, optimizer states); the fields above
+    and the peak are then the device's."""
     stage_peaks_bytes: tuple[int, ...] = ()
     """Pipeline traces: every stage's peak (the fields above are the busiest stage's)."""
 
@@ -75,12 +78,14 @@ class TraceResult:
 def _check_traceable(job: Job) -> None:
     par = job.parallel
     torch_zero = par.zero in (1, 2, 3) and job.precision.mode in TORCH_SEMANTICS
-    if par.offload != "none" or (par.zero > 0 and not torch_zero) or (par.tp > 1 and par.zero == 1):
+    fsdp_offload = par.offload == "params" and torch_zero and par.zero >= 2 and par.tp == 1
+    if (par.offload != "none" and not fsdp_offload) or (par.zero > 0 and not torch_zero) \
+            or (par.tp > 1 and par.zero == 1):
         raise SpecError("parallel", f"tp={par.tp} pp={par.pp} zero={par.zero} offload={par.offload}",
-                        "the tracer covers data-parallel replicas, torch's ZeRO (ZeroRedundancyOptimizer, FSDP2; "
-                        "with fp32, amp-* or pure-bf16), DeepSpeed's ZeRO (mixed-bf16), tensor parallelism alone or "
-                        "inside FSDP2 (zero 2/3), and pipelines alone so far; toolkit estimate models the other "
-                        "layouts analytically")
+                        "the tracer covers data-parallel replicas, torch's ZeRO (ZeroRedundancyOptimizer, FSDP2 "
+                        "with or without CPU offload; with fp32, amp-* or pure-bf16), DeepSpeed's ZeRO (mixed-bf16, "
+                        "no offload), tensor parallelism alone or inside FSDP2 (zero 2/3), and pipelines alone so "
+                        "far; toolkit estimate models the other layouts analytically")
     if par.tp > 1 and job.precision.mode not in TORCH_SEMANTICS:
         raise SpecError("precision.mode", job.precision.mode, "mixed-* modes follow Megatron's tensor-parallel "
                                                               "program, which the tracer does not run; trace tp "
@@ -161,17 +166,35 @@ class _DeviceTracker(MemTracker):
         """Count a tensor made outside the tracker as gradients (fp32 main gradients: the masters' .grad)."""
         self._update_and_maybe_create_winfos(tensor, _MemRefType.GRAD)
 
+    host_categories: tuple[str, ...] = ()
+    """Offload: the categories held in host memory. The peak is then the device's: the total less these, outside
+    the optimizer step (which runs on the host), recorded in the snapshot as "Device"."""
+    _on_host = False
+
     def reset_peak(self) -> None:
         """Forget the peak so far: the next one is measured from here."""
         self._peak_mem.clear()
         self._peak_mem_snap.clear()
 
+    @contextlib.contextmanager
+    def optimizer_step(self):
+        """Around the optimizer step: with offload it runs on the host, so nothing in it counts to the device."""
+        self._on_host = bool(self.host_categories)
+        try:
+            yield
+        finally:
+            self._on_host = False
+
     def _update_peak_stats(self, peak_state) -> None:  # noqa: ARG002 - MemTracker's signature
+        if self._on_host:
+            return
         for device, snap in self._curr_mem_snap.items():
             total = snap["Total"]
+            if self.host_categories:
+                total -= sum(v for k, v in snap.items() if getattr(k, "name", k) in self.host_categories)
             if self._peak_mem.get(device, 0) < total:
                 self._peak_mem[device] = total
-                self._peak_mem_snap[device] = dict(snap)
+                self._peak_mem_snap[device] = dict(snap, Device=total) if self.host_categories else dict(snap)
 
 
 def _snapshot(tracker: MemTracker, kind: str) -> dict[str, int]:
@@ -286,7 +309,8 @@ def _run_steps(job: Job, tracker: MemTracker, model: torch.nn.Module, stepper, o
                     loss.backward()
                 del loss, tokens, targets
             snaps["before_step"] = _snapshot(tracker, "current")
-            stepper.step()
+            with tracker.optimizer_step():
+                stepper.step()
             stepper.zero_grad(set_to_none=True)
             for p in model.parameters():
                 p.grad = None
@@ -309,6 +333,9 @@ class _FSDPDeviceTracker(FSDPMemTracker):
 
     _update_peak_stats = _DeviceTracker._update_peak_stats
     reset_peak = _DeviceTracker.reset_peak
+    optimizer_step = _DeviceTracker.optimizer_step
+    host_categories = _DeviceTracker.host_categories
+    _on_host = False
 
 
 @contextlib.contextmanager
@@ -334,6 +361,13 @@ def _trace_fsdp(job: Job) -> TraceResult:
 
     fully_shard cannot run inside FakeTensorMode: the model is sharded on the meta device, then
     materialised as fake tensors with `to_empty`.
+
+    With offload (`CPUOffloadPolicy`) FSDP2 keeps the sharded parameters, their gradients and the optimizer
+    states in host memory and steps there; everything else is on the device. The CPU program has one memory,
+    so the tracer counts FSDP's own categories for those states (and the step) as host bytes and the rest as
+    the device's. Unlike a GPU, it makes no device copy of a shard before all-gathering it, nor of a
+    reduce-scattered gradient before sending it to the host (each at most 1/dp of a block, briefly). Pinning
+    changes where host memory is, not how much: fake tensors cannot be pinned, so the policy pins nothing.
     """
     mode, par = job.precision.mode, job.parallel
     policy = MixedPrecisionPolicy()
@@ -349,15 +383,29 @@ def _trace_fsdp(job: Job) -> TraceResult:
             tensor_parallel(model, mesh["tp"], sequence_parallel=par.sp)
         dp_mesh = mesh["dp"] if par.tp > 1 else mesh
         reshard = par.zero == 3
+        offload = OffloadPolicy() if par.offload == "none" else CPUOffloadPolicy(pin_memory=False)
         for block in model.blocks:
-            fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy)
-        fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy)
+            fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy, offload_policy=offload)
+        fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy, offload_policy=offload)
         with FakeTensorMode(allow_non_fake_inputs=True), _propagation_apart():
             model.to_empty(device="cpu")
             optimizer = _make_optimizer(job, model.parameters())
             tracker = _FSDPDeviceTracker(model, optimizer)
+            if par.offload != "none":
+                tracker.host_categories = _FSDP_HOST
             snaps = _run_steps(job, tracker, model, optimizer, optimizer)
     after, before, boundary = snaps["after"], snaps["before_step"], snaps["boundary"]
+    if par.offload != "none":    # the device keeps buffers only; the states are the host's
+        return TraceResult(
+            params_bytes=after.get("BUFFER", 0), grads_bytes=0, optimizer_bytes=0,
+            activations_bytes=boundary.get("ACT", 0),
+            peak_bytes=snaps["peak"].get("Device", 0),
+            peak_breakdown=snaps["peak"],
+            boundary_breakdown=boundary,
+            flops_per_token=snaps["flops"] / (job.batch.micro_batch * job.model.seq_len),
+            host_bytes=sum(before.get(c, 0) for c in _FSDP_HOST),
+            program="cpu, FSDP2 offload",
+        )
     return TraceResult(
         params_bytes=after.get("SHARDED_PARAM", 0) + after.get("BUFFER", 0),
         grads_bytes=before.get("SHARDED_GRAD", 0),
@@ -368,3 +416,7 @@ def _trace_fsdp(job: Job) -> TraceResult:
         boundary_breakdown=boundary,
         flops_per_token=snaps["flops"] / (job.batch.micro_batch * job.model.seq_len),
     )
+
+
+_FSDP_HOST = ("SHARDED_PARAM", "SHARDED_GRAD", "OPT")
+"""What FSDP2's CPU offload keeps in host memory, by FSDPMemTracker's categories."""

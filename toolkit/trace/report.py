@@ -26,7 +26,7 @@ def traced_estimate(job: Job, catalog: Catalog | None = None) -> dict:
                   states_bytes=traced.params_bytes + traced.grads_bytes + traced.optimizer_bytes,
                   # a pipeline stage has no single forward/backward boundary: its activations are not measured
                   activations_bytes=None if traced.stage_peaks_bytes else traced.activations_bytes,
-                  peak_bytes=traced.peak_bytes, host_bytes=0,
+                  peak_bytes=traced.peak_bytes, host_bytes=traced.host_bytes,
                   source="trace", program=traced.program, peak_breakdown=traced.peak_breakdown)
     if memory["usable_bytes"] is not None:
         memory["fits"] = traced.peak_bytes <= memory["usable_bytes"]
@@ -44,7 +44,8 @@ def compare_memory(job: Job, catalog: Catalog | None = None) -> dict:
     analytic = estimate(job, catalog)["memory"]
     traced = traced_estimate(job, catalog)
     rows = {}
-    for key in COMPARED:
+    offload = analytic.get("host_bytes") or traced["memory"]["host_bytes"]
+    for key in COMPARED + (("host_bytes",) if offload else ()):       # (host memory: with offload only)
         est, tr = analytic[key], traced["memory"][key]
         error = None if est is None or not tr else (est - tr) / tr          # (tr None: not measured)
         rows[key] = {"estimate": est, "trace": tr, "error": error}
