@@ -188,6 +188,14 @@ def matrix() -> list[tuple[str, dict]]:
     add("llama-s256/ds-zero3/mixed-bf16/full/accum2", ds_llama, mode="mixed-bf16", rec="full", accum=2, dp=2, zero=3)
     add("llama-v1000/ds-zero3/mixed-bf16/selective/b4/dp4", dict(ds_llama, vocab=1000), mode="mixed-bf16",
         rec="selective", b=4, dp=4, zero=3, bucket_mb=4.0)
+    # DeepSpeed's ZeRO-Offload (stages 1 and 2): fp32 states, gradients and the step on the host
+    add("gpt/ds-zero2-offload/mixed-bf16/none", SMALL_GPT, mode="mixed-bf16", dp=2, zero=2, offload="optimizer")
+    add("gpt/ds-zero1-offload/mixed-bf16/selective", SMALL_GPT, mode="mixed-bf16", rec="selective", dp=2, zero=1,
+        offload="optimizer")
+    add("llama-s256/ds-zero1-offload/mixed-bf16/full/accum2", ds_llama, mode="mixed-bf16", rec="full", accum=2,
+        dp=2, zero=1, offload="optimizer")
+    add("llama-v1000/ds-zero2-offload/mixed-bf16/full/accum2/dp4", dict(ds_llama, vocab=1000), mode="mixed-bf16",
+        rec="full", accum=2, dp=4, zero=2, bucket_mb=4.0, offload="optimizer")
     # int8 saved activations (the runner's hooks, traced): flash attention, and the explicit-attention path
     for (mname, model), mode, rec in itertools.product((("gpt", SMALL_GPT), ("llama", SMALL_LLAMA)),
                                                        ("fp32", "amp-bf16", "pure-bf16", "mixed-bf16"),
@@ -209,8 +217,8 @@ PEAK_GROUPS = [  # (label, which row names belong, report the median too)
 ]
 
 
-def run(rows) -> list[float]:
-    errors, act_errors = [], []
+def run(rows) -> tuple[list[float], list, list[float]]:
+    errors, act_errors, host_errors = [], [], []
     print(f"{'configuration':36} {'traced MiB':>11} {'model MiB':>11} {'error':>8} {'s':>5}  phase")
     for name, data in rows:
         job, _ = Job.from_dict(data).resolve()
@@ -221,9 +229,11 @@ def run(rows) -> list[float]:
         errors.append(abs(error))
         act_errors.append(abs(model.activations_bytes - traced.activations_bytes) / traced.activations_bytes
                           if traced.activations_bytes else None)   # (a pipeline stage has no single boundary)
+        if traced.host_bytes:                                              # offload: what stays in host memory
+            host_errors.append(abs(model.host_bytes - traced.host_bytes) / traced.host_bytes)
         print(f"{name:36} {traced.peak_bytes / 2**20:11.1f} {model.peak_bytes / 2**20:11.1f} "
               f"{100 * error:+7.2f}% {seconds:5.1f}  {model.peak_phase}")
-    return errors, act_errors
+    return errors, act_errors, host_errors
 
 
 def main() -> None:
@@ -234,7 +244,7 @@ def main() -> None:
         part = sys.argv[sys.argv.index("--only") + 1]
         rows = [row for row in rows if part in row[0]]
     start = time.perf_counter()
-    errors, act_errors = run(rows)
+    errors, act_errors, host_errors = run(rows)
     int8_flash = [e for (name, _), e in zip(rows, errors) if "/int8/" in name]
     int8_explicit = [e for (name, _), e in zip(rows, errors) if "int8-" in name]
     int8_act = [e for (name, _), e in zip(rows, act_errors) if "int8" in name and e is not None]
@@ -250,6 +260,8 @@ def main() -> None:
             print(f"{label} peak median error: {100 * statistics.median(chosen):.2f} %")
         if chosen:
             print(f"{label} peak max error: {100 * max(chosen):.2f} %")
+    if host_errors:
+        print(f"offload host bytes max error: {100 * max(host_errors):.2f} %")
     if int8_act:
         print(f"int8 activations max error: {100 * max(int8_act):.3f} %")
     if int8_flash:

@@ -55,6 +55,25 @@ def test_zero3_partitions_weights_and_keeps_its_gradient_buffers():
     assert est.params_bytes < traced.peak_bytes / 10                     # weights partitioned over dp = 2
 
 
+@pytest.mark.parametrize("zero, m", [(2, 2), (1, 2)])
+def test_zero_offload_keeps_fp32_states_and_gradients_on_the_host(zero, m):
+    """ZeRO-Offload: the host holds the fp32 partition and its gradient, the optimizer states, a 16-bit copy of the
+    partition, a staging buffer the size of the largest tensor and (ZeRO-2 accumulating) the summed gradients;
+    the device keeps the 16-bit weights, the same-sized staging buffer, the bucket, and (ZeRO-1 accumulating) its
+    whole gradients until the last micro-batch."""
+    job = zero_job(zero, m=m, bucket_mb=25.0, offload="optimizer")
+    traced = trace_memory(job)
+    assert "ZeRO-Offload" in traced.program and traced.grads_bytes == traced.optimizer_bytes == 0
+    est = memory_estimate(job)
+    assert est.host_bytes == pytest.approx(traced.host_bytes, rel=2e-3)
+    assert est.params_bytes == pytest.approx(traced.params_bytes, rel=0.01)
+    # (-2.4 % at ZeRO-2's top layer: a gradient the size of the head outlives its copy into the bucket, as
+    # without offload, -1.7 %; not modelled yet)
+    assert est.peak_bytes == pytest.approx(traced.peak_bytes, rel=0.03), est.phases
+    on_device = trace_memory(zero_job(zero, m=m, bucket_mb=25.0))
+    assert traced.peak_bytes < on_device.peak_bytes - on_device.optimizer_bytes / 2
+
+
 def test_deepspeed_config_is_what_the_estimate_models():
     config = deepspeed_config(zero_job(3, bucket_mb=8.0))
     zero = config["zero_optimization"]
@@ -69,3 +88,5 @@ def test_untraceable_deepspeed_layouts_are_refused_before_any_process_starts():
         trace_memory(zero_job(2, mode="mixed-fp16"))
     with pytest.raises(SpecError, match="data-parallel ranks alone"):
         trace_memory(zero_job(2, tp=2))
+    with pytest.raises(SpecError, match="stages 1 and 2"):
+        trace_memory(zero_job(3, offload="optimizer"))

@@ -31,7 +31,7 @@ from ..specs.job import TORCH_SEMANTICS, Job
 from .activations import activation_bytes, element_bytes
 from .params import count_params
 from .states import (StateBytes, adapter_params_per_layer, bytes_per_param, model_state_bytes, params_per_device,
-                     vocab_per_rank)
+                     vocab_per_rank, zero_partition_params)
 
 __all__ = ["MemoryEstimate", "memory_estimate", "memory_notes", "optimizer_impl"]
 
@@ -143,7 +143,7 @@ def _stage_memory(job: Job, stage) -> MemoryEstimate:
     ds = _deepspeed_reduce(job, _trainable_per_device(job, stage), grad_b, dp,
                            ends=(np.where(owns_embedding, counts.embedding, 0) / tp,
                                  np.where(owns_head, counts.head, 0) / tp))
-    persistent = persistent + ds.fixed
+    persistent = persistent + ds.fixed + ds.staging
     grads_full = np.where(ds.fixed > 0, 0.0, grads_full)          # (DeepSpeed's ZeRO-3: counted in persistent)
     # Megatron's fp32 main gradients: one buffer allocated at start-up and zeroed, never freed, so it is there in
     # forward too; each 16-bit gradient is added into it as autograd makes it, and dropped
@@ -359,7 +359,7 @@ def _gathered_params(job: Job, counts) -> _Gathered:
 
 @dataclass(frozen=True)
 class _Reduce:
-    """DeepSpeed's gradient buffers (mixed-* with ZeRO, no offload), in bytes; all 0 elsewhere.
+    """DeepSpeed's gradient buffers (mixed-* with ZeRO), in bytes; all 0 elsewhere.
 
     ZeRO-2 copies each gradient into a contiguous bucket (training.bucket_cap_mb) as backward makes
     it; a full bucket is flattened once more for the all-reduce, and this rank's slice copied into
@@ -372,6 +372,7 @@ class _Reduce:
     partition: float = 0.0         # this rank's gradient partition, from the first reduction to the step
     grads: float = 0.0             # every 16-bit gradient of the stage, whole
     stage1: bool | np.ndarray = False
+    staging: float = 0.0           # ZeRO-Offload: a buffer the size of the largest tensor, kept on the device
 
     def flushed(self, made: float):
         """1 where a bucket has already been reduced once `made` bytes of gradients exist."""
@@ -385,18 +386,19 @@ def _deepspeed_reduce(job: Job, params: float, grad_b: float, dp, ends=(0.0, 0.0
     if job.precision.mode in TORCH_SEMANTICS or not np.any(zero > 0):
         return _Reduce()
     grads_bytes = params * grad_b
-    # ZeRO-1/2's gradient partition holds every parameter its range touches, whole: ranks inside a large first or
-    # last tensor hold all of it, and the rank where it ends holds it and the rest of its range (ZeRO-3 splits
-    # each parameter instead)
-    span = params / dp
-    reach = [np.where(end > span, np.ceil(end / span) * span, span) for end in ends]
-    partition_bytes = np.where(zero == 3, span, np.minimum(np.maximum(*reach), params)) * grad_b
-    on = ((zero == 1) | (zero == 2)) & (np.asarray(par.offload) == "none")
+    # ZeRO-1/2's gradient partition holds every parameter its range touches, whole (ZeRO-3 splits each parameter)
+    partition_bytes = np.where(zero == 3, params / dp, zero_partition_params(params, dp, ends)) * grad_b
+    # ZeRO-Offload copies each reduced slice to the host: no partition on the device (ZeRO-2 holds nothing there
+    # between micro-batches; ZeRO-1 still keeps whole gradients until the last one)
+    offload = np.asarray(par.offload) == "optimizer"
+    on = (zero == 1) | (zero == 2)
+    partition_bytes = np.where(offload & on, 0.0, partition_bytes)
+    staging = np.where(offload & on, 2 * np.maximum(np.maximum(*ends), _largest_matrix(job) / np.asarray(par.tp)), 0.0)
     bucket_bytes = int(job.training.bucket_cap_mb * 2**20 / 2) * 2        # 16-bit elements, as configured
     bucket = np.where(on, bucket_bytes, 0.0)
     fixed = np.where((zero == 3) & (np.asarray(par.offload) == "none"), partition_bytes + bucket_bytes, 0.0)
     return _Reduce(bucket=bucket, fixed=fixed, flat_copy=np.minimum(bucket, grads_bytes), partition=partition_bytes,
-                   grads=np.where(on, grads_bytes, 0.0), stage1=on & (zero == 1))
+                   grads=np.where(on, grads_bytes, 0.0), stage1=on & (zero == 1), staging=staging)
 
 
 def _step_bytes(job: Job, counts, persistent: float, grads_full: float, stage: str | None = None,
@@ -449,26 +451,32 @@ def memory_notes(job: Job, mem: MemoryEstimate | None) -> list[str]:
                      "backward hold more than Megatron's fused kernels")
     combined_pp = par.pp > 1 and (par.tp > 1 or par.zero > 0)
     deepspeed = par.zero > 0 and job.precision.mode not in TORCH_SEMANTICS
-    deepspeed_traced = deepspeed and par.tp == 1 and par.pp == 1 and par.offload == "none"
-    if combined_pp or (par.offload != "none" and not fsdp_traced) \
-            or (par.zero > 0 and not fsdp_traced and not deepspeed_traced) or (par.tp > 1 and par.zero == 1):
-        notes.append("DeepSpeed's ZeRO-Offload, offload with tp, tp with ZeRO-1 or with DeepSpeed's ZeRO, and pp "
+    deepspeed_traced = deepspeed and par.tp == 1 and par.pp == 1 \
+        and (par.offload == "none" or (par.offload == "optimizer" and par.zero < 3))
+    if combined_pp or (par.zero > 0 and not fsdp_traced and not deepspeed_traced) or (par.tp > 1 and par.zero == 1):
+        notes.append("offload with tp or with DeepSpeed's ZeRO-3, tp with ZeRO-1 or with DeepSpeed's ZeRO, and pp "
                      "combined with tp or ZeRO follow Megatron's and the frameworks' semantics and are not yet "
                      "checked against a trace (replicas, torch's ZeRO-1/2/3 and FSDP2's CPU offload, DeepSpeed's "
-                     "ZeRO-1/2/3, tp alone or inside FSDP2, and pipelines alone or interleaved are)")
+                     "ZeRO-1/2/3 and its ZeRO-Offload at stages 1 and 2, tp alone or inside FSDP2, and pipelines "
+                     "alone or interleaved are)")
     if par.offload != "none" and fsdp_traced:
         notes.append("FSDP2's CPU offload: sharded parameters, gradients and optimizer states in host memory, the "
                      "step on the host; a GPU also copies each shard to the device before all-gathering it and "
                      "each reduce-scattered gradient before sending it back (up to 1/dp of a block, briefly), "
                      "which the CPU program and this estimate leave out")
     if deepspeed:
+        offload = ("; ZeRO-Offload keeps the fp32 partition, its gradient, the optimizer states and a 16-bit copy "
+                   "on the host, the 16-bit weights and a buffer the size of the largest tensor on the device"
+                   if par.offload == "optimizer" else "")
         notes.append(f"DeepSpeed's ZeRO-{par.zero} as toolkit.trace.zero.deepspeed_config(job) sets it up: reduce "
                      f"bucket {job.training.bucket_cap_mb:g} MB (training.bucket_cap_mb; DeepSpeed's own default is "
-                     f"1 GB in 16-bit)" + (", one block gathered and one prefetched" if par.zero == 3 else ""))
+                     f"1 GB in 16-bit)" + (", one block gathered and one prefetched" if par.zero == 3 else "")
+                     + offload)
     if job.precision.grad_dtype == "fp32":
         notes.append("fp32 main gradients as Megatron keeps them: one fp32 buffer from start-up, each 16-bit "
-                     "gradient added in and dropped" + (" (checked against a trace)" if par.zero == 0 and par.pp == 1 and par.tp == 1
-                                                        else "; with ZeRO, tp or pp not yet checked against a trace"))
+                     "gradient added in and dropped" + (" (checked against a trace)" if par.zero == 0 and par.pp == 1
+                                                        and par.tp == 1 else "; with ZeRO, tp or pp not yet checked "
+                                                                             "against a trace"))
     if par.pp > 1 and par.schedule != "gpipe" and job.precision.mode in TORCH_SEMANTICS:
         m = job.grad_accum or 1
         stream = job.batch.micro_batch * job.model.seq_len * job.model.hidden / (par.tp if par.sp else 1) \

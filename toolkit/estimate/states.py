@@ -69,6 +69,15 @@ def bytes_per_param(job: Job) -> tuple[float, float, float]:
     return weight, grad, optimizer + master
 
 
+def zero_partition_params(params, dp, ends=(0.0, 0.0)):
+    """Parameters in one rank's DeepSpeed ZeRO-1/2 partition of `params`, counting every tensor its range touches
+    whole: a rank inside a large first or last tensor (`ends`: the token embedding's and the head's sizes) holds
+    all of it, and the rank where it ends holds it and the rest of its range."""
+    span = params / dp
+    reach = [np.where(end > span, np.ceil(end / span) * span, span) for end in ends]
+    return np.minimum(np.maximum(*reach), params)
+
+
 def params_per_device(model: ModelSpec, tp=1, pp=1, stage: str | None = None):
     """Parameters held by the busiest pipeline stage on one tensor-parallel rank.
 
@@ -177,6 +186,19 @@ def model_state_bytes(job: Job, stage: str | None = None) -> StateBytes:
     offload_params = offload == "params"
     offload_optimizer = offload_params | (offload == "optimizer")
     host = np.where(offload_optimizer, optimizer_b, 0.0) + np.where(offload_params, params_b + grads_b, 0.0)
+    # DeepSpeed's ZeRO-Offload (stages 1 and 2) sends the gradients to the host too: into the fp32 partition's
+    # gradient, beside a 16-bit copy of the partition (sent back after the step) and a 16-bit staging buffer the
+    # size of the largest tensor; ZeRO-2 accumulating sums each micro-batch's 16-bit gradients there as well
+    # (ZeRO-1 sums them on the device)
+    zero_offload = (not torch_semantics) & (offload == "optimizer") & (zero >= 1) & (zero <= 2)
+    if np.any(zero_offload) and job.model.has_shape:
+        accumulating = ((job.grad_accum or 1) > 1) & (zero == 2)
+        counts = count_params(job.model)
+        ends = (counts.embedding / par.tp, counts.head / par.tp) if par.pp == 1 else (0.0, 0.0)
+        summed = np.where(accumulating, 2 * zero_partition_params(trainable, dp, ends), 0.0)   # whole tensors
+        host = host + np.where(zero_offload, trainable * (4 + 2) / dp + summed
+                               + 2 * largest_tensor(job.model, par.tp), 0.0)
+        grads_b = np.where(zero_offload, 0.0, grads_b)
     # rotary cos/sin tables: buffers in the weights' dtype, whole on every rank, one pair per model chunk
     m = job.model
     rope_tables = m.seq_len * m.head_dim_ * weight * np.asarray(par.vpp) if m.has_shape and m.position == "rope" \

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -166,9 +167,10 @@ class _DeviceTracker(MemTracker):
         """Count a tensor made outside the tracker as gradients (fp32 main gradients: the masters' .grad)."""
         self._update_and_maybe_create_winfos(tensor, _MemRefType.GRAD)
 
-    host_categories: tuple[str, ...] = ()
-    """Offload: the categories held in host memory. The peak is then the device's: the total less these, outside
-    the optimizer step (which runs on the host), recorded in the snapshot as "Device"."""
+    host_bytes: Callable[[dict], int] | None = None
+    """Offload: how many of a snapshot's bytes are in host memory (the CPU program has one memory). The peak is
+    then the device's: the total less these, outside the optimizer step (which runs on the host), recorded in the
+    snapshot as "Device"."""
     _on_host = False
 
     def reset_peak(self) -> None:
@@ -179,7 +181,7 @@ class _DeviceTracker(MemTracker):
     @contextlib.contextmanager
     def optimizer_step(self):
         """Around the optimizer step: with offload it runs on the host, so nothing in it counts to the device."""
-        self._on_host = bool(self.host_categories)
+        self._on_host = self.host_bytes is not None
         try:
             yield
         finally:
@@ -190,11 +192,11 @@ class _DeviceTracker(MemTracker):
             return
         for device, snap in self._curr_mem_snap.items():
             total = snap["Total"]
-            if self.host_categories:
-                total -= sum(v for k, v in snap.items() if getattr(k, "name", k) in self.host_categories)
+            if self.host_bytes is not None:
+                total -= self.host_bytes(snap)
             if self._peak_mem.get(device, 0) < total:
                 self._peak_mem[device] = total
-                self._peak_mem_snap[device] = dict(snap, Device=total) if self.host_categories else dict(snap)
+                self._peak_mem_snap[device] = dict(snap) if self.host_bytes is None else dict(snap, Device=total)
 
 
 def _snapshot(tracker: MemTracker, kind: str) -> dict[str, int]:
@@ -334,7 +336,7 @@ class _FSDPDeviceTracker(FSDPMemTracker):
     _update_peak_stats = _DeviceTracker._update_peak_stats
     reset_peak = _DeviceTracker.reset_peak
     optimizer_step = _DeviceTracker.optimizer_step
-    host_categories = _DeviceTracker.host_categories
+    host_bytes = None
     _on_host = False
 
 
@@ -392,7 +394,7 @@ def _trace_fsdp(job: Job) -> TraceResult:
             optimizer = _make_optimizer(job, model.parameters())
             tracker = _FSDPDeviceTracker(model, optimizer)
             if par.offload != "none":
-                tracker.host_categories = _FSDP_HOST
+                tracker.host_bytes = _fsdp_host_bytes
             snaps = _run_steps(job, tracker, model, optimizer, optimizer)
     after, before, boundary = snaps["after"], snaps["before_step"], snaps["boundary"]
     if par.offload != "none":    # the device keeps buffers only; the states are the host's
@@ -420,3 +422,7 @@ def _trace_fsdp(job: Job) -> TraceResult:
 
 _FSDP_HOST = ("SHARDED_PARAM", "SHARDED_GRAD", "OPT")
 """What FSDP2's CPU offload keeps in host memory, by FSDPMemTracker's categories."""
+
+
+def _fsdp_host_bytes(snap: dict) -> int:
+    return sum(v for k, v in snap.items() if getattr(k, "name", k) in _FSDP_HOST)

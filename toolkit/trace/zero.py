@@ -45,6 +45,8 @@ def deepspeed_config(job: Job) -> dict:
     half = "bf16" if job.precision.mode.endswith("bf16") else "fp16"
     zero = {"stage": job.parallel.zero, "reduce_bucket_size": bucket, "allgather_bucket_size": bucket,
             "contiguous_gradients": True, "overlap_comm": False}
+    if job.parallel.offload == "optimizer":     # ZeRO-Offload: fp32 states, gradients and the step on the host
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     if job.parallel.zero == 3:
         # one block gathered at a time and the next one prefetched (FSDP's unit), released after each use; only
         # vectors as small as the hidden size (norms) stay whole on every rank
@@ -58,6 +60,7 @@ def deepspeed_config(job: Job) -> dict:
         "zero_optimization": zero,
         "gradient_clipping": job.training.grad_clip or 0.0,
         "zero_allow_untested_optimizer": True,    # the job's torch optimizer, as the runner builds it
+        "zero_force_ds_cpu_optimizer": False,     # (offload: the same torch optimizer, not DeepSpeed's CPU Adam)
     }
 
 
@@ -67,9 +70,10 @@ def check_zero_traceable(job: Job, estimated_total_bytes: float) -> None:
         raise SpecError("precision.mode", job.precision.mode,
                         "DeepSpeed's ZeRO is traced for the mixed-* modes with zero 1, 2 or 3 (torch's ZeRO runs "
                         "for fp32, amp-* and pure-bf16)")
-    if par.tp > 1 or par.pp > 1 or par.offload != "none":
-        raise SpecError("parallel", f"tp={par.tp} pp={par.pp} offload={par.offload}",
-                        "DeepSpeed's ZeRO is traced over data-parallel ranks alone (tp 1, pp 1, no offload) so far")
+    if par.tp > 1 or par.pp > 1 or par.offload == "params" or (par.offload != "none" and par.zero == 3):
+        raise SpecError("parallel", f"tp={par.tp} pp={par.pp} zero={par.zero} offload={par.offload}",
+                        "DeepSpeed's ZeRO is traced over data-parallel ranks alone (tp 1, pp 1), with ZeRO-Offload "
+                        "(offload = optimizer) at stages 1 and 2, so far")
     if job.finetune.method != "full" or job.memory.act_compress != "none" or job.optimizer.name == "adamw-8bit":
         raise SpecError("finetune.method", job.finetune.method, "DeepSpeed's ZeRO is traced with full fine-tuning, "
                                                                 "no activation compression, no 8-bit optimizer")
@@ -87,9 +91,10 @@ def check_zero_traceable(job: Job, estimated_total_bytes: float) -> None:
 
 
 def trace_zero(job: Job) -> TraceResult:
-    """Two steps of DeepSpeed's ZeRO on dp real gloo ranks; the busiest rank's memory."""
+    """Two steps of DeepSpeed's ZeRO on dp real gloo ranks; the busiest rank's memory (of equal device peaks, the
+    one holding the most in host memory, as the estimate reports)."""
     ranks = trace_zero_ranks(job)
-    return max(ranks, key=lambda r: r.peak_bytes)
+    return max(ranks, key=lambda r: (r.peak_bytes, r.host_bytes))
 
 
 def trace_zero_ranks(job: Job) -> list[TraceResult]:
@@ -139,9 +144,18 @@ def _trace_rank(job: Job, rank: int, world: int) -> TraceResult:
     tracker = _DeviceTracker()
     tracker.track_external(model)
     ended = {}
+    offload = job.parallel.offload != "none"
     with tracker:
         # DeepSpeed builds its flat 16-bit and fp32 buffers here: inside the tracker, so it sees every byte
         engine, zero, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+        if offload:     # one memory here: count what ZeRO-Offload keeps on the host apart, and its step as the host's
+            tracker.host_bytes = lambda _snap: _storage_bytes(_offload_host_tensors(zero))
+            inner_step = zero.optimizer.step
+
+            def host_step(*args, **kwargs):
+                with tracker.optimizer_step():
+                    return inner_step(*args, **kwargs)
+            zero.optimizer.step = host_step
         if job.parallel.zero == 1:      # ZeRO-1 reduces once backward is over: measure the gradients before
             reduce = zero.reduce_gradients
 
@@ -168,6 +182,14 @@ def _trace_rank(job: Job, rank: int, world: int) -> TraceResult:
                     grads = ended.get("grads") or _grad_bytes(zero)
                 engine.step()          # DeepSpeed's API: called every micro-batch, it steps at the boundary
     peak = _snapshot(tracker, "peak")
+    if offload:
+        weights = [p for p in engine.module.parameters()]
+        return TraceResult(
+            params_bytes=_storage_bytes(weights + list(engine.module.buffers())), grads_bytes=0, optimizer_bytes=0,
+            activations_bytes=(boundary["Total"] - start["Total"]) - (boundary.get("PARAM", 0) - start.get("PARAM", 0)),
+            peak_bytes=peak["Device"], peak_breakdown=peak, boundary_breakdown=boundary,
+            host_bytes=_storage_bytes(_offload_host_tensors(zero)),
+            program=f"cpu, DeepSpeed {deepspeed.__version__} ZeRO-Offload (stage {job.parallel.zero}) rank {rank} of {world}")
     # the fp32 master partitions: the inner optimizer's parameters (stage 3 hands them over only while stepping)
     master = [p for group in zero.optimizer.param_groups for p in group["params"]]
     master += list(getattr(zero, "fp32_partitioned_groups_flat", []))
@@ -189,6 +211,16 @@ def _trace_rank(job: Job, rank: int, world: int) -> TraceResult:
         boundary_breakdown=boundary,
         program=f"cpu, DeepSpeed {deepspeed.__version__} ZeRO-{job.parallel.zero} rank {rank} of {world}",
     )
+
+
+def _offload_host_tensors(zero) -> list:
+    """What ZeRO-Offload (stages 1 and 2) keeps in host memory: the fp32 master partition and its fp32 gradient,
+    the optimizer states, a 16-bit copy of the partition it sends to the device after the step, a staging buffer
+    the size of the largest parameter, and (accumulating) each parameter's gradient summed so far."""
+    fp32 = list(zero.single_partition_of_fp32_groups)
+    states = [t for s in zero.optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
+    return (fp32 + [t.grad for t in fp32] + states + list(zero.param_buffer_of_bit16_for_cpu_offload_groups)
+            + [zero.temp_grad_buffer_for_cpu_offload] + list(zero.accumulated_grads_in_cpu.values()))
 
 
 def _grad_bytes(zero) -> int:
