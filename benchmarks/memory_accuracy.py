@@ -59,6 +59,11 @@ def matrix() -> list[tuple[str, dict]]:
     for opt, impl in itertools.product(("adamw", "adam", "sgd"), ("for-loop", "foreach")):
         add(f"llama/{opt}/{impl}", SMALL_LLAMA, opt=opt, impl=impl, rec="full")
     add("llama/sgd-plain", SMALL_LLAMA, opt="sgd", momentum=0.0)
+    # bitsandbytes' 8-bit AdamW, traced on real tensors (it reads its states while stepping)
+    add("llama/adamw-8bit/amp-bf16", SMALL_LLAMA, opt="adamw-8bit", b=1)
+    add("llama-v1000/adamw-8bit/mixed-bf16", dict(SMALL_LLAMA, vocab=1000), mode="mixed-bf16", opt="adamw-8bit", b=1)
+    add("gpt-v1000/adamw-8bit/fp32/full", dict(SMALL_GPT, vocab=1000), mode="fp32", opt="adamw-8bit", b=2,
+        rec="full")
     # micro-batch size and gradient accumulation
     for b, accum in ((1, 1), (4, 1), (1, 4), (8, 2)):
         add(f"gpt/b{b}/accum{accum}", SMALL_GPT, b=b, accum=accum)

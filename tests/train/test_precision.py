@@ -101,3 +101,10 @@ def test_fp32_norm_changes_training_with_16_bit_weights_only(train, mode, change
     fp32, state = train("fp32", precision={"mode": mode}, training={"steps": 4, "fp32_norm": True})
     assert state["model"]["blocks.0.norm1.norm.weight"].dtype == torch.float32
     assert ([r["loss"] for r in plain] != [r["loss"] for r in fp32]) == changes
+
+
+def test_8bit_adamw_trains_with_uint8_states(train):
+    records, state = train(optimizer={"name": "adamw-8bit"}, training={"steps": 4})
+    exp_avg = state["optimizer"]["state"][0]["__bnb_optimizer_quant_state__"]["state1"]   # (bitsandbytes' packing)
+    assert exp_avg.dtype == torch.uint8 and exp_avg.numel() == state["model"]["tok.weight"].numel()   # 256 x 64
+    assert all(math.isfinite(r["loss"]) for r in records) and records[-1]["loss"] < records[0]["loss"]

@@ -65,7 +65,7 @@ def optimizer_impl(job: Job) -> str:
 def _optimizer_temp_bytes(job: Job, largest_param: float, stage: str | None = None) -> float:
     """Temporaries of one optimizer step, in bytes."""
     name, impl = job.optimizer.name, optimizer_impl(job)
-    if name == "sgd" or impl == "fused":
+    if name in ("sgd", "adamw-8bit") or impl == "fused":     # (bitsandbytes updates its 8-bit states in place)
         return 0.0
     par = job.parallel
     zero, dp = np.asarray(par.zero), np.asarray(1 if par.dp is None else par.dp)

@@ -15,12 +15,14 @@ This is the CPU program (see toolkit.train.model). It traces one rank of a repli
 layout, of FSDP2 (ZeRO-2/3 under torch semantics), of tensor (and sequence) parallelism
 with torch's DTensor plans (toolkit.train.parallel), or of both on a dp x tp mesh
 (torchtitan's 2-D layout), all but the first on a fake process group. Pipelines run on real
-gloo ranks (toolkit.trace.pipeline), and so does DeepSpeed's ZeRO (toolkit.trace.zero); offload
-is refused until its trace lands.
+gloo ranks (toolkit.trace.pipeline), and so does DeepSpeed's ZeRO (toolkit.trace.zero). FSDP2's CPU
+offload is traced with the states FSDP keeps on the host counted apart from the device's. 8-bit
+optimizers read their states while stepping, so they run on real tensors (small models only).
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 import warnings
 from collections.abc import Callable
@@ -99,9 +101,9 @@ def _check_traceable(job: Job) -> None:
     if job.precision.grad_dtype == "fp32" and (par.zero > 0 or par.tp > 1 or job.finetune.adapters):
         raise SpecError("precision.grad_dtype", "fp32", "fp32 main gradients are traced with replicas (zero 0, "
                                                         "tp 1) and full fine-tuning so far; use param")
-    if job.optimizer.name == "adamw-8bit":
-        raise SpecError("optimizer.name", "adamw-8bit", "8-bit optimizers do not run on fake tensors; "
-                                                         "validate them with a small real run")
+    if job.optimizer.name == "adamw-8bit" and (par.zero > 0 or par.tp > 1 or job.finetune.method == "qlora"):
+        raise SpecError("optimizer.name", "adamw-8bit", "8-bit optimizers are traced with replicas (zero 0, tp 1), "
+                                                         "full fine-tuning or LoRA, so far")
     if job.memory.act_compress != "none" and (job.parallel.zero >= 2 or job.memory.recompute == "full"
                                               or job.finetune.adapters or par.tp > 1):
         raise SpecError("memory.act_compress", job.memory.act_compress,
@@ -119,6 +121,9 @@ def _make_optimizer(job: Job, params, zero_redundancy: bool = True):
     off: DeepSpeed partitions by itself)."""
     opt = job.optimizer
     kwargs = {"for-loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}, None: {}}[opt.impl]
+    if opt.name == "adamw-8bit":                 # bitsandbytes' blockwise 8-bit AdamW, as the runner builds it
+        import bitsandbytes as bnb
+        return bnb.optim.AdamW8bit(params, lr=1e-3, betas=(0.9, 0.95))
     if opt.name == "sgd":
         cls, kwargs = torch.optim.SGD, dict(kwargs, momentum=opt.momentum)
     else:
@@ -222,6 +227,8 @@ def trace_memory(job: Job) -> TraceResult:
         else torch.float32
     tp, zero1 = job.parallel.tp, job.parallel.zero == 1
     group = tp if tp > 1 else job.parallel.dp if zero1 else 1            # ZeRO-1 shards over the dp ranks
+    if job.optimizer.name == "adamw-8bit":
+        return _trace_real(job, weights_dtype)
     with (_fake_process_group(group) if tp > 1 or zero1 else contextlib.nullcontext()) as mesh:
         if tp > 1:   # DTensor plans apply to real modules: shard on the meta device, then materialise as fakes
             with torch.device("meta"):
@@ -236,6 +243,30 @@ def trace_memory(job: Job) -> TraceResult:
                 model = GPT(job.model, attention=job.memory.attention, recompute=job.memory.recompute,
                             dtype=weights_dtype)
             return _trace_single(job, model)
+
+
+MAX_REAL_TRACE_BYTES = 4 * 2**30
+"""A trace on real tensors (8-bit optimizers) must fit in this much memory, by the estimate."""
+
+
+def _trace_real(job: Job, weights_dtype: torch.dtype) -> TraceResult:
+    """bitsandbytes' 8-bit optimizers read their states' values while stepping, so they do not run on fake
+    tensors: a small model is traced on real ones instead (the same tracker, the same step)."""
+    from ..estimate.memory import memory_estimate
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError:
+        raise SpecError("optimizer.name", "adamw-8bit", "tracing it runs bitsandbytes for real: pip install "
+                                                         "bitsandbytes (or the toolkit's [test] extra)") from None
+    estimated = float(memory_estimate(job).peak_bytes)
+    if estimated > MAX_REAL_TRACE_BYTES:
+        raise SpecError("model", job.model.name,
+                        f"an 8-bit optimizer is traced on real tensors ({estimated / 2**30:.1f} GiB by the estimate, "
+                        f"more than {MAX_REAL_TRACE_BYTES / 2**30:.0f} GiB): trace fewer layers or a narrower model")
+    torch.manual_seed(0)
+    model = GPT(job.model, attention=job.memory.attention, recompute=job.memory.recompute, dtype=weights_dtype)
+    result = _trace_single(job, model)
+    return dataclasses.replace(result, program="cpu, real tensors (bitsandbytes)")
 
 
 @contextlib.contextmanager
