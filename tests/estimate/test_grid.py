@@ -7,17 +7,18 @@ from toolkit.estimate.memory import memory_estimate
 from toolkit.specs import Job, SpecError
 
 
-def base_job(mode="amp-bf16"):
-    return Job.from_dict({"model": {"preset": "llama2-7b"}, "precision": {"mode": mode},
+def base_job(mode="amp-bf16", grads="param"):
+    return Job.from_dict({"model": {"preset": "llama2-7b"}, "precision": {"mode": mode, "grad_dtype": grads},
                           "batch": {"micro_batch": 1, "global_batch": 512},
                           "cluster": {"accelerator": "H100-SXM", "count": 64}}).resolve()[0]
 
 
-@pytest.mark.parametrize("mode", ["amp-bf16", "mixed-bf16"])
-def test_grid_equals_one_job_at_a_time(mode):
-    job = base_job(mode)
+@pytest.mark.parametrize("mode, grads", [("amp-bf16", "param"), ("mixed-bf16", "param"), ("mixed-bf16", "fp32")])
+def test_grid_equals_one_job_at_a_time(mode, grads):
+    job = base_job(mode, grads)
     grid = layout_grid(job, tp=[1, 2, 4, 8], pp=[1, 2, 4], zero=[0, 1, 2, 3], micro_batch=[1, 2, 4],
-                       recompute=["none", "selective", "full"], sp=[False, True])
+                       recompute=["none", "selective", "full"], sp=[False, True],
+                       offload=["none", "optimizer", "params"])
     mem = memory_estimate(grid.job)
     checked = 0
     for i in range(0, len(grid), 7):
@@ -35,6 +36,7 @@ def test_grid_equals_one_job_at_a_time(mode):
         one = memory_estimate(single)
         assert mem.peak_bytes[i] == pytest.approx(float(one.peak_bytes), rel=1e-12), layout
         assert mem.activations_bytes[i] == pytest.approx(float(one.activations_bytes), rel=1e-12)
+        assert mem.host_bytes[i] == pytest.approx(float(one.host_bytes), rel=1e-12)
         assert mem.peak_phase[i] == one.peak_phase
         checked += 1
     assert checked > 30

@@ -192,9 +192,10 @@ def model_state_bytes(job: Job, stage: str | None = None) -> StateBytes:
     # (ZeRO-1 sums them on the device)
     zero_offload = (not torch_semantics) & (offload == "optimizer") & (zero >= 1) & (zero <= 2)
     if np.any(zero_offload) and job.model.has_shape:
-        accumulating = ((job.grad_accum or 1) > 1) & (zero == 2)
+        accumulating = (np.asarray(1 if job.grad_accum is None else job.grad_accum) > 1) & (zero == 2)
         counts = count_params(job.model)
-        ends = (counts.embedding / par.tp, counts.head / par.tp) if par.pp == 1 else (0.0, 0.0)
+        whole = np.asarray(par.pp) == 1          # (pipelines: the stage's ends are not modelled here)
+        ends = (np.where(whole, counts.embedding, 0) / par.tp, np.where(whole, counts.head, 0) / par.tp)
         summed = np.where(accumulating, 2 * zero_partition_params(trainable, dp, ends), 0.0)   # whole tensors
         host = host + np.where(zero_offload, trainable * (4 + 2) / dp + summed
                                + 2 * largest_tensor(job.model, par.tp), 0.0)
