@@ -289,6 +289,13 @@ def _stage_memory(job: Job, stage) -> MemoryEstimate:
         acts.step_end_buffers > 0,
         persistent + grads_full + acts.step_end_buffers + acts.per_layer
         + acts.shared_per_layer * (acts.stage_layers - 1) + acts.recompute_layer + mlp_temp + step_cache, 0.0)
+    # DeepSpeed ZeRO-1/2, the first gradient of a backward: an untied head's, whole, while the bucket it is copied
+    # into is made (unless ZeRO-1 kept its bucket from an earlier micro-batch); every activation but the head's
+    # is still held
+    new_bucket = np.where(ds.stage1 & accumulating & ~forwards_first, 0.0, ds.bucket)
+    phases["head gradient"] = np.where(
+        (ds.bucket > 0) & owns_head & (counts.head > 0) & ~np.asarray(main_grads),
+        persistent + grads_prev + after_head + head_grad + new_bucket + step_cache, 0.0)
     # DeepSpeed ZeRO-1/2, the backward's end: the last bucket flattened for its reduction; ZeRO-1 reduces its
     # whole gradients only now, so those not yet in the bucket are still there
     phases["gradient reduce"] = np.where(
