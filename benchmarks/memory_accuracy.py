@@ -193,7 +193,7 @@ def matrix() -> list[tuple[str, dict]]:
     add("llama-s256/ds-zero3/mixed-bf16/full/accum2", ds_llama, mode="mixed-bf16", rec="full", accum=2, dp=2, zero=3)
     add("llama-v1000/ds-zero3/mixed-bf16/selective/b4/dp4", dict(ds_llama, vocab=1000), mode="mixed-bf16",
         rec="selective", b=4, dp=4, zero=3, bucket_mb=4.0)
-    # DeepSpeed's ZeRO-Offload (stages 1 and 2): fp32 states, gradients and the step on the host
+    # DeepSpeed's ZeRO-Offload: fp32 states, gradients and the step on the host
     add("gpt/ds-zero2-offload/mixed-bf16/none", SMALL_GPT, mode="mixed-bf16", dp=2, zero=2, offload="optimizer")
     add("gpt/ds-zero1-offload/mixed-bf16/selective", SMALL_GPT, mode="mixed-bf16", rec="selective", dp=2, zero=1,
         offload="optimizer")
@@ -201,6 +201,8 @@ def matrix() -> list[tuple[str, dict]]:
         dp=2, zero=1, offload="optimizer")
     add("llama-v1000/ds-zero2-offload/mixed-bf16/full/accum2/dp4", dict(ds_llama, vocab=1000), mode="mixed-bf16",
         rec="full", accum=2, dp=4, zero=2, bucket_mb=4.0, offload="optimizer")
+    add("llama-s256/ds-zero3-offload/mixed-bf16/selective/accum2", ds_llama, mode="mixed-bf16", rec="selective",
+        accum=2, dp=2, zero=3, offload="optimizer")
     # int8 saved activations (the runner's hooks, traced): flash attention, and the explicit-attention path
     for (mname, model), mode, rec in itertools.product((("gpt", SMALL_GPT), ("llama", SMALL_LLAMA)),
                                                        ("fp32", "amp-bf16", "pure-bf16", "mixed-bf16"),

@@ -403,7 +403,9 @@ def _deepspeed_reduce(job: Job, params: float, grad_b: float, dp, ends=(0.0, 0.0
     staging = np.where(offload & on, 2 * np.maximum(np.maximum(*ends), _largest_matrix(job) / np.asarray(par.tp)), 0.0)
     bucket_bytes = int(job.training.bucket_cap_mb * 2**20 / 2) * 2        # 16-bit elements, as configured
     bucket = np.where(on, bucket_bytes, 0.0)
-    fixed = np.where((zero == 3) & (np.asarray(par.offload) == "none"), partition_bytes + bucket_bytes, 0.0)
+    # (ZeRO-3 with ZeRO-Offload: its gradient partition is on the host, its bucket still on the device)
+    fixed = np.select([(zero == 3) & (np.asarray(par.offload) == "none"), (zero == 3) & offload],
+                      [partition_bytes + bucket_bytes, bucket_bytes], 0.0)
     return _Reduce(bucket=bucket, fixed=fixed, flat_copy=np.minimum(bucket, grads_bytes), partition=partition_bytes,
                    grads=np.where(on, grads_bytes, 0.0), stage1=on & (zero == 1), staging=staging)
 
@@ -459,21 +461,22 @@ def memory_notes(job: Job, mem: MemoryEstimate | None) -> list[str]:
     combined_pp = par.pp > 1 and (par.tp > 1 or par.zero > 0)
     deepspeed = par.zero > 0 and job.precision.mode not in TORCH_SEMANTICS
     deepspeed_traced = deepspeed and par.tp == 1 and par.pp == 1 \
-        and (par.offload == "none" or (par.offload == "optimizer" and par.zero < 3))
+        and par.offload != "params"
     if combined_pp or (par.zero > 0 and not fsdp_traced and not deepspeed_traced) or (par.tp > 1 and par.zero == 1):
-        notes.append("offload with tp or with DeepSpeed's ZeRO-3, tp with ZeRO-1 or with DeepSpeed's ZeRO, and pp "
-                     "combined with tp or ZeRO follow Megatron's and the frameworks' semantics and are not yet "
-                     "checked against a trace (replicas, torch's ZeRO-1/2/3 and FSDP2's CPU offload, DeepSpeed's "
-                     "ZeRO-1/2/3 and its ZeRO-Offload at stages 1 and 2, tp alone or inside FSDP2, and pipelines "
-                     "alone or interleaved are)")
+        notes.append("offload with tp, DeepSpeed's parameter offload (ZeRO-Infinity), tp with ZeRO-1 or with "
+                     "DeepSpeed's ZeRO, and pp combined with tp or ZeRO follow Megatron's and the frameworks' "
+                     "semantics and are not yet checked against a trace (replicas, torch's ZeRO-1/2/3 and FSDP2's "
+                     "CPU offload, DeepSpeed's ZeRO-1/2/3 with or without ZeRO-Offload, tp alone or inside FSDP2, "
+                     "and pipelines alone or interleaved are)")
     if par.offload != "none" and fsdp_traced:
         notes.append("FSDP2's CPU offload: sharded parameters, gradients and optimizer states in host memory, the "
                      "step on the host; a GPU also copies each shard to the device before all-gathering it and "
                      "each reduce-scattered gradient before sending it back (up to 1/dp of a block, briefly), "
                      "which the CPU program and this estimate leave out")
     if deepspeed:
-        offload = ("; ZeRO-Offload keeps the fp32 partition, its gradient, the optimizer states and a 16-bit copy "
-                   "on the host, the 16-bit weights and a buffer the size of the largest tensor on the device"
+        offload = ("; ZeRO-Offload keeps the fp32 partition, its gradient and the optimizer states on the host, "
+                   + ("the 16-bit gradient partition there too" if par.zero == 3 else
+                      "with a 16-bit copy of the partition, and a buffer the size of the largest tensor on each side")
                    if par.offload == "optimizer" else "")
         notes.append(f"DeepSpeed's ZeRO-{par.zero} as toolkit.trace.zero.deepspeed_config(job) sets it up: reduce "
                      f"bucket {job.training.bucket_cap_mb:g} MB (training.bucket_cap_mb; DeepSpeed's own default is "

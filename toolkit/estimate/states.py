@@ -186,19 +186,19 @@ def model_state_bytes(job: Job, stage: str | None = None) -> StateBytes:
     offload_params = offload == "params"
     offload_optimizer = offload_params | (offload == "optimizer")
     host = np.where(offload_optimizer, optimizer_b, 0.0) + np.where(offload_params, params_b + grads_b, 0.0)
-    # DeepSpeed's ZeRO-Offload (stages 1 and 2) sends the gradients to the host too: into the fp32 partition's
-    # gradient, beside a 16-bit copy of the partition (sent back after the step) and a 16-bit staging buffer the
-    # size of the largest tensor; ZeRO-2 accumulating sums each micro-batch's 16-bit gradients there as well
-    # (ZeRO-1 sums them on the device)
-    zero_offload = (not torch_semantics) & (offload == "optimizer") & (zero >= 1) & (zero <= 2)
+    # DeepSpeed's ZeRO-Offload sends the gradients to the host too, into the fp32 partition's gradient. Stages 1
+    # and 2 keep a 16-bit copy of the partition there (sent back after the step) and a 16-bit staging buffer the
+    # size of the largest tensor, and ZeRO-2 accumulating sums each micro-batch's 16-bit gradients there as well
+    # (ZeRO-1 sums them on the device); stage 3 keeps its 16-bit gradient partition there.
+    zero_offload = (not torch_semantics) & (offload == "optimizer") & (zero >= 1)
     if np.any(zero_offload) and job.model.has_shape:
         accumulating = (np.asarray(1 if job.grad_accum is None else job.grad_accum) > 1) & (zero == 2)
         counts = count_params(job.model)
         whole = np.asarray(par.pp) == 1          # (pipelines: the stage's ends are not modelled here)
         ends = (np.where(whole, counts.embedding, 0) / par.tp, np.where(whole, counts.head, 0) / par.tp)
         summed = np.where(accumulating, 2 * zero_partition_params(trainable, dp, ends), 0.0)   # whole tensors
-        host = host + np.where(zero_offload, trainable * (4 + 2) / dp + summed
-                               + 2 * largest_tensor(job.model, par.tp), 0.0)
+        staging = np.where(zero < 3, 2 * largest_tensor(job.model, par.tp), 0.0)
+        host = host + np.where(zero_offload, trainable * (4 + 2) / dp + summed + staging, 0.0)
         grads_b = np.where(zero_offload, 0.0, grads_b)
     # rotary cos/sin tables: buffers in the weights' dtype, whole on every rank, one pair per model chunk
     m = job.model

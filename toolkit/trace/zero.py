@@ -70,10 +70,10 @@ def check_zero_traceable(job: Job, estimated_total_bytes: float) -> None:
         raise SpecError("precision.mode", job.precision.mode,
                         "DeepSpeed's ZeRO is traced for the mixed-* modes with zero 1, 2 or 3 (torch's ZeRO runs "
                         "for fp32, amp-* and pure-bf16)")
-    if par.tp > 1 or par.pp > 1 or par.offload == "params" or (par.offload != "none" and par.zero == 3):
+    if par.tp > 1 or par.pp > 1 or par.offload == "params":
         raise SpecError("parallel", f"tp={par.tp} pp={par.pp} zero={par.zero} offload={par.offload}",
                         "DeepSpeed's ZeRO is traced over data-parallel ranks alone (tp 1, pp 1), with ZeRO-Offload "
-                        "(offload = optimizer) at stages 1 and 2, so far")
+                        "(offload = optimizer) but not parameter offload (ZeRO-Infinity), so far")
     if job.finetune.method != "full" or job.memory.act_compress != "none" or job.optimizer.name == "adamw-8bit":
         raise SpecError("finetune.method", job.finetune.method, "DeepSpeed's ZeRO is traced with full fine-tuning, "
                                                                 "no activation compression, no 8-bit optimizer")
@@ -182,29 +182,28 @@ def _trace_rank(job: Job, rank: int, world: int) -> TraceResult:
                     grads = ended.get("grads") or _grad_bytes(zero)
                 engine.step()          # DeepSpeed's API: called every micro-batch, it steps at the boundary
     peak = _snapshot(tracker, "peak")
-    if offload:
-        weights = [p for p in engine.module.parameters()]
-        return TraceResult(
-            params_bytes=_storage_bytes(weights + list(engine.module.buffers())), grads_bytes=0, optimizer_bytes=0,
-            activations_bytes=(boundary["Total"] - start["Total"]) - (boundary.get("PARAM", 0) - start.get("PARAM", 0)),
-            peak_bytes=peak["Device"], peak_breakdown=peak, boundary_breakdown=boundary,
-            host_bytes=_storage_bytes(_offload_host_tensors(zero)),
-            program=f"cpu, DeepSpeed {deepspeed.__version__} ZeRO-Offload (stage {job.parallel.zero}) rank {rank} of {world}")
-    # the fp32 master partitions: the inner optimizer's parameters (stage 3 hands them over only while stepping)
-    master = [p for group in zero.optimizer.param_groups for p in group["params"]]
-    master += list(getattr(zero, "fp32_partitioned_groups_flat", []))
-    states = [t for s in zero.optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
-    optimizer_bytes = _storage_bytes(master + states)
     # 16-bit weights: views into DeepSpeed's flat buffer (stages 1, 2), or this rank's partition (stage 3) and the
     # small vectors it keeps whole
     weights = [t for p in engine.module.parameters()
                for t in ((p.ds_tensor, p) if getattr(p, "ds_persist", False) else (getattr(p, "ds_tensor", p),))]
     # activations at the boundary: what the forward added, less the weights ZeRO-3 gathered meanwhile
     activations = (boundary["Total"] - start["Total"]) - (boundary.get("PARAM", 0) - start.get("PARAM", 0))
+    params_bytes = _storage_bytes(weights + list(engine.module.buffers()))
+    if offload:         # the device keeps the 16-bit weights; gradients and optimizer states are the host's
+        return TraceResult(
+            params_bytes=params_bytes, grads_bytes=0, optimizer_bytes=0, activations_bytes=activations,
+            peak_bytes=peak["Device"], peak_breakdown=peak, boundary_breakdown=boundary,
+            host_bytes=_storage_bytes(_offload_host_tensors(zero)),
+            program=f"cpu, DeepSpeed {deepspeed.__version__} ZeRO-Offload (stage {job.parallel.zero}) "
+                    f"rank {rank} of {world}")
+    # the fp32 master partitions: the inner optimizer's parameters (stage 3 hands them over only while stepping)
+    master = [p for group in zero.optimizer.param_groups for p in group["params"]]
+    master += list(getattr(zero, "fp32_partitioned_groups_flat", []))
+    states = [t for s in zero.optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
     return TraceResult(
-        params_bytes=_storage_bytes(weights + list(engine.module.buffers())),
+        params_bytes=params_bytes,
         grads_bytes=grads,
-        optimizer_bytes=optimizer_bytes,
+        optimizer_bytes=_storage_bytes(master + states),
         activations_bytes=activations,
         peak_bytes=peak["Total"],
         peak_breakdown=peak,
@@ -214,11 +213,15 @@ def _trace_rank(job: Job, rank: int, world: int) -> TraceResult:
 
 
 def _offload_host_tensors(zero) -> list:
-    """What ZeRO-Offload (stages 1 and 2) keeps in host memory: the fp32 master partition and its fp32 gradient,
-    the optimizer states, a 16-bit copy of the partition it sends to the device after the step, a staging buffer
-    the size of the largest parameter, and (accumulating) each parameter's gradient summed so far."""
-    fp32 = list(zero.single_partition_of_fp32_groups)
+    """What ZeRO-Offload keeps in host memory: the fp32 master partition and its fp32 gradient, the optimizer
+    states, and at stages 1 and 2 a 16-bit copy of the partition it sends to the device after the step, a staging
+    buffer the size of the largest parameter and (accumulating) each parameter's gradient summed so far; at
+    stage 3 the 16-bit gradient partition."""
     states = [t for s in zero.optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
+    if hasattr(zero, "fp32_partitioned_groups_flat"):                                      # stage 3
+        fp32 = list(zero.fp32_partitioned_groups_flat)
+        return fp32 + [t.grad for t in fp32] + states + [zero.grad_partitions_flat_buffer]
+    fp32 = list(zero.single_partition_of_fp32_groups)
     return (fp32 + [t.grad for t in fp32] + states + list(zero.param_buffer_of_bit16_for_cpu_offload_groups)
             + [zero.temp_grad_buffer_for_cpu_offload] + list(zero.accumulated_grads_in_cpu.values()))
 
