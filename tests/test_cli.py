@@ -122,7 +122,8 @@ def test_compare_reports_error_per_category(cli, cli_json):
 
 
 def test_trace_refuses_layouts_it_cannot_run(cli):
-    code, out, err = cli("trace", "--model", "gpt2", "--gpus", "2xA100-80GB", "--zero", "3", "--offload", "params")
+    code, out, err = cli("trace", "--model", "gpt2", "--gpus", "4xA100-80GB", "--tp", "2", "--zero", "3",
+                         "--offload", "params")                              # offload inside a tp x dp mesh
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
     assert "tracer covers data-parallel replicas" in err
 
