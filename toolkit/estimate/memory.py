@@ -31,7 +31,8 @@ from ..specs.job import TORCH_SEMANTICS, Job
 from .activations import activation_bytes, element_bytes
 from .params import count_params
 from .states import (StateBytes, adapter_params_per_layer, bytes_per_param, model_state_bytes, params_per_device,
-                     vocab_per_rank, zero_partition_params)
+                     vocab_per_rank)
+from .zero_buffers import deepspeed_reduce, gathered_params, largest_matrix
 
 __all__ = ["MemoryEstimate", "memory_estimate", "memory_notes", "optimizer_impl"]
 
@@ -137,10 +138,10 @@ def _stage_memory(job: Job, stage) -> MemoryEstimate:
     accumulating = np.asarray(1 if job.grad_accum is None else job.grad_accum) > 1             # also: pipelining over several micro-batches
     persistent = states.params_bytes + states.optimizer_bytes
     grads_full = states.grads_bytes
-    gathered = _gathered_params(job, counts)
+    gathered = gathered_params(job, counts)
     reduce_scatter = gathered.reduce_scatter
     owns_embedding = single | (stage == "first")
-    ds = _deepspeed_reduce(job, _trainable_per_device(job, stage), grad_b, dp,
+    ds = deepspeed_reduce(job, _trainable_per_device(job, stage), grad_b, dp,
                            ends=(np.where(owns_embedding, counts.embedding, 0) / tp,
                                  np.where(owns_head, counts.head, 0) / tp))
     persistent = persistent + ds.fixed + ds.staging
@@ -309,7 +310,7 @@ def _stage_memory(job: Job, stage) -> MemoryEstimate:
     stacked = np.stack(np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in phases.values())))
     index = stacked.argmax(axis=0)
     phase = np.asarray(names, dtype=object)[index]
-    # (DeepSpeed's ZeRO-2 partitions reach past their ranges: see _deepspeed_reduce)
+    # (DeepSpeed's ZeRO-2 partitions reach past their ranges: see zero_buffers.deepspeed_reduce)
     grads_bytes = np.where((ds.grads > 0) & ~np.asarray(ds.stage1), ds.partition, states.grads_bytes)
     return MemoryEstimate(params_bytes=states.params_bytes, grads_bytes=grads_bytes,
                           optimizer_bytes=states.optimizer_bytes, activations_bytes=acts.total,
@@ -317,105 +318,12 @@ def _stage_memory(job: Job, stage) -> MemoryEstimate:
                           peak_phase=phase, phases=phases, states=states)
 
 
-@dataclass(frozen=True)
-class _Gathered:
-    """Unsharded parameters alive outside the optimizer step, in bytes (see _gathered_params)."""
-    blocks: float = 0.0            # every block, gathered from its forward to its backward (ZeRO-2)
-    root: float = 0.0              # embeddings, head and final norm, gathered all forward and backward
-    at_loss: float = 0.0           # blocks gathered when backward starts (ZeRO-3: the prefetched last one)
-    in_backward: float = 0.0       # blocks gathered during a block's backward (ZeRO-3: it and the next)
-    reduce_scatter: float = 0.0    # one block's unsharded gradients in the reduce-scatter input
-    block: float = 0.0             # one gathered block
-    prefetch: float = 0.0          # of in_backward, the next block's prefetch (none below the bottom block)
-    forward_tail: float = 0.0      # ZeRO-2: the last block's all-gather output, kept until backward starts
-
-
-def _gathered_params(job: Job, counts) -> _Gathered:
-    """FSDP2 (torch semantics) gathers the root's parameters for the whole forward and backward.
-    Without resharding after forward (ZeRO-2, with or without offload) every block's 16-bit weights
-    stay gathered from its forward to its backward; with resharding (ZeRO-3) one block is gathered
-    and the next prefetched. Each block's gradients wait in the reduce-scatter input (fp32 under
-    amp-*) while the block below runs its backward. DeepSpeed's ZeRO-3, configured to prefetch one
-    block's parameters and release them after use (toolkit.trace.zero), holds two blocks' worth.
-    Checked against FSDP2 traces on a fake process group and DeepSpeed on gloo ranks.
-    """
-    par, mode = job.parallel, job.precision.mode
-    zero, offload = np.asarray(par.zero), np.asarray(par.offload)
-    compute_bytes = 4 if mode == "fp32" else 2
-    block = counts.per_layer / np.asarray(par.tp) * compute_bytes
-    root = (counts.embedding + counts.positions + counts.head + counts.final) / np.asarray(par.tp) * compute_bytes
-    reduce_scatter = counts.per_layer / np.asarray(par.tp) * (2 if mode == "pure-bf16" else 4)
-    torch_semantics = mode in TORCH_SEMANTICS
-    zero2 = torch_semantics & (zero == 2)                             # every block stays gathered
-    zero3 = torch_semantics & (zero == 3)
-    deepspeed3 = (not torch_semantics) & (zero == 3)
-    head = (counts.head or counts.embedding) / np.asarray(par.tp) * compute_bytes       # (tied: the embedding)
-    fsdp = zero2 | zero3
-    return _Gathered(
-        blocks=np.where(zero2, block * (job.model.layers // np.asarray(par.pp)), 0.0),
-        root=np.where(fsdp, root, 0.0),
-        # DeepSpeed's ZeRO-3 keeps up to two blocks' worth of parameters live: the head, gathered for its backward,
-        # and as much of the top block as fits beside it (none beside a head larger than that)
-        at_loss=np.select([zero3, deepspeed3], [block, np.maximum(head, 2 * block)], 0.0),
-        in_backward=np.where(zero3 | deepspeed3, 2 * block, 0.0),      # (ZeRO-2's blocks are in `blocks`)
-        reduce_scatter=np.where(fsdp, reduce_scatter, 0.0),
-        block=block,
-        prefetch=np.where(zero3, block, 0.0),
-        forward_tail=np.where(zero2, block, 0.0))
-
-
-@dataclass(frozen=True)
-class _Reduce:
-    """DeepSpeed's gradient buffers (mixed-* with ZeRO), in bytes; all 0 elsewhere.
-
-    ZeRO-2 copies each gradient into a contiguous bucket (training.bucket_cap_mb) as backward makes
-    it; a full bucket is flattened once more for the all-reduce, and this rank's slice copied into
-    its 16-bit gradient partition, made whole at the first reduction. ZeRO-1 does the same once the
-    last micro-batch's backward is over, holding every gradient until then. ZeRO-3 makes its bucket
-    and partition at start-up. Checked against DeepSpeed 0.19 on gloo ranks (toolkit.trace.zero)."""
-    bucket: float = 0.0            # the reduce bucket, from the first gradient of a backward to its end
-    fixed: float = 0.0             # ZeRO-3: its gradient partition and reduce bucket, made at start-up
-    flat_copy: float = 0.0         # a bucket's contents, flattened for the reduction
-    partition: float = 0.0         # this rank's gradient partition, from the first reduction to the step
-    grads: float = 0.0             # every 16-bit gradient of the stage, whole
-    stage1: bool | np.ndarray = False
-    staging: float = 0.0           # ZeRO-Offload: a buffer the size of the largest tensor, kept on the device
-
-    def flushed(self, made: float):
-        """1 where a bucket has already been reduced once `made` bytes of gradients exist."""
-        return np.asarray(made) > self.bucket
-
-
-def _deepspeed_reduce(job: Job, params: float, grad_b: float, dp, ends=(0.0, 0.0)) -> _Reduce:
-    """`params`: the stage's trainable parameters on this rank, `ends`: its first and last tensors (the token
-    embedding and the head, whose size decides how far past its range a ZeRO-1/2 partition reaches)."""
-    par, zero = job.parallel, np.asarray(job.parallel.zero)
-    if job.precision.mode in TORCH_SEMANTICS or not np.any(zero > 0):
-        return _Reduce()
-    grads_bytes = params * grad_b
-    # ZeRO-1/2's gradient partition holds every parameter its range touches, whole (ZeRO-3 splits each parameter)
-    partition_bytes = np.where(zero == 3, params / dp, zero_partition_params(params, dp, ends)) * grad_b
-    # ZeRO-Offload copies each reduced slice to the host: no partition on the device (ZeRO-2 holds nothing there
-    # between micro-batches; ZeRO-1 still keeps whole gradients until the last one)
-    offload = np.asarray(par.offload) == "optimizer"
-    on = (zero == 1) | (zero == 2)
-    partition_bytes = np.where(offload & on, 0.0, partition_bytes)
-    staging = np.where(offload & on, 2 * np.maximum(np.maximum(*ends), _largest_matrix(job) / np.asarray(par.tp)), 0.0)
-    bucket_bytes = int(job.training.bucket_cap_mb * 2**20 / 2) * 2        # 16-bit elements, as configured
-    bucket = np.where(on, bucket_bytes, 0.0)
-    # (ZeRO-3 with ZeRO-Offload: its gradient partition is on the host, its bucket still on the device)
-    fixed = np.select([(zero == 3) & (np.asarray(par.offload) == "none"), (zero == 3) & offload],
-                      [partition_bytes + bucket_bytes, bucket_bytes], 0.0)
-    return _Reduce(bucket=bucket, fixed=fixed, flat_copy=np.minimum(bucket, grads_bytes), partition=partition_bytes,
-                   grads=np.where(on, grads_bytes, 0.0), stage1=on & (zero == 1), staging=staging)
-
-
 def _step_bytes(job: Job, counts, persistent: float, grads_full: float, stage: str | None = None,
                 partition: float = 0.0, main_grads=False) -> float:
     """Device bytes during the optimizer step (`partition`: DeepSpeed's 16-bit gradient partition, if not in
     `persistent`; `main_grads`: the fp32 main gradients are in `persistent` and are the masters' gradients)."""
     par = job.parallel
-    largest = max(counts.embedding, counts.head, _largest_matrix(job)) / np.asarray(par.tp)
+    largest = max(counts.embedding, counts.head, largest_matrix(job)) / np.asarray(par.tp)
     if job.finetune.adapters:                              # only the adapters are stepped
         largest = job.finetune.rank * max(job.model.hidden, job.model.ffn_, job.model.heads * job.model.head_dim_)
     step = persistent + grads_full + _optimizer_temp_bytes(job, largest, stage)
@@ -438,11 +346,6 @@ def _trainable_per_device(job: Job, stage: str | None = None):
     if job.finetune.adapters:
         return adapter_params_per_layer(job) * (job.model.layers // np.asarray(par.pp)) / np.asarray(par.tp)
     return params_per_device(job.model, par.tp, par.pp, stage)
-
-
-def _largest_matrix(job: Job) -> int:
-    m = job.model
-    return max(m.hidden * m.heads * m.head_dim_, m.hidden * m.ffn_)
 
 
 def memory_notes(job: Job, mem: MemoryEstimate | None) -> list[str]:

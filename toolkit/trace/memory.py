@@ -158,19 +158,9 @@ class _NoHook:
         return None
 
 
-class _DeviceTracker(MemTracker):
-    """MemTracker without per-module peaks, which cost O(modules) on every op (minutes at 80 layers),
-    and that accepts frozen parameters (LoRA)."""
-
-    def _track_module_params_and_buffers(self, module, install_grad_hooks: bool = True):
-        for param in module.parameters():
-            if not param.requires_grad and self._param_to_grad_hook_handles.get(param) is None:
-                self._param_to_grad_hook_handles[param] = (_NoHook(), _NoHook())
-        return super()._track_module_params_and_buffers(module, install_grad_hooks)
-
-    def track_gradients(self, tensor: torch.Tensor) -> None:
-        """Count a tensor made outside the tracker as gradients (fp32 main gradients: the masters' .grad)."""
-        self._update_and_maybe_create_winfos(tensor, _MemRefType.GRAD)
+class _DevicePeak:
+    """What our trackers change in MemTracker: the peak is the device's total alone, kept without per-module peaks
+    (they cost O(modules) on every op: minutes at 80 layers), and can be restarted."""
 
     host_bytes: Callable[[dict], int] | None = None
     """Offload: how many of a snapshot's bytes are in host memory (the CPU program has one memory). The peak is
@@ -202,6 +192,20 @@ class _DeviceTracker(MemTracker):
             if self._peak_mem.get(device, 0) < total:
                 self._peak_mem[device] = total
                 self._peak_mem_snap[device] = dict(snap) if self.host_bytes is None else dict(snap, Device=total)
+
+
+class _DeviceTracker(_DevicePeak, MemTracker):
+    """MemTracker with the device's peak (_DevicePeak) that accepts frozen parameters (LoRA)."""
+
+    def _track_module_params_and_buffers(self, module, install_grad_hooks: bool = True):
+        for param in module.parameters():
+            if not param.requires_grad and self._param_to_grad_hook_handles.get(param) is None:
+                self._param_to_grad_hook_handles[param] = (_NoHook(), _NoHook())
+        return super()._track_module_params_and_buffers(module, install_grad_hooks)
+
+    def track_gradients(self, tensor: torch.Tensor) -> None:
+        """Count a tensor made outside the tracker as gradients (fp32 main gradients: the masters' .grad)."""
+        self._update_and_maybe_create_winfos(tensor, _MemRefType.GRAD)
 
 
 def _snapshot(tracker: MemTracker, kind: str) -> dict[str, int]:
@@ -361,14 +365,8 @@ def _run_steps(job: Job, tracker: MemTracker, model: torch.nn.Module, stepper, o
     return snaps
 
 
-class _FSDPDeviceTracker(FSDPMemTracker):
-    """FSDPMemTracker without per-module peaks (see _DeviceTracker)."""
-
-    _update_peak_stats = _DeviceTracker._update_peak_stats
-    reset_peak = _DeviceTracker.reset_peak
-    optimizer_step = _DeviceTracker.optimizer_step
-    host_bytes = None
-    _on_host = False
+class _FSDPDeviceTracker(_DevicePeak, FSDPMemTracker):
+    """FSDPMemTracker with the device's peak (_DevicePeak)."""
 
 
 @contextlib.contextmanager
