@@ -87,7 +87,7 @@ def _check_traceable(job: Job) -> None:
         raise SpecError("parallel", f"tp={par.tp} pp={par.pp} zero={par.zero} offload={par.offload}",
                         "the tracer covers data-parallel replicas, torch's ZeRO (ZeroRedundancyOptimizer, FSDP2 "
                         "with or without CPU offload; with fp32, amp-* or pure-bf16), DeepSpeed's ZeRO (mixed-bf16, "
-                        "no offload), tensor parallelism alone or inside FSDP2 (zero 2/3), and pipelines alone so "
+                        "with or without ZeRO-Offload), tensor parallelism alone or inside FSDP2 (zero 2/3), and pipelines alone so "
                         "far; toolkit estimate models the other layouts analytically")
     if par.tp > 1 and job.precision.mode not in TORCH_SEMANTICS:
         raise SpecError("precision.mode", job.precision.mode, "mixed-* modes follow Megatron's tensor-parallel "
@@ -414,38 +414,31 @@ def _trace_fsdp(job: Job) -> TraceResult:
             tensor_parallel(model, mesh["tp"], sequence_parallel=par.sp)
         dp_mesh = mesh["dp"] if par.tp > 1 else mesh
         reshard = par.zero == 3
-        offload = OffloadPolicy() if par.offload == "none" else CPUOffloadPolicy(pin_memory=False)
-        for block in model.blocks:
-            fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy, offload_policy=offload)
-        fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy, offload_policy=offload)
+        offload = par.offload != "none"
+        placement = CPUOffloadPolicy(pin_memory=False) if offload else OffloadPolicy()
+        for module in (*model.blocks, model):
+            fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy,
+                        offload_policy=placement)
         with FakeTensorMode(allow_non_fake_inputs=True), _propagation_apart():
             model.to_empty(device="cpu")
             optimizer = _make_optimizer(job, model.parameters())
             tracker = _FSDPDeviceTracker(model, optimizer)
-            if par.offload != "none":
+            if offload:
                 tracker.host_bytes = _fsdp_host_bytes
             snaps = _run_steps(job, tracker, model, optimizer, optimizer)
     after, before, boundary = snaps["after"], snaps["before_step"], snaps["boundary"]
-    if par.offload != "none":    # the device keeps buffers only; the states are the host's
-        return TraceResult(
-            params_bytes=after.get("BUFFER", 0), grads_bytes=0, optimizer_bytes=0,
-            activations_bytes=boundary.get("ACT", 0),
-            peak_bytes=snaps["peak"].get("Device", 0),
-            peak_breakdown=snaps["peak"],
-            boundary_breakdown=boundary,
-            flops_per_token=snaps["flops"] / (job.batch.micro_batch * job.model.seq_len),
-            host_bytes=sum(before.get(c, 0) for c in _FSDP_HOST),
-            program="cpu, FSDP2 offload",
-        )
+    on_device = 0 if offload else 1           # offload: the device keeps buffers only, the states are the host's
     return TraceResult(
-        params_bytes=after.get("SHARDED_PARAM", 0) + after.get("BUFFER", 0),
-        grads_bytes=before.get("SHARDED_GRAD", 0),
-        optimizer_bytes=after.get("OPT", 0),
+        params_bytes=on_device * after.get("SHARDED_PARAM", 0) + after.get("BUFFER", 0),
+        grads_bytes=on_device * before.get("SHARDED_GRAD", 0),
+        optimizer_bytes=on_device * after.get("OPT", 0),
         activations_bytes=boundary.get("ACT", 0),
-        peak_bytes=snaps["peak"].get("Total", 0),
+        peak_bytes=snaps["peak"].get("Device" if offload else "Total", 0),
         peak_breakdown=snaps["peak"],
         boundary_breakdown=boundary,
         flops_per_token=snaps["flops"] / (job.batch.micro_batch * job.model.seq_len),
+        host_bytes=_fsdp_host_bytes(before) if offload else 0,
+        program="cpu, FSDP2 offload" if offload else "cpu",
     )
 
 

@@ -199,11 +199,10 @@ def _trace_rank(job: Job, rank: int, world: int) -> TraceResult:
     # the fp32 master partitions: the inner optimizer's parameters (stage 3 hands them over only while stepping)
     master = [p for group in zero.optimizer.param_groups for p in group["params"]]
     master += list(getattr(zero, "fp32_partitioned_groups_flat", []))
-    states = [t for s in zero.optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
     return TraceResult(
         params_bytes=params_bytes,
         grads_bytes=grads,
-        optimizer_bytes=_storage_bytes(master + states),
+        optimizer_bytes=_storage_bytes(master + _optimizer_states(zero)),
         activations_bytes=activations,
         peak_bytes=peak["Total"],
         peak_breakdown=peak,
@@ -212,12 +211,17 @@ def _trace_rank(job: Job, rank: int, world: int) -> TraceResult:
     )
 
 
+def _optimizer_states(zero) -> list:
+    """The inner (torch) optimizer's state tensors: its moments over the fp32 partitions."""
+    return [t for s in zero.optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
+
+
 def _offload_host_tensors(zero) -> list:
     """What ZeRO-Offload keeps in host memory: the fp32 master partition and its fp32 gradient, the optimizer
     states, and at stages 1 and 2 a 16-bit copy of the partition it sends to the device after the step, a staging
     buffer the size of the largest parameter and (accumulating) each parameter's gradient summed so far; at
     stage 3 the 16-bit gradient partition."""
-    states = [t for s in zero.optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
+    states = _optimizer_states(zero)
     if hasattr(zero, "fp32_partitioned_groups_flat"):                                      # stage 3
         fp32 = list(zero.fp32_partitioned_groups_flat)
         return fp32 + [t.grad for t in fp32] + states + [zero.grad_partitions_flat_buffer]

@@ -276,8 +276,7 @@ def run_training(job: Job, out_dir: str | Path, *, peak_tflops: float | None = N
             if master:
                 master.grads_to_master()
             if main_grads and world > 1:
-                _all_reduce_mean([master.main_grads] + [p.grad for p, m in master.pairs
-                                                        if m is p and p.grad is not None], world)
+                _all_reduce_mean(master.grad_buffers(), world)
             scaler.unscale_(optimizer)
             grad_norm = float(torch.nn.utils.clip_grad_norm_(opt_params, t.grad_clip or float("inf")))
             mean_loss = float(accelerator.reduce(loss_sum, "mean")) / accum if world > 1 else float(loss_sum) / accum

@@ -119,6 +119,12 @@ class MasterWeights:
                 m.grad = None if p.grad is None else p.grad.float()
                 p.grad = None
 
+    def grad_buffers(self) -> list[torch.Tensor]:
+        """With main gradients, the tensors that hold every master gradient (data parallelism all-reduces these):
+        the buffer, and the own gradients of parameters already in fp32 (FP32Norm's)."""
+        own = [p.grad for p, m in self.pairs if m is p and p.grad is not None]
+        return ([self.main_grads] if self.main_grads is not None else []) + own
+
     def zero_grad(self) -> None:
         """After the optimizer's own zero_grad: the main gradients zeroed in place and handed back to the masters
         (the buffer persists across steps, as Megatron's does); nothing to do without main gradients."""
