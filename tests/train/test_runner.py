@@ -116,8 +116,11 @@ def test_a_killed_rank_stops_the_run_and_names_the_checkpoint(tmp_path, corpus):
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--tp", "2", "--nproc", "2"], "--tp: parallel.tp = 2: the runner trains data-parallel replicas"),
-    (["--dp", "3", "--nproc", "2"], "parallel.dp = 3: the job asks for dp = 3 but --nproc = 2"),
+    (["--pp", "2", "--nproc", "2"], "--pp: parallel.pp = 2: the runner does not train pipelines yet"),
+    (["--zero", "2", "--precision", "mixed-bf16", "--nproc", "2"], "mixed-bf16 with ZeRO is DeepSpeed's program"),
+    (["--tp", "3", "--nproc", "3"], "--tp: parallel.tp = 3: must divide model.heads = 4"),
+    (["--tp", "2", "--nproc", "3"], "--nproc = 3: must be a multiple of tp × pp = 2"),
+    (["--dp", "3", "--nproc", "2"], "parallel.dp = 3: the job asks for dp × tp × pp = 3 ranks but --nproc = 2"),
     (["--data", "/nonexistent/shards"], "holds no index.json"),
     (["--global-batch", "3"], "must be a multiple of micro_batch × dp"),
     (["--steps", "0"], "training.steps = 0: must be greater than zero"),

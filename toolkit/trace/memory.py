@@ -35,7 +35,6 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.utils.flop_counter import FlopCounterMode
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -46,6 +45,7 @@ from ..train.qlora import apply_qlora
 from ..train.techniques import Int8Activations
 from ..train.model import GPT
 from ..train.parallel import loss_parallel, shard_embedding_grad, tensor_parallel
+from ..train.parallelize import apply_fsdp
 from ..train.precision import MasterWeights
 
 __all__ = ["TraceResult", "trace_memory", "MAX_TRACED_MICRO_BATCHES"]
@@ -400,25 +400,16 @@ def _trace_fsdp(job: Job) -> TraceResult:
     reduce-scattered gradient before sending it to the host (each at most 1/dp of a block, briefly). Pinning
     changes where host memory is, not how much: fake tensors cannot be pinned, so the policy pins nothing.
     """
-    mode, par = job.precision.mode, job.parallel
-    policy = MixedPrecisionPolicy()
-    weights_dtype = torch.float32
-    if mode.startswith("amp-"):                     # FSDP2 gathers 16-bit weights; autocast still runs the ops
-        policy = MixedPrecisionPolicy(param_dtype=_DTYPES[mode.rsplit("-", 1)[1]], reduce_dtype=torch.float32)
-    elif mode == "pure-bf16":
-        weights_dtype = torch.bfloat16
+    par = job.parallel
+    weights_dtype = torch.bfloat16 if job.precision.mode == "pure-bf16" else torch.float32
+    offload = par.offload != "none"
     with _fake_process_group(par.dp, par.tp) as mesh:
         with torch.device("meta"):
             model = GPT(job.model, attention=job.memory.attention, recompute=job.memory.recompute, dtype=weights_dtype)
         if par.tp > 1:      # torchtitan's order: tensor parallelism inside each data-parallel shard
             tensor_parallel(model, mesh["tp"], sequence_parallel=par.sp)
-        dp_mesh = mesh["dp"] if par.tp > 1 else mesh
-        reshard = par.zero == 3
-        offload = par.offload != "none"
-        placement = CPUOffloadPolicy(pin_memory=False) if offload else OffloadPolicy()
-        for module in (*model.blocks, model):
-            fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy,
-                        offload_policy=placement)
+        # the runner's own wrapping (toolkit.train.parallelize); fake tensors cannot be pinned
+        apply_fsdp(model, job, mesh["dp"] if par.tp > 1 else mesh, pin_memory=False)
         with FakeTensorMode(allow_non_fake_inputs=True), _propagation_apart():
             model.to_empty(device="cpu")
             optimizer = _make_optimizer(job, model.parameters())

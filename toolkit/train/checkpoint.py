@@ -88,6 +88,9 @@ def latest_checkpoint(folder: str | Path) -> tuple[dict | None, Path | None, lis
 def resume_key(job) -> tuple:
     """What a resumed run must share with the checkpoint: everything but the schedule and bookkeeping of
     the training section (steps, lr, warm-up, clipping, eval and checkpoint cadence may change; e.g. a
-    lower lr after a divergence). Model, layout, precision, data, seed, pruning and FP32 norms may not."""
+    lower lr after a divergence) and the parallel layout and device count (states are kept by parameter
+    name, so a dp-4 run resumes on 2 ranks after spot instances are lost, or a ZeRO-3 one as replicas).
+    Model, batch, precision, data, seed, pruning and FP32 norms may not change."""
     t = job.training
-    return (job.replace(training=type(t)()), t.seed, t.data, t.pruning, t.fp32_norm)
+    return (job.replace(training=type(t)(), parallel=type(job.parallel)(), cluster=type(job.cluster)()),
+            t.seed, t.data, t.pruning, t.fp32_norm)

@@ -26,18 +26,22 @@ __all__ = ["prepare_run", "launch"]
 
 
 def prepare_run(job: Job, out_dir: str | Path, nproc: int) -> Job:
-    """Fix the data-parallel degree to `nproc`, check everything the runner needs, write OUT/job.yaml."""
-    from .loop import runner_checks
+    """Fix the data-parallel degree to nproc / (tp × pp), check everything the runner needs, write OUT/job.yaml."""
+    from .loop import refuse_accelerate_overrides, runner_checks
     if nproc < 1:
         raise SpecError("--nproc", nproc, "must be 1 or more")
     par = job.parallel
-    if par.dp is not None and par.dp * par.tp * par.pp != nproc:
-        raise SpecError("parallel.dp", par.dp, f"the job asks for dp = {par.dp} but --nproc = {nproc}; "
-                                               "make them equal, or leave dp out")
-    job = job.replace(parallel=dataclasses.replace(par, dp=nproc),
-                      cluster=dataclasses.replace(job.cluster, count=nproc * par.tp * par.pp))
+    model_parallel = par.tp * par.pp
+    if par.dp is not None and par.dp * model_parallel != nproc:
+        raise SpecError("parallel.dp", par.dp, f"the job asks for dp × tp × pp = {par.dp * model_parallel} ranks but "
+                                               f"--nproc = {nproc}; make them equal, or leave dp out")
+    if nproc % model_parallel:
+        raise SpecError("--nproc", nproc, f"must be a multiple of tp × pp = {model_parallel}")
+    job = job.replace(parallel=dataclasses.replace(par, dp=nproc // model_parallel),
+                      cluster=dataclasses.replace(job.cluster, count=nproc))
     resolved, _notes = job.resolve(load_catalog())
     runner_checks(resolved)
+    refuse_accelerate_overrides(resolved)
     from .data import BYTE_VOCAB, TokenShards
     vocab = TokenShards(resolved.training.data, "train", resolved.model.seq_len).vocab \
         if resolved.training.data else BYTE_VOCAB                                  # exists, long enough

@@ -15,14 +15,18 @@ scaling stops the run with a diagnosis instead of training on garbage.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
+import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from ..capability import run_refusal
 from ..estimate.flops import flops_per_token
 from ..specs import Job, SpecError, load_catalog
 from ..specs.job import compute_dtype
@@ -32,8 +36,12 @@ from .init_weights import load_initial_weights
 from .lora import apply_lora
 from .metrics import MetricsLog, memory_reading
 from .model import GPT
+from .optim import build_optimizer, clip_grad_norm
+from .parallel import loss_parallel
+from .parallelize import all_reduce_grads, device_mesh, dp_rank_and_size, is_sharded, needs_grad_all_reduce, parallelize
 from .precision import MasterWeights, precision_plan, use_fp32_norms
 from .qlora import apply_qlora
+from .state import Layout, gather_state, restore_state
 from .techniques import Int8Activations, Pruner, block_matrices
 
 __all__ = ["run_training", "RunResult", "TrainingStopped", "lr_at", "runner_checks"]
@@ -63,25 +71,17 @@ def lr_at(step: int, t) -> float:
 
 
 def runner_checks(job: Job) -> None:
-    """What the runner cannot do yet, refused before any process starts (the estimator may still model it)."""
-    par = job.parallel
-    for name, value, fix in (("parallel.tp", par.tp, 1), ("parallel.pp", par.pp, 1), ("parallel.zero", par.zero, 0)):
-        if value != fix:
-            raise SpecError(name, value, f"the runner trains data-parallel replicas (DDP) so far; set {name} = {fix} "
-                                         "to run, or use `toolkit estimate` to plan this layout")
-    if job.memory.act_compress == "int8" and job.memory.recompute == "full":
-        raise SpecError("memory.act_compress", "int8", "full recompute keeps only block inputs, which the runner does "
-                                                       "not compress: choose int8 or full recompute")
-    if par.offload != "none":
-        raise SpecError("parallel.offload", par.offload, "the runner does not offload yet; set offload = none")
+    """What the runner cannot do, refused before any process starts (toolkit.capability; the estimator may
+    still model it), and the packages the job needs."""
+    refusal = run_refusal(job)
+    if refusal:
+        raise SpecError(*refusal)
     if job.optimizer.name == "adamw-8bit":
         try:
             import bitsandbytes  # noqa: F401
         except ImportError:
             raise SpecError("optimizer.name", "adamw-8bit", "needs the bitsandbytes package "
                                                              "(pip install bitsandbytes); or use adamw") from None
-    if not job.model.has_shape or job.model.encoder:
-        raise SpecError("model", job.model.name, "the runner trains decoder models with layers, hidden and heads")
     for tracker in job.training.trackers:
         module = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio"}[tracker]
         try:
@@ -90,19 +90,31 @@ def runner_checks(job: Job) -> None:
             raise SpecError("training.trackers", tracker, f"is not installed (pip install {module})") from None
 
 
-def _optimizer(job: Job, params: list[torch.nn.Parameter], device: torch.device) -> torch.optim.Optimizer:
-    opt, t = job.optimizer, job.training
-    decay = [p for p in params if p.dim() >= 2]
-    groups = [{"params": decay, "weight_decay": t.weight_decay},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    impl = {"for-loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}.get(opt.impl, {})
-    if opt.name == "sgd":
-        return torch.optim.SGD(groups, lr=t.lr, momentum=opt.momentum, **impl)
-    if opt.name == "adamw-8bit":
-        import bitsandbytes as bnb
-        return bnb.optim.AdamW8bit(groups, lr=t.lr, betas=(0.9, 0.95))
-    cls = torch.optim.AdamW if opt.name == "adamw" else torch.optim.Adam
-    return cls(groups, lr=t.lr, betas=(0.9, 0.95), **impl)
+_ACCELERATE_SWITCHES = ("ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED", "ACCELERATE_USE_MEGATRON_LM",
+                        "ACCELERATE_USE_PARALLELISM_CONFIG")
+
+
+def refuse_accelerate_overrides(job: Job, environ=os.environ) -> None:
+    """`accelerate launch` turns a user's default config into environment variables that would change the
+    program behind the job's back (an fp32 job trained under bf16 autocast, FSDP or DeepSpeed engaged by
+    accelerate); the toolkit builds precision and layout from the job, so a conflicting one is refused."""
+    mode = job.precision.mode
+    mixed = environ.get("ACCELERATE_MIXED_PRECISION", "no").lower()
+    if mixed not in ("no", "" if mode == "fp32" else compute_dtype(mode)):
+        raise SpecError("ACCELERATE_MIXED_PRECISION", mixed, f"conflicts with precision.mode = {mode}, which the "
+                        "toolkit applies itself; unset it (accelerate config: mixed_precision: no)")
+    for name in _ACCELERATE_SWITCHES:
+        if environ.get(name, "").lower() in ("1", "true", "yes"):
+            raise SpecError(name, environ[name], "the toolkit builds the parallel layout from the job (parallel.zero, "
+                            "parallel.tp); unset it (accelerate config: distributed_type: MULTI_GPU or MULTI_CPU)")
+    if environ.get("ACCELERATE_DYNAMO_BACKEND", "no").lower() not in ("no", ""):
+        raise SpecError("ACCELERATE_DYNAMO_BACKEND", environ["ACCELERATE_DYNAMO_BACKEND"],
+                        "would compile the model, which the toolkit's step and its memory records do not expect; "
+                        "unset it (accelerate config: dynamo_backend: no)")
+    steps = environ.get("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "1")
+    if steps not in ("1", str(job.grad_accum)):
+        raise SpecError("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", steps, "the job's accumulation comes from "
+                        f"batch.global_batch ({job.grad_accum} micro-batches per rank); unset it")
 
 
 def _build_model(job: Job, param_dtype: torch.dtype) -> torch.nn.Module:
@@ -132,25 +144,117 @@ def _diagnose_nonfinite(job: Job, step: int, lr: float, loss: float, grad_norm: 
             f"and was stopped before the update. Fix: {'; '.join(hints)}. Resume from the last checkpoint after the change.")
 
 
+@dataclass
+class _Program:
+    """What the set-up built for this rank: the module forward and backward call (DDP, the FSDP2 root or the
+    model itself), the plain model beneath it (names as in the whole model), and what steps it."""
+    model: torch.nn.Module
+    raw: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    master: MasterWeights | None
+    params: list
+    """What the optimizer steps and clipping measures: the fp32 masters, or the trainable parameters."""
+    layout: Layout
+    reduce_grads: Callable[[], None] | None = None
+    """Averages gradients over the replicas after the last backward, where no DDP does it."""
+
+
+def _build_program(job: Job, plan, device: torch.device, mesh) -> _Program:
+    """The job's model, parallelized by toolkit.train.parallelize, and its optimizer."""
+    torch.manual_seed(job.training.seed)                      # the same initial weights on every rank
+    raw = _build_model(job, plan.param_dtype).to(device)
+    main_grads = job.precision.grad_dtype == "fp32"
+    master = MasterWeights(raw, main_grads=main_grads) if plan.master_weights else None
+    # fp32 main gradients are all-reduced by hand once per step, as Megatron does: no DDP around them
+    model = raw if main_grads else parallelize(raw, job, mesh, device)
+    params = master.params if master else [p for p in raw.parameters() if p.requires_grad]
+    zero1 = job.parallel.zero == 1 and mesh is not None
+    optimizer = build_optimizer(job, params, zero1_group=mesh["dp"].get_group() if zero1 else None)
+    layout = Layout(sharded=is_sharded(job) and mesh is not None, zero1=zero1)
+    reduce_grads = None
+    world = torch.distributed.get_world_size() if mesh is not None else 1
+    if main_grads and world > 1:
+        reduce_grads = lambda: _all_reduce_mean(master.grad_buffers(), world)   # noqa: E731 (fresh each step)
+    elif needs_grad_all_reduce(job, mesh):
+        reduce_grads = functools.partial(all_reduce_grads, params, mesh["dp"].get_group())
+    return _Program(model, raw, optimizer, master, params, layout, reduce_grads)
+
+
+def _load_checkpoint(job: Job, prog: _Program, state: dict, scaler, pruner, rank: int, world: int) -> tuple[int, int]:
+    """Restore a checkpoint into this rank; returns (step, skipped steps so far). A checkpoint written on another
+    number of ranks loads too (states are kept by parameter name): only the per-rank RNG starts afresh."""
+    if prog.master:
+        prog.raw.load_state_dict(state["model"])
+        prog.optimizer.load_state_dict(state["optimizer"])
+        prog.master.load_state_dict(state["master"])
+    else:
+        restore_state(prog.raw, prog.optimizer, state["model"], state["optimizer"], prog.layout)
+    scaler.load_state_dict(state["scaler"])
+    if pruner and state.get("masks"):
+        pruner.load_state_dict(state["masks"])
+    if len(state["rng"]) == world:
+        torch.set_rng_state(state["rng"][rank]["cpu"])
+        if torch.cuda.is_available() and "cuda" in state["rng"][rank]:
+            torch.cuda.set_rng_state(state["rng"][rank]["cuda"])
+    else:
+        torch.manual_seed(job.training.seed + 1 + rank + state["step"] * 7919)
+    return state["step"], state["skipped_total"]
+
+
+def _checkpoint_state(prog: _Program, device: torch.device, world: int) -> tuple[dict, dict, list]:
+    """(model state, optimizer state, every rank's RNG): collectives, so every rank calls it; complete on rank 0."""
+    rng = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        rng["cuda"] = torch.cuda.get_rng_state()
+    all_rng = [rng]
+    if world > 1:
+        all_rng = [None] * world
+        torch.distributed.all_gather_object(all_rng, rng)
+    if prog.master:
+        return prog.raw.state_dict(), prog.optimizer.state_dict(), all_rng
+    model_sd, optim_sd = gather_state(prog.raw, prog.optimizer, prog.layout)
+    return model_sd, optim_sd, all_rng
+
+
+def _micro_batch_context(prog: _Program, job: Job, last: bool):
+    """DDP syncs gradients on the last micro-batch only; FSDP2 reduce-scatters every one (as the tracer measures);
+    tensor parallelism computes the loss on vocabulary-sharded logits."""
+    from torch.nn.parallel import DistributedDataParallel
+    stack = contextlib.ExitStack()
+    if isinstance(prog.model, DistributedDataParallel) and not last:
+        stack.enter_context(prog.model.no_sync())
+    if job.parallel.tp > 1:
+        stack.enter_context(loss_parallel())
+    return stack
+
+
+def _local(loss: torch.Tensor) -> torch.Tensor:
+    """A replicated DTensor loss (tensor parallelism) as a plain tensor; anything else as it is."""
+    return loss.full_tensor() if hasattr(loss, "full_tensor") else loss
+
+
 def run_training(job: Job, out_dir: str | Path, *, peak_tflops: float | None = None, cache_dir: str | Path | None = None,
                  progress: bool = True) -> RunResult:
     """Train `job` (already validated or not) and write checkpoints and metrics under `out_dir`."""
     from accelerate import Accelerator
-    from accelerate.utils import DistributedDataParallelKwargs
 
     job, _notes = job.resolve(load_catalog())
     runner_checks(job)
+    refuse_accelerate_overrides(job)
     out = Path(out_dir)
     t, spec = job.training, job.model
     plan = precision_plan(job.precision.mode)
 
-    ddp_kwargs = DistributedDataParallelKwargs(bucket_cap_mb=t.bucket_cap_mb,
-                                               find_unused_parameters=False)
-    accelerator = Accelerator(cpu=not torch.cuda.is_available(), kwargs_handlers=[ddp_kwargs],
+    # precision and layout are the job's: accelerate starts the processes and the trackers, nothing more
+    accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision="no", dynamo_backend="no",
                               log_with=list(t.trackers) or None, project_dir=str(out))
     device, rank, world = accelerator.device, accelerator.process_index, accelerator.num_processes
-    if world != job.parallel.dp:
-        raise SpecError("parallel.dp", job.parallel.dp, f"the run has {world} processes; launch with --nproc {job.parallel.dp}")
+    ranks = job.parallel.dp * job.parallel.tp * job.parallel.pp
+    if world != ranks:
+        raise SpecError("parallel.dp", job.parallel.dp, f"the layout needs {ranks} processes but the run has {world}; "
+                                                        f"launch with --nproc {ranks}")
+    mesh = device_mesh(job, device.type)
+    dp_rank, dp_world = dp_rank_and_size(mesh)
     accum = job.grad_accum
 
     # ---- data ---------------------------------------------------------------------------------
@@ -162,15 +266,11 @@ def run_training(job: Job, out_dir: str | Path, *, peak_tflops: float | None = N
 
     # ---- model, optimizer, scaler -----------------------------------------------------------
     base_mem_bytes, _ = memory_reading(device)              # before any weight exists: the summary's baseline
-    torch.manual_seed(t.seed)                                 # the same initial weights on every rank
-    model = _build_model(job, plan.param_dtype).to(device)
-    main_grads = job.precision.grad_dtype == "fp32"
-    master = MasterWeights(model, main_grads=main_grads) if plan.master_weights else None
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = _optimizer(job, master.params if master else trainable, device)
+    prog = _build_program(job, plan, device, mesh)
+    model, raw_model, optimizer, master = prog.model, prog.raw, prog.optimizer, prog.master
     scaler = torch.amp.GradScaler(device.type, init_scale=t.loss_scale, enabled=plan.loss_scaling)
     pruner = Pruner(t.pruning.method, t.pruning.sparsity) if t.pruning.method != "none" else None
-    names = {id(p): n for n, p in model.named_parameters()}
+    names = {id(p): n for n, p in raw_model.named_parameters()}
     master_of = {names[id(p)]: m for p, m in master.pairs} if master else {}
 
     # ---- resume --------------------------------------------------------------------------------
@@ -182,24 +282,12 @@ def run_training(job: Job, out_dir: str | Path, *, peak_tflops: float | None = N
         if resume_key(Job.from_dict(state["job"]).resolve(load_catalog())[0]) != resume_key(job):
             raise SpecError("job", str(path), f"{out} holds checkpoints of a different job; use a new --out "
                                               "folder, or delete the checkpoints to start over")
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        if master:
-            master.load_state_dict(state["master"])
-        scaler.load_state_dict(state["scaler"])
-        if pruner and state.get("masks"):
-            pruner.load_state_dict(state["masks"])
-        start_step, skipped_total = state["step"], state["skipped_total"]
-        torch.set_rng_state(state["rng"][rank]["cpu"])
-        if device.type == "cuda":
-            torch.cuda.set_rng_state(state["rng"][rank]["cuda"])
+        start_step, skipped_total = _load_checkpoint(job, prog, state, scaler, pruner, rank, world)
         accelerator.print(f"resumed from {path.name} (step {start_step})")
     else:
-        torch.manual_seed(t.seed + 1 + rank)                   # dropout differs between ranks, repeatably
+        torch.manual_seed(t.seed + 1 + dp_rank)        # dropout differs between replicas, repeatably
+    del state
 
-    raw_model = model               # (accelerator.unwrap_model would import DeepSpeed, when installed, in every rank)
-    if not main_grads:            # fp32 main gradients are all-reduced by hand once per step, as Megatron does
-        model = accelerator.prepare_model(model)
     metrics = MetricsLog(out / "metrics.jsonl", start_step) if accelerator.is_main_process else None
     if t.trackers:
         accelerator.init_trackers("toolkit", config=job.to_dict())
@@ -220,7 +308,7 @@ def run_training(job: Job, out_dir: str | Path, *, peak_tflops: float | None = N
         prune_apply()
 
     # ---- the step --------------------------------------------------------------------------------
-    sampler = StepSampler(len(train_set), job.batch.global_batch, job.batch.micro_batch, rank, world,
+    sampler = StepSampler(len(train_set), job.batch.global_batch, job.batch.micro_batch, dp_rank, dp_world,
                           t.seed, start_step, t.steps)
     batches = iter(make_loader(train_set, sampler, t.num_workers, t.prefetch))
     tokens_per_step = job.batch.global_batch * spec.seq_len
@@ -229,24 +317,16 @@ def run_training(job: Job, out_dir: str | Path, *, peak_tflops: float | None = N
         peak = load_catalog().accelerator(job.cluster.accelerator).peak_flops(compute_dtype(job.precision.mode))
         peak_tflops = peak / 1e12 if peak else None
     int8 = Int8Activations(raw_model) if job.memory.act_compress == "int8" else None
-    opt_params = master.params if master else trainable
     stop_requested = {"flag": False}
     previous_handler = signal.signal(signal.SIGTERM, lambda *_: stop_requested.update(flag=True)) \
         if _main_thread() else None
 
     def save(step: int) -> None:
-        rng = {"cpu": torch.get_rng_state()}
-        if device.type == "cuda":
-            rng["cuda"] = torch.cuda.get_rng_state()
-        all_rng = [None] * world
-        if world > 1:
-            torch.distributed.all_gather_object(all_rng, rng)
-        else:
-            all_rng = [rng]
+        model_sd, optim_sd, all_rng = _checkpoint_state(prog, device, world)
         if accelerator.is_main_process:
             save_checkpoint(out / "checkpoints", step, {
                 "step": step, "skipped_total": skipped_total, "job": job.to_dict(),
-                "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
+                "model": model_sd, "optimizer": optim_sd,
                 "master": master.state_dict() if master else None, "scaler": scaler.state_dict(),
                 "masks": pruner.state_dict() if pruner else None, "rng": all_rng}, t.keep_checkpoints)
         accelerator.wait_for_everyone()
@@ -267,18 +347,17 @@ def run_training(job: Job, out_dir: str | Path, *, peak_tflops: float | None = N
             for micro in range(accum):
                 inputs, targets = next(batches)
                 inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
-                sync = contextlib.nullcontext() if micro == accum - 1 else accelerator.no_sync(model)
-                with sync:
+                with _micro_batch_context(prog, job, last=micro == accum - 1):
                     with plan.autocast(device.type), (int8 or contextlib.nullcontext()):
                         loss = model(inputs, targets)
                     scaler.scale(loss / accum).backward()
-                loss_sum += loss.detach().float()
+                loss_sum += _local(loss.detach()).float()
             if master:
                 master.grads_to_master()
-            if main_grads and world > 1:
-                _all_reduce_mean(master.grad_buffers(), world)
+            if prog.reduce_grads:
+                prog.reduce_grads()
             scaler.unscale_(optimizer)
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(opt_params, t.grad_clip or float("inf")))
+            grad_norm = clip_grad_norm(prog.params, t.grad_clip or float("inf"))
             mean_loss = float(accelerator.reduce(loss_sum, "mean")) / accum if world > 1 else float(loss_sum) / accum
             scale_before = scaler.get_scale() if plan.loss_scaling else None
             if not plan.loss_scaling and not (math.isfinite(mean_loss) and math.isfinite(grad_norm)):
@@ -321,7 +400,7 @@ def run_training(job: Job, out_dir: str | Path, *, peak_tflops: float | None = N
             final_loss = mean_loss if not skipped else final_loss
             last = step + 1 == t.steps
             if val_set is not None and ((step + 1) % t.eval_every == 0 or last):
-                record["eval_loss"] = _evaluate(raw_model, val_set, job, plan, device, rank, world)
+                record["eval_loss"] = _evaluate(raw_model, val_set, job, plan, device, dp_rank, dp_world)
             if metrics:
                 metrics.write(record)
             if t.trackers:
@@ -369,20 +448,25 @@ def _agree(flag: bool, device, world: int) -> bool:
 
 @torch.no_grad()
 def _evaluate(model, val_set: TokenShards, job: Job, plan, device, rank: int, world: int) -> float:
-    """Mean loss over the same eval_batches × micro_batch held-out windows whatever the number of ranks:
-    rank r takes windows r, r + world, ...; losses and counts are summed over ranks."""
+    """Mean loss over the same eval_batches × micro_batch held-out windows whatever the number of replicas:
+    replica r takes windows r, r + world, ...; losses and counts are summed over ranks (the ranks of one
+    tensor-parallel group add the same figures to both). Every rank runs the same number of forwards, as the
+    collectives of FSDP2 and tensor parallelism require; a rank with no window left runs one that counts 0."""
     model.eval()
     mb, count = job.batch.micro_batch, job.training.eval_batches * job.batch.micro_batch
     mine = [i % len(val_set) for i in range(rank, count, world)]
+    forwards = -(-(-(-count // world)) // mb)
+    vocab_parallel = loss_parallel if job.parallel.tp > 1 else contextlib.nullcontext
     sums = torch.zeros(2, device=device, dtype=torch.float64)
-    for start in range(0, len(mine), mb):
-        ids = mine[start:start + mb]
-        window = torch.stack([val_set[i] for i in ids]).to(device)
-        with plan.autocast(device.type):
-            sums[0] += model(window[:, :-1], window[:, 1:]).double() * len(ids)
+    for chunk in range(forwards):
+        ids = mine[chunk * mb:(chunk + 1) * mb]
+        window = torch.stack([val_set[i] for i in ids or [0]]).to(device)
+        with plan.autocast(device.type), vocab_parallel():
+            loss = _local(model(window[:, :-1], window[:, 1:]))
+        sums[0] += loss.double() * len(ids)
         sums[1] += len(ids)
     model.train()
-    if world > 1:
+    if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
         torch.distributed.all_reduce(sums)
     return float(sums[0] / sums[1])
 

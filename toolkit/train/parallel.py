@@ -23,7 +23,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
-from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput, RowwiseParallel,
                                                SequenceParallel, loss_parallel, parallelize_module)
 
 __all__ = ["tensor_parallel", "shard_embedding_grad", "loss_parallel", "PipelineStage"]
@@ -49,13 +49,16 @@ def tensor_parallel(model: nn.Module, mesh: DeviceMesh, sequence_parallel: bool 
                                                     desired_input_layouts=(Replicate(), None, None)),
                          "mlp": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),))})
         parallelize_module(block, mesh, plan)
-    if model.pos is not None and sequence_parallel:
-        raise ValueError("sequence parallelism is built for rotary positions; learned positions need tp without sp")
-    plan = {"tok": RowwiseParallel(input_layouts=Replicate(), output_layouts=stream),
+    learned = model.pos is not None
+    plan = {"tok": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate() if learned else stream),
             "head": ColwiseParallel(input_layouts=stream, output_layouts=Shard(-1), use_local_output=False)}
     if sequence_parallel:
         plan["norm"] = SequenceParallel()
+        if learned:     # the position table is added to whole sequences, then each rank keeps its tokens
+            plan["drop"] = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=seq)
     parallelize_module(model, mesh, plan)
+    if model.spec.tie_embeddings:   # both keep vocabulary rows (Shard(0)): one matrix again
+        model.head.weight = model.tok.weight
     if not model.tok.weight.is_meta:
         shard_embedding_grad(model)
     return model

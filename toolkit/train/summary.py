@@ -24,7 +24,7 @@ def run_summary(out_dir: str | Path) -> dict:
     base = min((r["mem_base_bytes"] for r in records if "mem_base_bytes" in r), default=None)
     peak_mem = max((r["mem_bytes"] for r in records), default=None)
     return {
-        "steps": records[-1]["step"] if records else 0, "ranks": job.parallel.dp, "precision": job.precision.mode,
+        "steps": records[-1]["step"] if records else 0, "ranks": job.parallel.dp * job.parallel.tp * job.parallel.pp, "precision": job.precision.mode,
         "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
         "last_eval_loss": evals[-1] if evals else None,
         "tokens_per_s": statistics.median(r["tokens_per_s"] for r in steady) if steady else None,

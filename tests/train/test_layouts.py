@@ -1,0 +1,98 @@
+"""The layouts the planner recommends, trained for real on gloo ranks: ZeRO-1/2/3, offload, tensor and sequence
+parallelism, dp × tp. Each must train as one process does with the same global batch (fp32: the same sums in
+another order, ~1e-7), and its checkpoints must resume bitwise on the same layout and on another one.
+
+The reference is an independent program: one process, no parallelism, no sharded state."""
+import shutil
+import signal
+
+import psutil
+import pytest
+
+from toolkit.specs import Job
+from toolkit.train.loop import refuse_accelerate_overrides
+from toolkit.train.metrics import read_metrics
+
+from .test_runner import toolkit_train, wait_for_step
+
+STEPS = ("--steps", "6", "--global-batch", "8", "--eval-every", "3", "--checkpoint-every", "3")
+
+
+def _records(out):
+    return [(r["step"], r["loss"], r["grad_norm"], r.get("eval_loss")) for r in read_metrics(out / "metrics.jsonl")]
+
+
+def _assert_close(run, ref, rel):
+    assert len(run) == len(ref) == 6
+    for (s1, l1, g1, e1), (s2, l2, g2, e2) in zip(run, ref):
+        assert s1 == s2 and l1 == pytest.approx(l2, rel=rel) and g1 == pytest.approx(g2, rel=10 * rel)
+        assert (e1 is None) == (e2 is None) and (e1 is None or e1 == pytest.approx(e2, rel=rel))
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory, corpus):
+    out = tmp_path_factory.mktemp("one")
+    result = toolkit_train(out, *STEPS, "--data", str(corpus))
+    assert result.returncode == 0, result.stderr
+    return _records(out)
+
+
+@pytest.mark.parametrize("layout, nproc", [
+    (("--zero", "1"), 2),                                 # ZeroRedundancyOptimizer over DDP
+    (("--zero", "3", "--offload", "params"), 2),          # FSDP2, resharded, states on the host
+    (("--tp", "2", "--sp"), 2),                           # DTensor plan, tied embeddings, learned positions
+    (("--tp", "2"), 4),                                   # dp 2 x tp 2: replicas average DTensor gradients by hand
+], ids=["zero1", "zero3-offload", "tp2-sp", "dp2xtp2"])
+def test_a_sharded_layout_trains_as_one_process(tmp_path, corpus, one_process, layout, nproc):
+    result = toolkit_train(tmp_path, *STEPS, *layout, "--nproc", str(nproc), "--data", str(corpus))
+    assert result.returncode == 0, result.stderr
+    assert f"{nproc} rank(s)" in result.stdout
+    _assert_close(_records(tmp_path), one_process, rel=1e-5)
+
+
+def test_zero3_resumes_bitwise_after_a_kill_and_in_another_layout(tmp_path, corpus, one_process):
+    """(benchmarks/layouts.py resumes a dp-4 ZeRO-3 checkpoint on 2 ranks; here 2 ranks -> one process.)"""
+    ref, killed, moved = tmp_path / "ref", tmp_path / "killed", tmp_path / "moved"
+    args = (*STEPS, "--zero", "3", "--data", str(corpus))
+    assert toolkit_train(ref, *args, "--nproc", "2").returncode == 0
+    # SIGKILL of one rank after the step-3 checkpoint, then the same command: every figure bit for bit
+    p = toolkit_train(killed, *args, "--nproc", "2", wait=False)
+    wait_for_step(killed / "metrics.jsonl", 4, p)
+    rank1 = next(c for c in psutil.Process(p.pid).children() if c.environ().get("RANK") == "1")
+    rank1.send_signal(signal.SIGKILL)
+    p.communicate(timeout=120)
+    assert p.returncode == 1
+    assert toolkit_train(killed, *args, "--nproc", "2").returncode == 0
+    assert _records(killed) == _records(ref)
+    # the sharded checkpoint resumes in one process, unsharded: the states are kept by parameter name
+    shutil.copytree(ref, moved)
+    for stale in (moved / "checkpoints").glob("step_00000006*"):
+        stale.unlink()
+    again = toolkit_train(moved, *STEPS, "--data", str(corpus))
+    assert again.returncode == 0 and "resumed from step_00000003.pt" in again.stdout + again.stderr
+    _assert_close(_records(moved), one_process, rel=1e-5)
+
+
+@pytest.mark.parametrize("environ, message", [
+    ({"ACCELERATE_MIXED_PRECISION": "bf16"}, "ACCELERATE_MIXED_PRECISION = 'bf16': conflicts with precision.mode"),
+    ({"ACCELERATE_USE_FSDP": "true"}, "ACCELERATE_USE_FSDP = 'true': the toolkit builds the parallel layout"),
+    ({"ACCELERATE_USE_DEEPSPEED": "1"}, "ACCELERATE_USE_DEEPSPEED = '1'"),
+    ({"ACCELERATE_DYNAMO_BACKEND": "INDUCTOR"}, "ACCELERATE_DYNAMO_BACKEND = 'INDUCTOR': would compile"),
+    ({"ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "4"}, "ACCELERATE_GRADIENT_ACCUMULATION_STEPS = '4'"),
+])
+def test_accelerate_cannot_change_the_program(environ, message):
+    job, _ = Job.from_dict({"model": {"layers": 2, "hidden": 64, "heads": 4, "vocab": 256, "seq_len": 32},
+                            "batch": {"micro_batch": 2, "global_batch": 4}, "parallel": {"dp": 1},
+                            "precision": {"mode": "fp32"}}).resolve()
+    refuse_accelerate_overrides(job, {"ACCELERATE_MIXED_PRECISION": "no", "ACCELERATE_DYNAMO_BACKEND": "NO",
+                                      "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "2"})    # what launch sets: fine
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        refuse_accelerate_overrides(job, environ)
+
+
+def test_a_conflicting_accelerate_setting_is_refused_before_any_process_starts(tmp_path, monkeypatch):
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    result = toolkit_train(tmp_path / "run", "--steps", "2")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "ACCELERATE_MIXED_PRECISION = 'bf16': conflicts with precision.mode = fp32" in result.stderr
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()

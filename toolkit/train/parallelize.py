@@ -1,0 +1,115 @@
+"""The job's parallel layout as functions over a plain GPT (torchtitan's shape), shared by the runner and the tracer.
+
+    mesh = device_mesh(job, "cpu")            # ("dp", "tp") over the world; None in one process
+    model = parallelize(model, job, mesh)     # tp/sp first, then ZeRO-2/3 (FSDP2) or DDP over dp
+
+Tensor and sequence parallelism are torch's DTensor plan (toolkit.train.parallel) on the mesh's tp
+dimension. ZeRO-2/3 is FSDP2: `fully_shard` on every block and then on the root, each with
+`reshard_after_forward` set explicitly (torch's default leaves the root gathered); amp-* gathers 16-bit
+parameters and reduces in fp32 (`MixedPrecisionPolicy`) while autocast runs the ops, as the tracer measures;
+offload keeps sharded parameters, gradients and optimizer states on the host (`CPUOffloadPolicy`). ZeRO-0
+and ZeRO-1 wrap the model in DDP over the dp dimension (ZeRO-1's sharded optimizer is built by
+toolkit.train.optim); with tp, whose DTensors DDP refuses, the replicas average gradients by hand. Pipelines are not built here yet.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..specs.job import Job, compute_dtype
+from .parallel import tensor_parallel
+
+__all__ = ["device_mesh", "parallelize", "apply_fsdp", "apply_ddp", "dp_rank_and_size", "is_sharded",
+           "needs_grad_all_reduce", "all_reduce_grads"]
+
+
+def device_mesh(job: Job, device_type: str):
+    """The (dp, tp) mesh over every rank, or None when the job runs in one process."""
+    dp, tp = job.parallel.dp or 1, job.parallel.tp
+    if dp * tp == 1:
+        return None
+    from torch.distributed.device_mesh import init_device_mesh
+    return init_device_mesh(device_type, (dp, tp), mesh_dim_names=("dp", "tp"))
+
+
+def dp_rank_and_size(mesh) -> tuple[int, int]:
+    """This rank's place among the data-parallel replicas: ranks of one tp group read the same batches."""
+    if mesh is None:
+        return 0, 1
+    return mesh["dp"].get_local_rank(), mesh["dp"].size()
+
+
+def is_sharded(job: Job) -> bool:
+    """Parameters are DTensors (FSDP2 or tensor parallelism): their state goes through DCP's state-dict API."""
+    return job.parallel.zero >= 2 or job.parallel.tp > 1
+
+
+def parallelize(model: nn.Module, job: Job, mesh, device: torch.device | None = None) -> nn.Module:
+    """Apply the job's layout to `model` (built, weights loaded, on its device); returns the module to call."""
+    if mesh is None:
+        return model
+    par = job.parallel
+    if par.tp > 1:
+        tensor_parallel(model, mesh["tp"], sequence_parallel=par.sp)
+    if par.zero >= 2:       # pinned host memory needs an accelerator
+        return apply_fsdp(model, job, mesh["dp"], pin_memory=device is not None and device.type == "cuda")
+    if mesh["dp"].size() > 1 and par.tp == 1:
+        return apply_ddp(model, job, mesh["dp"], device)
+    return model            # dp x tp at ZeRO-0/1: the runner calls all_reduce_grads after the last backward
+
+
+def needs_grad_all_reduce(job: Job, mesh) -> bool:
+    """dp x tp without FSDP2: DDP (torch 2.13) refuses modules that mix DTensor and plain parameters (its start-up
+    broadcast and its gradient hooks), so these replicas average their gradients by hand, once a step."""
+    return mesh is not None and job.parallel.tp > 1 and job.parallel.zero < 2 and mesh["dp"].size() > 1
+
+
+def all_reduce_grads(params, dp_group) -> None:
+    """The mean of each gradient over the data-parallel replicas, in place: one flat all-reduce per dtype, as
+    DDP's buckets do (without overlapping the backward). A DTensor gradient is reduced through its local shard."""
+    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+    import torch.distributed as dist
+    size = dist.get_world_size(dp_group)
+    by_dtype: dict = {}
+    for p in params:
+        if p.grad is not None:
+            local = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+            by_dtype.setdefault(local.dtype, []).append(local)
+    for grads in by_dtype.values():
+        flat = _flatten_dense_tensors(grads)
+        dist.all_reduce(flat, group=dp_group)
+        flat.div_(size)
+        for grad, reduced in zip(grads, _unflatten_dense_tensors(flat, grads)):
+            grad.copy_(reduced)
+
+
+def fsdp_policies(job: Job, pin_memory: bool = True):
+    """(MixedPrecisionPolicy, OffloadPolicy) of the job under FSDP2."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
+    mode = job.precision.mode
+    precision = MixedPrecisionPolicy()
+    if mode.startswith("amp-"):          # 16-bit gathered weights, fp32 gradient reduction; autocast still runs
+        dtype = torch.bfloat16 if compute_dtype(mode) == "bf16" else torch.float16
+        precision = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+    placement = CPUOffloadPolicy(pin_memory=pin_memory) if job.parallel.offload != "none" else OffloadPolicy()
+    return precision, placement
+
+
+def apply_fsdp(model: nn.Module, job: Job, dp_mesh, pin_memory: bool = True) -> nn.Module:
+    """ZeRO-2 (blocks stay gathered after forward) or ZeRO-3 (resharded), per block and at the root, in place.
+    Fake tensors cannot be pinned: the tracer passes pin_memory=False (where host memory is, not how much)."""
+    from torch.distributed.fsdp import fully_shard
+    precision, placement = fsdp_policies(job, pin_memory)
+    reshard = job.parallel.zero == 3
+    for module in (*model.blocks, model):
+        fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=precision,
+                    offload_policy=placement)
+    return model
+
+
+def apply_ddp(model: nn.Module, job: Job, dp_mesh, device: torch.device | None) -> nn.Module:
+    """Replicas over the dp dimension; gradients all-reduced in buckets of training.bucket_cap_mb."""
+    from torch.nn.parallel import DistributedDataParallel
+    ids = [device.index] if device is not None and device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=ids, device_mesh=dp_mesh,
+                                   bucket_cap_mb=job.training.bucket_cap_mb, find_unused_parameters=False)

@@ -1,0 +1,85 @@
+"""Model and optimizer state in one layout-free form, so a checkpoint resumes on any number of ranks.
+
+    model_sd, optim_sd = gather_state(model, optimizer, layout)      # every rank calls it (collectives)
+    restore_state(model, optimizer, model_sd, optim_sd, layout)     # every rank, from the loaded file
+
+Both are keyed by the names of the whole model's parameters, the form of torch.distributed.checkpoint's
+state-dict API: `{"state": {name: {...}}, "param_groups": [{..., "params": [names]}]}` for the optimizer.
+Sharded layouts (FSDP2, tensor parallelism) go through that API (`get_state_dict` / `set_state_dict` with
+full state dicts: rank 0 gathers, every rank takes its shard back); torch's ZeRO-1 consolidates its
+partitions on rank 0 first; replicas rename their optimizer's indices. A dp-4 checkpoint therefore loads
+on 2 ranks, or on one process, and a ZeRO-3 one into a replica.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+__all__ = ["Layout", "gather_state", "restore_state"]
+
+
+@dataclass(frozen=True)
+class Layout:
+    sharded: bool = False
+    """Parameters are DTensors (FSDP2 or tensor parallelism)."""
+    zero1: bool = False
+    """The optimizer is torch's ZeroRedundancyOptimizer."""
+
+
+def _options():
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+    return StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def gather_state(model: nn.Module, optimizer: torch.optim.Optimizer, layout: Layout) -> tuple[dict, dict]:
+    """(model state, optimizer state) by parameter name; complete on rank 0 (other ranks may get empty dicts)."""
+    if layout.sharded:
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+        return get_state_dict(model, optimizer, options=_options())
+    if layout.zero1:
+        optimizer.consolidate_state_dict(to=0)
+        if torch.distributed.get_rank() != 0:
+            return {}, {}
+    return model.state_dict(), _by_name(optimizer.state_dict(), _names_in_order(model, optimizer))
+
+
+def restore_state(model: nn.Module, optimizer: torch.optim.Optimizer, model_sd: dict, optim_sd: dict,
+                  layout: Layout) -> None:
+    """Load a gathered state into this rank's model and optimizer (each keeps its own shard)."""
+    if layout.sharded:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+        set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd,
+                       options=StateDictOptions(full_state_dict=True))
+        return
+    model.load_state_dict(model_sd)
+    optimizer.load_state_dict(_by_index(optim_sd, _names_in_order(model, optimizer)))
+
+
+def _names_in_order(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+    """The names of the optimizer's parameters, in its own (index) order."""
+    name_of = {id(p): n for n, p in model.named_parameters()}
+    return [name_of[id(p)] for group in optimizer.param_groups for p in group["params"]]
+
+
+def _by_name(osd: dict, names: list[str]) -> dict:
+    groups, start = [], 0
+    for group in osd["param_groups"]:
+        count = len(group["params"])
+        groups.append(dict(group, params=names[start:start + count]))
+        start += count
+    return {"state": {names[i]: value for i, value in osd["state"].items()}, "param_groups": groups}
+
+
+def _by_index(osd: dict, names: list[str]) -> dict:
+    """The optimizer's own form. torch pairs saved and current parameters by position, so each group lists its
+    indices in the current order (a checkpoint from an older runner, already by index, passes through)."""
+    if all(isinstance(n, int) for g in osd["param_groups"] for n in g["params"]):
+        return osd
+    index = {name: i for i, name in enumerate(names)}
+    missing = [n for g in osd["param_groups"] for n in g["params"] if n not in index]
+    if missing:
+        raise ValueError(f"the checkpoint's optimizer holds parameters this model lacks: {missing[:3]}")
+    groups = [dict(g, params=sorted(index[n] for n in g["params"])) for g in osd["param_groups"]]
+    return {"state": {index[n]: value for n, value in osd["state"].items()}, "param_groups": groups}
