@@ -109,8 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
                                        "and report the same keys as `estimate`, with memory measured.")
     _add_job_args(trace)
     _add_html(trace)
-    compare = sub.add_parser("compare", help="analytic estimate beside the trace, with the error per category")
+    compare = sub.add_parser("compare", help="analytic estimate beside the trace, with the error per category; "
+                                             "--run DIR adds a real run's measured memory per rank")
     _add_job_args(compare)
+    compare.add_argument("--run", metavar="DIR", help="a `toolkit train` folder: estimate, trace and measured "
+                                                      "memory per rank, and modelled against measured step time")
 
     plan = sub.add_parser("plan", help="search layouts (and offers) for the fastest or cheapest run that fits",
                           description="Evaluate every layout on the given cluster, or on whole instances of each "
@@ -123,6 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--max-gpus", metavar="N", type=int, help="largest cluster to try with --offers")
     plan.add_argument("--deadline-days", metavar="D", type=float, help="only plans that finish within D days")
     plan.add_argument("--top", metavar="K", type=int, default=10)
+    plan.add_argument("--runnable", action="store_true", help="only layouts `toolkit train` can train "
+                                                              "(--write-job PATH saves the top plan as a job file)")
     doctor = sub.add_parser("doctor", help="what to change when a job does not fit or is slow; or read a run",
                             description="Diagnose a job (fixes with the memory and step time each gives, "
                                         "cheapest first) or, with --run DIR, a run's metrics.")
@@ -263,7 +268,12 @@ def cmd_trace(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from .trace.report import compare_memory
+    from .trace.report import compare_memory, compare_run
+    if args.run:
+        from .format import render_run_comparison
+        result = compare_run(args.run)
+        print(json.dumps(result, indent=2, ensure_ascii=False) if args.json else render_run_comparison(result))
+        return 0
     catalog = load_catalog(*args.catalog)
     result = compare_memory(job_from_args(args, catalog), catalog)
     print(json.dumps(result, indent=2, ensure_ascii=False) if args.json else render_comparison(result))
@@ -291,7 +301,12 @@ def cmd_plan(args) -> int:
         args.gpus = None                     # the search sets the cluster itself
     job = job_from_args(args, catalog)
     result = search(job, catalog, gpus=gpus, offers=offers, objective=args.objective, max_gpus=args.max_gpus,
-                    deadline_days=args.deadline_days, top=args.top, fixed=_fixed_axes(args))
+                    deadline_days=args.deadline_days, top=args.top, fixed=_fixed_axes(args), runnable=args.runnable)
+    if args.write_job:
+        if not result["plans"]:
+            raise SpecError("--write-job", args.write_job, "no layout fits, so there is no plan to write")
+        from .plan.search import plan_job
+        plan_job(job, result["plans"][0]).to_yaml(args.write_job)
     if args.html:
         from .plots import pareto_figure
         _write_html(args.html, [pareto_figure(result)])

@@ -137,6 +137,31 @@ def render_comparison(cmp: dict) -> str:
     return "\n".join(out)
 
 
+def render_run_comparison(cmp: dict) -> str:
+    """A run's measured memory per rank beside the estimate and the trace, and its step time."""
+    out = [f"{cmp['run']}: estimate, trace and measured tensor memory per rank", ""]
+    out.append(f"  {'rank':<6}{'stage':<7}{'estimate':>12}{'trace':>12}{'measured':>12}{'error':>10}")
+    for row in cmp["ranks"]:
+        peak = row["peak_bytes"]
+        error = "—" if peak["error"] is None else f"{100 * peak['error']:+.2f} %"
+        traced = "—" if peak["trace"] is None else gib(peak["trace"])
+        out.append(f"  {row['rank']:<6}{row['stage']:<7}{gib(peak['estimate']):>12}{traced:>12}"
+                   f"{gib(peak['measured']):>12}{error:>10}")
+    if not cmp["ranks"]:
+        out.append("  (no memory/rank*.json yet: the run records its first two steps)")
+    elif cmp["ranks"][0]["instrument"]:
+        out.append(f"  measured with {cmp['ranks'][0]['instrument']}, steps {cmp['ranks'][0]['steps']}")
+    if cmp.get("trace_note"):
+        out.append(f"  trace: not run ({cmp['trace_note']})")
+    step = cmp["time"]["step_s"]
+    if step["measured"] is not None:
+        modelled = "not modelled for this device" if step["estimate"] is None else f"{step['estimate']:.3f} s"
+        error = "" if step["error"] is None else f" ({100 * step['error']:+.1f} %)"
+        out.append(f"  step time     measured {step['measured']:.3f} s (median, after the recorded steps); "
+                   f"modelled {modelled}{error}")
+    return "\n".join(out)
+
+
 def _layout_text(layout: dict) -> str:
     parts = [f"dp {layout['dp']}", f"tp {layout['tp']}", f"pp {layout['pp']}"]
     if layout.get("vpp", 1) > 1:

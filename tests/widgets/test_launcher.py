@@ -43,8 +43,10 @@ def test_resume_continues_where_it_stopped(tmp_path):
 
 
 def test_a_failed_run_shows_its_error(tmp_path):
-    bad = _job().replace(parallel=_job().parallel.__class__(tp=2))
+    job = _job()
+    bad = job.replace(parallel=job.parallel.__class__(zero=2),
+                      precision=job.precision.__class__(mode="mixed-bf16"))    # DeepSpeed's program: not run yet
     panel = LauncherPanel(bad, tmp_path / "run")
     panel.launch()
     assert panel.wait(120) == 2
-    assert "failed (exit 2)" in panel.status.value and "parallel.tp = 2" in panel.status.value
+    assert "failed (exit 2)" in panel.status.value and "parallel.zero = 2" in panel.status.value

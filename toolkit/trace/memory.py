@@ -48,7 +48,8 @@ from ..train.parallel import loss_parallel, shard_embedding_grad, tensor_paralle
 from ..train.parallelize import apply_fsdp
 from ..train.precision import MasterWeights
 
-__all__ = ["TraceResult", "trace_memory", "MAX_TRACED_MICRO_BATCHES"]
+__all__ = ["TraceResult", "trace_memory", "MAX_TRACED_MICRO_BATCHES", "DeviceTracker", "FSDPDeviceTracker", "snapshot",
+           "fsdp_host_bytes"]
 
 MAX_TRACED_MICRO_BATCHES = 2
 """Micro-batches traced per step: from the second on, every one repeats the same memory pattern."""
@@ -439,3 +440,10 @@ _FSDP_HOST = ("SHARDED_PARAM", "SHARDED_GRAD", "OPT")
 
 def _fsdp_host_bytes(snap: dict) -> int:
     return sum(v for k, v in snap.items() if getattr(k, "name", k) in _FSDP_HOST)
+
+
+# The runner records real runs with the same instrument (toolkit.train.memory_record): public names for it.
+DeviceTracker = _DeviceTracker
+FSDPDeviceTracker = _FSDPDeviceTracker
+snapshot = _snapshot
+fsdp_host_bytes = _fsdp_host_bytes

@@ -9,7 +9,7 @@ from ..specs.catalog import Catalog, load_catalog
 from ..specs.job import Job
 from .memory import trace_memory
 
-__all__ = ["traced_estimate", "compare_memory", "COMPARED"]
+__all__ = ["traced_estimate", "compare_memory", "compare_run", "COMPARED"]
 
 COMPARED = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "peak_bytes")
 
@@ -57,3 +57,48 @@ def compare_memory(job: Job, catalog: Catalog | None = None) -> dict:
         flops["error"] = (flops["estimate"] - flops["trace"]) / flops["trace"]
     return {"job": traced["job"], "program": traced["memory"]["program"], "memory": rows,
             "flops_per_token": flops, "peak_breakdown": traced["memory"]["peak_breakdown"]}
+
+
+def _error(estimate, measured):
+    return None if estimate is None or not measured else (estimate - measured) / measured
+
+
+def compare_run(out_dir) -> dict:
+    """A finished (or running) `toolkit train` folder: estimate, trace and measured memory per rank, and modelled
+    against measured step time. error = (estimate − measured) / measured. The trace is None where the tracer
+    does not cover the layout (`trace_note` says why)."""
+    import statistics
+    from pathlib import Path
+
+    from ..estimate.memory import memory_estimate
+    from ..runs import read_rank_memory
+    from ..specs.errors import SpecError
+    from ..train.metrics import read_metrics
+    out = Path(out_dir)
+    if not (out / "job.yaml").is_file():
+        raise SpecError("--run", str(out), "holds no job.yaml: give the --out folder of a `toolkit train` run")
+    job, _notes = Job.from_yaml(out / "job.yaml").resolve(load_catalog())
+    analytic = memory_estimate(job)
+    try:
+        traced, trace_note = trace_memory(job), None
+    except SpecError as err:
+        traced, trace_note = None, str(err)
+    ranks = []
+    for record in read_rank_memory(out):
+        measured = record["peak_bytes"]
+        states = record.get("states") or {}
+        categories = {key: {"estimate": float(getattr(analytic, key)), "trace": getattr(traced, key, None),
+                            "measured": states.get(key)} for key in ("params_bytes", "grads_bytes", "optimizer_bytes")}
+        ranks.append({"rank": record["rank"], "stage": record["stage"], "instrument": record["instrument"],
+                      "steps": record["steps"],
+                      "peak_bytes": {"estimate": float(analytic.peak_bytes),
+                                     "trace": traced.peak_bytes if traced else None,
+                                     "measured": measured, "error": _error(float(analytic.peak_bytes), measured)},
+                      "categories": categories, "peak_breakdown": record["categories"]})
+    recorded = max((max(r["steps"]) for r in ranks), default=0)
+    steady = [r["time_s"] for r in read_metrics(out / "metrics.jsonl") if r["step"] > recorded and r.get("time_s")]
+    measured_s = statistics.median(steady) if steady else None
+    estimated_s = estimate(job)["time"].get("step_s")
+    return {"run": str(out), "job": job.to_dict(), "ranks": ranks, "trace_note": trace_note,
+            "time": {"step_s": {"estimate": estimated_s, "measured": measured_s,
+                                "error": _error(estimated_s, measured_s)}}}

@@ -34,6 +34,7 @@ from .checkpoint import latest_checkpoint, resume_key, save_checkpoint
 from .data import StepSampler, TokenShards, ensure_demo_corpus, make_loader
 from .init_weights import load_initial_weights
 from .lora import apply_lora
+from .memory_record import MemoryRecorder
 from .metrics import MetricsLog, memory_reading
 from .model import GPT
 from .optim import build_optimizer, clip_grad_norm
@@ -289,6 +290,7 @@ def run_training(job: Job, out_dir: str | Path, *, peak_tflops: float | None = N
     del state
 
     metrics = MetricsLog(out / "metrics.jsonl", start_step) if accelerator.is_main_process else None
+    recorder = MemoryRecorder(prog, job, device, rank, out, start_step, t.steps)
     if t.trackers:
         accelerator.init_trackers("toolkit", config=job.to_dict())
 
@@ -340,6 +342,7 @@ def run_training(job: Job, out_dir: str | Path, *, peak_tflops: float | None = N
             began = time.perf_counter()
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
+            recorder.begin_step(step)
             lr = lr_at(step, t)
             for group in optimizer.param_groups:
                 group["lr"] = lr
@@ -347,6 +350,7 @@ def run_training(job: Job, out_dir: str | Path, *, peak_tflops: float | None = N
             for micro in range(accum):
                 inputs, targets = next(batches)
                 inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+                recorder.micro_batch()
                 with _micro_batch_context(prog, job, last=micro == accum - 1):
                     with plan.autocast(device.type), (int8 or contextlib.nullcontext()):
                         loss = model(inputs, targets)
@@ -364,7 +368,8 @@ def run_training(job: Job, out_dir: str | Path, *, peak_tflops: float | None = N
                 if metrics:
                     metrics.write({"step": step + 1, "loss": None, "lr": lr, "grad_norm": None, "stopped": "diverged"})
                 raise TrainingStopped(_diagnose_nonfinite(job, step, lr, mean_loss, grad_norm))
-            scaler.step(optimizer)
+            with recorder.optimizer_step(step):
+                scaler.step(optimizer)
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
             if master:
@@ -378,6 +383,7 @@ def run_training(job: Job, out_dir: str | Path, *, peak_tflops: float | None = N
                 pruned.clear()
             if pruner and pruner.masks:
                 prune_apply()
+            recorder.end_step(step)
             if plan.loss_scaling and scaler.get_scale() < 1.0:
                 raise TrainingStopped(
                     f"the fp16 loss scale fell to {scaler.get_scale():g} at step {step + 1}: gradients overflow fp16 "
@@ -400,7 +406,8 @@ def run_training(job: Job, out_dir: str | Path, *, peak_tflops: float | None = N
             final_loss = mean_loss if not skipped else final_loss
             last = step + 1 == t.steps
             if val_set is not None and ((step + 1) % t.eval_every == 0 or last):
-                record["eval_loss"] = _evaluate(raw_model, val_set, job, plan, device, dp_rank, dp_world)
+                record["eval_loss"] = _evaluate(raw_model, val_set, job, plan, device, dp_rank, dp_world,
+                                                before_forward=recorder.micro_batch)
             if metrics:
                 metrics.write(record)
             if t.trackers:
@@ -417,6 +424,7 @@ def run_training(job: Job, out_dir: str | Path, *, peak_tflops: float | None = N
                 accelerator.print(f"stopped by SIGTERM after step {step + 1}; checkpoint saved, run again to resume")
                 break
     finally:
+        recorder.close()
         if bar:
             bar.close()
         if metrics:
@@ -447,7 +455,8 @@ def _agree(flag: bool, device, world: int) -> bool:
 
 
 @torch.no_grad()
-def _evaluate(model, val_set: TokenShards, job: Job, plan, device, rank: int, world: int) -> float:
+def _evaluate(model, val_set: TokenShards, job: Job, plan, device, rank: int, world: int,
+              before_forward=lambda: None) -> float:
     """Mean loss over the same eval_batches × micro_batch held-out windows whatever the number of replicas:
     replica r takes windows r, r + world, ...; losses and counts are summed over ranks (the ranks of one
     tensor-parallel group add the same figures to both). Every rank runs the same number of forwards, as the
@@ -461,6 +470,7 @@ def _evaluate(model, val_set: TokenShards, job: Job, plan, device, rank: int, wo
     for chunk in range(forwards):
         ids = mine[chunk * mb:(chunk + 1) * mb]
         window = torch.stack([val_set[i] for i in ids or [0]]).to(device)
+        before_forward()
         with plan.autocast(device.type), vocab_parallel():
             loss = _local(model(window[:, :-1], window[:, 1:]))
         sums[0] += loss.double() * len(ids)

@@ -1,0 +1,106 @@
+"""Each rank's measured tensor memory over its first two steps, written to OUT/memory/rank{r}.json (toolkit.runs).
+
+On CPU the instrument is torch's MemTracker over the real tensors (FSDPMemTracker under FSDP2), wrapped as
+the tracer wraps it: the same instrument on the same program, so estimate, trace and run compare like with
+like (not the allocator, nor the process's RSS). On a GPU it is torch.cuda's allocator statistics. The peak is
+the second step's (optimizer states exist by then), as the trace measures it; later steps run untracked.
+"""
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import torch
+
+from ..runs import write_rank_memory
+
+__all__ = ["MemoryRecorder"]
+
+_STATES = {"params_bytes": ("PARAM", "BUFFER", "SHARDED_PARAM"), "grads_bytes": ("GRAD", "SHARDED_GRAD"),
+           "optimizer_bytes": ("OPT", "OTH")}
+"""MemTracker's categories (and FSDPMemTracker's) for the model states the estimate reports."""
+
+
+class MemoryRecorder:
+    """Call begin_step / micro_batch / optimizer_step / end_step from the training loop; it does the rest."""
+
+    def __init__(self, prog, job, device: torch.device, rank: int, out: str | Path, first_step: int, last_step: int):
+        self.prog, self.job, self.device, self.rank, self.out = prog, job, device, rank, Path(out)
+        self.steps = list(range(first_step, min(first_step + 2, last_step)))     # 0-based steps recorded
+        self.tracker = None
+        self.before_step: dict = {}
+
+    def begin_step(self, step: int) -> None:
+        if step not in self.steps:
+            return
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        elif step == self.steps[0]:
+            self.tracker = self._cpu_tracker()
+            self.tracker.__enter__()
+        else:
+            self.tracker.reset_peak()
+
+    def micro_batch(self) -> None:
+        if self.tracker is not None:
+            self.tracker.reset_mod_stats()     # MemTracker refuses a module called twice otherwise
+
+    @contextlib.contextmanager
+    def optimizer_step(self, step: int):
+        if self.tracker is None or step != self.steps[-1]:
+            yield
+            return
+        from ..trace.memory import snapshot
+        self.before_step = snapshot(self.tracker, "current")
+        with self.tracker.optimizer_step():       # with offload the step runs on the host: not the device's
+            yield
+
+    def end_step(self, step: int) -> None:
+        if not self.steps or step != self.steps[-1]:
+            return
+        if self.device.type == "cuda":
+            record = self._cuda_record()
+        else:
+            record = self._cpu_record()
+        write_rank_memory(self.out, dict(record, rank=self.rank, stage=0, steps=[s + 1 for s in self.steps]))
+
+    def close(self) -> None:
+        """Leave the tracker if the run stopped inside the recorded steps (its hooks must not outlive the run)."""
+        if self.tracker is not None:
+            self.tracker.__exit__(None, None, None)
+            self.tracker = None
+
+    def _cpu_tracker(self):
+        from ..trace.memory import DeviceTracker, FSDPDeviceTracker, fsdp_host_bytes
+        prog = self.prog
+        if self.job.parallel.zero >= 2 and prog.layout.sharded:
+            tracker = FSDPDeviceTracker(prog.raw, prog.optimizer)
+            if self.job.parallel.offload != "none":
+                tracker.host_bytes = fsdp_host_bytes
+            return tracker
+        tracker = DeviceTracker()
+        extra = prog.master.params if prog.master else []
+        tracker.track_external(prog.raw, prog.optimizer, *extra)
+        if prog.master and prog.master.main_grads is not None:
+            tracker.track_gradients(prog.master.main_grads)
+        return tracker
+
+    def _cpu_record(self) -> dict:
+        from ..trace.memory import snapshot
+        after = snapshot(self.tracker, "current")
+        peak = snapshot(self.tracker, "peak")
+        self.tracker.__exit__(None, None, None)
+        self.tracker = None
+        offload = self.job.parallel.offload != "none" and self.job.parallel.zero >= 2
+        on_host = ("SHARDED_PARAM", "SHARDED_GRAD", "OPT") if offload else ()   # FSDP2's offload keeps these there
+        states = {name: sum((self.before_step if name == "grads_bytes" else after).get(c, 0)
+                            for c in cats if c not in on_host) for name, cats in _STATES.items()}
+        states["host_bytes"] = sum(self.before_step.get(c, 0) for c in on_host)
+        return {"instrument": "MemTracker (real tensors, CPU)", "peak_bytes": peak.get("Device" if offload else "Total", 0),
+                "categories": peak, "states": states}
+
+    def _cuda_record(self) -> dict:
+        allocated = int(torch.cuda.max_memory_allocated(self.device))
+        reserved = int(torch.cuda.max_memory_reserved(self.device))
+        return {"instrument": "torch.cuda allocator", "peak_bytes": allocated,
+                "categories": {"allocated_peak": allocated, "reserved_peak": reserved}, "states": None}
