@@ -10,9 +10,11 @@ applies is the reason given. Everything refused here is still estimated (and mos
 """
 from __future__ import annotations
 
+import numpy as np
+
 from .specs.job import TORCH_SEMANTICS, Job
 
-__all__ = ["run_refusal", "RUN_LAYOUTS"]
+__all__ = ["run_refusal", "runnable_mask", "RUN_LAYOUTS"]
 
 RUN_LAYOUTS = ("dp", "zero1", "zero2", "zero3", "zero2/3 + offload params", "tp", "tp + sp", "dp x tp",
                "dp x tp + zero2/3")
@@ -72,3 +74,24 @@ def run_refusal(job: Job) -> tuple[str, object, str] | None:
         if applies:
             return reason
     return None
+
+
+def runnable_mask(job: Job) -> np.ndarray:
+    """`run_refusal(job) is None` over a layout grid's array-valued job (toolkit.estimate.grid), vectorised for
+    the planner's `--runnable`. The same rules as above; tests/test_capability.py checks both agree on grids."""
+    par, mode = job.parallel, job.precision.mode
+    tp, pp, zero, offload = (np.asarray(x) for x in (par.tp, par.pp, par.zero, par.offload))
+    recompute = np.asarray(job.memory.recompute)
+    sharded = (zero >= 2) | (tp > 1)
+    ok = (pp == 1) & (offload != "optimizer") & ((offload != "params") | (zero >= 2)) & ~((tp > 1) & (zero == 1))
+    if mode not in TORCH_SEMANTICS:
+        ok &= (zero == 0) & (tp == 1)
+    if job.precision.grad_dtype == "fp32" or job.finetune.adapters or job.optimizer.name == "adamw-8bit":
+        ok &= (zero == 0) & (tp == 1)
+    if job.memory.act_compress == "int8":
+        ok &= ~sharded & (recompute != "full")
+    if job.training.pruning.method != "none" or mode == "amp-fp16" or (job.training.fp32_norm and mode != "fp32"):
+        ok &= ~sharded
+    if not job.model.has_shape or job.model.encoder:
+        ok &= False
+    return ok

@@ -19,6 +19,7 @@ import math
 
 import numpy as np
 
+from ..capability import runnable_mask
 from ..estimate.grid import layout_grid
 from ..estimate.memory import memory_estimate
 from ..estimate.spot import spot_run
@@ -27,7 +28,7 @@ from ..estimate.steptime import hardware_for, step_time
 from ..specs import Job, SpecError
 from ..specs.catalog import Catalog
 
-__all__ = ["search", "AXIS_VALUES", "pareto_front"]
+__all__ = ["search", "AXIS_VALUES", "pareto_front", "plan_job"]
 
 AXIS_VALUES = {"tp": (1, 2, 4, 8), "pp": (1, 2, 4, 8, 16), "vpp": (1, 2), "sp": (False, True),
                "zero": (0, 1, 2, 3), "offload": ("none", "optimizer", "params"),
@@ -83,8 +84,9 @@ def pareto_front(times: np.ndarray, costs: np.ndarray) -> np.ndarray:
 
 def search(job: Job, catalog: Catalog, *, gpus: tuple[int, str] | None = None, offers: list[str] | None = None,
            objective: str = "time", max_gpus: int | None = None, deadline_days: float | None = None,
-           top: int = 10, fixed: set[str] = frozenset()) -> dict:
-    """Evaluate every (cluster, layout), keep those that fit, and return the best `top` and the Pareto front."""
+           top: int = 10, fixed: set[str] = frozenset(), runnable: bool = False) -> dict:
+    """Evaluate every (cluster, layout), keep those that fit (and with `runnable`, those `toolkit train` can train:
+    toolkit.capability), and return the best `top` and the Pareto front."""
     if objective not in ("time", "cost"):
         raise SpecError("--objective", objective, "allowed: time, cost")
     if gpus is None and not offers:
@@ -126,6 +128,8 @@ def search(job: Job, catalog: Catalog, *, gpus: tuple[int, str] | None = None, o
         cost = train_s / 3600 * instances * price if price is not None else np.full(len(grid), np.nan)
         cost_usd = catalog.to_usd(cost, offer.currency) if offer is not None else cost
         ok = grid.valid & (peak <= usable)
+        if runnable:
+            ok &= np.broadcast_to(runnable_mask(grid.job), ok.shape)
         if deadline_days is not None:
             ok &= train_s <= deadline_days * 86400
         blocks.append({"grid": grid, "mem": peak, "st": st, "train_s": train_s, "cost": cost, "cost_usd": cost_usd,
@@ -143,7 +147,7 @@ def search(job: Job, catalog: Catalog, *, gpus: tuple[int, str] | None = None, o
     order = np.lexsort((times, sort_cost)) if objective == "cost" else np.lexsort((sort_cost, times))
     plans = [_describe(*which[i]) for i in order[:top]]
     pareto = [_describe(*which[i]) for i in pareto_front(times, costs)] if priced else []
-    return {"evaluated": evaluated, "fitting": len(which), "objective": objective,
+    return {"evaluated": evaluated, "fitting": len(which), "objective": objective, "runnable_only": runnable,
             "plans": plans, "pareto": pareto, "refused_clusters": refusals}
 
 
@@ -160,3 +164,15 @@ def _describe(block: dict, i: int) -> dict:
             "cost": None if np.isnan(block["cost"][i]) else float(block["cost"][i]), "currency": block["currency"],
             "cost_usd": None if np.isnan(block["cost_usd"][i]) else float(block["cost_usd"][i]),
             "breakdown": {k: pick(v) for k, v in st.breakdown().items()}}
+
+
+def plan_job(job: Job, plan: dict) -> Job:
+    """The job a plan describes (its devices, layout, micro-batch and recompute), e.g. to write with --write-job."""
+    lay = plan["layout"]
+    return job.replace(
+        cluster=dataclasses.replace(job.cluster, accelerator=plan["accelerator"], count=plan["devices"]),
+        parallel=dataclasses.replace(job.parallel, **{k: lay[k] for k in ("dp", "tp", "pp", "vpp", "sp", "zero",
+                                                                          "offload")}),
+        batch=dataclasses.replace(job.batch, micro_batch=lay["micro_batch"]),
+        memory=dataclasses.replace(job.memory, recompute=lay["recompute"]),
+        cost=dataclasses.replace(job.cost, offer=plan["offer"] or job.cost.offer))
