@@ -4,7 +4,8 @@ The README's small GPT (4 layers, hidden 256, 8 heads, byte vocabulary, 128 toke
 (accumulation differs with dp). fp32 rows are compared with one fp32 process: the same sums in another order,
 so the losses agree to ~1e-7 (target <= 1e-4). amp-bf16 rows are compared with one amp-bf16 process: bf16
 matmuls over other shards round differently (tolerance 1e-2 stated, not a target). Then a dp-4 ZeRO-3
-checkpoint resumes on 2 ranks. Headline figures last. About 4 minutes on 2 cores.
+checkpoint resumes on 2 ranks. Each row's per-rank tensor peak, measured by the run over its first two steps
+(memory/rank*.json), is compared with the estimate. Headline figures last. About 7 minutes on 2 cores.
 """
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ MODEL = ["--layers", "4", "--hidden", "256", "--heads", "8", "--vocab", "256", "
          "--global-batch", "16", "--steps", "10", "--warmup", "2", "--lr", "2e-3", "--no-progress",
          "--num-workers", "0", "--checkpoint-every", "5"]
 FP32_TOLERANCE, BF16_TOLERANCE = 1e-4, 1e-2
+RESULTS = Path(__file__).parent / "results" / "layouts.json"
+"""Every row's losses beside its reference, for notebooks/06_parallelism (committed: the notebook draws it)."""
 
 LAYOUTS = [   # (name, flags, ranks)
     ("dp 2 (DDP)", [], 2),
@@ -58,6 +61,22 @@ def first_step_difference(run: list[dict], ref: list[dict]) -> float:
     return abs(run[0]["loss"] - ref[0]["loss"]) / abs(ref[0]["loss"])
 
 
+def memory_error(out: Path) -> float:
+    """Largest |estimate − measured| / measured of the per-rank tensor peaks the run recorded (memory/rank*.json)."""
+    from toolkit.estimate.memory import memory_estimate
+    from toolkit.runs import read_rank_memory
+    from toolkit.specs import Job, load_catalog
+    job, _ = Job.from_yaml(out / "job.yaml").resolve(load_catalog())
+    estimate = float(memory_estimate(job).peak_bytes)
+    return max(abs(estimate - r["peak_bytes"]) / r["peak_bytes"] for r in read_rank_memory(out))
+
+
+def uses_ddp(flags: list[str]) -> bool:
+    """Replicas and ZeRO-1 wrap the model in DDP (dp x tp rows average gradients without it)."""
+    zero = int(flags[flags.index("--zero") + 1]) if "--zero" in flags else 0
+    return zero < 2 and "--tp" not in flags
+
+
 def tokens_per_s(records: list[dict]) -> float:
     steady = sorted(r["tokens_per_s"] for r in records[1:])
     return steady[len(steady) // 2]
@@ -69,22 +88,30 @@ def main() -> None:
     data = ensure_demo_corpus(work / "cache")
     ref32, _ = train(work / "one-fp32", [], 1, data)
     ref16, _ = train(work / "one-bf16", ["--precision", "amp-bf16"], 1, data)
-    print(f"{'layout':36s} {'ranks':>5s} {'precision':>9s} {'max rel loss diff':>18s} {'step 1':>8s} {'tokens/s':>9s} "
-          f"{'wall s':>7s}")
+    print(f"{'layout':36s} {'ranks':>5s} {'precision':>9s} {'max rel loss diff':>18s} {'step 1':>8s} {'peak err':>9s} "
+          f"{'tokens/s':>9s} {'wall s':>7s}")
     print(f"{'one process':36s} {1:5d} {'fp32':>9s} {'(reference)':>18s} {tokens_per_s(ref32):9.0f}")
     worst32 = worst16 = first32 = 0.0
+    memory = {"DDP": 0.0, "other": 0.0}
+    stored = {"reference": {"fp32": [r["loss"] for r in ref32], "amp-bf16": [r["loss"] for r in ref16]}, "rows": []}
     rows = [(n, f, r, "fp32", ref32) for n, f, r in LAYOUTS]
     rows += [(n, f + ["--precision", "amp-bf16"], r, "amp-bf16", ref16) for n, f, r in BF16_LAYOUTS]
     for index, (name, flags, ranks, mode, ref) in enumerate(rows):
         records, wall_s = train(work / f"row{index}", flags, ranks, data)
         diff = difference(records, ref)
         first = first_step_difference(records, ref)
+        mem = memory_error(work / f"row{index}")
+        key = "DDP" if uses_ddp(flags) else "other"
+        stored["rows"].append({"layout": name, "ranks": ranks, "precision": mode, "losses": [r["loss"] for r in records],
+                               "max_loss_difference": diff, "step1_loss_difference": first, "peak_error": mem,
+                               "tokens_per_s": tokens_per_s(records)})
+        memory[key] = max(memory[key], mem)
         if mode == "fp32":
             worst32, first32 = max(worst32, diff), max(first32, first)
         else:
             worst16 = max(worst16, diff)
-        print(f"{name:36s} {ranks:5d} {mode:>9s} {diff:18.1e} {first:8.1e} {tokens_per_s(records):9.0f} {wall_s:7.1f}",
-              flush=True)
+        print(f"{name:36s} {ranks:5d} {mode:>9s} {diff:18.1e} {first:8.1e} {100 * mem:8.2f}% "
+              f"{tokens_per_s(records):9.0f} {wall_s:7.1f}", flush=True)
 
     # spot instances lost: the dp-4 ZeRO-3 run's step-5 checkpoint resumes on 2 ranks
     source, moved = work / f"row{[n for n, *_ in LAYOUTS].index('ZeRO-3 on 4')}", work / "moved"
@@ -95,12 +122,17 @@ def main() -> None:
     resume_diff = difference(resumed, ref32)
     print(f"{'ZeRO-3 dp 4 -> resumed on dp 2':36s} {2:5d} {'fp32':>9s} {resume_diff:18.1e}")
     shutil.rmtree(work, ignore_errors=True)
+    stored["resume_dp4_to_dp2_difference"] = resume_diff
+    RESULTS.parent.mkdir(exist_ok=True)
+    RESULTS.write_text(json.dumps(stored, indent=1))
     print(f"layouts: {len(rows)}")
     print(f"fp32 max relative loss difference: {worst32:.1e}")
     print(f"fp32 within {FP32_TOLERANCE:g}: {str(worst32 <= FP32_TOLERANCE).lower()}")
     print(f"fp32 max relative step-1 loss difference: {first32:.1e}")
     print(f"amp-bf16 max relative loss difference: {worst16:.1e}")
     print(f"resume dp4 -> dp2 max relative loss difference: {resume_diff:.1e}")
+    print(f"per-rank peak max error, FSDP2 and tp rows: {100 * memory['other']:.2f} %")
+    print(f"per-rank peak max error, DDP and ZeRO-1 rows: {100 * memory['DDP']:.2f} %")
 
 
 if __name__ == "__main__":
