@@ -3,14 +3,17 @@
     run_training(job, "runs/demo")            # in this process (world of 1)
     toolkit train job.yaml --out runs/demo --nproc 2    # N ranks through toolkit.train.launch
 
-What a step does, in order: set the learning rate (linear warm-up, cosine decay); for each
-micro-batch, forward under the precision mode's autocast (and int8 saved activations if asked) and
-backward of loss / accumulation, syncing DDP gradients on the last one only; move 16-bit gradients
-to the fp32 masters (mixed-*; with fp32 main gradients they are already there, and are all-reduced
-once, without DDP, as Megatron does); unscale (fp16 modes); clip and log the global gradient norm; step,
+The layout (DDP, ZeRO-1/2/3, offload, tp, sp, dp × tp) is applied by toolkit.train.parallelize, the function
+the tracer uses too; accelerate only starts the processes and trackers. What a step does, in order: set the
+learning rate (linear warm-up, cosine decay); for each micro-batch, forward under the precision mode's autocast
+(and int8 saved activations if asked) and backward of loss / accumulation, syncing DDP gradients on the last one
+only (FSDP2 reduce-scatters every one); average gradients where no DDP does (fp32 main gradients, as Megatron
+does; dp × tp replicas); move 16-bit gradients to the fp32 masters (mixed-*); unscale (fp16 modes); clip and
+log the global gradient norm over every placement; step,
 or skip an overflowing fp16 step; write the masters back; re-apply pruning masks; one metrics line;
 a checkpoint every N steps, at the end and on SIGTERM. A non-finite loss or gradient outside loss
-scaling stops the run with a diagnosis instead of training on garbage.
+scaling stops the run with a diagnosis instead of training on garbage. The first two steps of every
+process also measure each rank's tensor memory (toolkit.train.memory_record -> memory/rank{r}.json).
 """
 from __future__ import annotations
 
