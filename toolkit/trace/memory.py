@@ -49,7 +49,7 @@ from ..train.parallelize import apply_fsdp
 from ..train.precision import MasterWeights
 
 __all__ = ["TraceResult", "trace_memory", "MAX_TRACED_MICRO_BATCHES", "DeviceTracker", "FSDPDeviceTracker", "snapshot",
-           "fsdp_host_bytes"]
+           "fsdp_host_bytes", "FSDP_HOST"]
 
 MAX_TRACED_MICRO_BATCHES = 2
 """Micro-batches traced per step: from the second on, every one repeats the same memory pattern."""
@@ -447,3 +447,4 @@ DeviceTracker = _DeviceTracker
 FSDPDeviceTracker = _FSDPDeviceTracker
 snapshot = _snapshot
 fsdp_host_bytes = _fsdp_host_bytes
+FSDP_HOST = _FSDP_HOST

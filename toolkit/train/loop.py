@@ -18,7 +18,6 @@ process also measure each rank's tensor memory (toolkit.train.memory_record -> m
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import os
 import signal
@@ -42,7 +41,7 @@ from .metrics import MetricsLog, memory_reading
 from .model import GPT
 from .optim import build_optimizer, clip_grad_norm
 from .parallel import loss_parallel
-from .parallelize import all_reduce_grads, device_mesh, dp_rank_and_size, is_sharded, needs_grad_all_reduce, parallelize
+from .parallelize import all_reduce_mean, device_mesh, dp_rank_and_size, is_sharded, needs_grad_all_reduce, parallelize
 from .precision import MasterWeights, precision_plan, use_fp32_norms
 from .qlora import apply_qlora
 from .state import Layout, gather_state, restore_state
@@ -175,12 +174,11 @@ def _build_program(job: Job, plan, device: torch.device, mesh) -> _Program:
     zero1 = job.parallel.zero == 1 and mesh is not None
     optimizer = build_optimizer(job, params, zero1_group=mesh["dp"].get_group() if zero1 else None)
     layout = Layout(sharded=is_sharded(job) and mesh is not None, zero1=zero1)
-    reduce_grads = None
-    world = torch.distributed.get_world_size() if mesh is not None else 1
-    if main_grads and world > 1:
-        reduce_grads = lambda: _all_reduce_mean(master.grad_buffers(), world)   # noqa: E731 (fresh each step)
+    reduce_grads = None                 # (the tensors are looked up at each call: gradients are set to None)
+    if main_grads and mesh is not None:
+        reduce_grads = lambda: all_reduce_mean(master.grad_buffers(), flatten=False)             # noqa: E731
     elif needs_grad_all_reduce(job, mesh):
-        reduce_grads = functools.partial(all_reduce_grads, params, mesh["dp"].get_group())
+        reduce_grads = lambda: all_reduce_mean([p.grad for p in params], mesh["dp"].get_group())  # noqa: E731
     return _Program(model, raw, optimizer, master, params, layout, reduce_grads)
 
 
@@ -440,14 +438,6 @@ def run_training(job: Job, out_dir: str | Path, *, peak_tflops: float | None = N
                      final_loss=final_loss, out_dir=out)
 
 
-def _all_reduce_mean(grads: list[torch.Tensor], world: int) -> None:
-    """Data parallelism for fp32 main gradients: their mean over the ranks, in place (the main-gradient buffer is
-    one tensor, so this is one all-reduce plus one per fp32 parameter such as an FP32Norm's)."""
-    for grad in grads:
-        torch.distributed.all_reduce(grad)
-        grad.div_(world)
-
-
 def _agree(flag: bool, device, world: int) -> bool:
     """True on every rank if any rank was asked to stop (a SIGTERM may reach one process first)."""
     if world == 1:
@@ -467,7 +457,7 @@ def _evaluate(model, val_set: TokenShards, job: Job, plan, device, rank: int, wo
     model.eval()
     mb, count = job.batch.micro_batch, job.training.eval_batches * job.batch.micro_batch
     mine = [i % len(val_set) for i in range(rank, count, world)]
-    forwards = -(-(-(-count // world)) // mb)
+    forwards = math.ceil(math.ceil(count / world) / mb)
     vocab_parallel = loss_parallel if job.parallel.tp > 1 else contextlib.nullcontext
     sums = torch.zeros(2, device=device, dtype=torch.float64)
     for chunk in range(forwards):

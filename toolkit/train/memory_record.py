@@ -86,16 +86,16 @@ class MemoryRecorder:
         return tracker
 
     def _cpu_record(self) -> dict:
-        from ..trace.memory import snapshot
+        from ..trace.memory import FSDP_HOST, fsdp_host_bytes, snapshot
         after = snapshot(self.tracker, "current")
         peak = snapshot(self.tracker, "peak")
         self.tracker.__exit__(None, None, None)
         self.tracker = None
         offload = self.job.parallel.offload != "none" and self.job.parallel.zero >= 2
-        on_host = ("SHARDED_PARAM", "SHARDED_GRAD", "OPT") if offload else ()   # FSDP2's offload keeps these there
+        on_host = FSDP_HOST if offload else ()          # what FSDP2's offload keeps in host memory
         states = {name: sum((self.before_step if name == "grads_bytes" else after).get(c, 0)
                             for c in cats if c not in on_host) for name, cats in _STATES.items()}
-        states["host_bytes"] = sum(self.before_step.get(c, 0) for c in on_host)
+        states["host_bytes"] = fsdp_host_bytes(self.before_step) if offload else 0
         return {"instrument": "MemTracker (real tensors, CPU)", "peak_bytes": peak.get("Device" if offload else "Total", 0),
                 "categories": peak, "states": states}
 

@@ -20,7 +20,7 @@ from ..specs.job import Job, compute_dtype
 from .parallel import tensor_parallel
 
 __all__ = ["device_mesh", "parallelize", "apply_fsdp", "apply_ddp", "dp_rank_and_size", "is_sharded",
-           "needs_grad_all_reduce", "all_reduce_grads"]
+           "needs_grad_all_reduce", "all_reduce_mean"]
 
 
 def device_mesh(job: Job, device_type: str):
@@ -55,7 +55,7 @@ def parallelize(model: nn.Module, job: Job, mesh, device: torch.device | None = 
         return apply_fsdp(model, job, mesh["dp"], pin_memory=device is not None and device.type == "cuda")
     if mesh["dp"].size() > 1 and par.tp == 1:
         return apply_ddp(model, job, mesh["dp"], device)
-    return model            # dp x tp at ZeRO-0/1: the runner calls all_reduce_grads after the last backward
+    return model            # dp x tp at ZeRO-0/1: the runner calls all_reduce_mean after the last backward
 
 
 def needs_grad_all_reduce(job: Job, mesh) -> bool:
@@ -64,20 +64,26 @@ def needs_grad_all_reduce(job: Job, mesh) -> bool:
     return mesh is not None and job.parallel.tp > 1 and job.parallel.zero < 2 and mesh["dp"].size() > 1
 
 
-def all_reduce_grads(params, dp_group) -> None:
-    """The mean of each gradient over the data-parallel replicas, in place: one flat all-reduce per dtype, as
-    DDP's buckets do (without overlapping the backward). A DTensor gradient is reduced through its local shard."""
+def all_reduce_mean(tensors, group=None, flatten: bool = True) -> None:
+    """The mean of each tensor over the ranks of `group` (None: all), in place: gradients where no DDP averages
+    them. `flatten`: one all-reduce per dtype over a flat copy, as DDP's buckets do (many small gradients);
+    without it one per tensor (fp32 main gradients already live in one buffer: no copy of it). A DTensor
+    gradient is reduced through its local shard."""
     from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
     import torch.distributed as dist
-    size = dist.get_world_size(dp_group)
+    size = dist.get_world_size(group)
+    locals_ = [t.to_local() if hasattr(t, "to_local") else t for t in tensors if t is not None]
+    if not flatten:
+        for local in locals_:
+            dist.all_reduce(local, group=group)
+            local.div_(size)
+        return
     by_dtype: dict = {}
-    for p in params:
-        if p.grad is not None:
-            local = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
-            by_dtype.setdefault(local.dtype, []).append(local)
+    for local in locals_:
+        by_dtype.setdefault(local.dtype, []).append(local)
     for grads in by_dtype.values():
         flat = _flatten_dense_tensors(grads)
-        dist.all_reduce(flat, group=dp_group)
+        dist.all_reduce(flat, group=group)
         flat.div_(size)
         for grad, reduced in zip(grads, _unflatten_dense_tensors(flat, grads)):
             grad.copy_(reduced)
