@@ -1,11 +1,13 @@
 """Every layout family the runner trains, on 2 and 4 gloo ranks, against one process: `python benchmarks/layouts.py`
 
-The README's small GPT (4 layers, hidden 256, 8 heads, byte vocabulary, 128 tokens), 10 steps, global batch 16
-(accumulation differs with dp). fp32 rows are compared with one fp32 process: the same sums in another order,
+The README's small GPT (4 layers, hidden 256, 8 heads, byte vocabulary, 128 tokens, tied embeddings, learned
+positions), 10 steps, global batch 16 (accumulation differs with dp; pipelines run it as micro-batches). fp32 rows are compared with one fp32 process: the same sums in another order,
 so the losses agree to ~1e-7 (target <= 1e-4). amp-bf16 rows are compared with one amp-bf16 process: bf16
-matmuls over other shards round differently (tolerance 1e-2 stated, not a target). Then a dp-4 ZeRO-3
+matmuls over other shards round differently (tolerance 1e-2 stated, not a target); the DeepSpeed backend's
+mixed-bf16 rows against one torch process with fp32 master weights (the same tolerance). Then a dp-4 ZeRO-3
 checkpoint resumes on 2 ranks. Each row's per-rank tensor peak, measured by the run over its first two steps
-(memory/rank*.json), is compared with the estimate. Headline figures last. About 7 minutes on 2 cores.
+(memory/rank*.json), is compared with the estimate (a pipeline rank with its stage's). Headline figures last.
+About 14 minutes on 2 cores.
 """
 from __future__ import annotations
 
@@ -37,8 +39,21 @@ LAYOUTS = [   # (name, flags, ranks)
     ("ZeRO-3 on 4", ["--zero", "3"], 4),
     ("dp 2 x tp 2", ["--tp", "2"], 4),
     ("dp 2 x tp 2 + sp, ZeRO-2", ["--zero", "2", "--tp", "2", "--sp"], 4),
+    ("pp 2 (1F1B)", ["--pp", "2"], 2),
+    ("pp 2 (GPipe)", ["--pp", "2", "--schedule", "gpipe"], 2),
+    ("pp 2 x vpp 2 (interleaved 1F1B)", ["--pp", "2", "--vpp", "2"], 2),
+    ("pp 4 (1F1B)", ["--pp", "4"], 4),
+    ("dp 2 x pp 2 (1F1B)", ["--pp", "2"], 4),
 ]
-BF16_LAYOUTS = [("ZeRO-2 (FSDP2) amp-bf16", ["--zero", "2"], 2), ("tp 2 + sp amp-bf16", ["--tp", "2", "--sp"], 2)]
+BF16_LAYOUTS = [("ZeRO-2 (FSDP2) amp-bf16", ["--zero", "2"], 2), ("tp 2 + sp amp-bf16", ["--tp", "2", "--sp"], 2),
+                ("pp 2 (1F1B) amp-bf16", ["--pp", "2"], 2)]
+MIXED_LAYOUTS = [   # the DeepSpeed backend (mixed-bf16 with ZeRO), against one torch process with fp32 masters
+    ("DeepSpeed ZeRO-1 mixed-bf16", ["--zero", "1"], 2),
+    ("DeepSpeed ZeRO-2 mixed-bf16", ["--zero", "2"], 2),
+    ("DeepSpeed ZeRO-3 mixed-bf16", ["--zero", "3"], 2),
+    ("DeepSpeed ZeRO-2 + offload optimizer", ["--zero", "2", "--offload", "optimizer"], 2),
+    ("DeepSpeed ZeRO-2 mixed-bf16 on 4", ["--zero", "2"], 4),
+]
 
 
 def train(out: Path, flags: list[str], ranks: int, data: Path) -> tuple[list[dict], float]:
@@ -63,19 +78,20 @@ def first_step_difference(run: list[dict], ref: list[dict]) -> float:
 
 
 def memory_error(out: Path) -> float:
-    """Largest |estimate − measured| / measured of the per-rank tensor peaks the run recorded (memory/rank*.json)."""
-    from toolkit.estimate.memory import memory_estimate
+    """Largest |estimate − measured| / measured of the per-rank tensor peaks the run recorded (memory/rank*.json),
+    each rank against its own pipeline stage's estimate."""
+    from toolkit.estimate.memory import stage_memory_estimate
     from toolkit.runs import read_rank_memory
     from toolkit.specs import Job, load_catalog
     job, _ = Job.from_yaml(out / "job.yaml").resolve(load_catalog())
-    estimate = float(memory_estimate(job).peak_bytes)
-    return max(abs(estimate - r["peak_bytes"]) / r["peak_bytes"] for r in read_rank_memory(out))
+    return max(abs(float(stage_memory_estimate(job, r["stage"]).peak_bytes) - r["peak_bytes"]) / r["peak_bytes"]
+               for r in read_rank_memory(out))
 
 
 def uses_ddp(flags: list[str]) -> bool:
-    """Replicas and ZeRO-1 wrap the model in DDP (dp x tp rows average gradients without it)."""
+    """Replicas and ZeRO-1 wrap the model in DDP (dp x tp and pipeline rows average gradients without it)."""
     zero = int(flags[flags.index("--zero") + 1]) if "--zero" in flags else 0
-    return zero < 2 and "--tp" not in flags
+    return zero < 2 and "--tp" not in flags and "--pp" not in flags
 
 
 def tokens_per_s(records: list[dict]) -> float:
@@ -89,28 +105,33 @@ def main() -> None:
     data = ensure_demo_corpus(work / "cache")
     ref32, _ = train(work / "one-fp32", [], 1, data)
     ref16, _ = train(work / "one-bf16", ["--precision", "amp-bf16"], 1, data)   # (argparse: the last --precision wins)
+    ref_mixed, _ = train(work / "one-mixed", ["--precision", "mixed-bf16"], 1, data)
     print(f"{'layout':36s} {'ranks':>5s} {'precision':>9s} {'max rel loss diff':>18s} {'step 1':>8s} {'peak err':>9s} "
           f"{'tokens/s':>9s} {'wall s':>7s}")
     print(f"{'one process':36s} {1:5d} {'fp32':>9s} {'(reference)':>18s} {tokens_per_s(ref32):9.0f}")
-    worst32 = worst16 = first32 = 0.0
+    worst32 = worst16 = worst_mixed = first32 = 0.0
     memory = {"DDP": 0.0, "other": 0.0}
-    stored = {"reference": {"fp32": [r["loss"] for r in ref32], "amp-bf16": [r["loss"] for r in ref16]}, "rows": []}
+    stored = {"reference": {"fp32": [r["loss"] for r in ref32], "amp-bf16": [r["loss"] for r in ref16],
+                            "mixed-bf16": [r["loss"] for r in ref_mixed]}, "rows": []}
     rows = [(n, f, r, "fp32", ref32) for n, f, r in LAYOUTS]
     rows += [(n, f + ["--precision", "amp-bf16"], r, "amp-bf16", ref16) for n, f, r in BF16_LAYOUTS]
+    rows += [(n, f + ["--precision", "mixed-bf16"], r, "mixed-bf16", ref_mixed) for n, f, r in MIXED_LAYOUTS]
     for index, (name, flags, ranks, mode, ref) in enumerate(rows):
         records, wall_s = train(work / f"row{index}", flags, ranks, data)
         diff = difference(records, ref)
         first = first_step_difference(records, ref)
         mem = memory_error(work / f"row{index}")
-        key = "DDP" if uses_ddp(flags) else "other"
+        key = "DDP" if uses_ddp(flags) and mode != "mixed-bf16" else "other"
         stored["rows"].append({"layout": name, "ranks": ranks, "precision": mode, "losses": [r["loss"] for r in records],
                                "max_loss_difference": diff, "step1_loss_difference": first, "peak_error": mem,
                                "tokens_per_s": tokens_per_s(records)})
         memory[key] = max(memory[key], mem)
         if mode == "fp32":
             worst32, first32 = max(worst32, diff), max(first32, first)
-        else:
+        elif mode == "amp-bf16":
             worst16 = max(worst16, diff)
+        else:
+            worst_mixed = max(worst_mixed, diff)
         print(f"{name:36s} {ranks:5d} {mode:>9s} {diff:18.1e} {first:8.1e} {100 * mem:8.2f}% "
               f"{tokens_per_s(records):9.0f} {wall_s:7.1f}", flush=True)
 
@@ -133,8 +154,9 @@ def main() -> None:
     print(f"fp32 within {FP32_TOLERANCE:g}: {str(worst32 <= FP32_TOLERANCE).lower()}")
     print(f"fp32 max relative step-1 loss difference: {first32:.1e}")
     print(f"amp-bf16 max relative loss difference: {worst16:.1e}")
+    print(f"DeepSpeed mixed-bf16 max relative loss difference (vs one torch process): {worst_mixed:.1e}")
     print(f"resume dp4 -> dp2 max relative loss difference (vs uninterrupted): {resume_diff:.1e}")
-    print(f"per-rank peak max error, FSDP2 and tp rows: {100 * memory['other']:.2f} %")
+    print(f"per-rank peak max error, FSDP2, tp, pipeline and DeepSpeed rows: {100 * memory['other']:.2f} %")
     print(f"per-rank peak max error, DDP and ZeRO-1 rows: {100 * memory['DDP']:.2f} %")
 
 

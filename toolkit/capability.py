@@ -2,11 +2,14 @@
 
     refusal = run_refusal(job)      # None, or (field, value, reason) naming what to change
 
-The runner trains the torch backend's program (toolkit.train.parallelize) for fp32, amp-* and pure-bf16:
+The torch backend (toolkit.train.parallelize, toolkit.train.pipeline) trains fp32, amp-* and pure-bf16:
 data-parallel replicas (DDP), torch's ZeRO-1 (ZeroRedundancyOptimizer over DDP), ZeRO-2/3 (FSDP2, with or
-without parameter offload), tensor and sequence parallelism (DTensor), and dp × tp meshes (DDP or FSDP2 over
-dp). The mixed-* modes train as replicas with fp32 master weights. Rules are checked in order; the first that
-applies is the reason given. Everything refused here is still estimated (and mostly traced).
+without parameter offload), tensor and sequence parallelism (DTensor), dp × tp meshes (DDP or FSDP2 over
+dp), and pipelines (torch's GPipe, 1F1B and interleaved 1F1B schedules) alone or replicated over dp; the
+mixed-* modes as replicas with fp32 master weights. The DeepSpeed backend (toolkit.train.deepspeed_backend)
+trains the mixed-* modes with ZeRO-1/2/3 over dp, ZeRO-Offload included. Megatron's program (mixed-* with tp
+or pp) is estimated only. Rules are checked in order; the first that applies is the reason given. Everything
+refused here is still estimated (and mostly traced). CAPABILITIES is the same as a table, for the README.
 """
 from __future__ import annotations
 
@@ -14,56 +17,94 @@ import numpy as np
 
 from .specs.job import TORCH_SEMANTICS, Job
 
-__all__ = ["run_refusal", "runnable_mask", "RUN_LAYOUTS"]
+__all__ = ["run_refusal", "runnable_mask", "RUN_LAYOUTS", "CAPABILITIES", "capability_markdown"]
 
 RUN_LAYOUTS = ("dp", "zero1", "zero2", "zero3", "zero2/3 + offload params", "tp", "tp + sp", "dp x tp",
-               "dp x tp + zero2/3")
-"""Layout families the runner trains (torch backend, fp32 / amp-* / pure-bf16)."""
+               "dp x tp + zero2/3", "pp (GPipe, 1F1B, interleaved 1F1B)", "dp x pp",
+               "DeepSpeed zero1/2/3 (+ offload optimizer)")
+"""Layout families the runner trains."""
+
+CAPABILITIES = (   # (backend, layout, precision modes, estimated, traced, run)
+    ("torch", "dp (DDP), ZeRO-1 (ZeroRedundancyOptimizer)", "fp32, amp-*, pure-bf16; mixed-* at zero 0", True, True,
+     True),
+    ("torch", "ZeRO-2/3 (FSDP2), + offload params", "fp32, amp-bf16, pure-bf16", True, True, True),
+    ("torch", "tp, tp + sp, dp x tp (+ ZeRO-2/3)", "fp32, amp-bf16, pure-bf16", True, True, True),
+    ("torch", "pp: GPipe, 1F1B, interleaved 1F1B; dp x pp", "fp32, amp-bf16, pure-bf16", True, True, True),
+    ("torch", "tp x pp, pp with ZeRO", "fp32, amp-*, pure-bf16", True, False, False),
+    ("deepspeed", "ZeRO-1/2/3 over dp, + offload optimizer (ZeRO-Offload)", "mixed-bf16 (mixed-fp16 on GPUs)",
+     True, True, True),
+    ("deepspeed", "offload params (ZeRO-Infinity)", "mixed-*", True, False, False),
+    ("megatron", "tp, sp, pp, dp x tp x pp (with ZeRO-1 over dp)", "mixed-*", True, False, False),
+)
+"""What each backend's layouts are: estimated (toolkit.estimate), traced (toolkit.trace), run (toolkit train).
+Techniques with their own limits (adapters, 8-bit AdamW, int8 activations, pruning, FP32 norms, fp32 main
+gradients) run where `run_refusal` lets them."""
 
 
 def _layout_rules(job: Job):
-    par, mode = job.parallel, job.precision.mode
-    torch_mode = mode in TORCH_SEMANTICS
-    yield par.pp > 1, ("parallel.pp", par.pp, "the runner does not train pipelines yet (they are estimated and "
-                                              "traced); set parallel.pp = 1")
-    yield par.zero > 0 and not torch_mode, (
-        "parallel.zero", par.zero, f"{mode} with ZeRO is DeepSpeed's program, which the runner does not train yet; "
-                                   "use amp-bf16 (torch's ZeRO: FSDP2) or zero 0")
-    yield par.tp > 1 and not torch_mode, (
-        "parallel.tp", par.tp, f"{mode} with tensor parallelism is Megatron's program (estimated only); use fp32, "
-                               "amp-* or pure-bf16 (torch's DTensor plan)")
+    par, mode, backend = job.parallel, job.precision.mode, job.backend
+    yield backend == "megatron", (
+        "parallel.tp" if par.tp > 1 else "parallel.pp", par.tp if par.tp > 1 else par.pp,
+        f"{mode} with tensor or pipeline parallelism is Megatron's program (estimated only); use fp32, amp-* or "
+        "pure-bf16 (torch's DTensor plan and pipeline schedules)")
+    yield backend == "deepspeed" and par.offload == "params", (
+        "parallel.offload", "params", "DeepSpeed's parameter offload (ZeRO-Infinity) is estimated, not run; use "
+                                      "offload optimizer (ZeRO-Offload), or amp-bf16 with FSDP2's offload params")
     yield par.tp > 1 and par.zero == 1, (
         "parallel.zero", 1, "torch's ZeRO-1 (ZeroRedundancyOptimizer) does not take tensor-parallel parameters; "
                             "use zero 2 or 3 with tp")
-    yield par.offload == "optimizer", (
-        "parallel.offload", "optimizer", "optimizer-only offload is DeepSpeed's ZeRO-Offload, which the runner does "
-                                         "not train yet; the torch backend offloads with zero 2/3 and offload params")
     yield par.offload == "params" and par.zero < 2, (
         "parallel.offload", "params", "FSDP2 offloads sharded states: needs zero 2 or 3")
+    yield from _pipeline_rules(job)
+
+
+def _pipeline_rules(job: Job):
+    par, m = job.parallel, job.grad_accum or 1
+    if par.pp == 1:
+        return
+    yield par.tp > 1 or par.zero > 0, (
+        "parallel.pp", par.pp, "pipelines train with replicated stages so far (tp 1, zero 0; dp any); tp × pp and "
+                               "ZeRO under pipelines are estimated and not run")
+    yield job.model.layers % (par.pp * par.vpp) != 0, (
+        "parallel.pp", par.pp, f"pp × vpp = {par.pp * par.vpp} must divide model.layers = {job.model.layers} "
+                               "(equal stages)")
+    yield par.vpp > 1 and par.schedule == "gpipe", (
+        "parallel.schedule", "gpipe", "interleaved stages (vpp > 1) run the interleaved 1F1B schedule; set "
+                                      "schedule: 1f1b or vpp: 1")
+    yield par.vpp == 1 and m < par.pp, (
+        "batch.global_batch", job.batch.global_batch,
+        f"{m} micro-batches per step for {par.pp} stages: torch's schedules need at least one per stage (raise "
+        "global_batch or lower micro_batch)")
+    yield par.vpp > 1 and m % max(1, m // par.pp) != 0, (
+        "batch.global_batch", job.batch.global_batch,
+        f"interleaved 1F1B runs the {m} micro-batches in rounds of {par.pp}: make their number a multiple of pp")
 
 
 def _technique_rules(job: Job):
     par = job.parallel
     sharded = par.zero >= 2 or par.tp > 1
-    yield job.precision.grad_dtype == "fp32" and (par.zero > 0 or par.tp > 1), (
-        "precision.grad_dtype", "fp32", "fp32 main gradients are trained with replicas (zero 0, tp 1); use param")
-    yield job.finetune.adapters and (par.zero > 0 or par.tp > 1), (
-        "finetune.method", job.finetune.method, "adapters are trained with replicas (zero 0, tp 1)")
-    yield job.optimizer.name == "adamw-8bit" and (par.zero > 0 or par.tp > 1), (
-        "optimizer.name", "adamw-8bit", "bitsandbytes' 8-bit AdamW is trained with replicas (zero 0, tp 1)")
-    yield job.memory.act_compress == "int8" and sharded, (
-        "memory.act_compress", "int8", "int8 saved activations are trained with replicas or ZeRO-1")
+    split = sharded or par.pp > 1 or job.backend == "deepspeed"     # no rank steps every whole matrix
+    replicas = par.zero == 0 and par.tp == 1 and par.pp == 1
+    yield job.precision.grad_dtype == "fp32" and not replicas, (
+        "precision.grad_dtype", "fp32", "fp32 main gradients are trained with replicas (zero 0, tp 1, pp 1); use param")
+    yield job.finetune.adapters and not replicas, (
+        "finetune.method", job.finetune.method, "adapters are trained with replicas (zero 0, tp 1, pp 1)")
+    yield job.optimizer.name == "adamw-8bit" and not replicas, (
+        "optimizer.name", "adamw-8bit", "bitsandbytes' 8-bit AdamW is trained with replicas (zero 0, tp 1, pp 1)")
+    yield job.memory.act_compress == "int8" and split, (
+        "memory.act_compress", "int8", "int8 saved activations are trained with replicas or torch's ZeRO-1")
     yield job.memory.act_compress == "int8" and job.memory.recompute == "full", (
         "memory.act_compress", "int8", "full recompute keeps only block inputs, which the runner does not "
                                        "compress: choose int8 or full recompute")
-    yield job.training.pruning.method != "none" and sharded, (
+    yield job.training.pruning.method != "none" and split, (
         "training.pruning.method", job.training.pruning.method, "pruning masks whole matrices: train it with "
-                                                                "replicas or ZeRO-1")
-    yield job.training.fp32_norm and sharded and job.precision.mode != "fp32", (
-        "training.fp32_norm", True, "FP32 norms inside FSDP2 or tensor-parallel units are not trained yet; "
-                                    "use replicas or ZeRO-1")
-    yield job.precision.mode == "amp-fp16" and sharded, (
-        "precision.mode", "amp-fp16", "fp16 loss scaling over sharded gradients is not trained yet; use amp-bf16")
+                                                                "replicas or torch's ZeRO-1")
+    yield job.training.fp32_norm and split and job.precision.mode != "fp32", (
+        "training.fp32_norm", True, "FP32 norms inside FSDP2, tensor-parallel, pipeline or DeepSpeed units are "
+                                    "not trained yet; use replicas or torch's ZeRO-1")
+    yield job.precision.mode == "amp-fp16" and split, (
+        "precision.mode", "amp-fp16", "fp16 loss scaling over sharded gradients or pipeline schedules is not "
+                                      "trained yet; use amp-bf16")
     yield not job.model.has_shape or job.model.encoder, (
         "model", job.model.name, "the runner trains decoder models with layers, hidden and heads")
 
@@ -81,17 +122,38 @@ def runnable_mask(job: Job) -> np.ndarray:
     the planner's `--runnable`. The same rules as above; tests/test_capability.py checks both agree on grids."""
     par, mode = job.parallel, job.precision.mode
     tp, pp, zero, offload = (np.asarray(x) for x in (par.tp, par.pp, par.zero, par.offload))
+    vpp, schedule = np.asarray(par.vpp), np.asarray(par.schedule)
+    m = np.maximum(np.asarray(job.grad_accum if job.grad_accum is not None else 1), 1)
     recompute = np.asarray(job.memory.recompute)
+    mixed = mode not in TORCH_SEMANTICS
+    megatron = mixed & ((tp > 1) | (pp > 1))                 # infer_backend, over arrays
+    deepspeed = mixed & (zero > 0) & ~megatron
+    inferred = np.where(deepspeed, "deepspeed", np.where(megatron, "megatron", "torch"))
     sharded = (zero >= 2) | (tp > 1)
-    ok = (pp == 1) & (offload != "optimizer") & ((offload != "params") | (zero >= 2)) & ~((tp > 1) & (zero == 1))
-    if mode not in TORCH_SEMANTICS:
-        ok &= (zero == 0) & (tp == 1)
+    split = sharded | (pp > 1) | deepspeed
+    replicas = (zero == 0) & (tp == 1) & (pp == 1)
+    ok = ~megatron & ~(deepspeed & (offload == "params")) & ((offload != "params") | (zero >= 2)) \
+        & ~((tp > 1) & (zero == 1))
+    if par.backend is not None:
+        ok &= inferred == par.backend
+    stages_ok = ((tp == 1) & (zero == 0) & (np.asarray(job.model.layers) % (pp * vpp) == 0)
+                 & ~((vpp > 1) & (schedule == "gpipe")) & np.where(vpp == 1, m >= pp, m % np.maximum(1, m // pp) == 0))
+    ok &= (pp == 1) | stages_ok
     if job.precision.grad_dtype == "fp32" or job.finetune.adapters or job.optimizer.name == "adamw-8bit":
-        ok &= (zero == 0) & (tp == 1)
+        ok &= replicas
     if job.memory.act_compress == "int8":
-        ok &= ~sharded & (recompute != "full")
+        ok &= ~split & (recompute != "full")
     if job.training.pruning.method != "none" or mode == "amp-fp16" or (job.training.fp32_norm and mode != "fp32"):
-        ok &= ~sharded
+        ok &= ~split
     if not job.model.has_shape or job.model.encoder:
         ok &= False
     return ok
+
+
+def capability_markdown() -> str:
+    """CAPABILITIES as the README's table (tests/train/test_capability.py keeps the README's copy equal to it)."""
+    mark = {True: "yes", False: "—"}
+    lines = ["| backend | layout | precision | estimated | traced | run |", "|---|---|---|---|---|---|"]
+    lines += [f"| {backend} | {layout} | {modes} | {mark[est]} | {mark[traced]} | {mark[run]} |"
+              for backend, layout, modes, est, traced, run in CAPABILITIES]
+    return "\n".join(lines)

@@ -49,6 +49,7 @@ OVERRIDES = {
     "vpp": ("parallel", "vpp", Parallel), "sp": ("parallel", "sp", Parallel),
     "schedule": ("parallel", "schedule", Parallel),
     "zero": ("parallel", "zero", Parallel), "offload": ("parallel", "offload", Parallel),
+    "backend": ("parallel", "backend", Parallel),
     "recompute": ("memory", "recompute", MemoryOptions), "act_compress": ("memory", "act_compress", MemoryOptions),
     "attention": ("memory", "attention", MemoryOptions),
     "headroom": ("memory", "headroom_fraction", MemoryOptions),

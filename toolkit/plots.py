@@ -65,8 +65,10 @@ def step_figure(est: dict) -> go.Figure:
     return fig
 
 
-def metrics_figure(records: list[dict], est: dict | None = None) -> go.Figure:
-    """Loss, throughput, MFU (or TFLOP/s) and memory of a run, step by step; the estimate as dashed lines."""
+def metrics_figure(records: list[dict], est: dict | None = None, rank_memory: list[dict] = ()) -> go.Figure:
+    """Loss, throughput, MFU (or TFLOP/s) and memory of a run, step by step; the estimate as dashed lines. The
+    process's memory (RSS on CPU, the allocator on GPUs) is one line; `rank_memory` (toolkit.runs.read_rank_memory:
+    each rank's tensor peak over its first steps, the estimate's own measure) adds one marker per rank."""
     fig = make_subplots(rows=2, cols=2, subplot_titles=("loss", "tokens/s", "MFU" if any(
         r.get("mfu") is not None for r in records) else "TFLOP/s per device", "memory"))
     steps = [r["step"] for r in records]
@@ -82,6 +84,10 @@ def metrics_figure(records: list[dict], est: dict | None = None) -> go.Figure:
     kind = records[-1].get("mem_kind", "memory") if records else "memory"
     fig.add_trace(go.Scatter(x=steps, y=[(r.get("mem_bytes") or 0) / GIB for r in records], name=f"measured ({kind})",
                              mode="lines"), 2, 2)
+    if rank_memory:
+        fig.add_trace(go.Scatter(x=[max(r["steps"]) for r in rank_memory], y=[r["peak_bytes"] / GIB for r in rank_memory],
+                                 text=[f"rank {r['rank']} (stage {r['stage']})" for r in rank_memory], mode="markers",
+                                 name=f"tensor peak per rank ({rank_memory[0]['instrument']})"), 2, 2)
     if est is not None and steps:
         span = [min(steps), max(steps)]
         if est["time"].get("tokens_per_s"):

@@ -7,10 +7,14 @@
 The run is a separate process (`toolkit train`, which starts the ranks), so the kernel and the
 widgets never wait on training. A background thread reads the run's metrics.jsonl as lines arrive
 and redraws the figure at most `max_redraws_per_s` times a second, all new lines in one update.
-The run's errors (a refused job, a dead rank, a diagnosed divergence) appear in the panel.
+The run's errors (a refused job, a dead rank, a diagnosed divergence) appear in the panel. The memory chart
+shows the process's memory and, once the ranks recorded them (their first two steps), each rank's tensor
+peak beside the estimated peak: on CPU the RSS counts the interpreter and libraries, the markers compare
+like with like.
 """
 from __future__ import annotations
 
+import dataclasses
 import html
 import signal
 import subprocess
@@ -24,6 +28,7 @@ import plotly.graph_objects as go
 
 from toolkit.estimate import estimate
 from toolkit.plots import metrics_figure
+from toolkit.runs import read_rank_memory
 from toolkit.specs import Job, SpecError
 from toolkit.train.metrics import MetricsTail
 
@@ -38,9 +43,10 @@ class LauncherPanel(W.VBox):
         self.min_redraw_s = 1.0 / max_redraws_per_s
         self.process: subprocess.Popen | None = None
         self.records: list[dict] = []
+        self.rank_memory: list[dict] = []
         self.redraws = 0
         self._watcher: threading.Thread | None = None
-        self._estimate = self._estimate_of(job)
+        self._estimate = self._estimate_of(job, nproc)
         self.figure = go.FigureWidget(metrics_figure([], self._estimate))
         self.status = W.HTML("ready")
         self.launch_button = W.Button(description="Launch", icon="play", button_style="success")
@@ -53,7 +59,12 @@ class LauncherPanel(W.VBox):
                           self.figure])
 
     @staticmethod
-    def _estimate_of(job: Job) -> dict | None:
+    def _estimate_of(job: Job, nproc: int) -> dict | None:
+        """The estimate of the job as it will run: on nproc ranks, dp = nproc / (tp·pp), as `toolkit train` sets."""
+        par = job.parallel
+        if par.dp is None and nproc % (par.tp * par.pp) == 0:
+            job = job.replace(parallel=dataclasses.replace(par, dp=nproc // (par.tp * par.pp)),
+                              cluster=dataclasses.replace(job.cluster, count=nproc))
         try:
             return estimate(job)
         except SpecError:
@@ -111,7 +122,9 @@ class LauncherPanel(W.VBox):
         self._finished()
 
     def _redraw(self) -> None:
-        fig = metrics_figure(self.records, self._estimate)
+        if len(self.rank_memory) < self.nproc:          # (written once, after each rank's second step)
+            self.rank_memory = read_rank_memory(self.out)
+        fig = metrics_figure(self.records, self._estimate, self.rank_memory)
         with self.figure.batch_update():
             if len(self.figure.data) != len(fig.data):
                 self.figure.data = []

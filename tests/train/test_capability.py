@@ -60,3 +60,12 @@ def test_a_runnable_plan_trains_as_written_on_four_ranks(tmp_path, corpus):
     trained = Job.from_yaml(tmp_path / "run" / "job.yaml").parallel
     assert (trained.tp, trained.zero, trained.offload) == (written.parallel.tp, written.parallel.zero,
                                                            written.parallel.offload)
+
+
+def test_the_readme_renders_the_capability_table():
+    """The README's table of what each backend estimates, traces and runs is the code's, not a copy that drifts."""
+    from pathlib import Path
+
+    from toolkit.capability import capability_markdown
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    assert capability_markdown() in readme

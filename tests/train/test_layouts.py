@@ -1,5 +1,5 @@
 """The layouts the planner recommends, trained for real on gloo ranks: ZeRO-1/2/3, offload, tensor and sequence
-parallelism, dp × tp. Each must train as one process does with the same global batch (fp32: the same sums in
+parallelism, dp × tp, pipelines (1F1B, GPipe; interleaved in benchmarks/layouts.py) and dp × pp. Each must train as one process does with the same global batch (fp32: the same sums in
 another order, ~1e-7), and its checkpoints must resume bitwise on the same layout and on another one.
 
 The reference is an independent program: one process, no parallelism, no sharded state."""
@@ -50,7 +50,9 @@ def one_process(tmp_path_factory, corpus):
     (("--zero", "3", "--offload", "params"), 2),          # FSDP2, resharded, states on the host
     (("--tp", "2", "--sp"), 2),                           # DTensor plan, tied embeddings, learned positions
     (("--tp", "2"), 4),                                   # dp 2 x tp 2: replicas average DTensor gradients by hand
-], ids=["zero1", "zero3-offload", "tp2-sp", "dp2xtp2"])
+    (("--pp", "2"), 2),                                   # 1F1B, 4 micro-batches; tied embedding on both ends
+    (("--pp", "2", "--schedule", "gpipe"), 4),            # dp 2 x pp 2, GPipe
+], ids=["zero1", "zero3-offload", "tp2-sp", "dp2xtp2", "pp2-1f1b", "dp2xpp2-gpipe"])
 def test_a_sharded_layout_trains_as_one_process(tmp_path, corpus, one_process, layout, nproc):
     result = toolkit_train(tmp_path, *STEPS, *layout, "--nproc", str(nproc), "--data", str(corpus))
     assert result.returncode == 0, result.stderr
@@ -65,7 +67,9 @@ def test_a_sharded_layout_trains_as_one_process(tmp_path, corpus, one_process, l
         assert rank["categories"]["params_bytes"]["estimate"] == rank["categories"]["params_bytes"]["measured"]
         peak = rank["peak_bytes"]
         assert peak["error"] == pytest.approx((peak["estimate"] - peak["measured"]) / peak["measured"])
-        if "--zero" not in layout or layout[1] != "1":     # (DDP's persistent buckets are not modelled yet)
+        if "--pp" in layout:                               # each rank against its own stage's estimate
+            assert rank["stage"] == rank["rank"] // (nproc // 2) and abs(peak["error"]) < 0.03
+        elif "--zero" not in layout or layout[1] != "1":   # (DDP's persistent buckets are not modelled yet)
             assert abs(peak["error"]) < 0.01
     assert compared["time"]["step_s"]["measured"] > 0 and set(compared["time"]["step_s"]) == {
         "estimate", "measured", "error"}
@@ -92,6 +96,57 @@ def test_zero3_resumes_bitwise_after_a_kill_and_in_another_layout(tmp_path, corp
     again = toolkit_train(moved, *STEPS, "--data", str(corpus))
     assert again.returncode == 0 and "resumed from step_00000003.pt" in again.stdout + again.stderr
     _assert_close(_records(moved), one_process, rel=1e-5)
+
+
+def test_a_pipeline_resumes_bitwise_after_a_kill_and_in_one_process(tmp_path, corpus, one_process):
+    """Stages save their renumbered blocks under the whole model's names: a pp-2 checkpoint loads in one process."""
+    ref, killed, moved = tmp_path / "ref", tmp_path / "killed", tmp_path / "moved"
+    args = (*STEPS, "--pp", "2", "--data", str(corpus))
+    assert toolkit_train(ref, *args, "--nproc", "2").returncode == 0
+    p = toolkit_train(killed, *args, "--nproc", "2", wait=False)
+    wait_for_step(killed / "metrics.jsonl", 4, p)
+    rank1 = next(c for c in psutil.Process(p.pid).children() if c.environ().get("RANK") == "1")
+    rank1.send_signal(signal.SIGKILL)              # the last stage, which computes the loss
+    p.communicate(timeout=120)
+    assert p.returncode == 1
+    assert toolkit_train(killed, *args, "--nproc", "2").returncode == 0
+    assert _records(killed) == _records(ref)
+    shutil.copytree(ref, moved)
+    for stale in (moved / "checkpoints").glob("step_00000006*"):
+        stale.unlink()
+    again = toolkit_train(moved, *STEPS, "--data", str(corpus))
+    assert again.returncode == 0 and "resumed from step_00000003.pt" in again.stdout + again.stderr
+    _assert_close(_records(moved), one_process, rel=1e-5)
+
+
+def test_deepspeed_zero2_trains_as_one_mixed_process_and_resumes_bitwise(tmp_path, corpus):
+    """mixed-bf16 with ZeRO runs DeepSpeed's engine (configured as the estimate models it), against the torch
+    backend's one process with fp32 master weights: bf16 weights and gradients reduced over other ranks round
+    differently (tolerance 1e-3). Its checkpoints are DeepSpeed's partitions, for as many ranks as wrote them."""
+    one, ref, killed = tmp_path / "one", tmp_path / "ref", tmp_path / "killed"
+    args = (*STEPS, "--precision", "mixed-bf16", "--data", str(corpus))
+    assert toolkit_train(one, *args).returncode == 0
+    result = toolkit_train(ref, *args, "--zero", "2", "--nproc", "2")
+    assert result.returncode == 0, result.stderr
+    assert Job.from_yaml(ref / "job.yaml").resolve()[0].backend == "deepspeed"
+    _assert_close(_records(ref), _records(one), rel=1e-3)
+    assert (ref / "checkpoints" / "step_00000006.ds").is_dir()
+    assert [r["rank"] for r in read_rank_memory(ref)] == [0, 1]   # flat buffers and partitions, measured by the run
+    compared = json.loads(subprocess.run([sys.executable, "-m", "toolkit.cli", "compare", "--run", str(ref), "--json"],
+                                         capture_output=True, text=True, check=True).stdout)
+    for rank in compared["ranks"]:
+        assert abs(rank["peak_bytes"]["error"]) < 0.01
+    p = toolkit_train(killed, *args, "--zero", "2", "--nproc", "2", wait=False)
+    wait_for_step(killed / "metrics.jsonl", 4, p)
+    rank1 = next(c for c in psutil.Process(p.pid).children() if c.environ().get("RANK") == "1")
+    rank1.send_signal(signal.SIGKILL)
+    p.communicate(timeout=120)
+    assert p.returncode == 1
+    assert toolkit_train(killed, *args, "--zero", "2", "--nproc", "2").returncode == 0
+    assert _records(killed) == _records(ref)
+    moved = toolkit_train(killed, *STEPS[2:], "--steps", "8", "--precision", "mixed-bf16", "--zero", "2",
+                          "--data", str(corpus))
+    assert moved.returncode != 0 and "written by 2 ranks" in moved.stderr and "--nproc 2" in moved.stderr
 
 
 @pytest.mark.parametrize("environ, message", [

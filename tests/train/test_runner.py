@@ -116,8 +116,15 @@ def test_a_killed_rank_stops_the_run_and_names_the_checkpoint(tmp_path, corpus):
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--pp", "2", "--nproc", "2"], "--pp: parallel.pp = 2: the runner does not train pipelines yet"),
-    (["--zero", "2", "--precision", "mixed-bf16", "--nproc", "2"], "mixed-bf16 with ZeRO is DeepSpeed's program"),
+    (["--pp", "2", "--tp", "2", "--nproc", "4"], "--pp: parallel.pp = 2: pipelines train with replicated stages"),
+    (["--pp", "2", "--nproc", "2", "--global-batch", "2"], "1 micro-batches per step for 2 stages"),
+    (["--pp", "2", "--vpp", "2", "--schedule", "gpipe", "--layers", "4", "--nproc", "2"],
+     "interleaved stages (vpp > 1) run the interleaved 1F1B schedule"),
+    (["--tp", "2", "--precision", "mixed-bf16", "--nproc", "2"], "mixed-bf16 with tensor or pipeline parallelism is "
+                                                                   "Megatron's program (estimated only)"),
+    (["--backend", "deepspeed", "--zero", "2", "--nproc", "2"], "--backend: parallel.backend = 'deepspeed': "
+                                                                "DeepSpeed's program is modelled for the mixed-* modes"),
+    (["--zero", "2", "--precision", "mixed-fp16", "--nproc", "2"], "DeepSpeed runs fp16 on GPUs only"),
     (["--tp", "3", "--nproc", "3"], "--tp: parallel.tp = 3: must divide model.heads = 4"),
     (["--tp", "2", "--nproc", "3"], "--nproc = 3: must be a multiple of tp × pp = 2"),
     (["--dp", "3", "--nproc", "2"], "parallel.dp = 3: the job asks for dp × tp × pp = 3 ranks but --nproc = 2"),

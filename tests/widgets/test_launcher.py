@@ -1,6 +1,7 @@
 """The launcher panel: a real run in a subprocess, watched from a thread, stopped while it trains."""
 import time
 
+from toolkit.runs import read_rank_memory
 from toolkit.specs import Job
 from widgets.launcher import LauncherPanel
 from widgets.planner import PlannerPanel
@@ -29,6 +30,13 @@ def test_stop_during_a_run_checkpoints_and_the_kernel_stays_responsive(tmp_path)
     assert "stopped cleanly" in panel.status.value and not panel.resume_button.disabled
     assert len(panel.figure.data[0].x) == step            # every line drawn
     assert panel.redraws <= 4 * 60                         # rate-limited, not one redraw per line
+    # each rank's tensor peak (what the estimate measures, unlike the process's RSS) beside the estimated peak
+    peaks = next(t for t in panel.figure.data if t.name.startswith("tensor peak per rank"))
+    estimated = next(t for t in panel.figure.data if t.name == "estimated peak")
+    recorded = read_rank_memory(tmp_path / "run")
+    assert [r["rank"] for r in recorded] == [0, 1] and list(peaks.x) == [2, 2]
+    assert list(peaks.y) == [r["peak_bytes"] / 2**30 for r in recorded]
+    assert abs(peaks.y[0] - estimated.y[0]) / peaks.y[0] < 0.25     # like with like (RSS is ~8x the tensors)
 
 
 def test_resume_continues_where_it_stopped(tmp_path):
@@ -44,9 +52,9 @@ def test_resume_continues_where_it_stopped(tmp_path):
 
 def test_a_failed_run_shows_its_error(tmp_path):
     job = _job()
-    bad = job.replace(parallel=job.parallel.__class__(zero=2),
-                      precision=job.precision.__class__(mode="mixed-bf16"))    # DeepSpeed's program: not run yet
+    bad = job.replace(parallel=job.parallel.__class__(tp=2),
+                      precision=job.precision.__class__(mode="mixed-bf16"))    # (one process for a tp-2 layout)
     panel = LauncherPanel(bad, tmp_path / "run")
     panel.launch()
     assert panel.wait(120) == 2
-    assert "failed (exit 2)" in panel.status.value and "parallel.zero = 2" in panel.status.value
+    assert "failed (exit 2)" in panel.status.value and "must be a multiple of tp × pp = 2" in panel.status.value

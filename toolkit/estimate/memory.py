@@ -34,7 +34,7 @@ from .states import (StateBytes, adapter_params_per_layer, bytes_per_param, mode
                      vocab_per_rank)
 from .zero_buffers import deepspeed_reduce, gathered_params, largest_matrix
 
-__all__ = ["MemoryEstimate", "memory_estimate", "memory_notes", "optimizer_impl"]
+__all__ = ["MemoryEstimate", "memory_estimate", "stage_memory_estimate", "memory_notes", "optimizer_impl"]
 
 
 @dataclass(frozen=True)
@@ -112,6 +112,16 @@ def memory_estimate(job: Job) -> MemoryEstimate:
     phase = np.take_along_axis(np.broadcast_to(each.peak_phase, shape), busiest[None], axis=0)[0]
     return MemoryEstimate(**picked, peak_phase=phase, states=states,
                           phases=dict(zip(each.phases, chosen[len(fields) + len(state_fields):])))
+
+
+def stage_memory_estimate(job: Job, pp_rank: int) -> MemoryEstimate:
+    """The memory of one pipeline rank of a resolved job (scalar layout): its first, last or a middle stage. A
+    middle rank is estimated as the second stage, the busiest of them under torch's schedules (later middle
+    stages hold fewer micro-batches in flight, so theirs is an upper bound)."""
+    pp = job.parallel.pp
+    if pp == 1:
+        return memory_estimate(job)
+    return _stage_memory(job, "first" if pp_rank == 0 else "last" if pp_rank == pp - 1 else "second")
 
 
 def _stage_memory(job: Job, stage) -> MemoryEstimate:

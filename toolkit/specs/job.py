@@ -23,11 +23,21 @@ from .yamlio import read_yaml
 __all__ = ["Batch", "Precision", "Optimizer", "Parallel", "MemoryOptions", "Cluster", "Cost", "Finetune", "Job",
            "Pruning", "Training",
            "LORA_TARGETS",
-           "PRECISIONS", "TORCH_SEMANTICS", "compute_dtype"]
+           "PRECISIONS", "TORCH_SEMANTICS", "compute_dtype", "infer_backend"]
 
 PRECISIONS = ("fp32", "amp-bf16", "amp-fp16", "mixed-bf16", "mixed-fp16", "pure-bf16")
 TORCH_SEMANTICS = ("fp32", "amp-bf16", "amp-fp16", "pure-bf16")
 """Modes that follow torch: DDP, ZeroRedundancyOptimizer (ZeRO-1), FSDP2 (ZeRO-2/3). `mixed-*` follow DeepSpeed."""
+
+
+def infer_backend(mode: str, zero: int, tp: int, pp: int) -> str:
+    """The framework a layout's program follows: mixed-* (16-bit weights, fp32 masters) with tp or pp is Megatron's
+    (its distributed optimizer being ZeRO-1), mixed-* with ZeRO over dp alone DeepSpeed's; everything else torch's."""
+    if mode in TORCH_SEMANTICS:
+        return "torch"
+    if tp > 1 or pp > 1:
+        return "megatron"
+    return "deepspeed" if zero > 0 else "torch"
 
 
 def compute_dtype(mode: str) -> str:
@@ -83,6 +93,9 @@ class Parallel:
     """ZeRO stage: 1 shards optimizer states, 2 also gradients, 3 also parameters."""
     offload: Literal["none", "optimizer", "params"] = "none"
     """CPU offload: optimizer states (DeepSpeed ZeRO-Offload) or params+grads+optimizer (FSDP2, ZeRO-3)."""
+    backend: Literal["torch", "deepspeed", "megatron"] | None = None
+    """The framework whose program runs the layout; None = inferred (`infer_backend`): mixed-* with tp or pp is
+    Megatron's, mixed-* with ZeRO over dp DeepSpeed's, everything else torch's (DDP, FSDP2, DTensor, pipelining)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -229,6 +242,13 @@ class Job:
     def devices(self) -> int:
         p = self.parallel
         return (p.dp or 1) * p.tp * p.pp
+
+    @property
+    def backend(self) -> str:
+        """The framework whose program runs this (resolved) job: parallel.backend, or as inferred from the mode and
+        layout (`infer_backend`)."""
+        p = self.parallel
+        return p.backend or infer_backend(self.precision.mode, p.zero, p.tp, p.pp)
 
     @property
     def grad_accum(self) -> int | None:

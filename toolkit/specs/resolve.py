@@ -10,7 +10,7 @@ import dataclasses
 from .catalog import Catalog
 from .errors import SpecError
 from .fields import check_positive, check_range
-from .job import LORA_TARGETS, TORCH_SEMANTICS, Job, compute_dtype
+from .job import LORA_TARGETS, TORCH_SEMANTICS, Job, compute_dtype, infer_backend
 from .model import nf4_shapes_ok
 
 __all__ = ["resolve_job", "divisors"]
@@ -58,6 +58,27 @@ def _resolve_training(job: Job, notes: list[str]):
         notes.append(f"training.fp32_norm changes nothing under {job.precision.mode}: norms already run in fp32 "
                      "on the fp32 residual stream; it matters for mixed-* and pure-bf16")
     return memory
+
+
+_BACKEND_PROGRAMS = {
+    "torch": "torch's program (DDP, FSDP2, DTensor, pipelining) runs fp32, amp-* and pure-bf16, and mixed-* as "
+             "replicas without ZeRO, tp or pp",
+    "deepspeed": "DeepSpeed's program is modelled for the mixed-* modes with zero 1, 2 or 3 over dp alone (16-bit "
+                 "weights, fp32 master partitions)",
+    "megatron": "Megatron's program is modelled for the mixed-* modes with tp or pp (ZeRO-1 as its distributed "
+                "optimizer)",
+}
+
+
+def _check_backend(par, mode: str) -> None:
+    """A named parallel.backend must be the one the layout is modelled with (Job.backend infers it when unset): the
+    estimate models each framework for its own layouts, so another would make the numbers describe another program.
+    (Left as given, not filled in: jobs derived from this one with another layout infer theirs afresh.)"""
+    inferred = infer_backend(mode, par.zero, par.tp, par.pp)
+    if par.backend is not None and par.backend != inferred:
+        raise SpecError("parallel.backend", par.backend,
+                        f"{_BACKEND_PROGRAMS[par.backend]}; precision.mode = {mode} with zero {par.zero}, tp {par.tp}, "
+                        f"pp {par.pp} is {inferred}'s (leave backend unset, or change the mode or layout)")
 
 
 def resolve_job(job: Job, catalog: Catalog) -> tuple[Job, list[str]]:
@@ -188,6 +209,7 @@ def resolve_job(job: Job, catalog: Catalog) -> tuple[Job, list[str]]:
             raise SpecError("parallel.offload", "params",
                             f"parameter offload needs parallel.zero = {' or '.join(map(str, need))} "
                             f"({'FSDP2' if mode in TORCH_SEMANTICS else 'DeepSpeed ZeRO-3'}); got zero = {par.zero}")
+    _check_backend(par, mode)
     if par.zero > 0 and par.dp == 1:
         notes.append(f"ZeRO-{par.zero} with dp = 1 shards nothing: it only adds communication")
     if job.memory.act_compress != "none" and job.memory.recompute == "full":

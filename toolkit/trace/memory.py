@@ -209,6 +209,16 @@ class _DeviceTracker(_DevicePeak, MemTracker):
         self._update_and_maybe_create_winfos(tensor, _MemRefType.GRAD)
 
 
+class StageTracker(_DeviceTracker):
+    """For pipeline stages: a stage runs its forward once per micro-batch within one step, which MemTracker takes
+    for a new iteration and refuses; the per-module statistics it keeps for that are not used here."""
+
+    def _pre_fw_hook(self, module, inputs) -> None:
+        if module in self.memory_tracking and not self._mod_tracker.is_bw:
+            return
+        super()._pre_fw_hook(module, inputs)
+
+
 def _snapshot(tracker: MemTracker, kind: str) -> dict[str, int]:
     snap = tracker.get_tracker_snapshot(kind)
     device = snap.get(torch.device("cpu"), {})

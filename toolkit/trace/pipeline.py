@@ -1,5 +1,5 @@
 """Measure pipeline-parallel memory on real gloo ranks: torch's pipelining schedules (1F1B, GPipe, interleaved
-1F1B), one process per stage.
+1F1B), one process per stage, with the runner's stages and schedule (toolkit.train.pipeline).
 
 torch.distributed.pipelining does not run on fake tensors (its start-up vote reads a tensor's
 value), so each stage runs for real, on the CPU, with uninitialised weights: the values do
@@ -13,12 +13,11 @@ import contextlib
 import dataclasses
 
 import torch
-import torch.nn.functional as F
 
 from ..estimate.memory import memory_estimate
 from ..specs.errors import SpecError
 from ..specs.job import TORCH_SEMANTICS, Job
-from .memory import _DTYPES, TraceResult, _DeviceTracker, _make_optimizer, _snapshot
+from .memory import _DTYPES, StageTracker, TraceResult, _make_optimizer, _snapshot
 from .ranks import trace_on_ranks
 
 __all__ = ["trace_pipeline", "trace_pipeline_stages", "MAX_PIPELINE_TRACE_BYTES", "MAX_PIPELINE_MICRO_BATCHES"]
@@ -43,9 +42,6 @@ def check_pipeline_traceable(job: Job, estimated_total_bytes: float) -> None:
     if job.model.layers % (par.pp * par.vpp):
         raise SpecError("parallel.pp", par.pp, f"pp × vpp must divide model.layers = {job.model.layers} for equal "
                                                "stages")
-    if job.model.tie_embeddings or job.model.position == "learned":
-        raise SpecError("model", job.model.name, "pipeline traces need untied embeddings and rotary positions "
-                                                 "(--no-tie-embeddings, a Llama-style model)")
     if job.finetune.method != "full" or job.memory.act_compress != "none" or job.optimizer.name == "adamw-8bit":
         raise SpecError("finetune.method", job.finetune.method, "pipelines are traced with full fine-tuning, "
                                                                 "no activation compression, no 8-bit optimizer")
@@ -58,16 +54,6 @@ def check_pipeline_traceable(job: Job, estimated_total_bytes: float) -> None:
                         f"a pipeline trace allocates real memory ({estimated_total_bytes / 2**30:.1f} GiB over "
                         f"{par.pp} stages, more than {MAX_PIPELINE_TRACE_BYTES / 2**30:.0f} GiB): trace fewer layers "
                         "or a narrower model")
-
-
-class _StageTracker(_DeviceTracker):
-    """A pipeline stage runs its forward once per micro-batch within one step, which MemTracker takes for a
-    new iteration and refuses; the per-module statistics it keeps for that are not used here."""
-
-    def _pre_fw_hook(self, module, inputs) -> None:
-        if module in self.memory_tracking and not self._mod_tracker.is_bw:
-            return
-        super()._pre_fw_hook(module, inputs)
 
 
 def trace_pipeline(job: Job) -> TraceResult:
@@ -86,48 +72,22 @@ def trace_pipeline_stages(job: Job) -> list[TraceResult]:
 
 def _trace_stage(job: Job, rank: int, stages: int) -> TraceResult:
     """One rank's step: its stage, or under interleaving (vpp > 1) its chunks rank, rank + pp, ..."""
-    from torch.distributed.pipelining import PipelineStage as TorchStage
-    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
-
     from ..train.model import GPT
-    from ..train.parallel import PipelineStage
+    from ..train.pipeline import build_schedule, split_stages
 
     mode, m, vpp = job.precision.mode, job.grad_accum or 1, job.parallel.vpp
     spec, b, seq = job.model, job.batch.micro_batch, job.model.seq_len
-    chunks = stages * vpp
     weights_dtype = torch.bfloat16 if mode == "pure-bf16" else torch.float32    # (mixed-* is refused above)
     with torch.device("meta"):
         model = GPT(spec, attention=job.memory.attention, recompute=job.memory.recompute, dtype=weights_dtype)
-        modules = [PipelineStage(model, chunk, chunks) for chunk in range(rank, chunks, stages)]
-    stage_module = torch.nn.ModuleList(modules).to_empty(device="cpu")   # uninitialised: only the bytes matter
+        stage_module = split_stages(model, job, rank)
+    stage_module.to_empty(device="cpu")                  # uninitialised: only the bytes matter
     del model
-    act_dtype = torch.float32 if mode == "fp32" or mode.startswith("amp-") else weights_dtype
-    out_dtype = torch.bfloat16 if mode == "amp-bf16" else torch.float16 if mode == "amp-fp16" else act_dtype
-
-    def torch_stage(chunk: int, module: torch.nn.Module):
-        example_in = (torch.zeros(b, seq, dtype=torch.long) if chunk == 0
-                      else torch.zeros(b, seq, spec.hidden, dtype=act_dtype, requires_grad=True))
-        example_out = torch.zeros(b, seq, spec.vocab if chunk == chunks - 1 else spec.hidden, dtype=out_dtype)
-        if mode.startswith("amp-") and chunk < chunks - 1:
-            example_out = example_out.float()               # the residual stream stays fp32 under autocast
-        example_out.requires_grad_(True)                    # (the schedule sends gradients back for these)
-        return TorchStage(module, chunk, chunks, torch.device("cpu"), input_args=(example_in,),
-                          output_args=(example_out,))
-
-    torch_stages = [torch_stage(chunk, module) for chunk, module in zip(range(rank, chunks, stages), modules)]
-
-    def loss_fn(logits, targets):
-        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
-
-    if vpp > 1:
-        schedule = ScheduleInterleaved1F1B(torch_stages, m, loss_fn=loss_fn)
-    else:
-        schedule_cls = ScheduleGPipe if job.parallel.schedule == "gpipe" else Schedule1F1B
-        schedule = schedule_cls(torch_stages[0], m, loss_fn=loss_fn)
+    schedule = build_schedule(stage_module, job, torch.device("cpu"))   # the runner's stages and schedule
     optimizer = _make_optimizer(job, stage_module.parameters())
     autocast = (torch.autocast("cpu", dtype=_DTYPES[mode.rsplit("-", 1)[1]]) if mode.startswith("amp-")
                 else contextlib.nullcontext())
-    tracker = _StageTracker()
+    tracker = StageTracker()
     tracker.track_external(stage_module, optimizer)
     snaps = {}
     with tracker:

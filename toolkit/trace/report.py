@@ -63,6 +63,14 @@ def _error(estimate, measured):
     return None if estimate is None or not measured else (estimate - measured) / measured
 
 
+def _traced_peak(traced, stage: int):
+    """The trace's peak for a run's rank: its own stage's where the trace measured each stage."""
+    if traced is None:
+        return None
+    stages = traced.stage_peaks_bytes
+    return stages[stage] if stages and stage < len(stages) else traced.peak_bytes
+
+
 def compare_run(out_dir) -> dict:
     """A finished (or running) `toolkit train` folder: estimate, trace and measured memory per rank, and modelled
     against measured step time. error = (estimate − measured) / measured. The trace is None where the tracer
@@ -70,7 +78,7 @@ def compare_run(out_dir) -> dict:
     import statistics
     from pathlib import Path
 
-    from ..estimate.memory import memory_estimate
+    from ..estimate.memory import stage_memory_estimate
     from ..runs import read_rank_memory
     from ..specs.errors import SpecError
     from ..train.metrics import read_metrics
@@ -78,13 +86,13 @@ def compare_run(out_dir) -> dict:
     if not (out / "job.yaml").is_file():
         raise SpecError("--run", str(out), "holds no job.yaml: give the --out folder of a `toolkit train` run")
     job, _notes = Job.from_yaml(out / "job.yaml").resolve(load_catalog())
-    analytic = memory_estimate(job)
     try:
         traced, trace_note = trace_memory(job), None
     except SpecError as err:
         traced, trace_note = None, str(err)
     ranks = []
     for record in read_rank_memory(out):
+        analytic = stage_memory_estimate(job, record["stage"])      # pipelines: that rank's stage
         measured = record["peak_bytes"]
         states = record.get("states") or {}
         categories = {key: {"estimate": float(getattr(analytic, key)), "trace": getattr(traced, key, None),
@@ -92,7 +100,7 @@ def compare_run(out_dir) -> dict:
         ranks.append({"rank": record["rank"], "stage": record["stage"], "instrument": record["instrument"],
                       "steps": record["steps"],
                       "peak_bytes": {"estimate": float(analytic.peak_bytes),
-                                     "trace": traced.peak_bytes if traced else None,
+                                     "trace": _traced_peak(traced, record["stage"]),
                                      "measured": measured, "error": _error(float(analytic.peak_bytes), measured)},
                       "categories": categories, "peak_breakdown": record["categories"]})
     recorded = max((max(r["steps"]) for r in ranks), default=0)

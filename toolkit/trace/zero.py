@@ -31,7 +31,7 @@ from .memory import (
 )
 from .ranks import trace_on_ranks
 
-__all__ = ["MAX_ZERO_TRACE_BYTES", "deepspeed_config", "trace_zero", "trace_zero_ranks"]
+__all__ = ["MAX_ZERO_TRACE_BYTES", "deepspeed_config", "trace_zero", "trace_zero_ranks", "offload_host_bytes"]
 
 MAX_ZERO_TRACE_BYTES = 4 * 2**30
 """The estimated peak of all ranks together must fit in this much real memory."""
@@ -100,12 +100,10 @@ def trace_zero(job: Job) -> TraceResult:
 def trace_zero_ranks(job: Job) -> list[TraceResult]:
     """Every dp rank's memory. (The estimate only sizes the run: it refuses ones too large.)"""
     check_zero_traceable(job, float(memory_estimate(job).peak_bytes) * job.parallel.dp)
-    try:
-        import deepspeed  # noqa: F401 - only to say early that it is missing
-    except ImportError as missing:
+    import importlib.util
+    if importlib.util.find_spec("deepspeed") is None:   # (not imported here: it logs to stdout, which --json owns)
         raise SpecError("precision.mode", job.precision.mode, "DeepSpeed's ZeRO is traced with DeepSpeed itself: "
-                                                              "pip install deepspeed (or the toolkit's [test] extra)"
-                        ) from missing
+                                                              "pip install deepspeed (or the toolkit's [test] extra)")
     return trace_on_ranks(_trace_rank, job, job.parallel.dp, "DeepSpeed", "rank",
                           "trace fewer layers, a narrower model or fewer ranks")
 
@@ -214,6 +212,12 @@ def _trace_rank(job: Job, rank: int, world: int) -> TraceResult:
 def _optimizer_states(zero) -> list:
     """The inner (torch) optimizer's state tensors: its moments over the fp32 partitions."""
     return [t for s in zero.optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
+
+
+def offload_host_bytes(zero) -> int:
+    """What ZeRO-Offload keeps in host memory, in bytes (DeepSpeed's optimizer `zero`): the trace's and the
+    runner's memory records count it apart from the device."""
+    return _storage_bytes(_offload_host_tensors(zero))
 
 
 def _offload_host_tensors(zero) -> list:

@@ -3,13 +3,15 @@
 A checkpoint is `step_NNNNNNNN.pt` (torch.save of a dict) plus `step_NNNNNNNN.pt.sha256`. Each file
 is written under a temporary name, fsync'd and renamed, the checksum last: a checkpoint without its
 checksum file, or whose bytes do not match it, was interrupted or damaged, and is reported and skipped.
-Files are loaded with `weights_only=True`: tensors, numbers, strings and containers only.
+Files are loaded with `weights_only=True`: tensors, numbers, strings and containers only. The DeepSpeed
+backend writes its partitions into `step_NNNNNNNN.ds/` first; the .pt (naming that directory) is its record.
 """
 from __future__ import annotations
 
 import hashlib
 import os
 import re
+import shutil
 from pathlib import Path
 
 import torch
@@ -52,6 +54,7 @@ def save_checkpoint(folder: str | Path, step: int, state: dict, keep: int) -> Pa
     for old in list_checkpoints(folder)[:-keep]:
         old.unlink(missing_ok=True)
         old.with_name(old.name + ".sha256").unlink(missing_ok=True)
+        shutil.rmtree(old.with_suffix(".ds"), ignore_errors=True)      # the DeepSpeed backend's partitions
     return path
 
 

@@ -79,6 +79,15 @@ def runner_checks(job: Job) -> None:
     refusal = run_refusal(job)
     if refusal:
         raise SpecError(*refusal)
+    if job.backend == "deepspeed":
+        import importlib.util
+        if importlib.util.find_spec("deepspeed") is None:
+            raise SpecError("parallel.backend", "deepspeed", f"{job.precision.mode} with ZeRO runs on DeepSpeed, which "
+                                                             "is not installed (pip install deepspeed); or use amp-bf16 "
+                                                             "(torch's ZeRO: FSDP2)")
+        if compute_dtype(job.precision.mode) == "fp16" and not torch.cuda.is_available():
+            raise SpecError("precision.mode", job.precision.mode, "DeepSpeed runs fp16 on GPUs only; on CPU train "
+                                                                  "mixed-bf16")
     if job.optimizer.name == "adamw-8bit":
         try:
             import bitsandbytes  # noqa: F401
@@ -160,10 +169,23 @@ class _Program:
     layout: Layout
     reduce_grads: Callable[[], None] | None = None
     """Averages gradients over the replicas after the last backward, where no DDP does it."""
+    schedule: object | None = None
+    """Pipelines: torch's schedule over this rank's stages (`raw` is then the ModuleList of its chunks)."""
+    pp_rank: int = 0
+    stage_group: object | None = None
+    """Pipelines: the pipeline ranks, over which the gradient norm and evaluation pass."""
+    counted: list | None = None
+    """Pipelines: the parameters counted in the gradient norm (a tied head's copy is not)."""
+    engine: object | None = None
+    """The DeepSpeed backend's engine (`model` is the engine, `optimizer` DeepSpeed's): it runs backward and step."""
 
 
 def _build_program(job: Job, plan, device: torch.device, mesh) -> _Program:
     """The job's model, parallelized by toolkit.train.parallelize, and its optimizer."""
+    if job.parallel.pp > 1:
+        return _build_pipeline(job, plan, device, mesh)
+    if job.backend == "deepspeed":
+        return _build_deepspeed(job, plan)
     torch.manual_seed(job.training.seed)                      # the same initial weights on every rank
     raw = _build_model(job, plan.param_dtype).to(device)
     main_grads = job.precision.grad_dtype == "fp32"
@@ -182,10 +204,70 @@ def _build_program(job: Job, plan, device: torch.device, mesh) -> _Program:
     return _Program(model, raw, optimizer, master, params, layout, reduce_grads)
 
 
-def _load_checkpoint(job: Job, prog: _Program, state: dict, scaler, pruner, rank: int, world: int) -> tuple[int, int]:
+def _build_deepspeed(job: Job, plan) -> _Program:
+    """The model in its 16-bit dtype and the job's optimizer, handed to DeepSpeed's engine (ZeRO as configured by
+    deepspeed_config(job)); the fp32 masters start from the 16-bit weights, as MasterWeights' do in one process."""
+    from .deepspeed_backend import deepspeed_engine
+    torch.manual_seed(job.training.seed)
+    raw = _build_model(job, plan.param_dtype)
+    params = [p for p in raw.parameters() if p.requires_grad]
+    engine, optimizer = deepspeed_engine(job, raw, build_optimizer(job, params))
+    return _Program(engine, engine.module, optimizer, None, params, Layout(), engine=engine)
+
+
+def _build_pipeline(job: Job, plan, device: torch.device, mesh) -> _Program:
+    """This rank's pipeline chunks of the whole model (built in full with the run's seed, so the weights are
+    one process's), their optimizer and schedule; replicas over dp average gradients by hand."""
+    from . import pipeline
+    torch.manual_seed(job.training.seed)
+    whole = _build_model(job, plan.param_dtype)
+    pp_rank = mesh["pp"].get_local_rank()
+    stages = pipeline.split_stages(whole, job, pp_rank).to(device)
+    layout = Layout(stage_keys=pipeline.stage_state_keys(stages, job, pp_rank),
+                    stage_params={id(p): n for n, p in whole.named_parameters()})
+    del whole                                   # the other stages' weights go with it
+    params = [p for p in stages.parameters() if p.requires_grad]
+    optimizer = build_optimizer(job, params)
+    pp_group = mesh["pp"].get_group()
+    schedule = pipeline.build_schedule(stages, job, device, pp_group)
+    tied = pipeline.embedding_group(job, mesh)
+    dp_group = mesh["dp"].get_group() if mesh["dp"].size() > 1 else None
+
+    def reduce_grads():
+        pipeline.sum_tied_grads(stages, tied)
+        if dp_group is not None:
+            all_reduce_mean([p.grad for p in params], dp_group)
+    return _Program(stages, stages, optimizer, None, params, layout, reduce_grads, schedule=schedule,
+                    pp_rank=pp_rank, stage_group=pp_group, counted=pipeline.counted_params(stages, job))
+
+
+def _pipeline_micro_batches(prog: _Program, job: Job, plan, batches, device) -> torch.Tensor:
+    """One step's micro-batches through the schedule; the sum of their losses on the last stage, 0 elsewhere."""
+    from .pipeline import run_schedule
+    pairs = [next(batches) for _ in range(job.grad_accum)]
+    tokens = torch.cat([x for x, _ in pairs]).to(device)
+    targets = torch.cat([y for _, y in pairs]).to(device)
+    losses: list = []
+    with plan.autocast(device.type):
+        run_schedule(prog.schedule, job, prog.pp_rank, tokens, targets, losses)
+    return sum((loss.detach().float() for loss in losses), torch.zeros((), device=device))
+
+
+def _load_checkpoint(job: Job, prog: _Program, state: dict, scaler, pruner, rank: int, world: int,
+                     out: Path) -> tuple[int, int]:
     """Restore a checkpoint into this rank; returns (step, skipped steps so far). A checkpoint written on another
-    number of ranks loads too (states are kept by parameter name): only the per-rank RNG starts afresh."""
-    if prog.master:
+    number of ranks loads too (states are kept by parameter name): only the per-rank RNG starts afresh. DeepSpeed's
+    checkpoints hold its own partitions and load into its engine only, on as many ranks as wrote them."""
+    written_by_deepspeed = bool(state.get("deepspeed"))
+    if written_by_deepspeed != (prog.engine is not None):
+        wrote, runs = ("deepspeed", "torch") if written_by_deepspeed else ("torch", "deepspeed")
+        raise SpecError("parallel.backend", runs, f"the checkpoint was written by the {wrote} backend, whose states "
+                                                  f"the {runs} backend does not load; resume with the layout that wrote "
+                                                  "it, or start a new --out folder")
+    if prog.engine is not None:
+        from .deepspeed_backend import load_engine
+        load_engine(prog.engine, out / "checkpoints", state["deepspeed"], len(state["rng"]), world)
+    elif prog.master:
         prog.raw.load_state_dict(state["model"])
         prog.optimizer.load_state_dict(state["optimizer"])
         prog.master.load_state_dict(state["master"])
@@ -212,6 +294,8 @@ def _checkpoint_state(prog: _Program, device: torch.device, world: int) -> tuple
     if world > 1:
         all_rng = [None] * world
         torch.distributed.all_gather_object(all_rng, rng)
+    if prog.engine is not None:
+        return None, None, all_rng                  # (DeepSpeed writes its own partitions: deepspeed_backend.save_engine)
     if prog.master:
         return prog.raw.state_dict(), prog.optimizer.state_dict(), all_rng
     model_sd, optim_sd = gather_state(prog.raw, prog.optimizer, prog.layout)
@@ -270,7 +354,8 @@ def run_training(job: Job, out_dir: str | Path, *, peak_tflops: float | None = N
     base_mem_bytes, _ = memory_reading(device)              # before any weight exists: the summary's baseline
     prog = _build_program(job, plan, device, mesh)
     model, raw_model, optimizer, master = prog.model, prog.raw, prog.optimizer, prog.master
-    scaler = torch.amp.GradScaler(device.type, init_scale=t.loss_scale, enabled=plan.loss_scaling)
+    scaler = torch.amp.GradScaler(device.type, init_scale=t.loss_scale,       # (DeepSpeed scales fp16 itself)
+                                  enabled=plan.loss_scaling and prog.engine is None)
     pruner = Pruner(t.pruning.method, t.pruning.sparsity) if t.pruning.method != "none" else None
     names = {id(p): n for n, p in raw_model.named_parameters()}
     master_of = {names[id(p)]: m for p, m in master.pairs} if master else {}
@@ -284,14 +369,14 @@ def run_training(job: Job, out_dir: str | Path, *, peak_tflops: float | None = N
         if resume_key(Job.from_dict(state["job"]).resolve(load_catalog())[0]) != resume_key(job):
             raise SpecError("job", str(path), f"{out} holds checkpoints of a different job; use a new --out "
                                               "folder, or delete the checkpoints to start over")
-        start_step, skipped_total = _load_checkpoint(job, prog, state, scaler, pruner, rank, world)
+        start_step, skipped_total = _load_checkpoint(job, prog, state, scaler, pruner, rank, world, out)
         accelerator.print(f"resumed from {path.name} (step {start_step})")
     else:
         torch.manual_seed(t.seed + 1 + dp_rank)        # dropout differs between replicas, repeatably
     del state
 
     metrics = MetricsLog(out / "metrics.jsonl", start_step) if accelerator.is_main_process else None
-    recorder = MemoryRecorder(prog, job, device, rank, out, start_step, t.steps)
+    recorder = MemoryRecorder(prog, job, device, rank, out, start_step, t.steps, stage=prog.pp_rank)
     if t.trackers:
         accelerator.init_trackers("toolkit", config=job.to_dict())
 
@@ -326,9 +411,14 @@ def run_training(job: Job, out_dir: str | Path, *, peak_tflops: float | None = N
 
     def save(step: int) -> None:
         model_sd, optim_sd, all_rng = _checkpoint_state(prog, device, world)
+        tag = None
+        if prog.engine is not None:         # every rank writes its partitions; the record below is written after
+            from .deepspeed_backend import save_engine
+            tag = save_engine(prog.engine, out / "checkpoints", step)
+            accelerator.wait_for_everyone()
         if accelerator.is_main_process:
             save_checkpoint(out / "checkpoints", step, {
-                "step": step, "skipped_total": skipped_total, "job": job.to_dict(),
+                "step": step, "skipped_total": skipped_total, "job": job.to_dict(), "deepspeed": tag,
                 "model": model_sd, "optimizer": optim_sd,
                 "master": master.state_dict() if master else None, "scaler": scaler.state_dict(),
                 "masks": pruner.state_dict() if pruner else None, "rng": all_rng}, t.keep_checkpoints)
@@ -348,34 +438,37 @@ def run_training(job: Job, out_dir: str | Path, *, peak_tflops: float | None = N
             for group in optimizer.param_groups:
                 group["lr"] = lr
             loss_sum = torch.zeros((), device=device)
-            for micro in range(accum):
+            if prog.schedule is not None:
+                recorder.micro_batch()
+                loss_sum = _pipeline_micro_batches(prog, job, plan, batches, device)
+            for micro in range(accum if prog.schedule is None else 0):
                 inputs, targets = next(batches)
                 inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
                 recorder.micro_batch()
                 with _micro_batch_context(prog, job, last=micro == accum - 1):
                     with plan.autocast(device.type), (int8 or contextlib.nullcontext()):
                         loss = model(inputs, targets)
-                    scaler.scale(loss / accum).backward()
+                    _backward(prog, scaler, loss, accum, last=micro == accum - 1)
                 loss_sum += _local(loss.detach()).float()
             if master:
                 master.grads_to_master()
             if prog.reduce_grads:
                 prog.reduce_grads()
             scaler.unscale_(optimizer)
-            grad_norm = clip_grad_norm(prog.params, t.grad_clip or float("inf"))
-            mean_loss = float(accelerator.reduce(loss_sum, "mean")) / accum if world > 1 else float(loss_sum) / accum
-            scale_before = scaler.get_scale() if plan.loss_scaling else None
+            grad_norm = (clip_grad_norm(prog.params, t.grad_clip or float("inf"), prog.stage_group, prog.counted)
+                         if prog.engine is None else 0.0)             # (DeepSpeed clips inside its step)
+            mean_loss = _mean_loss(loss_sum, world, job.parallel.pp) / accum
+            scale_before = scaler.get_scale() if scaler.is_enabled() else None
             if not plan.loss_scaling and not (math.isfinite(mean_loss) and math.isfinite(grad_norm)):
                 if metrics:
                     metrics.write({"step": step + 1, "loss": None, "lr": lr, "grad_norm": None, "stopped": "diverged"})
                 raise TrainingStopped(_diagnose_nonfinite(job, step, lr, mean_loss, grad_norm))
             with recorder.optimizer_step(step):
-                scaler.step(optimizer)
-            scaler.update()
-            optimizer.zero_grad(set_to_none=True)
+                skipped = _optimizer_step(prog, scaler, scale_before)
+            if prog.engine is not None:
+                grad_norm = float(prog.engine.get_global_grad_norm())
             if master:
                 master.zero_grad()
-            skipped = plan.loss_scaling and scaler.get_scale() < scale_before
             skipped_total += int(skipped)
             if master and not skipped:
                 master.master_to_model()
@@ -407,7 +500,7 @@ def run_training(job: Job, out_dir: str | Path, *, peak_tflops: float | None = N
             final_loss = mean_loss if not skipped else final_loss
             last = step + 1 == t.steps
             if val_set is not None and ((step + 1) % t.eval_every == 0 or last):
-                record["eval_loss"] = _evaluate(raw_model, val_set, job, plan, device, dp_rank, dp_world,
+                record["eval_loss"] = _evaluate(prog, val_set, job, plan, device, dp_rank, dp_world,
                                                 before_forward=recorder.micro_batch)
             if metrics:
                 metrics.write(record)
@@ -438,6 +531,38 @@ def run_training(job: Job, out_dir: str | Path, *, peak_tflops: float | None = N
                      final_loss=final_loss, out_dir=out)
 
 
+def _backward(prog: _Program, scaler, loss: torch.Tensor, accum: int, last: bool) -> None:
+    """One micro-batch's backward: of loss / accumulation (scaled for fp16), or through DeepSpeed's engine, which
+    divides by the accumulation itself and must be stepped after every micro-batch but the last (it counts them)."""
+    if prog.engine is None:
+        scaler.scale(loss / accum).backward()
+        return
+    prog.engine.backward(loss)
+    if not last:
+        prog.engine.step()
+
+
+def _optimizer_step(prog: _Program, scaler, scale_before: float | None) -> bool:
+    """The update; True if it was skipped (fp16 overflow: the loss scale falls)."""
+    if prog.engine is not None:
+        prog.engine.step()                   # the accumulation boundary: clip, step, reduce or gather, zero
+        return not prog.engine.was_step_applied()
+    scaler.step(prog.optimizer)
+    scaler.update()
+    prog.optimizer.zero_grad(set_to_none=True)
+    return scale_before is not None and scaler.get_scale() < scale_before
+
+
+def _mean_loss(loss_sum: torch.Tensor, world: int, pp: int) -> float:
+    """The step's loss on every rank: the mean over the ranks that computed one (all but earlier pipeline stages;
+    the ranks of a tensor-parallel group hold the same value)."""
+    if world == 1:
+        return float(loss_sum)
+    total = loss_sum.clone()
+    torch.distributed.all_reduce(total)
+    return float(total) / (world // pp)
+
+
 def _agree(flag: bool, device, world: int) -> bool:
     """True on every rank if any rank was asked to stop (a SIGTERM may reach one process first)."""
     if world == 1:
@@ -448,12 +573,14 @@ def _agree(flag: bool, device, world: int) -> bool:
 
 
 @torch.no_grad()
-def _evaluate(model, val_set: TokenShards, job: Job, plan, device, rank: int, world: int,
+def _evaluate(prog: _Program, val_set: TokenShards, job: Job, plan, device, rank: int, world: int,
               before_forward=lambda: None) -> float:
     """Mean loss over the same eval_batches × micro_batch held-out windows whatever the number of replicas:
     replica r takes windows r, r + world, ...; losses and counts are summed over ranks (the ranks of one
     tensor-parallel group add the same figures to both). Every rank runs the same number of forwards, as the
-    collectives of FSDP2 and tensor parallelism require; a rank with no window left runs one that counts 0."""
+    collectives of FSDP2 and tensor parallelism require; a rank with no window left runs one that counts 0.
+    Pipeline stages pass each batch rank to rank; only the last stage's rank counts it."""
+    model = prog.raw
     model.eval()
     mb, count = job.batch.micro_batch, job.training.eval_batches * job.batch.micro_batch
     mine = [i % len(val_set) for i in range(rank, count, world)]
@@ -465,13 +592,22 @@ def _evaluate(model, val_set: TokenShards, job: Job, plan, device, rank: int, wo
         window = torch.stack([val_set[i] for i in ids or [0]]).to(device)
         before_forward()
         with plan.autocast(device.type), vocab_parallel():
-            loss = _local(model(window[:, :-1], window[:, 1:]))
-        sums[0] += loss.double() * len(ids)
-        sums[1] += len(ids)
+            loss = _local(_forward_loss(prog, job, plan, window[:, :-1], window[:, 1:]))
+        if loss is not None:
+            sums[0] += loss.double() * len(ids)
+            sums[1] += len(ids)
     model.train()
     if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
         torch.distributed.all_reduce(sums)
     return float(sums[0] / sums[1])
+
+
+def _forward_loss(prog: _Program, job: Job, plan, tokens: torch.Tensor, targets: torch.Tensor):
+    """The model's loss on one batch, without backward; None on a pipeline rank that does not hold the last chunk."""
+    if prog.schedule is None:
+        return prog.raw(tokens, targets)
+    from .pipeline import pipeline_forward
+    return pipeline_forward(prog.raw, job, prog.pp_rank, prog.stage_group, tokens, targets, plan.param_dtype)
 
 
 def _main_thread() -> bool:

@@ -24,8 +24,9 @@ _STATES = {"params_bytes": ("PARAM", "BUFFER", "SHARDED_PARAM"), "grads_bytes": 
 class MemoryRecorder:
     """Call begin_step / micro_batch / optimizer_step / end_step from the training loop; it does the rest."""
 
-    def __init__(self, prog, job, device: torch.device, rank: int, out: str | Path, first_step: int, last_step: int):
-        self.prog, self.job, self.device, self.rank, self.out = prog, job, device, rank, Path(out)
+    def __init__(self, prog, job, device: torch.device, rank: int, out: str | Path, first_step: int, last_step: int,
+                 stage: int = 0):
+        self.prog, self.job, self.device, self.rank, self.out, self.stage = prog, job, device, rank, Path(out), stage
         self.steps = list(range(first_step, min(first_step + 2, last_step)))     # 0-based steps recorded
         self.tracker = None
         self.before_step: dict = {}
@@ -52,8 +53,24 @@ class MemoryRecorder:
             return
         from ..trace.memory import snapshot
         self.before_step = snapshot(self.tracker, "current")
+        if self._deepspeed_offload():      # only the inner optimizer's step runs on the host, as the trace counts it
+            inner = self.prog.optimizer.optimizer
+            host_step = inner.step
+
+            def on_host(*args, **kwargs):
+                with self.tracker.optimizer_step():
+                    return host_step(*args, **kwargs)
+            inner.step = on_host
+            try:
+                yield
+            finally:
+                del inner.step
+            return
         with self.tracker.optimizer_step():       # with offload the step runs on the host: not the device's
             yield
+
+    def _deepspeed_offload(self) -> bool:
+        return self.prog.engine is not None and self.job.parallel.offload == "optimizer"
 
     def end_step(self, step: int) -> None:
         if not self.steps or step != self.steps[-1]:
@@ -62,7 +79,7 @@ class MemoryRecorder:
             record = self._cuda_record()
         else:
             record = self._cpu_record()
-        write_rank_memory(self.out, dict(record, rank=self.rank, stage=0, steps=[s + 1 for s in self.steps]))
+        write_rank_memory(self.out, dict(record, rank=self.rank, stage=self.stage, steps=[s + 1 for s in self.steps]))
 
     def close(self) -> None:
         """Leave the tracker if the run stopped inside the recorded steps (its hooks must not outlive the run)."""
@@ -71,16 +88,22 @@ class MemoryRecorder:
             self.tracker = None
 
     def _cpu_tracker(self):
-        from ..trace.memory import DeviceTracker, FSDPDeviceTracker, fsdp_host_bytes
+        from ..trace.memory import DeviceTracker, FSDPDeviceTracker, StageTracker, fsdp_host_bytes
         prog = self.prog
         if self.job.parallel.zero >= 2 and prog.layout.sharded:
             tracker = FSDPDeviceTracker(prog.raw, prog.optimizer)
             if self.job.parallel.offload != "none":
                 tracker.host_bytes = fsdp_host_bytes
             return tracker
-        tracker = DeviceTracker()
+        tracker = StageTracker() if prog.schedule is not None else DeviceTracker()
         extra = prog.master.params if prog.master else []
-        tracker.track_external(prog.raw, prog.optimizer, *extra)
+        optimizer = prog.optimizer          # DeepSpeed's wraps the torch optimizer that holds the fp32 partitions
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            optimizer = optimizer.optimizer
+        tracker.track_external(prog.raw, optimizer, *extra)
+        if self._deepspeed_offload():
+            from ..trace.zero import offload_host_bytes
+            tracker.host_bytes = lambda _snap: offload_host_bytes(prog.optimizer)
         if prog.master and prog.master.main_grads is not None:
             tracker.track_gradients(prog.master.main_grads)
         return tracker
@@ -91,12 +114,16 @@ class MemoryRecorder:
         peak = snapshot(self.tracker, "peak")
         self.tracker.__exit__(None, None, None)
         self.tracker = None
-        offload = self.job.parallel.offload != "none" and self.job.parallel.zero >= 2
-        on_host = FSDP_HOST if offload else ()          # what FSDP2's offload keeps in host memory
+        fsdp_offload = self.job.parallel.offload != "none" and self.job.parallel.zero >= 2 and self.prog.engine is None
+        on_host = FSDP_HOST if fsdp_offload else ()     # what FSDP2's offload keeps in host memory
         states = {name: sum((self.before_step if name == "grads_bytes" else after).get(c, 0)
                             for c in cats if c not in on_host) for name, cats in _STATES.items()}
-        states["host_bytes"] = fsdp_host_bytes(self.before_step) if offload else 0
-        return {"instrument": "MemTracker (real tensors, CPU)", "peak_bytes": peak.get("Device" if offload else "Total", 0),
+        states["host_bytes"] = fsdp_host_bytes(self.before_step) if fsdp_offload else 0
+        if self._deepspeed_offload():
+            from ..trace.zero import offload_host_bytes
+            states["host_bytes"] = offload_host_bytes(self.prog.optimizer)
+        device_only = fsdp_offload or self._deepspeed_offload()
+        return {"instrument": "MemTracker (real tensors, CPU)", "peak_bytes": peak.get("Device" if device_only else "Total", 0),
                 "categories": peak, "states": states}
 
     def _cuda_record(self) -> dict:

@@ -46,23 +46,32 @@ def has_dtensors(params) -> bool:
     return any(isinstance(p, DTensor) for p in params)
 
 
-def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> float:
+def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float, stage_group=None,
+                   counted: list[torch.nn.Parameter] | None = None) -> float:
     """Clip gradients to `max_norm` (inf: only measure) and return the global norm before clipping.
 
-    Plain tensors go through torch's own clip_grad_norm_ (bit for bit what the replicas always did). With
-    DTensors (FSDP2 shards, tensor-parallel slices, mixed with plain replicated tensors) the norm of each
-    group of equally placed gradients is taken as a DTensor, which sums the shards' squares over the mesh,
-    and the groups' norms are combined here: each element is counted once."""
-    if not has_dtensors(params):
+    Plain tensors in one pipeline stage go through torch's own clip_grad_norm_ (bit for bit what the replicas
+    always did). With DTensors (FSDP2 shards, tensor-parallel slices, mixed with plain replicated tensors) the
+    norm of each group of equally placed gradients is taken as a DTensor, which sums the shards' squares over
+    the mesh, and the groups' norms are combined here: each element is counted once. Pipeline stages
+    (`stage_group`) add their squares over the group; `counted` leaves out copies held twice (a tied
+    embedding's head), which are still clipped."""
+    if stage_group is None and not has_dtensors(params):
         return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
     grads = [p.grad for p in params if p.grad is not None]
-    squares = 0.0
-    for group in _by_placement(grads).values():
+    measured = grads if counted is None else [p.grad for p in counted if p.grad is not None]
+    squares = torch.zeros((), dtype=torch.float64)
+    for group in _by_placement(measured).values():
         norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for g in group]))
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
-        squares += float(norm) ** 2
-    total = math.sqrt(squares)
+        squares += norm.double().cpu() ** 2
+    if stage_group is not None:
+        import torch.distributed as dist
+        device = grads[0].device if grads else torch.device("cpu")
+        squares = squares.to(device)
+        dist.all_reduce(squares, group=stage_group)
+    total = math.sqrt(float(squares))
     coefficient = max_norm / (total + 1e-6)
     if coefficient < 1.0 and math.isfinite(total):
         for grad in grads:

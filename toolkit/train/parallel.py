@@ -73,20 +73,21 @@ def shard_embedding_grad(model: nn.Module) -> None:
 
 
 class PipelineStage(nn.Module):
-    """One pipeline stage of a GPT: the token embedding on the first, a contiguous run of blocks, the final
-    norm and output projection on the last. forward takes token ids (first stage) or the hidden states the
-    previous stage sent, and returns hidden states or, on the last stage, the logits."""
+    """One pipeline stage of a GPT: the token (and learned position) embedding on the first, a contiguous run of
+    blocks, the final norm and output projection on the last. forward takes token ids (first stage) or the hidden
+    states the previous stage sent, and returns hidden states or, on the last stage, the logits. With tied
+    embeddings the first and the last stage each hold the matrix (as Megatron does): the runner sums its two
+    gradients (toolkit.train.pipeline), so both copies take the same steps."""
 
     def __init__(self, model: nn.Module, stage: int, stages: int):
         super().__init__()
         spec = model.spec
         if spec.layers % stages:
             raise ValueError(f"{spec.layers} layers do not split into {stages} equal pipeline stages")
-        if spec.tie_embeddings or spec.position == "learned":
-            raise ValueError("pipeline stages are built for untied embeddings and rotary positions")
         per = spec.layers // stages
         self.first, self.last = stage == 0, stage == stages - 1
         self.tok = model.tok if self.first else None
+        self.pos = model.pos if self.first else None
         self.drop = model.drop if self.first else None
         self.blocks = nn.ModuleList(model.blocks[stage * per:(stage + 1) * per])
         self.norm = model.norm if self.last else None
@@ -96,10 +97,14 @@ class PipelineStage(nn.Module):
         self.register_buffer("sin", model.sin, persistent=False)
 
     def forward(self, x):
-        if self.first:
-            x = self.drop(self.tok(x))
         seq = x.shape[1]
-        cos, sin = self.cos[:seq], self.sin[:seq]
+        if self.first:
+            x = self.tok(x)
+            if self.pos is not None:
+                x = x + self.pos(torch.arange(seq, device=x.device))
+            x = self.drop(x)
+        cos = self.cos[:seq] if self.cos is not None else None
+        sin = self.sin[:seq] if self.sin is not None else None
         for block in self.blocks:
             if self.recompute == "full" and torch.is_grad_enabled():
                 x = checkpoint(block, x, cos, sin, use_reentrant=False)

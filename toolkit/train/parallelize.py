@@ -1,6 +1,6 @@
 """The job's parallel layout as functions over a plain GPT (torchtitan's shape), shared by the runner and the tracer.
 
-    mesh = device_mesh(job, "cpu")            # ("dp", "tp") over the world; None in one process
+    mesh = device_mesh(job, "cpu")            # ("pp", "dp", "tp") over the world; None in one process
     model = parallelize(model, job, mesh)     # tp/sp first, then ZeRO-2/3 (FSDP2) or DDP over dp
 
 Tensor and sequence parallelism are torch's DTensor plan (toolkit.train.parallel) on the mesh's tp
@@ -9,7 +9,8 @@ dimension. ZeRO-2/3 is FSDP2: `fully_shard` on every block and then on the root,
 parameters and reduces in fp32 (`MixedPrecisionPolicy`) while autocast runs the ops, as the tracer measures;
 offload keeps sharded parameters, gradients and optimizer states on the host (`CPUOffloadPolicy`). ZeRO-0
 and ZeRO-1 wrap the model in DDP over the dp dimension (ZeRO-1's sharded optimizer is built by
-toolkit.train.optim); with tp, whose DTensors DDP refuses, the replicas average gradients by hand. Pipelines are not built here yet.
+toolkit.train.optim); with tp, whose DTensors DDP refuses, the replicas average gradients by hand. Pipeline
+stages are cut by toolkit.train.pipeline; their replicas over dp average gradients by hand too.
 """
 from __future__ import annotations
 
@@ -24,12 +25,13 @@ __all__ = ["device_mesh", "parallelize", "apply_fsdp", "apply_ddp", "dp_rank_and
 
 
 def device_mesh(job: Job, device_type: str):
-    """The (dp, tp) mesh over every rank, or None when the job runs in one process."""
-    dp, tp = job.parallel.dp or 1, job.parallel.tp
-    if dp * tp == 1:
+    """The (pp, dp, tp) mesh over every rank, or None when the job runs in one process. Rank = (pp_rank · dp +
+    dp_rank) · tp + tp_rank: a tensor-parallel group is neighbouring ranks (one node), pipeline stages are far."""
+    pp, dp, tp = job.parallel.pp, job.parallel.dp or 1, job.parallel.tp
+    if pp * dp * tp == 1:
         return None
     from torch.distributed.device_mesh import init_device_mesh
-    return init_device_mesh(device_type, (dp, tp), mesh_dim_names=("dp", "tp"))
+    return init_device_mesh(device_type, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
 
 
 def dp_rank_and_size(mesh) -> tuple[int, int]:

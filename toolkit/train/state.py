@@ -7,12 +7,13 @@ Both are keyed by the names of the whole model's parameters, the form of torch.d
 state-dict API: `{"state": {name: {...}}, "param_groups": [{..., "params": [names]}]}` for the optimizer.
 Sharded layouts (FSDP2, tensor parallelism) go through that API (`get_state_dict` / `set_state_dict` with
 full state dicts: rank 0 gathers, every rank takes its shard back); torch's ZeRO-1 consolidates its
-partitions on rank 0 first; replicas rename their optimizer's indices. A dp-4 checkpoint therefore loads
-on 2 ranks, or on one process, and a ZeRO-3 one into a replica.
+partitions on rank 0 first; replicas rename their optimizer's indices; pipeline stages rename their
+renumbered blocks back and rank 0 collects every stage's part. A dp-4 checkpoint therefore loads on 2 ranks,
+or on one process, a ZeRO-3 one into a replica, and a pipeline's into one process.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -26,6 +27,10 @@ class Layout:
     """Parameters are DTensors (FSDP2 or tensor parallelism)."""
     zero1: bool = False
     """The optimizer is torch's ZeroRedundancyOptimizer."""
+    stage_keys: dict | None = field(default=None, compare=False)
+    """Pipeline: {this rank's state-dict key: the whole model's} (toolkit.train.pipeline.stage_state_keys)."""
+    stage_params: dict | None = field(default=None, compare=False)
+    """Pipeline: {id(parameter): the whole model's parameter name}; a tied head is the embedding's name."""
 
 
 def _options():
@@ -35,6 +40,8 @@ def _options():
 
 def gather_state(model: nn.Module, optimizer: torch.optim.Optimizer, layout: Layout) -> tuple[dict, dict]:
     """(model state, optimizer state) by parameter name; complete on rank 0 (other ranks may get empty dicts)."""
+    if layout.stage_keys is not None:
+        return _gather_stages(model, optimizer, layout)
     if layout.sharded:
         from torch.distributed.checkpoint.state_dict import get_state_dict
         return get_state_dict(model, optimizer, options=_options())
@@ -48,6 +55,11 @@ def gather_state(model: nn.Module, optimizer: torch.optim.Optimizer, layout: Lay
 def restore_state(model: nn.Module, optimizer: torch.optim.Optimizer, model_sd: dict, optim_sd: dict,
                   layout: Layout) -> None:
     """Load a gathered state into this rank's model and optimizer (each keeps its own shard)."""
+    if layout.stage_keys is not None:
+        model.load_state_dict({local: model_sd[whole] for local, whole in layout.stage_keys.items()})
+        names = [layout.stage_params[id(p)] for group in optimizer.param_groups for p in group["params"]]
+        optimizer.load_state_dict(_by_index(_only(optim_sd, set(names)), names))
+        return
     if layout.sharded:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
         set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd,
@@ -83,3 +95,35 @@ def _by_index(osd: dict, names: list[str]) -> dict:
         raise ValueError(f"the checkpoint's optimizer holds parameters this model lacks: {missing[:3]}")
     groups = [dict(g, params=sorted(index[n] for n in g["params"])) for g in osd["param_groups"]]
     return {"state": {index[n]: value for n, value in osd["state"].items()}, "param_groups": groups}
+
+
+def _gather_stages(model: nn.Module, optimizer: torch.optim.Optimizer, layout: Layout) -> tuple[dict, dict]:
+    """Every pipeline rank's states under the whole model's names, merged on rank 0 (replicas over dp send the
+    same entries; a tied embedding comes from both ends, equal)."""
+    import torch.distributed as dist
+    from torch.utils._pytree import tree_map_only
+    names = [layout.stage_params[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    mine = ({layout.stage_keys[k]: v for k, v in model.state_dict().items()},
+            _by_name(optimizer.state_dict(), names))
+    mine = tree_map_only(torch.Tensor, lambda t: t.detach().cpu(), mine)
+    parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(mine, parts, dst=0)
+    if parts is None:
+        return {}, {}
+    model_sd, state = {}, {}
+    groups = [dict(g, params=[]) for g in parts[0][1]["param_groups"]]
+    for part_model, part_optim in parts:
+        model_sd.update(part_model)
+        state.update(part_optim["state"])
+        for group, part in zip(groups, part_optim["param_groups"]):
+            group["params"] += [n for n in part["params"] if n not in group["params"]]
+    return model_sd, {"state": state, "param_groups": groups}
+
+
+def _only(osd: dict, names: set[str]) -> dict:
+    """The entries of a by-name optimizer state that belong to `names` (one pipeline stage's share)."""
+    if all(isinstance(n, int) for g in osd["param_groups"] for n in g["params"]):
+        raise ValueError("the checkpoint's optimizer state is keyed by index (an older runner): resume it without "
+                         "pipeline parallelism, or start a new run")
+    return {"state": {n: v for n, v in osd["state"].items() if n in names},
+            "param_groups": [dict(g, params=[n for n in g["params"] if n in names]) for g in osd["param_groups"]]}

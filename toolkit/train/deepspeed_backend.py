@@ -1,0 +1,83 @@
+"""The DeepSpeed backend: the job's model and optimizer handed to DeepSpeed's engine, configured by
+`deepspeed_config(job)`, the configuration the estimate models and the tracer runs (toolkit.trace.zero).
+
+    engine, optimizer = deepspeed_engine(job, model, optimizer)
+    loss = engine(tokens, targets); engine.backward(loss); engine.step()    # every micro-batch
+
+DeepSpeed owns what happens between the forward and the update: 16-bit weights with fp32 master partitions
+(ZeRO-1), partitioned gradients (2), partitioned weights (3), the optimizer states on the host with
+ZeRO-Offload, gradient accumulation (it divides each micro-batch's loss) and clipping. Its checkpoints are its
+own: each rank writes its partitions into `checkpoints/step_NNNNNNNN.ds/`, and the runner's checksummed
+`step_NNNNNNNN.pt`, written after every rank finished, is the record that the directory is complete.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from pathlib import Path
+
+import torch
+
+from ..specs.errors import SpecError
+from ..specs.job import Job
+from ..trace.zero import deepspeed_config
+
+__all__ = ["import_deepspeed", "deepspeed_engine", "checkpoint_tag", "save_engine", "load_engine"]
+
+
+def import_deepspeed():
+    """DeepSpeed, set up for this machine: its CPU accelerator without a GPU, quiet logs, and none of its C++
+    ops (the job's torch optimizer steps; probing a compiler for them takes seconds per rank)."""
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    try:
+        import deepspeed
+        import deepspeed.ops
+    except ImportError as missing:
+        raise SpecError("parallel.backend", "deepspeed", "needs the deepspeed package (pip install deepspeed); or "
+                                                         "train with the torch backend") from missing
+    from deepspeed.utils import logger
+    logger.setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")   # DeepSpeed's old calls
+    if not torch.cuda.is_available():
+        deepspeed.ops.__compatible_ops__ = {}
+    return deepspeed
+
+
+def deepspeed_engine(job: Job, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
+    """(engine, DeepSpeed's optimizer) for this rank; the process group is the one already running."""
+    deepspeed = import_deepspeed()
+    if not torch.distributed.is_initialized():     # one process: DeepSpeed still wants a process group
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        torch.distributed.init_process_group(backend, store=torch.distributed.HashStore(), rank=0, world_size=1)
+        os.environ.setdefault("LOCAL_RANK", "0")        # (DeepSpeed reads it; a launcher would have set it)
+    engine, ds_optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=deepspeed_config(job),
+                                                      dist_init_required=False)
+    return engine, ds_optimizer
+
+
+def checkpoint_tag(step: int) -> str:
+    """The directory DeepSpeed writes for the checkpoint of `step`, beside the runner's step_NNNNNNNN.pt."""
+    return f"step_{step:08d}.ds"
+
+
+def save_engine(engine, folder: Path, step: int) -> str:
+    """Every rank writes its partitions (collective); returns the tag the runner's record names."""
+    tag = checkpoint_tag(step)
+    engine.save_checkpoint(str(folder), tag=tag, save_latest=False)
+    return tag
+
+
+def load_engine(engine, folder: Path, tag: str, saved_ranks: int, ranks: int) -> None:
+    """Load this rank's partitions. DeepSpeed's partitions are laid out for the number of ranks that wrote them;
+    resuming on another number needs its universal checkpoint (ds_to_universal), which the runner does not
+    convert yet: refused with the way out."""
+    if saved_ranks != ranks:
+        raise SpecError("parallel.dp", ranks, f"the DeepSpeed checkpoint {tag} was written by {saved_ranks} ranks and "
+                                              f"its ZeRO partitions load on {saved_ranks} only; resume with --nproc "
+                                              f"{saved_ranks} (or convert it with DeepSpeed's ds_to_universal)")
+    if not (folder / tag).is_dir():
+        raise SpecError("checkpoint", tag, f"{folder / tag} is missing (the record names it): restore the folder, or "
+                                           "delete the record to resume from an earlier checkpoint")
+    engine.load_checkpoint(str(folder), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=False)

@@ -1,0 +1,170 @@
+"""Pipeline parallelism over the runner's GPT, shared by the runner and the tracer: stages and torch's schedules.
+
+    stages = split_stages(model, job, pp_rank)             # this rank's chunks: one, or vpp when interleaved
+    schedule = build_schedule(stages, job, device, group)  # GPipe, 1F1B or interleaved 1F1B (torch.distributed.pipelining)
+    run_schedule(schedule, job, pp_rank, tokens, targets, losses)   # one step's forwards and backwards
+
+Under interleaving (vpp > 1) rank r holds chunks r, r + pp, r + 2·pp, ... of pp·vpp equal chunks. The loss is
+each micro-batch's mean cross-entropy and the schedule divides gradients by the number of micro-batches, which
+is what gradient accumulation does in one process. With tied embeddings the first and the last stage each keep
+the matrix; `sum_tied_grads` adds their gradients so the two copies take identical steps (Megatron's embedding
+group). `pipeline_forward` runs one forward through the stages without a schedule (evaluation, any batch size).
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from ..specs.job import Job
+from .parallel import PipelineStage
+
+__all__ = ["stage_chunks", "split_stages", "stage_state_keys", "loss_fn", "stage_examples", "build_schedule", "run_schedule",
+           "embedding_group", "sum_tied_grads", "pipeline_forward", "counted_params"]
+
+
+def stage_chunks(job: Job, pp_rank: int) -> list[int]:
+    """The chunks (global stage indices) this pipeline rank runs, in order."""
+    pp, vpp = job.parallel.pp, job.parallel.vpp
+    return list(range(pp_rank, pp * vpp, pp))
+
+
+def split_stages(model: nn.Module, job: Job, pp_rank: int) -> nn.ModuleList:
+    """This rank's chunks of the whole `model`; they share its parameters (the rest can be dropped)."""
+    chunks = job.parallel.pp * job.parallel.vpp
+    return nn.ModuleList(PipelineStage(model, chunk, chunks) for chunk in stage_chunks(job, pp_rank))
+
+
+def stage_state_keys(stages: nn.ModuleList, job: Job, pp_rank: int) -> dict[str, str]:
+    """{this rank's state-dict key: the whole model's key}: "1.blocks.0.attn.q.weight" on the second chunk of
+    four 2-block chunks is "blocks.2.attn.q.weight"; embeddings, norm and head keep their names."""
+    per = job.model.layers // (job.parallel.pp * job.parallel.vpp)
+    keys = {}
+    for i, chunk in enumerate(stage_chunks(job, pp_rank)):
+        for key in stages[i].state_dict():
+            whole = key
+            if key.startswith("blocks."):
+                _, index, rest = key.split(".", 2)
+                whole = f"blocks.{chunk * per + int(index)}.{rest}"
+            keys[f"{i}.{key}"] = whole
+    return keys
+
+
+def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The GPT's own loss (toolkit.train.model.GPT.forward): mean cross-entropy in fp32."""
+    return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def stage_examples(job: Job, chunk: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input, output) of one micro-batch through `chunk`: token ids or the residual stream in, the residual stream
+    or the logits out. Given to torch's stages, they replace its shape inference, whose backward pass MemTracker's
+    module hooks break. Under autocast the residual stream stays fp32 and the logits are 16-bit."""
+    mode, spec, b = job.precision.mode, job.model, job.batch.micro_batch
+    chunks = job.parallel.pp * job.parallel.vpp
+    stream = torch.bfloat16 if mode == "pure-bf16" else torch.float32    # (mixed-* is not run under pipelines)
+    logits = {"amp-bf16": torch.bfloat16, "amp-fp16": torch.float16}.get(mode, stream)
+    example_in = (torch.zeros(b, spec.seq_len, dtype=torch.long, device=device) if chunk == 0 else
+                  torch.zeros(b, spec.seq_len, spec.hidden, dtype=stream, device=device, requires_grad=True))
+    last = chunk == chunks - 1
+    example_out = torch.zeros(b, spec.seq_len, spec.vocab if last else spec.hidden, dtype=logits if last else stream,
+                              device=device, requires_grad=True)     # (the schedule sends gradients back for these)
+    return example_in, example_out
+
+
+def build_schedule(stages: nn.ModuleList, job: Job, device: torch.device, group=None):
+    """torch's schedule for this rank's chunks, over `group` (the pipeline ranks)."""
+    from torch.distributed.pipelining import PipelineStage as TorchStage
+    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+    chunks, m = job.parallel.pp * job.parallel.vpp, job.grad_accum or 1
+    torch_stages = []
+    for module, chunk in zip(stages, stage_chunks(job, _rank_in(group))):
+        example_in, example_out = stage_examples(job, chunk, device)
+        torch_stages.append(TorchStage(module, chunk, chunks, device, input_args=(example_in,),
+                                       output_args=(example_out,), group=group))
+    if job.parallel.vpp > 1:
+        return ScheduleInterleaved1F1B(torch_stages, m, loss_fn=loss_fn)
+    schedule = ScheduleGPipe if job.parallel.schedule == "gpipe" else Schedule1F1B
+    return schedule(torch_stages[0], m, loss_fn=loss_fn)
+
+
+def _rank_in(group) -> int:
+    return dist.get_rank(group) if group is not None else dist.get_rank()
+
+
+def run_schedule(schedule, job: Job, pp_rank: int, tokens: torch.Tensor, targets: torch.Tensor,
+                 losses: list | None = None) -> None:
+    """One step: the first stage feeds the tokens of all micro-batches (stacked), the last takes the targets and
+    appends each micro-batch's loss to `losses`; gradients are left on the stages' parameters."""
+    first, last = pp_rank == 0, pp_rank == job.parallel.pp - 1
+    args = (tokens,) if first else ()
+    if last:
+        schedule.step(*args, target=targets, losses=losses, return_outputs=False)
+    else:
+        schedule.step(*args)
+
+
+def embedding_group(job: Job, mesh):
+    """The group of the first and last pipeline ranks of this rank's (dp, tp) position, which both hold the tied
+    embedding; None when nothing is tied across stages or this rank is a middle stage. Every rank calls it
+    (creating groups is collective)."""
+    if not job.model.tie_embeddings or job.parallel.pp == 1:
+        return None
+    if job.parallel.pp == 2:
+        return mesh["pp"].get_group()
+    mine = None
+    columns = mesh.mesh.reshape(job.parallel.pp, -1).T      # (dp · tp, pp): each row one pipeline
+    for column in columns.tolist():
+        ends = [column[0], column[-1]]
+        group = dist.new_group(ends)
+        if dist.get_rank() in ends:
+            mine = group
+    return mine
+
+
+def tied_weights(stages: nn.ModuleList) -> list[torch.nn.Parameter]:
+    """This rank's copies of the tied embedding: the first chunk's table, the last chunk's head."""
+    held = []
+    for stage in stages:
+        if stage.first and stage.tok is not None:
+            held.append(stage.tok.weight)
+        if stage.last and stage.head is not None:
+            held.append(stage.head.weight)
+    return held
+
+
+def sum_tied_grads(stages: nn.ModuleList, group) -> None:
+    """Add the first and last stage's gradients of the tied embedding, as one process would have."""
+    if group is None:
+        return
+    for weight in tied_weights(stages):
+        if weight.grad is not None:
+            dist.all_reduce(weight.grad, group=group)
+
+
+def counted_params(stages: nn.ModuleList, job: Job) -> list[torch.nn.Parameter]:
+    """The parameters whose gradients count toward the global norm: the last stage's copy of a tied embedding
+    is the first stage's, counted there."""
+    skip = {id(stage.head.weight) for stage in stages if stage.last and stage.head is not None
+            and job.model.tie_embeddings}
+    return [p for p in stages.parameters() if p.requires_grad and id(p) not in skip]
+
+
+def pipeline_forward(stages: nn.ModuleList, job: Job, pp_rank: int, group, tokens: torch.Tensor,
+                     targets: torch.Tensor, act_dtype: torch.dtype) -> torch.Tensor | None:
+    """One forward of a batch through every chunk, in order, passing hidden states rank to rank (no schedule:
+    evaluation, whatever the batch size). The loss on the rank holding the last chunk, None elsewhere."""
+    pp = job.parallel.pp
+    chunks = pp * job.parallel.vpp
+    rows, seq = tokens.shape
+    x = tokens
+    for chunk in range(chunks):
+        if chunk % pp != pp_rank:
+            continue
+        if chunk > 0:
+            x = torch.empty(rows, seq, job.model.hidden, dtype=act_dtype, device=tokens.device)
+            dist.recv(x, src=dist.get_global_rank(group, (chunk - 1) % pp), group=group)
+        x = stages[chunk // pp](x)
+        if chunk < chunks - 1:
+            dist.send(x.to(act_dtype).contiguous(), dst=dist.get_global_rank(group, (chunk + 1) % pp), group=group)
+    return loss_fn(x, targets) if (chunks - 1) % pp == pp_rank else None
