@@ -179,9 +179,10 @@ def _attention_core(job: Job, tokens: float, b: int) -> float:
     return core
 
 
-def activation_bytes(job: Job, stage: str | None = None) -> ActivationBytes:
+def activation_bytes(job: Job, stage: str | None = None, stages_after=None) -> ActivationBytes:
     """Saved activations on one device of a resolved job: the first or last pipeline stage, or (None) the one
-    that holds more. Without pipelining every stage is the whole model."""
+    that holds more. Without pipelining every stage is the whole model. `stages_after` places a middle stage
+    ("second") elsewhere: how many stages follow it (the second's is pp − 2)."""
     if job.finetune.adapters:
         return _lora_activations(job)
     if stage is None:
@@ -242,7 +243,7 @@ def activation_bytes(job: Job, stage: str | None = None) -> ActivationBytes:
     single = np.asarray(pp) == 1
     micro_batches = np.asarray(1 if job.grad_accum is None else job.grad_accum)
     gpipe = np.asarray(job.parallel.schedule) == "gpipe"
-    in_flight = pipeline_in_flight(job, stage)
+    in_flight = pipeline_in_flight(job, stage, stages_after)
     owns_embedding, owns_head = single | (stage == "first"), single | (stage == "last")
     stage_layers = m.layers // np.asarray(pp)
     # Pipelines follow torch.distributed.pipelining (the mixed-* modes: Megatron's, which frees a sent output's
@@ -277,7 +278,7 @@ def activation_bytes(job: Job, stage: str | None = None) -> ActivationBytes:
                            heads_held=heads, step_end_buffers=step_end_buffers)
 
 
-def pipeline_in_flight(job: Job, stage: str | None = "first") -> float:
+def pipeline_in_flight(job: Job, stage: str | None = "first", stages_after=None) -> float:
     """Micro-batches whose activations a pipeline stage ("first", "second" or "last") holds at once, in
     stage-layer units.
 
@@ -291,6 +292,8 @@ def pipeline_in_flight(job: Job, stage: str | None = "first") -> float:
     m = np.asarray(1 if job.grad_accum is None else job.grad_accum)
     per_round = m // np.maximum(1, m // p)            # torch: rounds of p micro-batches, or one round of m
     after = p - 1 if stage is None else by_stage(stage, p - 1, p - 2, 0)       # stages after this one
+    if stages_after is not None:
+        after = np.asarray(stages_after)
     interleaved = np.minimum((v - 1) * per_round + 2 * after + 1, m * v) / v
     one_f_one_b = np.where(v > 1, interleaved, np.minimum(m, after + 1))
     in_flight = np.where(np.asarray(job.parallel.schedule) == "gpipe", m, one_f_one_b)

@@ -114,21 +114,32 @@ def memory_estimate(job: Job) -> MemoryEstimate:
                           phases=dict(zip(each.phases, chosen[len(fields) + len(state_fields):])))
 
 
+def ddp_buckets(job: Job):
+    """Where the runner wraps the model in torch's DDP, whose gradient buckets persist: the torch backend's
+    replicas and ZeRO-1 over more than one dp rank, tp and pp 1 (dp × tp and pipelines average by hand; fp32 main
+    gradients too). Arrays in, arrays out (layout grids)."""
+    par = job.parallel
+    zero, dp = np.asarray(par.zero), np.asarray(1 if par.dp is None else par.dp)
+    torch_backend = (job.precision.mode in TORCH_SEMANTICS) | (zero == 0)    # (mixed-* with ZeRO: DeepSpeed's)
+    return torch_backend & (dp > 1) & (zero <= 1) & (np.asarray(par.tp) == 1) & (np.asarray(par.pp) == 1)
+
+
 def stage_memory_estimate(job: Job, pp_rank: int) -> MemoryEstimate:
-    """The memory of one pipeline rank of a resolved job (scalar layout): its first, last or a middle stage. A
-    middle rank is estimated as the second stage, the busiest of them under torch's schedules (later middle
-    stages hold fewer micro-batches in flight, so theirs is an upper bound)."""
+    """The memory of one pipeline rank of a resolved job (scalar layout): its first, last or a middle stage (which
+    holds as many micro-batches in flight as stages follow it under 1F1B)."""
     pp = job.parallel.pp
     if pp == 1:
         return memory_estimate(job)
-    return _stage_memory(job, "first" if pp_rank == 0 else "last" if pp_rank == pp - 1 else "second")
+    if 0 < pp_rank < pp - 1:           # a middle stage: its blocks, and as many micro-batches as stages follow it
+        return _stage_memory(job, "second", stages_after=pp - 1 - pp_rank)
+    return _stage_memory(job, "first" if pp_rank == 0 else "last")
 
 
-def _stage_memory(job: Job, stage) -> MemoryEstimate:
+def _stage_memory(job: Job, stage, stages_after=None) -> MemoryEstimate:
     """One pipeline stage's memory ("first", "second" or "last", or an array of those names: one result per
     entry; without pipelining each is the whole model)."""
     states = model_state_bytes(job, stage)
-    acts = activation_bytes(job, stage)
+    acts = activation_bytes(job, stage, stages_after)
     model, par = job.model, job.parallel
     single = np.asarray(par.pp) == 1
     owns_head = single | (stage == "last")
@@ -161,16 +172,26 @@ def _stage_memory(job: Job, stage) -> MemoryEstimate:
     main_grads = mode.startswith("mixed-") & (job.precision.grad_dtype == "fp32") & (zero == 0)
     persistent = persistent + np.where(main_grads, grads_full, 0.0)
     grads_full = np.where(main_grads, 0.0, grads_full)
+    # DDP (torch's replicas, and under torch's ZeRO-1): its gradient buckets are allocated once and kept, and each
+    # gradient, once reduced, is a view into them (gradient_as_bucket_view). Without accumulation the buckets are
+    # the gradients, there in forward too (as a main-gradient buffer); when accumulating, the micro-batches before
+    # the last (no_sync) add into ordinary gradients beside them, which the last one's reduction copies in.
+    bucketed = ddp_buckets(job) & ~main_grads
+    bucket_is_grads = bucketed & ~accumulating
+    persistent = persistent + np.where(bucketed, grads_full, 0.0)
+    step_grads = np.where(bucketed, 0.0, grads_full)            # by the step every gradient is a bucket's view
+    grads_full = np.where(bucket_is_grads, 0.0, grads_full)
+    no_growth = main_grads | bucket_is_grads                    # gradients land in a buffer that already exists
 
     # gradients appear during backward: head first, then layer by layer, embedding last
     lora = job.finetune.adapters
     per_layer_trainable = adapter_params_per_layer(job) if lora else counts.per_layer
-    layer_grad = np.where(main_grads, 0.0, per_layer_trainable * grad_b / tp / np.where(zero >= 2, dp, 1))
+    layer_grad = np.where(no_growth, 0.0, per_layer_trainable * grad_b / tp / np.where(zero >= 2, dp, 1))
     head_param = np.where(owns_head, 0 if lora else (counts.head if counts.head else counts.embedding), 0)  # tied: at the head
     # FSDP2 computes gradients on the gathered (16-bit) weights and shards them at each module's post-backward:
     # the root's (head) until the end of backward, a block's until the block is done
     unsharded_grad_b = np.where((reduce_scatter > 0) | main_grads, 4 if mode == "fp32" else 2, grad_b)
-    head_grad = np.where(main_grads, 0.0,
+    head_grad = np.where(no_growth, 0.0,
                          (head_param + np.where(owns_head & (not lora), counts.final, 0)) * unsharded_grad_b / tp)
     # gradients made by earlier micro-batches of the step; interleaved over one round (m <= p) the last stage
     # runs every backward of its head chunk before any of its other chunks'
@@ -314,7 +335,7 @@ def _stage_memory(job: Job, stage) -> MemoryEstimate:
         persistent + ds.bucket + ds.flat_copy
         + np.where(ds.stage1, np.maximum(ds.grads - ds.bucket, 0.0),
                    np.where(accumulating | (ds.grads > ds.bucket), ds.partition, 0.0)), 0.0)
-    phases["optimizer step"] = _step_bytes(job, counts, persistent, grads_full, stage,
+    phases["optimizer step"] = _step_bytes(job, counts, persistent, step_grads, stage,
                                            np.where(ds.fixed > 0, 0.0, ds.partition), main_grads)
     names = list(phases)
     stacked = np.stack(np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in phases.values())))

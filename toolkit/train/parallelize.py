@@ -118,8 +118,8 @@ def apply_fsdp(model: nn.Module, job: Job, dp_mesh, pin_memory: bool = True) -> 
 def apply_ddp(model: nn.Module, job: Job, dp_mesh, device: torch.device | None) -> nn.Module:
     """Replicas over the dp dimension; gradients all-reduced in buckets of training.bucket_cap_mb, the gradients
     being views into the buckets (`gradient_as_bucket_view`; otherwise DDP keeps a second, bucketed copy of every
-    gradient). The buckets live for the whole run: measured with MemTracker, a DDP rank holds one gradient-sized
-    buffer through forward that the estimate and the single-process trace do not have (see toolkit compare --run)."""
+    gradient). The buckets live for the whole run, a gradient-sized buffer through forward as well: the estimate
+    models them and the single-process trace reproduces them (toolkit.estimate.memory.ddp_buckets)."""
     from torch.nn.parallel import DistributedDataParallel
     ids = [device.index] if device is not None and device.type == "cuda" else None
     return DistributedDataParallel(model, device_ids=ids, device_mesh=dp_mesh, gradient_as_bucket_view=True,
