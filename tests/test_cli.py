@@ -146,6 +146,18 @@ def test_plan_json_contract(cli):
     assert {"layout", "peak_bytes", "step_s", "train_days", "cost", "currency"} <= set(result["plans"][0])
 
 
+@pytest.mark.parametrize("method, precision, fits", [("lora", "amp-bf16", 0), ("lora", "pure-bf16", 2),
+                                                     ("qlora", "amp-bf16", 2)])
+def test_plan_a_lora_fine_tune_on_consumer_gpus(cli, method, precision, fits):
+    """The seed article's small-team case (it crashed in the LoRA activations on the layout grid): LoRA is
+    planned for replicas only; 7B frozen weights kept in fp32 under amp-bf16 do not fit 24 GiB cards."""
+    code, out, err = cli("plan", "--model", "llama2-7b", "--gpus", "8xRTX-4090", "--finetune", method,
+                         "--lora-rank", "16", "--lora-targets", "q,v", "--precision", precision)
+    assert code == 0 and not err, err
+    assert f"{fits} fit" in out
+    assert all("tp 1 · pp 1" in line for line in out.splitlines() if "8xRTX-4090" in line)
+
+
 def test_plan_and_doctor_text_and_errors(cli):
     code, out, _ = cli("plan", "--model", "llama2-7b", "--gpus", "8xH100-SXM", "--tp", "2", "--top", "2")
     assert code == 0 and "tp 2" in out and "evaluated" in out

@@ -39,7 +39,8 @@ def test_the_planners_mask_agrees_with_the_runners_refusal_on_every_layout(extra
         assert bool(mask[i]) == (run_refusal(job) is None), lay
         checked += 1
         runnable += bool(mask[i])
-    assert checked > 300 and 0 < runnable < checked
+    # (adapters: the grid itself keeps replicas only, as resolve() does)
+    assert checked > (5 if base.finetune.adapters else 300) and 0 < runnable <= checked
 
 
 def test_a_runnable_plan_trains_as_written_on_four_ranks(tmp_path, corpus):

@@ -321,7 +321,9 @@ def _lora_activations(job: Job) -> ActivationBytes:
     tokens = b * s
     targets, r = set(job.finetune.targets), job.finetune.rank
     qlora = job.finetune.method == "qlora"
-    selective = job.memory.recompute == "selective"
+    recompute = np.asarray(job.memory.recompute)          # (arrays on the planner's layout grid: np.where below)
+    selective, full = recompute == "selective", recompute == "full"
+    amp = np.asarray(amp)
     shapes = projection_shapes(m)                                    # LoRA runs without tensor parallelism
     copy = _math_path(job) or m.position == "rope"
     half_head = s * (m.head_dim_ // 2) * 2                           # one bf16 cast of a rope table
@@ -329,65 +331,63 @@ def _lora_activations(job: Job) -> ActivationBytes:
     def casts(names, input_rg: bool) -> float:
         """Autocast's weight casts kept for backward: a frozen weight's if its input needs a gradient,
         an adapter's B always, its A if the input needs a gradient."""
-        if not amp:
-            return 0.0
         # (QLoRA's frozen NF4 matrices keep no cast: they are dequantized again in backward)
         out = sum(shapes[n][0] * shapes[n][1] for n in names) if input_rg and not qlora else 0.0
         for n in names:
             if n in targets:
                 out += r * shapes[n][1] + (r * shapes[n][0] if input_rg else 0)
-        return 2 * out
+        return np.where(amp, 2 * out, 0.0)
 
     def block(rg_in: bool) -> float:
         saved = len(targets) * tokens * r * act                       # every adapter's A output
         if rg_in:
-            saved += _norm_internal(job, tokens, h)
+            saved = saved + _norm_internal(job, tokens, h)
         qkv_adapters = len(targets & {"q", "k", "v"})
-        saved += _norm_output(job, tokens, h, qkv_adapters)          # kept by q/k/v adapters only
+        saved = saved + _norm_output(job, tokens, h, qkv_adapters)          # kept by q/k/v adapters only
         q_rg, k_rg = rg_in or "q" in targets, rg_in or "k" in targets
         attn_rg = rg_in or bool(qkv_adapters)
-        saved += casts(("q", "k", "v"), rg_in)
-        if m.position == "rope" and amp:
-            saved += 2 * (q_rg + k_rg) * half_head                   # cos/sin casts kept by the rotations
-        if attn_rg and selective:             # the checkpointed core keeps its inputs: q, and k, v before GQA
-            saved += tokens * (q + 2 * _kv) * act
-        elif attn_rg:
-            saved += _attention_core(job, tokens, b)
+        saved = saved + casts(("q", "k", "v"), rg_in)
+        if m.position == "rope":
+            saved = saved + np.where(amp, 2 * (q_rg + k_rg) * half_head, 0.0)   # cos/sin casts kept by the rotations
+        if attn_rg:
+            core = _attention_core(job, tokens, b)
             if _math_path(job):       # explicit q·kᵀ keeps q only for k's gradient and kᵀ only for q's
                 core_bytes = 4 if job.memory.attention == "flash" else act
-                saved -= tokens * q * core_bytes * ((not k_rg) + (not q_rg))
-        if "o" in targets and (copy or not attn_rg or selective):
-            saved += tokens * q * act                               # o's input, kept by its adapter
-        saved += casts(("o",), attn_rg)
+                core = core - tokens * q * core_bytes * ((not k_rg) + (not q_rg))
+            # selective recompute: the checkpointed core keeps its inputs, q, and k, v before GQA
+            saved = saved + np.where(selective, tokens * (q + 2 * _kv) * act, core)
+        if "o" in targets:                                          # o's input, kept by its adapter
+            saved = saved + np.where(copy or not attn_rg or selective, tokens * q * act, 0.0)
+        saved = saved + casts(("o",), attn_rg)
         x1_rg = attn_rg or "o" in targets
-        saved += _norm_internal(job, tokens, h) if x1_rg else 0
+        saved = saved + _norm_internal(job, tokens, h) if x1_rg else 0
         mlp_in = len(targets & {"up", "gate"})
-        saved += _norm_output(job, tokens, h, mlp_in)
+        saved = saved + _norm_output(job, tokens, h, mlp_in)
         if m.mlp == "swiglu":
             gate_rg, up_rg = x1_rg or "gate" in targets, x1_rg or "up" in targets
-            saved += tokens * f * act * (gate_rg + up_rg + gate_rg + ("down" in targets))
+            saved = saved + tokens * f * act * (gate_rg + up_rg + gate_rg + ("down" in targets))
             mlp_rg = gate_rg or up_rg
-            saved += casts(("up", "gate"), x1_rg)
+            saved = saved + casts(("up", "gate"), x1_rg)
         else:
             up_rg = x1_rg or "up" in targets
-            saved += tokens * f * act * (up_rg + ("down" in targets))
+            saved = saved + tokens * f * act * (up_rg + ("down" in targets))
             mlp_rg = up_rg
-            saved += casts(("up",), x1_rg)
-        saved += casts(("down",), mlp_rg)
+            saved = saved + casts(("up",), x1_rg)
+        saved = saved + casts(("down",), mlp_rg)
         # dropout keeps its mask where its input needs a gradient: the attention and MLP branch outputs
-        saved += branch_mask * (x1_rg + (mlp_rg or "down" in targets))
+        saved = saved + branch_mask * (x1_rg + (mlp_rg or "down" in targets))
         return saved
 
     cpu = job.memory.program == "cpu"
     branch_mask = tokens * h * (act if cpu else 1) if m.dropout > 0 else 0
     first, rest = block(False), block(True)
     layers = first + rest * (m.layers - 1)
-    per_layer, recompute_layer = rest, 0.0
-    if selective:                               # backward rebuilds one block's attention core at a time
-        recompute_layer = _attention_core(job, tokens, b)
-    if job.memory.recompute == "full":          # each block keeps its input; backward rebuilds one at a time
-        per_layer = tokens * h * residual
-        layers, recompute_layer = per_layer * m.layers, rest - per_layer
+    # selective: backward rebuilds one block's attention core at a time; full: each block keeps its input, and
+    # backward rebuilds one at a time
+    kept_input = tokens * h * residual
+    recompute_layer = np.where(selective, _attention_core(job, tokens, b), np.where(full, rest - kept_input, 0.0))
+    per_layer = np.where(full, kept_input, rest)
+    layers = np.where(full, kept_input * m.layers, layers)
     head = _norm_internal(job, tokens, h) + _loss_bytes(job, tokens, m.vocab)   # the frozen head keeps no input
     batch = tokens * _INT64                                           # the token ids stay on the device
     return ActivationBytes(per_layer=per_layer, layers=np.asarray(layers), embedding=batch, head=head,

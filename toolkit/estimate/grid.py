@@ -78,4 +78,6 @@ def _valid(job: Job, devices: int, n: int) -> np.ndarray:
     torch_semantics = job.precision.mode in TORCH_SEMANTICS
     ok &= (offload != "optimizer") | ((not torch_semantics) & (zero >= 1))
     ok &= (offload != "params") | (zero == 3) | (torch_semantics & (zero == 2))
+    if job.finetune.adapters:            # LoRA/QLoRA are modelled for replicas (toolkit.specs.resolve)
+        ok &= (tp == 1) & (pp == 1) & (zero <= 1)
     return ok

@@ -20,7 +20,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..specs.model import ModelSpec
 
-__all__ = ["GPT"]
+__all__ = ["GPT", "run_blocks"]
 
 
 def _norm(spec: ModelSpec) -> nn.Module:
@@ -118,6 +118,20 @@ class Block(nn.Module):
         return x + self.dropout(self.mlp(self.norm2(x)))
 
 
+def run_blocks(blocks: nn.ModuleList, x: torch.Tensor, cos, sin, recompute: str) -> torch.Tensor:
+    """The blocks in order over x (batch, seq, hidden); under full recompute each is checkpointed while training.
+    (The whole GPT and its pipeline stages, toolkit.train.parallel.PipelineStage, both run them so.)"""
+    seq = x.shape[1]
+    cos = cos[:seq] if cos is not None else None
+    sin = sin[:seq] if sin is not None else None
+    for block in blocks:
+        if recompute == "full" and torch.is_grad_enabled():
+            x = checkpoint(block, x, cos, sin, use_reentrant=False)
+        else:
+            x = block(x, cos, sin)
+    return x
+
+
 class GPT(nn.Module):
     """Decoder-only transformer. forward(tokens, targets) returns the mean cross-entropy in fp32."""
 
@@ -167,13 +181,7 @@ class GPT(nn.Module):
         if self.pos is not None:
             x = x + self.pos(torch.arange(seq, device=tokens.device))
         x = self.drop(x)
-        cos = self.cos[:seq] if self.cos is not None else None
-        sin = self.sin[:seq] if self.sin is not None else None
-        for block in self.blocks:
-            if self.recompute == "full" and torch.is_grad_enabled():
-                x = checkpoint(block, x, cos, sin, use_reentrant=False)
-            else:
-                x = block(x, cos, sin)
+        x = run_blocks(self.blocks, x, self.cos, self.sin, self.recompute)
         logits = self.head(self.norm(x))
         if targets is None:
             return logits

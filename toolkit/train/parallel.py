@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput, RowwiseParallel,
                                                SequenceParallel, loss_parallel, parallelize_module)
+
+from .model import run_blocks
 
 __all__ = ["tensor_parallel", "shard_embedding_grad", "loss_parallel", "PipelineStage"]
 
@@ -103,11 +104,5 @@ class PipelineStage(nn.Module):
             if self.pos is not None:
                 x = x + self.pos(torch.arange(seq, device=x.device))
             x = self.drop(x)
-        cos = self.cos[:seq] if self.cos is not None else None
-        sin = self.sin[:seq] if self.sin is not None else None
-        for block in self.blocks:
-            if self.recompute == "full" and torch.is_grad_enabled():
-                x = checkpoint(block, x, cos, sin, use_reentrant=False)
-            else:
-                x = block(x, cos, sin)
+        x = run_blocks(self.blocks, x, self.cos, self.sin, self.recompute)
         return self.head(self.norm(x)) if self.last else x

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from ..estimate.memory import memory_estimate
 from ..format import gib
+from ..runs import read_rank_memory
 from ..specs import Job, load_catalog
 from .metrics import read_metrics
 
@@ -21,6 +22,7 @@ def run_summary(out_dir: str | Path) -> dict:
     losses = [r["loss"] for r in records]
     evals = [r["eval_loss"] for r in records if "eval_loss" in r]
     mem = memory_estimate(job)
+    recorded = read_rank_memory(out)                      # each rank's tensor peak over its first steps
     base = min((r["mem_base_bytes"] for r in records if "mem_base_bytes" in r), default=None)
     peak_mem = max((r["mem_bytes"] for r in records), default=None)
     return {
@@ -34,6 +36,7 @@ def run_summary(out_dir: str | Path) -> dict:
         "measured_peak_bytes": peak_mem,
         "measured_growth_bytes": peak_mem - base if peak_mem is not None and base is not None else None,
         "estimated_peak_bytes": mem.peak_bytes, "estimated_phase": mem.peak_phase,
+        "tensor_peak_bytes": max((r["peak_bytes"] for r in recorded), default=None),
     }
 
 
@@ -53,5 +56,7 @@ def render_run_summary(out_dir: str | Path) -> str:
                     "counts the interpreter and libraries too)")
     else:
         measured = f"measured {s['mem_kind']} {gib(s['measured_peak_bytes'])}"
+    if s["tensor_peak_bytes"] is not None:        # like with like: the ranks' own tensors (toolkit compare --run)
+        measured = f"measured tensors {gib(s['tensor_peak_bytes'])} (busiest rank); {measured}"
     lines.append(f"  memory/rank   {estimate}; {measured}")
     return "\n".join(lines)
