@@ -360,7 +360,7 @@ def _lora_activations(job: Job) -> ActivationBytes:
             saved = saved + np.where(copy or not attn_rg or selective, tokens * q * act, 0.0)
         saved = saved + casts(("o",), attn_rg)
         x1_rg = attn_rg or "o" in targets
-        saved = saved + _norm_internal(job, tokens, h) if x1_rg else 0
+        saved = saved + (_norm_internal(job, tokens, h) if x1_rg else 0)
         mlp_in = len(targets & {"up", "gate"})
         saved = saved + _norm_output(job, tokens, h, mlp_in)
         if m.mlp == "swiglu":
