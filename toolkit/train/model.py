@@ -120,10 +120,8 @@ class Block(nn.Module):
 
 def run_blocks(blocks: nn.ModuleList, x: torch.Tensor, cos, sin, recompute: str) -> torch.Tensor:
     """The blocks in order over x (batch, seq, hidden); under full recompute each is checkpointed while training.
+    cos and sin come cut to the whole sequence's length (under sequence parallelism x holds a shard of it).
     (The whole GPT and its pipeline stages, toolkit.train.parallel.PipelineStage, both run them so.)"""
-    seq = x.shape[1]
-    cos = cos[:seq] if cos is not None else None
-    sin = sin[:seq] if sin is not None else None
     for block in blocks:
         if recompute == "full" and torch.is_grad_enabled():
             x = checkpoint(block, x, cos, sin, use_reentrant=False)
@@ -181,7 +179,9 @@ class GPT(nn.Module):
         if self.pos is not None:
             x = x + self.pos(torch.arange(seq, device=tokens.device))
         x = self.drop(x)
-        x = run_blocks(self.blocks, x, self.cos, self.sin, self.recompute)
+        cos = self.cos[:seq] if self.cos is not None else None
+        sin = self.sin[:seq] if self.sin is not None else None
+        x = run_blocks(self.blocks, x, cos, sin, self.recompute)
         logits = self.head(self.norm(x))
         if targets is None:
             return logits

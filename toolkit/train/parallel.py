@@ -104,5 +104,7 @@ class PipelineStage(nn.Module):
             if self.pos is not None:
                 x = x + self.pos(torch.arange(seq, device=x.device))
             x = self.drop(x)
-        x = run_blocks(self.blocks, x, self.cos, self.sin, self.recompute)
+        cos = self.cos[:seq] if self.cos is not None else None
+        sin = self.sin[:seq] if self.sin is not None else None
+        x = run_blocks(self.blocks, x, cos, sin, self.recompute)
         return self.head(self.norm(x)) if self.last else x
