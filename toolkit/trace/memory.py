@@ -48,6 +48,7 @@ from ..train.model import GPT
 from ..train.parallel import loss_parallel, shard_embedding_grad, tensor_parallel
 from ..train.parallelize import apply_fsdp
 from ..train.precision import MasterWeights
+from .ddp import DDPBuckets
 
 __all__ = ["TraceResult", "trace_memory", "MAX_TRACED_MICRO_BATCHES", "DeviceTracker", "FSDPDeviceTracker", "snapshot",
            "fsdp_host_bytes", "FSDP_HOST"]
@@ -268,7 +269,7 @@ MAX_REAL_TRACE_BYTES = 4 * 2**30
 def _trace_real(job: Job, weights_dtype: torch.dtype) -> TraceResult:
     """bitsandbytes' 8-bit optimizers read their states' values while stepping, so they do not run on fake
     tensors: a small model is traced on real ones instead (the same tracker, the same step)."""
-    from ..estimate.memory import ddp_buckets, memory_estimate
+    from ..estimate.memory import memory_estimate
     try:
         import bitsandbytes  # noqa: F401
     except ImportError:
@@ -317,7 +318,7 @@ def _trace_single(job: Job, model: torch.nn.Module) -> TraceResult:
     tracker.track_external(model, optimizer, *extra)
     if mode.startswith("mixed-") and stepper.master.main_grads is not None:
         tracker.track_gradients(stepper.master.main_grads)
-    buckets = _DDPBuckets(model, tracker) if bool(ddp_buckets(job)) and not (
+    buckets = DDPBuckets(model, tracker) if bool(ddp_buckets(job)) and not (
         mode.startswith("mixed-") and stepper.master.main_grads is not None) else None
     with warnings.catch_warnings():   # (MemTracker's own gradient hook finds the 16-bit gradient already dropped)
         warnings.filterwarnings("ignore", "Expected a tensor or a traceable wrapper-subclass", UserWarning)
@@ -334,43 +335,8 @@ def _trace_single(job: Job, model: torch.nn.Module) -> TraceResult:
     )
 
 
-class _DDPBuckets:
-    """What DDP does to a replica's gradient memory, on one process (DDP's reducer is C++ that reads values, so it
-    does not run on fake tensors): one bucket buffer per dtype, allocated at wrapping and kept for the run
-    (counted as gradients); on the micro-batch that synchronises, each gradient, as autograd finishes it, is
-    copied into its slice and replaced by a view of it (gradient_as_bucket_view), the original freed. Earlier
-    micro-batches (no_sync) accumulate ordinary gradients beside the buckets. The runner's real DDP ranks
-    measure the same (toolkit compare --run)."""
-
-    def __init__(self, model: torch.nn.Module, tracker: MemTracker):
-        params = [p for p in model.parameters() if p.requires_grad]
-        self.views, self.buffers = {}, []
-        for dtype in dict.fromkeys(p.dtype for p in params):
-            group = [p for p in params if p.dtype == dtype]
-            flat = torch.zeros(sum(p.numel() for p in group), dtype=dtype)
-            tracker.track_gradients(flat)
-            self.buffers.append(flat)
-            offset = 0
-            for p in group:
-                self.views[p] = flat[offset:offset + p.numel()].view_as(p)
-                offset += p.numel()
-        self.handles = []
-
-    def syncing(self, on: bool) -> None:
-        """Copy gradients into the buckets as they are made (the synchronising micro-batch), or stop."""
-        for handle in self.handles:
-            handle.remove()
-        self.handles = [p.register_post_accumulate_grad_hook(self._into_bucket) for p in self.views] if on else []
-
-    def _into_bucket(self, param: torch.Tensor) -> None:
-        view = self.views[param]
-        if param.grad is not view:
-            view.copy_(param.grad)
-            param.grad = view
-
-
 def _run_steps(job: Job, tracker: MemTracker, model: torch.nn.Module, stepper, optimizer,
-               buckets: _DDPBuckets | None = None) -> dict[str, dict]:
+               buckets: "DDPBuckets | None" = None) -> dict[str, dict]:
     """Two training steps under the tracker; snapshots at the boundary, before the step, after it, and the peak."""
     mode = job.precision.mode
     micro_batches = min(job.grad_accum or 1, MAX_TRACED_MICRO_BATCHES)
