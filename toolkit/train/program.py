@@ -1,0 +1,145 @@
+"""What one rank trains: the job's model, laid out by toolkit.train.parallelize (or cut into pipeline stages, or
+handed to DeepSpeed's engine), and the optimizer that steps it. toolkit.train.loop runs it.
+
+    prog = _build_program(job, precision_plan(mode), device, device_mesh(job, device.type))
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ..specs import Job
+from ..specs.job import compute_dtype
+from .init_weights import load_initial_weights
+from .lora import apply_lora
+from .model import GPT
+from .optim import build_optimizer
+from .parallelize import all_reduce_mean, is_sharded, needs_grad_all_reduce, parallelize
+from .precision import MasterWeights, use_fp32_norms
+from .qlora import apply_qlora
+from .state import Layout
+
+__all__ = ["_Program", "_build_program", "_backward", "_optimizer_step"]
+
+
+def _build_model(job: Job, param_dtype: torch.dtype) -> torch.nn.Module:
+    model = GPT(job.model, attention=job.memory.attention, recompute=job.memory.recompute, dtype=param_dtype)
+    if job.training.init_from:
+        load_initial_weights(model, job.training.init_from)
+    if job.finetune.method == "lora":
+        apply_lora(model, job.finetune.rank, job.finetune.alpha, job.finetune.targets)
+    elif job.finetune.method == "qlora":
+        apply_qlora(model, job.finetune.rank, job.finetune.alpha, job.finetune.targets,
+                    compute_dtype=torch.float16 if compute_dtype(job.precision.mode) == "fp16" else torch.bfloat16)
+    if job.training.fp32_norm:
+        use_fp32_norms(model)
+    return model
+
+
+@dataclass
+class _Program:
+    """What the set-up built for this rank: the module forward and backward call (DDP, the FSDP2 root or the
+    model itself), the plain model beneath it (names as in the whole model), and what steps it."""
+    model: torch.nn.Module
+    raw: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    master: MasterWeights | None
+    params: list
+    """What the optimizer steps and clipping measures: the fp32 masters, or the trainable parameters."""
+    layout: Layout
+    reduce_grads: Callable[[], None] | None = None
+    """Averages gradients over the replicas after the last backward, where no DDP does it."""
+    schedule: object | None = None
+    """Pipelines: torch's schedule over this rank's stages (`raw` is then the ModuleList of its chunks)."""
+    pp_rank: int = 0
+    stage_group: object | None = None
+    """Pipelines: the pipeline ranks, over which the gradient norm and evaluation pass."""
+    counted: list | None = None
+    """Pipelines: the parameters counted in the gradient norm (a tied head's copy is not)."""
+    engine: object | None = None
+    """The DeepSpeed backend's engine (`model` is the engine, `optimizer` DeepSpeed's): it runs backward and step."""
+
+
+def _build_program(job: Job, plan, device: torch.device, mesh) -> _Program:
+    """The job's model, parallelized by toolkit.train.parallelize, and its optimizer."""
+    if job.parallel.pp > 1:
+        return _build_pipeline(job, plan, device, mesh)
+    if job.backend == "deepspeed":
+        return _build_deepspeed(job, plan)
+    torch.manual_seed(job.training.seed)                      # the same initial weights on every rank
+    raw = _build_model(job, plan.param_dtype).to(device)
+    main_grads = job.precision.grad_dtype == "fp32"
+    master = MasterWeights(raw, main_grads=main_grads) if plan.master_weights else None
+    # fp32 main gradients are all-reduced by hand once per step, as Megatron does: no DDP around them
+    model = raw if main_grads else parallelize(raw, job, mesh, device)
+    params = master.params if master else [p for p in raw.parameters() if p.requires_grad]
+    zero1 = job.parallel.zero == 1 and mesh is not None
+    optimizer = build_optimizer(job, params, zero1_group=mesh["dp"].get_group() if zero1 else None)
+    layout = Layout(sharded=is_sharded(job) and mesh is not None, zero1=zero1)
+    reduce_grads = None                 # (the tensors are looked up at each call: gradients are set to None)
+    if main_grads and mesh is not None:
+        reduce_grads = lambda: all_reduce_mean(master.grad_buffers(), flatten=False)             # noqa: E731
+    elif needs_grad_all_reduce(job, mesh):
+        reduce_grads = lambda: all_reduce_mean([p.grad for p in params], mesh["dp"].get_group())  # noqa: E731
+    return _Program(model, raw, optimizer, master, params, layout, reduce_grads)
+
+
+def _build_deepspeed(job: Job, plan) -> _Program:
+    """The model in its 16-bit dtype and the job's optimizer, handed to DeepSpeed's engine (ZeRO as configured by
+    deepspeed_config(job)); the fp32 masters start from the 16-bit weights, as MasterWeights' do in one process."""
+    from .deepspeed_backend import deepspeed_engine
+    torch.manual_seed(job.training.seed)
+    raw = _build_model(job, plan.param_dtype)
+    params = [p for p in raw.parameters() if p.requires_grad]
+    engine, optimizer = deepspeed_engine(job, raw, build_optimizer(job, params))
+    return _Program(engine, engine.module, optimizer, None, params, Layout(), engine=engine)
+
+
+def _build_pipeline(job: Job, plan, device: torch.device, mesh) -> _Program:
+    """This rank's pipeline chunks of the whole model (built in full with the run's seed, so the weights are
+    one process's), their optimizer and schedule; replicas over dp average gradients by hand."""
+    from . import pipeline
+    torch.manual_seed(job.training.seed)
+    whole = _build_model(job, plan.param_dtype)
+    pp_rank = mesh["pp"].get_local_rank()
+    stages = pipeline.split_stages(whole, job, pp_rank).to(device)
+    layout = Layout(stage_keys=pipeline.stage_state_keys(stages, job, pp_rank),
+                    stage_params={id(p): n for n, p in whole.named_parameters()})
+    del whole                                   # the other stages' weights go with it
+    params = [p for p in stages.parameters() if p.requires_grad]
+    optimizer = build_optimizer(job, params)
+    pp_group = mesh["pp"].get_group()
+    schedule = pipeline.build_schedule(stages, job, device, pp_group)
+    tied = pipeline.embedding_group(job, mesh)
+    dp_group = mesh["dp"].get_group() if mesh["dp"].size() > 1 else None
+
+    def reduce_grads():
+        pipeline.sum_tied_grads(stages, tied)
+        if dp_group is not None:
+            all_reduce_mean([p.grad for p in params], dp_group)
+    return _Program(stages, stages, optimizer, None, params, layout, reduce_grads, schedule=schedule,
+                    pp_rank=pp_rank, stage_group=pp_group, counted=pipeline.counted_params(stages, job))
+
+
+def _backward(prog: _Program, scaler, loss: torch.Tensor, accum: int, last: bool) -> None:
+    """One micro-batch's backward: of loss / accumulation (scaled for fp16), or through DeepSpeed's engine, which
+    divides by the accumulation itself and must be stepped after every micro-batch but the last (it counts them)."""
+    if prog.engine is None:
+        scaler.scale(loss / accum).backward()
+        return
+    prog.engine.backward(loss)
+    if not last:
+        prog.engine.step()
+
+
+def _optimizer_step(prog: _Program, scaler, scale_before: float | None) -> bool:
+    """The update; True if it was skipped (fp16 overflow: the loss scale falls)."""
+    if prog.engine is not None:
+        prog.engine.step()                   # the accumulation boundary: clip, step, reduce or gather, zero
+        return not prog.engine.was_step_applied()
+    scaler.step(prog.optimizer)
+    scaler.update()
+    prog.optimizer.zero_grad(set_to_none=True)
+    return scale_before is not None and scaler.get_scale() < scale_before
