@@ -11,6 +11,7 @@ import importlib.util
 import json
 import multiprocessing
 import os
+import signal
 import tempfile
 import traceback
 from collections.abc import Callable
@@ -40,17 +41,30 @@ def trace_on_ranks(measure: MeasureRank, job: Job, world: int, program: str, rol
         store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
         port = store.port
         _start_forkserver()
+        context = mp.start_processes(_rank_main, args=(measure, job.to_dict(), world, port, out, role),
+                                     nprocs=world, start_method="forkserver", join=False)
         try:
-            mp.start_processes(_rank_main, args=(measure, job.to_dict(), world, port, out, role),
-                               nprocs=world, start_method="forkserver")
+            while not context.join():
+                pass
         except (mp.ProcessRaisedException, mp.ProcessExitedException) as failure:   # a rank failed, or was killed
-            errors = sorted(Path(out).glob(f"{role}*.err"), key=lambda p: p.stat().st_mtime)
-            detail = errors[0].read_text().strip().splitlines()[-1] if errors else str(failure).strip()
-            where = errors[0].stem if errors else f"{role}{failure.error_index}"
-            if getattr(failure, "signal_name", None):        # killed from outside, often for memory
-                detail += f" (killed: out of memory? {shrink})"
-            raise MeasurementFailed(f"{program} trace failed on {where}: {detail}") from failure
+            raise MeasurementFailed(f"{program} trace failed on {_first_failure(context, out, role, shrink)}") \
+                from failure
         return [TraceResult(**json.loads(Path(out, f"{role}{rank}.json").read_text())) for rank in range(world)]
+
+
+def _first_failure(context, out: str, role: str, shrink: str) -> str:
+    """The rank that failed first and why. A rank killed by a signal (other than the SIGTERM the context sends
+    the survivors) is the cause even when a peer's 'connection reset' traceback was written before it was seen."""
+    for rank, process in enumerate(context.processes):
+        code = process.exitcode
+        if code is not None and code < 0 and -code != signal.SIGTERM and not Path(out, f"{role}{rank}.err").exists():
+            return f"{role}{rank}: killed by {signal.Signals(-code).name} (out of memory? {shrink})"
+    errors = sorted(Path(out).glob(f"{role}*.err"), key=lambda p: p.stat().st_mtime)
+    if errors:
+        return f"{errors[0].stem}: {errors[0].read_text().strip().splitlines()[-1]}"
+    failed = [(rank, p.exitcode) for rank, p in enumerate(context.processes) if p.exitcode]
+    rank, code = failed[0] if failed else (0, "?")
+    return f"{role}{rank}: exited with code {code}"
 
 
 def _start_forkserver() -> None:
