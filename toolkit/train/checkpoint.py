@@ -14,7 +14,6 @@ import re
 import shutil
 from pathlib import Path
 
-import torch
 
 __all__ = ["save_checkpoint", "latest_checkpoint", "list_checkpoints", "resume_key"]
 
@@ -43,6 +42,7 @@ def save_checkpoint(folder: str | Path, step: int, state: dict, keep: int) -> Pa
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"step_{step:08d}.pt"
+    import torch                       # here, not at the top: a job is checked before torch is imported
     _fsync_write(path, lambda f: torch.save(state, f))
     digest = _sha256(path)
     _fsync_write(path.with_name(path.name + ".sha256"), lambda f: f.write(digest.encode()))
@@ -69,6 +69,7 @@ def list_checkpoints(folder: str | Path) -> list[Path]:
 def latest_checkpoint(folder: str | Path) -> tuple[dict | None, Path | None, list[str]]:
     """(state, path, problems): the newest checkpoint whose checksum matches, and one line for each
     newer one that was skipped (interrupted write, damaged file)."""
+    import torch
     problems = []
     for stale in Path(folder).glob("*.tmp") if Path(folder).is_dir() else []:
         problems.append(f"{stale.name}: unfinished write (the run stopped while saving); removed")

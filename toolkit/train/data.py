@@ -17,11 +17,14 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from ..specs.errors import SpecError
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["prepare", "demo_sources", "ensure_demo_corpus", "TokenShards", "StepSampler", "make_loader",
            "BYTE_VOCAB"]
@@ -104,9 +107,11 @@ def ensure_demo_corpus(cache_dir: str | Path) -> Path:
     return out
 
 
-class TokenShards(torch.utils.data.Dataset):
+class TokenShards:
     """One split of a prepared folder as windows of seq_len + 1 tokens (inputs and shifted targets).
-    Windows never cross a shard boundary; item i is a LongTensor of seq_len + 1 tokens."""
+    Windows never cross a shard boundary; item i is a LongTensor of seq_len + 1 tokens. (A map-style dataset
+    for torch's DataLoader; this module imports torch only when tensors are made, so that a job is checked
+    before anything imports torch.)"""
 
     def __init__(self, folder: str | Path, split: str, seq_len: int):
         folder = Path(folder)
@@ -134,12 +139,13 @@ class TokenShards(torch.utils.data.Dataset):
         return self.starts[-1]
 
     def __getitem__(self, i: int) -> torch.Tensor:
+        import torch
         shard = int(np.searchsorted(self.starts, i, side="right")) - 1
         offset = (i - self.starts[shard]) * self.seq_len
         return torch.from_numpy(self.shards[shard][offset:offset + self.seq_len + 1].astype(np.int64))
 
 
-class StepSampler(torch.utils.data.Sampler):
+class StepSampler:
     """Yields, for steps [start_step, end_step), this rank's micro-batches as lists of window indices.
 
     Step s uses global samples s·G + k for k < G, G the global batch; micro-batch m of rank r takes
@@ -173,6 +179,7 @@ class StepSampler(torch.utils.data.Sampler):
 
 def make_loader(dataset: TokenShards, sampler: StepSampler, num_workers: int, prefetch: int):
     """A DataLoader of (inputs, targets) micro-batches in the sampler's order, prefetched by workers."""
+    import torch
     extra = {"prefetch_factor": prefetch, "persistent_workers": False} if num_workers else {}
     # its own generator: creating the iterator must not draw from the global RNG that dropout uses,
     # or a resumed run would see different dropout masks than an uninterrupted one
@@ -182,5 +189,6 @@ def make_loader(dataset: TokenShards, sampler: StepSampler, num_workers: int, pr
 
 
 def _collate(windows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    import torch
     batch = torch.stack(windows)
     return batch[:, :-1].contiguous(), batch[:, 1:].contiguous()

@@ -21,13 +21,13 @@ from pathlib import Path
 
 from ..specs import Job, SpecError, load_catalog
 from .checkpoint import latest_checkpoint, list_checkpoints, resume_key
+from .checks import refuse_accelerate_overrides, runner_checks
 
 __all__ = ["prepare_run", "launch"]
 
 
 def prepare_run(job: Job, out_dir: str | Path, nproc: int) -> Job:
     """Fix the data-parallel degree to nproc / (tp × pp), check everything the runner needs, write OUT/job.yaml."""
-    from .loop import refuse_accelerate_overrides, runner_checks
     if nproc < 1:
         raise SpecError("--nproc", nproc, "must be 1 or more")
     par = job.parallel
