@@ -5,6 +5,7 @@
     toolkit compare --model gpt2 --micro-batch 4
     toolkit plan --model llama2-70b --offers p5.48xlarge,p4de.24xlarge --objective cost --max-gpus 512
     toolkit doctor --model llama2-7b --gpus 1xA100-80GB
+    toolkit pipeline --stages 4 --microbatches 8 --schedule interleaved --vpp 2 --html gantt.html
     toolkit train --layers 4 --hidden 128 --heads 4 --vocab 256 --seq 128 --steps 50 --out runs/demo --nproc 2
     toolkit data prepare notes/*.txt --out data/notes
     toolkit catalog accelerators
@@ -134,6 +135,21 @@ def build_parser() -> argparse.ArgumentParser:
                                         "cheapest first) or, with --run DIR, a run's metrics.")
     _add_job_args(doctor)
     doctor.add_argument("--run", metavar="DIR", help="diagnose the metrics of this run folder instead")
+
+    pipe = sub.add_parser("pipeline", help="simulate a pipeline schedule: per-rank timeline, bubble, step time",
+                          description="Run a schedule's per-rank orders (torch's) against each other: times are "
+                                      "per micro-batch for a whole stage, or one per virtual stage, comma-separated.")
+    pipe.add_argument("--stages", metavar="P", type=int, required=True)
+    pipe.add_argument("--microbatches", metavar="M", type=int, required=True)
+    pipe.add_argument("--schedule", metavar="{gpipe,1f1b,interleaved,zb-h1}", default="1f1b")
+    pipe.add_argument("--vpp", metavar="V", type=int, default=1, help="virtual stages per rank (interleaved)")
+    pipe.add_argument("--forward-s", metavar="S[,S...]", default="1", help="forward time of a stage (default 1)")
+    pipe.add_argument("--backward-s", metavar="S[,S...]", default="2", help="whole backward time (default 2)")
+    pipe.add_argument("--weight-s", metavar="S[,S...]", help="the backward's weight-gradient part, which zb-h1 "
+                                                             "runs apart (default: half the backward)")
+    pipe.add_argument("--p2p-s", metavar="S", type=float, default=0.0, help="latency of a send between ranks")
+    pipe.add_argument("--json", action="store_true")
+    _add_html(pipe)
 
     train = sub.add_parser("train", help="train the job for real (CPU processes or GPUs), streaming metrics",
                            description="Train the job with accelerate: checkpoints and metrics.jsonl under --out; "
@@ -315,6 +331,40 @@ def cmd_plan(args) -> int:
     return 0
 
 
+def cmd_pipeline(args) -> int:
+    from .estimate.pipeline import SCHEDULES, simulate
+    from .format import render_pipeline
+    if args.schedule not in SCHEDULES:
+        raise SpecError("--schedule", args.schedule, "unknown schedule" + did_you_mean(args.schedule, SCHEDULES)
+                        + f"; choose one of {', '.join(SCHEDULES)}")
+    times = {name: _seconds(getattr(args, name), "--" + name.replace("_", "-"))
+             for name in ("forward_s", "backward_s", "weight_s")}
+    try:
+        timeline = simulate(args.schedule, args.stages, args.microbatches, args.vpp, p2p_s=args.p2p_s, **times)
+    except ValueError as err:            # the simulator's words, in the flags' names
+        message = str(err)
+        for name in ("forward_s", "backward_s", "weight_s", "p2p_s"):
+            message = message.replace(name, "--" + name.replace("_", "-"))
+        raise SpecError("", None, message) from None
+    result = timeline.to_dict()
+    if args.html:
+        from .plots import pipeline_figure
+        _write_html(args.html, [pipeline_figure(result)])
+    print(json.dumps(result, indent=2) if args.json else render_pipeline(result))
+    return 0
+
+
+def _seconds(text: str | None, flag: str) -> float | list[float] | None:
+    """'2' -> 2.0; '1,1.5,1' -> one value per virtual stage."""
+    if text is None:
+        return None
+    try:
+        values = [float(x) for x in str(text).split(",")]
+    except ValueError:
+        raise SpecError(flag, text, "expected seconds, or one value per virtual stage separated by commas") from None
+    return values[0] if len(values) == 1 else values
+
+
 def cmd_doctor(args) -> int:
     from .plan.doctor import diagnose_job, diagnose_run
     if args.run:
@@ -404,7 +454,8 @@ def main(argv: list[str] | None = None) -> int:
         return int(stop.code or 0)
     try:
         commands = {"estimate": cmd_estimate, "trace": cmd_trace, "compare": cmd_compare, "catalog": cmd_catalog,
-                    "train": cmd_train, "data": cmd_data, "plan": cmd_plan, "doctor": cmd_doctor}
+                    "train": cmd_train, "data": cmd_data, "plan": cmd_plan, "doctor": cmd_doctor,
+                    "pipeline": cmd_pipeline}
         return commands[args.command](args)
     except SpecError as err:
         print(f"toolkit {args.command}: error: {_flag_hint(err)}", file=sys.stderr)

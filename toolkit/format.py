@@ -1,7 +1,7 @@
 """Human-readable text for estimates and catalog rows (the CLI's non-JSON output)."""
 from __future__ import annotations
 
-__all__ = ["gib", "count", "sci", "money", "render_estimate"]
+__all__ = ["gib", "count", "sci", "money", "render_estimate", "render_pipeline"]
 
 
 def gib(n_bytes: float | None) -> str:
@@ -222,3 +222,21 @@ def render_doctor(result: dict) -> str:
         out += ["", f"no single change fits; together: {' + '.join(combined['changes'])}",
                 f"  -> {gib(combined['peak_bytes'])} per device ({verdict}{time})"]
     return "\n".join(out)
+
+
+def render_pipeline(tl: dict, width: int = 96) -> str:
+    """A simulated schedule (Timeline.to_dict()): its figures, then one text row per rank, F/B/W for the
+    operation at each instant (lower case for odd micro-batches, so neighbours stay apart) and '.' for idle."""
+    p, m, v = tl["stages"], tl["microbatches"], tl["vpp"]
+    lines = [f"{tl['schedule']}: {p} stages, {m} micro-batches" + (f", vpp {v}" if v > 1 else "")
+             + f" · step {tl['step_s']:.4g} s · bubble {tl['bubble_fraction']:.1%} (idle / stages × step)",
+             "peak micro-batch chunks in flight per rank: " + " ".join(str(n) for n in tl["peak_in_flight"])]
+    cell_s = tl["step_s"] / width if tl["step_s"] > 0 else 1.0
+    for rank in range(p):
+        row = ["."] * width
+        for s in (s for s in tl["timeline"] if s["rank"] == rank):
+            first, last = int(s["start_s"] / cell_s + 0.5), int(s["end_s"] / cell_s + 0.5)
+            for col in range(first, min(max(last, first + 1), width)):
+                row[col] = s["kind"] if s["micro"] % 2 == 0 else s["kind"].lower()
+        lines.append(f"rank {rank:<3} |{''.join(row)}|")
+    return "\n".join(lines)

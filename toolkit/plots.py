@@ -4,6 +4,7 @@
     fig = step_figure(estimate(job))            # where a step's seconds go
     fig = metrics_figure(read_metrics(path), estimate(job))   # a run, measured beside the estimate
     fig = pareto_figure(search(...))            # plans: days against cost, the front highlighted
+    fig = pipeline_figure(simulate(...).to_dict())   # a pipeline schedule's Gantt chart, rank by rank
 
 Nothing here displays a figure or computes a model figure; an absent value draws nothing.
 """
@@ -12,8 +13,8 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-__all__ = ["memory_figure", "step_figure", "metrics_figure", "pareto_figure", "copy_into", "MEMORY_PARTS",
-           "STEP_PARTS"]
+__all__ = ["memory_figure", "step_figure", "metrics_figure", "pareto_figure", "pipeline_figure", "copy_into",
+           "MEMORY_PARTS", "STEP_PARTS", "PIPELINE_KINDS"]
 
 GIB = 2**30
 MEMORY_PARTS = (("params_bytes", "parameters", "#4C78A8"), ("grads_bytes", "gradients", "#F58518"),
@@ -123,6 +124,38 @@ def pareto_figure(result: dict) -> go.Figure:
     fig.update_layout(title=f"{result['fitting']:,} of {result['evaluated']:,} layouts fit",
                       xaxis_title="days to train", yaxis_title=f"cost ({unit})", height=360,
                       margin=dict(l=10, r=10, t=40, b=30))
+    return fig
+
+
+PIPELINE_KINDS = (("F", "forward", "#4C78A8"), ("B", "backward", "#F58518"), ("W", "weight gradients", "#54A24B"))
+
+
+def pipeline_figure(timeline: dict, measured: dict | None = None) -> go.Figure:
+    """A schedule's Gantt chart (toolkit.estimate.pipeline Timeline.to_dict()): one row per rank, a bar per
+    micro-batch chunk labelled with its number; `measured`, a timeline of the same shape from a real run,
+    is drawn as a second row per rank."""
+    rows = [("simulated", timeline)] + ([("measured", measured)] if measured else [])
+    fig = go.Figure()
+    for label, tl in rows:
+        suffix = f" ({label})" if measured else ""
+        for kind, name, color in PIPELINE_KINDS:
+            spans = [s for s in tl["timeline"] if s["kind"] == kind]
+            if not spans:
+                continue
+            fig.add_trace(go.Bar(
+                y=[f"rank {s['rank']}{suffix}" for s in spans], x=[s["end_s"] - s["start_s"] for s in spans],
+                base=[s["start_s"] for s in spans], orientation="h", name=name + suffix, marker_color=color,
+                opacity=1.0 if label == "simulated" else 0.6, text=[str(s["micro"]) for s in spans],
+                textposition="inside", insidetextanchor="middle",
+                customdata=[[s["micro"], s["stage"]] for s in spans],
+                hovertemplate=f"{name}: micro-batch %{{customdata[0]}}, stage %{{customdata[1]}}<br>"
+                              "%{base:.3g} to %{x:.3g} s long<extra></extra>"))
+    title = (f"{timeline['schedule']}: {timeline['stages']} stages, {timeline['microbatches']} micro-batches"
+             + (f", vpp {timeline['vpp']}" if timeline["vpp"] > 1 else "")
+             + f" · step {timeline['step_s']:.3g} s · bubble {timeline['bubble_fraction']:.1%}")
+    fig.update_layout(barmode="overlay", title=title, xaxis_title="seconds", height=120 + 40 * timeline["stages"]
+                      * len(rows), margin=dict(l=10, r=10, t=40, b=30), legend=dict(orientation="h", y=-0.2),
+                      yaxis=dict(autorange="reversed"))
     return fig
 
 
