@@ -25,8 +25,11 @@ demo: $(STAMP)
 	rm -rf runs/demo
 	$(BIN)/toolkit train --layers 4 --hidden 256 --heads 8 --vocab 256 --seq 128 --micro-batch 8 --global-batch 16 --precision fp32 --steps 30 --warmup 3 --lr 2e-3 --eval-every 10 --nproc 2 --out runs/demo --no-progress
 
+# Two workers, a test file each at a time (notebooks keep their cells in order; module fixtures are built once);
+# the slowest tests are listed at the end. TEST_WORKERS=0 runs everything in this process.
+TEST_WORKERS ?= 2
 test: $(STAMP) browser
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15
 
 # The browser test drives Debian's Chromium; install it when missing (as root, through apt).
 browser:

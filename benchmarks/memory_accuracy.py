@@ -78,6 +78,8 @@ def matrix() -> list[tuple[str, dict]]:
     add("gpt2-124m/pure-bf16-eager", GPT2, mode="pure-bf16", att="eager", b=2)
     add("llama7b-layers/amp-b1", LLAMA_7B_LAYERS, b=1)
     add("llama7b-layers/full-b2", LLAMA_7B_LAYERS, b=2, rec="full")
+    # a whole 70B model on fake tensors: ~1.1 TB "used" in a few GiB of RSS (tests trace its layers, 4 deep)
+    add("llama2-70b/mixed-bf16/full-b1", {"preset": "llama2-70b"}, mode="mixed-bf16", b=1, rec="full")
     add("llama7b-layers/mixed-selective", LLAMA_7B_LAYERS, mode="mixed-bf16", b=1, rec="selective")
     # Megatron's fp32 main gradients: a persistent fp32 buffer the 16-bit gradients are added into
     add("gpt/mixed-bf16/fp32-grads/none", SMALL_GPT, mode="mixed-bf16", grads="fp32")

@@ -2,22 +2,30 @@
 import resource
 
 import pytest
+import torch
 
 from toolkit.estimate.memory import memory_estimate
 from toolkit.specs import Job, SpecError
 from toolkit.trace.memory import trace_memory
 
 
-def test_llama2_70b_traces_without_allocating():
-    job, _ = Job.from_dict({"model": {"preset": "llama2-70b"}, "batch": {"micro_batch": 1, "global_batch": 1},
+def test_llama2_70b_layers_trace_without_allocating():
+    """Four of Llama 2 70B's layers at full width (the whole model is a row of benchmarks/memory_accuracy.py);
+    the parameter count is torch's own, from the model built on the meta device."""
+    from toolkit.train.model import GPT
+    job, _ = Job.from_dict({"model": {"preset": "llama2-70b", "layers": 4}, "batch": {"micro_batch": 1, "global_batch": 1},
                             "precision": {"mode": "mixed-bf16"},
                             "memory": {"recompute": "full", "program": "cpu"},   # the program the tracer runs
                             "cluster": {"accelerator": "H100-SXM", "count": 1}}).resolve()
+    with torch.device("meta"):
+        gpt = GPT(job.model, dtype=torch.bfloat16)
+    numel = sum(p.numel() for p in gpt.parameters())
+    buffers_bytes = sum(b.numel() * b.element_size() for b in gpt.buffers())            # the rotary tables
     traced = trace_memory(job)
     model = memory_estimate(job)
-    assert traced.params_bytes == pytest.approx(2 * 68_976_648_192, rel=1e-4)       # bf16 weights (+ rope tables)
-    assert traced.grads_bytes == 2 * 68_976_648_192
-    assert traced.peak_bytes > 1e12                                                  # ~1.1 TB "used"...
+    assert traced.params_bytes == 2 * numel + buffers_bytes                          # bf16 weights
+    assert traced.grads_bytes == 2 * numel
+    assert traced.peak_bytes > 40 * 2**30                                            # ~50 GiB "used"...
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss < 4 * 2**20              # ...in under 4 GiB of RSS
     assert model.peak_bytes == pytest.approx(traced.peak_bytes, rel=0.03)
 

@@ -1,6 +1,7 @@
-"""The layouts the planner recommends, trained for real on gloo ranks: ZeRO-1/2/3, offload, tensor and sequence
-parallelism, dp × tp, pipelines (1F1B, GPipe; interleaved in benchmarks/layouts.py) and dp × pp. Each must train as one process does with the same global batch (fp32: the same sums in
-another order, ~1e-7), and its checkpoints must resume bitwise on the same layout and on another one.
+"""The layouts the planner recommends, trained for real on gloo ranks: ZeRO-1/3, offload, tensor and sequence
+parallelism, dp × tp, a pipeline and DeepSpeed: a slice here, every family in benchmarks/layouts.py. Each must
+train as one process does with the same global batch (fp32: the same sums in another order, ~1e-7), and its
+checkpoints must resume bitwise on the same layout and on another one.
 
 The reference is an independent program: one process, no parallelism, no sharded state."""
 import json
@@ -14,6 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from toolkit.cli import main
 from toolkit.runs import read_rank_memory
 from toolkit.specs import Job
 from toolkit.train.launch import prepare_run
@@ -56,29 +58,23 @@ def one_process(tmp_path_factory, corpus):
     return _records(out)
 
 
-@pytest.mark.parametrize("layout, nproc", [
-    (("--zero", "1"), 2),                                 # ZeroRedundancyOptimizer over DDP
-    (("--zero", "3", "--offload", "params"), 2),          # FSDP2, resharded, states on the host
-    (("--tp", "2", "--sp"), 2),                           # DTensor plan, tied embeddings, learned positions
-    (("--tp", "2"), 4),                                   # dp 2 x tp 2: replicas average DTensor gradients by hand
-    (("--pp", "2"), 2),                                   # 1F1B, 4 micro-batches; tied embedding on both ends
-    (("--pp", "2", "--schedule", "gpipe"), 4),            # dp 2 x pp 2, GPipe
-], ids=["zero1", "zero3-offload", "tp2-sp", "dp2xtp2", "pp2-1f1b", "dp2xpp2-gpipe"])
-def test_a_sharded_layout_trains_as_one_process(tmp_path, corpus, one_process, layout, nproc):
-    result = toolkit_train(tmp_path, *STEPS, *layout, "--nproc", str(nproc), "--data", str(corpus))
-    assert result.returncode == 0, result.stderr
-    assert f"{nproc} rank(s)" in result.stdout
-    _assert_close(_records(tmp_path), one_process, rel=1e-5)
-    # every rank measured its own tensors (MemTracker on the real run) and the estimate predicts them
-    compared = json.loads(subprocess.run([sys.executable, "-m", "toolkit.cli", "compare", "--run", str(tmp_path),
-                                          "--json"], capture_output=True, text=True, check=True).stdout)
+def _compare(out, capsys) -> dict:
+    """`toolkit compare --run OUT --json`, in this process."""
+    capsys.readouterr()
+    assert main(["compare", "--run", str(out), "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def _check_rank_memory(out, nproc, capsys, pipeline=False):
+    """Every rank measured its own tensors (MemTracker on the real run) and the estimate predicts them."""
+    compared = _compare(out, capsys)
     assert [r["rank"] for r in compared["ranks"]] == list(range(nproc))
     for rank in compared["ranks"]:
         assert rank["steps"] == [1, 2] and rank["categories"]["params_bytes"]["measured"] is not None
         assert rank["categories"]["params_bytes"]["estimate"] == rank["categories"]["params_bytes"]["measured"]
         peak = rank["peak_bytes"]
         assert peak["error"] == pytest.approx((peak["estimate"] - peak["measured"]) / peak["measured"])
-        if "--pp" in layout:                               # each rank against its own stage's estimate
+        if pipeline:                                       # each rank against its own stage's estimate
             assert rank["stage"] == rank["rank"] // (nproc // 2) and abs(peak["error"]) < 0.03
         else:                                              # ZeRO-1 included: DDP's kept gradient buckets
             assert abs(peak["error"]) < 0.01
@@ -86,14 +82,33 @@ def test_a_sharded_layout_trains_as_one_process(tmp_path, corpus, one_process, l
         "estimate", "measured", "error"}
 
 
-@pytest.mark.parametrize("layout", [("--zero", "3"), ("--pp", "2")], ids=["zero3", "pp2"])
-def test_a_sharded_checkpoint_resumes_bitwise_after_a_kill_and_in_one_process(tmp_path, corpus, one_process, layout):
-    """States are kept by the whole model's parameter names (FSDP2 shards gathered; pipeline stages' renumbered
-    blocks mapped back), so the checkpoint loads in one process. (benchmarks/layouts.py resumes a dp-4 ZeRO-3
-    checkpoint on 2 ranks.)"""
+# A representative slice: benchmarks/layouts.py trains every layout family (pipelines' three schedules, dp x pp,
+# tp + sp on 2 ranks, ZeRO-2, DeepSpeed's stages) against the same one-process reference.
+@pytest.mark.parametrize("layout, nproc", [
+    (("--zero", "1"), 2),                                 # ZeroRedundancyOptimizer over DDP
+    (("--tp", "2", "--sp"), 4),                           # dp 2 x tp 2 + sp: DTensor plan, tied embeddings, learned
+                                                          # positions; replicas average DTensor gradients by hand
+], ids=["zero1", "dp2xtp2-sp"])
+def test_a_sharded_layout_trains_as_one_process(tmp_path, corpus, one_process, capsys, layout, nproc):
+    result = toolkit_train(tmp_path, *STEPS, *layout, "--nproc", str(nproc), "--data", str(corpus))
+    assert result.returncode == 0, result.stderr
+    assert f"{nproc} rank(s)" in result.stdout
+    _assert_close(_records(tmp_path), one_process, rel=1e-5)
+    _check_rank_memory(tmp_path, nproc, capsys)
+
+
+@pytest.mark.parametrize("layout", [("--zero", "3", "--offload", "params"), ("--pp", "2")], ids=["zero3-offload", "pp2"])
+def test_a_sharded_checkpoint_resumes_bitwise_after_a_kill_and_in_one_process(tmp_path, corpus, one_process, capsys,
+                                                                               layout):
+    """FSDP2 with its states on the host, and a 1F1B pipeline with the tied embedding on both ends, train as one
+    process does. States are kept by the whole model's parameter names (FSDP2 shards gathered; pipeline stages'
+    renumbered blocks mapped back), so the checkpoint loads in one process. (benchmarks/layouts.py resumes a
+    dp-4 ZeRO-3 checkpoint on 2 ranks.)"""
     ref, killed, moved = tmp_path / "ref", tmp_path / "killed", tmp_path / "moved"
     args = (*STEPS, *layout, "--data", str(corpus))
     assert toolkit_train(ref, *args, "--nproc", "2").returncode == 0
+    _assert_close(_records(ref), one_process, rel=1e-5)
+    _check_rank_memory(ref, 2, capsys, pipeline="--pp" in layout)
     # SIGKILL of rank 1 (for pp 2, the last stage) after the step-3 checkpoint, then the same command: bit for bit
     _kill_and_rerun(killed, *args)
     assert _records(killed) == _records(ref)
@@ -105,7 +120,7 @@ def test_a_sharded_checkpoint_resumes_bitwise_after_a_kill_and_in_one_process(tm
     _assert_close(_records(moved), one_process, rel=1e-5)
 
 
-def test_deepspeed_zero2_trains_as_one_mixed_process_and_resumes_bitwise(tmp_path, corpus):
+def test_deepspeed_zero2_trains_as_one_mixed_process_and_resumes_bitwise(tmp_path, corpus, capsys):
     """mixed-bf16 with ZeRO runs DeepSpeed's engine (configured as the estimate models it), against the torch
     backend's one process with fp32 master weights: bf16 weights and gradients reduced over other ranks round
     differently (tolerance 1e-3). Its checkpoints are DeepSpeed's partitions, for as many ranks as wrote them."""
@@ -118,9 +133,7 @@ def test_deepspeed_zero2_trains_as_one_mixed_process_and_resumes_bitwise(tmp_pat
     _assert_close(_records(ref), _records(one), rel=1e-3)
     assert (ref / "checkpoints" / "step_00000006.ds").is_dir()
     assert [r["rank"] for r in read_rank_memory(ref)] == [0, 1]   # flat buffers and partitions, measured by the run
-    compared = json.loads(subprocess.run([sys.executable, "-m", "toolkit.cli", "compare", "--run", str(ref), "--json"],
-                                         capture_output=True, text=True, check=True).stdout)
-    for rank in compared["ranks"]:
+    for rank in _compare(ref, capsys)["ranks"]:
         assert abs(rank["peak_bytes"]["error"]) < 0.01
     _kill_and_rerun(killed, *args, "--zero", "2")
     assert _records(killed) == _records(ref)
