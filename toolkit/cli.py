@@ -139,8 +139,10 @@ def build_parser() -> argparse.ArgumentParser:
     pipe = sub.add_parser("pipeline", help="simulate a pipeline schedule: per-rank timeline, bubble, step time",
                           description="Run a schedule's per-rank orders (torch's) against each other: times are "
                                       "per micro-batch for a whole stage, or one per virtual stage, comma-separated.")
-    pipe.add_argument("--stages", metavar="P", type=int, required=True)
-    pipe.add_argument("--microbatches", metavar="M", type=int, required=True)
+    pipe.add_argument("--stages", metavar="P", type=int, help="pipeline ranks (required without --run)")
+    pipe.add_argument("--microbatches", metavar="M", type=int, help="micro-batches per step (required without --run)")
+    pipe.add_argument("--run", metavar="DIR", help="a pipelined `toolkit train` folder: its measured step beside "
+                                                   "the schedule simulated from its own chunk times")
     pipe.add_argument("--schedule", metavar="{gpipe,1f1b,interleaved,zb-h1}", default="1f1b")
     pipe.add_argument("--vpp", metavar="V", type=int, default=1, help="virtual stages per rank (interleaved)")
     pipe.add_argument("--forward-s", metavar="S[,S...]", default="1", help="forward time of a stage (default 1)")
@@ -334,6 +336,11 @@ def cmd_plan(args) -> int:
 def cmd_pipeline(args) -> int:
     from .estimate.pipeline import SCHEDULES, simulate
     from .format import render_pipeline
+    if args.run:
+        return _pipeline_run(args)
+    for flag in ("stages", "microbatches"):
+        if getattr(args, flag) is None:
+            raise SpecError("", None, f"--{flag} is required (or give --run DIR of a pipelined run)")
     if args.schedule not in SCHEDULES:
         raise SpecError("--schedule", args.schedule, "unknown schedule" + did_you_mean(args.schedule, SCHEDULES)
                         + f"; choose one of {', '.join(SCHEDULES)}")
@@ -351,6 +358,33 @@ def cmd_pipeline(args) -> int:
         from .plots import pipeline_figure
         _write_html(args.html, [pipeline_figure(result)])
     print(json.dumps(result, indent=2) if args.json else render_pipeline(result))
+    return 0
+
+
+def _pipeline_run(args) -> int:
+    """A run's measured pipeline step against the same schedule simulated from the run's own chunk times."""
+    from .estimate.pipeline import replay
+    from .format import render_pipeline
+    from .runs import read_pipeline_timeline
+    measured = read_pipeline_timeline(args.run)
+    if measured is None:
+        raise SpecError("--run", args.run, "holds no pipeline timeline (OUT/pipeline/rank*.json): it is written by "
+                                           "`toolkit train --pp 2 ...` (pp > 1) at its third step")
+    simulated = replay(measured).to_dict()
+    error = (simulated["step_s"] - measured["step_s"]) / measured["step_s"]
+    result = {"measured": measured, "simulated": simulated,
+              "step_s": {"simulated": simulated["step_s"], "measured": measured["step_s"], "error": error}}
+    if args.html:
+        from .plots import pipeline_figure
+        _write_html(args.html, [pipeline_figure(simulated, measured)])
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"measured step {measured['step']} of {args.run}:")
+        print(render_pipeline(measured))
+        print("simulated from the measured chunk times:")
+        print(render_pipeline(simulated))
+        print(f"step: simulated {simulated['step_s']:.4g} s, measured {measured['step_s']:.4g} s, error {error:+.1%}")
     return 0
 
 

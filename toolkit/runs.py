@@ -4,6 +4,7 @@
     OUT/metrics.jsonl             one line per optimizer step (toolkit.train.metrics)
     OUT/checkpoints/step_*.pt     (toolkit.train.checkpoint)
     OUT/memory/rank{r}.json       each rank's measured tensor memory over its first two steps
+    OUT/pipeline/rank{r}.json     a pipelined run: when each of this stage's chunks ran in one step
 
 A memory record: `rank, stage, instrument, steps, peak_bytes, categories` and `states`. The instrument is
 MemTracker over real tensors on CPU (the tracer's own instrument, so it shows the program is the one traced)
@@ -19,7 +20,8 @@ from pathlib import Path
 
 from .specs.errors import SpecError
 
-__all__ = ["MEMORY_KEYS", "memory_file", "write_rank_memory", "read_rank_memory"]
+__all__ = ["MEMORY_KEYS", "memory_file", "write_rank_memory", "read_rank_memory", "PIPELINE_KEYS",
+           "write_stage_timeline", "read_pipeline_timeline"]
 
 MEMORY_KEYS = ("rank", "stage", "instrument", "steps", "peak_bytes", "categories")
 
@@ -33,7 +35,10 @@ def write_rank_memory(out_dir: str | Path, record: dict) -> Path:
     missing = [k for k in MEMORY_KEYS if k not in record]
     if missing:
         raise ValueError(f"a memory record needs {missing}")
-    path = memory_file(out_dir, record["rank"])
+    return _write_json(memory_file(out_dir, record["rank"]), record)
+
+
+def _write_json(path: Path, record: dict) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(record, indent=1))
@@ -55,3 +60,47 @@ def read_rank_memory(out_dir: str | Path) -> list[dict]:
             raise SpecError(str(path), "keys", f"a memory record needs {', '.join(MEMORY_KEYS)}; delete it")
         records.append(record)
     return sorted(records, key=lambda r: r["rank"])
+
+
+PIPELINE_KEYS = ("stage", "step", "schedule", "stages", "microbatches", "vpp", "step_s", "spans")
+"""A stage's timeline: `stage` is the pipeline rank; `spans` its chunks in the order run, each `kind` (F, B, W),
+`micro`, `stage` (the virtual stage), `start_s`, `end_s` in seconds from the step's start (after a barrier of
+the pipeline's ranks); `step_s` when the stage's part of the step ended."""
+
+
+def write_stage_timeline(out_dir: str | Path, record: dict) -> Path:
+    missing = [k for k in PIPELINE_KEYS if k not in record]
+    if missing:
+        raise ValueError(f"a pipeline timeline needs {missing}")
+    return _write_json(Path(out_dir) / "pipeline" / f"rank{record['stage']}.json", record)
+
+
+def read_pipeline_timeline(out_dir: str | Path) -> dict | None:
+    """The measured step of the run's first pipeline, shaped as toolkit.estimate.pipeline's Timeline.to_dict()
+    (`timeline` spans with their `rank`, step_s, busy_s, bubble_fraction); None when the run recorded none."""
+    folder = Path(out_dir) / "pipeline"
+    records = []
+    for path in sorted(folder.glob("rank*.json")) if folder.is_dir() else []:
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError) as err:
+            raise SpecError(str(path), type(err).__name__, "is not a readable pipeline timeline; delete it")
+        if not isinstance(record, dict) or any(k not in record for k in PIPELINE_KEYS):
+            raise SpecError(str(path), "keys", f"a pipeline timeline needs {', '.join(PIPELINE_KEYS)}; delete it")
+        records.append(record)
+    if not records:
+        return None
+    records.sort(key=lambda r: r["stage"])
+    first = records[0]
+    if [r["stage"] for r in records] != list(range(first["stages"])):
+        raise SpecError(str(folder), [r["stage"] for r in records], f"needs one timeline per stage "
+                                                                     f"(0..{first['stages'] - 1}); rerun the step")
+    spans = [dict(span, rank=r["stage"]) for r in records for span in r["spans"]]
+    step_s = max(r["step_s"] for r in records)
+    busy_s = [sum(s["end_s"] - s["start_s"] for s in r["spans"]) for r in records]
+    from .estimate.pipeline import peak_in_flight
+    return {"schedule": first["schedule"], "stages": first["stages"], "microbatches": first["microbatches"],
+            "vpp": first["vpp"], "step": first["step"], "timeline": spans, "step_s": step_s, "busy_s": busy_s,
+            "bubble_fraction": 1 - sum(busy_s) / (len(records) * step_s) if step_s > 0 else 0.0,
+            "peak_in_flight": list(peak_in_flight([(s["rank"], s["kind"], s["start_s"]) for s in spans],
+                                                  len(records)))}

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from toolkit.cli import main
-from toolkit.estimate.pipeline import rank_orders, simulate
+from toolkit.estimate.pipeline import rank_orders, replay, simulate
 
 
 @pytest.mark.parametrize("p, m", [(2, 2), (4, 4), (4, 8), (3, 7), (8, 32)])
@@ -72,6 +72,18 @@ def test_the_orders_are_what_torch_runs_on_gloo_ranks(tmp_path):
             ours = [[a.kind, a.micro, a.stage] for a in rank_orders(schedule, p, m, v if schedule == "interleaved"
                                                                        else 1)[rank]]
             assert ours == ran[schedule], f"{schedule}, rank {rank}"
+
+
+@pytest.mark.parametrize("schedule, v", [("1f1b", 1), ("interleaved", 2), ("zb-h1", 1)])
+def test_replaying_a_timeline_recovers_its_step(schedule, v):
+    """A run's timeline (here a simulated one with uneven stages and a send delay) replayed from its own chunk
+    times and delays gives its step back: what `toolkit pipeline --run` does with a measured one."""
+    n = 4 * v
+    original = simulate(schedule, 4, 8, v, forward_s=[1.0 + 0.1 * i for i in range(n)],
+                        backward_s=[2.0 + 0.3 * i for i in range(n)], p2p_s=0.2).to_dict()
+    again = replay(original)
+    assert again.step_s == pytest.approx(original["step_s"], rel=1e-12)
+    assert again.bubble_fraction == pytest.approx(original["bubble_fraction"], rel=1e-12)
 
 
 def test_the_cli_prints_the_timeline_as_json(capsys):

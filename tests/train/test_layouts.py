@@ -16,7 +16,8 @@ import psutil
 import pytest
 
 from toolkit.cli import main
-from toolkit.runs import read_rank_memory
+from toolkit.estimate.pipeline import rank_orders
+from toolkit.runs import read_pipeline_timeline, read_rank_memory
 from toolkit.specs import Job
 from toolkit.train.launch import prepare_run
 from toolkit.train.loop import refuse_accelerate_overrides
@@ -82,6 +83,20 @@ def _check_rank_memory(out, nproc, capsys, pipeline=False):
         "estimate", "measured", "error"}
 
 
+def _check_stage_timeline(out, capsys):
+    """The run timed its third step chunk by chunk: each stage ran torch's 1F1B order, as the simulator has it."""
+    measured = read_pipeline_timeline(out)
+    assert (measured["step"], measured["schedule"], measured["stages"]) == (3, "1f1b", 2)
+    for rank, order in enumerate(rank_orders("1f1b", 2, measured["microbatches"])):
+        ran = sorted((s for s in measured["timeline"] if s["rank"] == rank), key=lambda s: s["start_s"])
+        assert [(s["kind"], s["micro"], s["stage"]) for s in ran] == [(a.kind, a.micro, a.stage) for a in order]
+        assert all(0 <= s["start_s"] < s["end_s"] <= measured["step_s"] for s in ran)
+    capsys.readouterr()
+    assert main(["pipeline", "--run", str(out), "--json"]) == 0
+    replayed = json.loads(capsys.readouterr().out)
+    assert replayed["step_s"]["measured"] == measured["step_s"] and replayed["simulated"]["step_s"] > 0
+
+
 # A representative slice: benchmarks/layouts.py trains every layout family (pipelines' three schedules, dp x pp,
 # tp + sp on 2 ranks, ZeRO-2, DeepSpeed's stages) against the same one-process reference.
 @pytest.mark.parametrize("layout, nproc", [
@@ -109,6 +124,8 @@ def test_a_sharded_checkpoint_resumes_bitwise_after_a_kill_and_in_one_process(tm
     assert toolkit_train(ref, *args, "--nproc", "2").returncode == 0
     _assert_close(_records(ref), one_process, rel=1e-5)
     _check_rank_memory(ref, 2, capsys, pipeline="--pp" in layout)
+    if "--pp" in layout:
+        _check_stage_timeline(ref, capsys)
     # SIGKILL of rank 1 (for pp 2, the last stage) after the step-3 checkpoint, then the same command: bit for bit
     _kill_and_rerun(killed, *args)
     assert _records(killed) == _records(ref)

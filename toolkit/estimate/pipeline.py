@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-__all__ = ["SCHEDULES", "Action", "Span", "Timeline", "rank_orders", "simulate", "replay"]
+__all__ = ["SCHEDULES", "Action", "Span", "Timeline", "rank_orders", "simulate", "replay", "peak_in_flight"]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
 
@@ -212,54 +212,70 @@ def _ready_s(act: Action, done: dict, n: int, p: int, p2p_s: float) -> float | N
 def _timeline(schedule: str, p: int, m: int, v: int, spans: list[Span]) -> Timeline:
     step_s = max((s.end_s for s in spans), default=0.0)
     busy = [0.0] * p
-    in_flight, peak = [0] * p, [0] * p
-    for s in sorted(spans, key=lambda s: (s.start_s, s.kind != "B")):   # at a tie, free before holding
+    for s in spans:
         busy[s.rank] += s.end_s - s.start_s
-        in_flight[s.rank] += {"F": 1, "B": -1, "W": 0}[s.kind]
-        peak[s.rank] = max(peak[s.rank], in_flight[s.rank])
     bubble = (p * step_s - sum(busy)) / (p * step_s) if step_s > 0 else 0.0
-    return Timeline(schedule, p, m, v, tuple(spans), step_s, tuple(busy), bubble, tuple(peak))
+    peaks = peak_in_flight([(s.rank, s.kind, s.start_s) for s in spans], p)
+    return Timeline(schedule, p, m, v, tuple(spans), step_s, tuple(busy), bubble, peaks)
+
+
+def peak_in_flight(events: list[tuple[int, str, float]], p: int) -> tuple[int, ...]:
+    """Per rank, the most chunks forwarded and not yet backwarded, from (rank, kind, start) of each chunk."""
+    in_flight, peak = [0] * p, [0] * p
+    for rank, kind, _ in sorted(events, key=lambda e: (e[2], e[1] != "B")):   # at a tie, free before holding
+        in_flight[rank] += {"F": 1, "B": -1, "W": 0}[kind]
+        peak[rank] = max(peak[rank], in_flight[rank])
+    return tuple(peak)
 
 
 def replay(measured: dict) -> Timeline:
     """The measured step of a real pipelined run (toolkit.runs.read_pipeline_timeline), simulated from its own
-    per-chunk durations (mean per virtual stage and kind) and its own point-to-point delay (the median wait of
-    a rank that was idle for its input): if the simulated step matches the measured one, the schedule model
-    explains the run, and what remains is in the durations."""
+    times: each chunk's mean duration per virtual stage and kind, plus the rank's median gap between chunks
+    when nothing held it up (sends posted, the loss, the schedule's own work), and the median delay of a send
+    its receiver sat waiting for. If the simulated step matches the measured one, the schedule model explains
+    the run, and what remains to predict is in those durations."""
     spans = measured["timeline"]
-    n = measured["stages"] * measured["vpp"]
+    p, n = measured["stages"], measured["stages"] * measured["vpp"]
+    local_gap_s, p2p_s = _gaps_s(spans, n)
 
     def mean_s(kind: str) -> list[float]:
         out = []
         for stage in range(n):
             times = [s["end_s"] - s["start_s"] for s in spans if s["kind"] == kind and s["stage"] == stage]
-            out.append(sum(times) / len(times) if times else 0.0)
+            out.append(sum(times) / len(times) + local_gap_s.get(stage % p, 0.0) if times else 0.0)
         return out
     forward, backward, weight = mean_s("F"), mean_s("B"), mean_s("W")
     split = measured["schedule"] == "zb-h1"
-    return simulate(measured["schedule"], measured["stages"], measured["microbatches"], measured["vpp"],
+    return simulate(measured["schedule"], p, measured["microbatches"], measured["vpp"],
                     forward_s=forward, backward_s=[b + w for b, w in zip(backward, weight)] if split else backward,
-                    weight_s=weight if split else None, p2p_s=_p2p_delay_s(spans, n, measured["stages"]))
+                    weight_s=weight if split else None, p2p_s=p2p_s)
 
 
-def _p2p_delay_s(spans: list[dict], n: int, p: int) -> float:
-    """Median of (consumer start − producer end) over the sends a consumer sat idle for."""
+def _gaps_s(spans: list[dict], n: int) -> tuple[dict[int, float], float]:
+    """({rank: median gap before a chunk whose input was already there}, median wait for a send)."""
     by_key = {(s["kind"], s["micro"], s["stage"]): s for s in spans}
-    previous_end = {}
-    for rank in range(p):
-        mine = sorted((s for s in spans if s["rank"] == rank), key=lambda s: s["start_s"])
-        for before, after in zip(mine, mine[1:]):
-            previous_end[(after["kind"], after["micro"], after["stage"])] = before["end_s"]
+    local: dict[int, list[float]] = {}
     waits = []
-    for s in spans:
-        key = (s["kind"], s["micro"], s["stage"])
-        if s["kind"] == "F" and s["stage"] > 0:
-            source = by_key.get(("F", s["micro"], s["stage"] - 1))
-        elif s["kind"] == "B" and s["stage"] < n - 1:
-            source = by_key.get(("B", s["micro"], s["stage"] + 1))
-        else:
-            continue
-        if source is not None and source["rank"] != s["rank"] and previous_end.get(key, 0.0) <= source["end_s"]:
-            waits.append(max(s["start_s"] - source["end_s"], 0.0))
-    waits.sort()
-    return waits[len(waits) // 2] if waits else 0.0
+    ranks = sorted({s["rank"] for s in spans})
+    for rank in ranks:
+        mine = sorted((s for s in spans if s["rank"] == rank), key=lambda s: s["start_s"])
+        for before, span in zip(mine, mine[1:]):
+            source = _producer(span, by_key, n)
+            if source is not None and source["rank"] != rank and source["end_s"] > before["end_s"]:
+                waits.append(max(span["start_s"] - source["end_s"], 0.0))     # it waited for the send
+            else:
+                local.setdefault(rank, []).append(max(span["start_s"] - before["end_s"], 0.0))
+    return {rank: _median(gaps) for rank, gaps in local.items()}, _median(waits)
+
+
+def _producer(span: dict, by_key: dict, n: int) -> dict | None:
+    if span["kind"] == "F" and span["stage"] > 0:
+        return by_key.get(("F", span["micro"], span["stage"] - 1))
+    if span["kind"] == "B" and span["stage"] < n - 1:
+        return by_key.get(("B", span["micro"], span["stage"] + 1))
+    return None
+
+
+def _median(values: list[float]) -> float:
+    values = sorted(values)
+    return values[len(values) // 2] if values else 0.0

@@ -25,8 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from ..estimate.flops import flops_per_token
+from ..runs import write_stage_timeline
 from ..specs import Job, SpecError, load_catalog
 from ..specs.job import compute_dtype
 from .checkpoint import latest_checkpoint, resume_key, save_checkpoint
@@ -81,16 +83,37 @@ def _diagnose_nonfinite(job: Job, step: int, lr: float, loss: float, grad_norm: 
             f"and was stopped before the update. Fix: {'; '.join(hints)}. Resume from the last checkpoint after the change.")
 
 
-def _pipeline_micro_batches(prog: _Program, job: Job, plan, batches, device) -> torch.Tensor:
-    """One step's micro-batches through the schedule; the sum of their losses on the last stage, 0 elsewhere."""
+def _pipeline_micro_batches(prog: _Program, job: Job, plan, batches, device, timeline: dict | None = None,
+                            out: Path | None = None) -> torch.Tensor:
+    """One step's micro-batches through the schedule; the sum of their losses on the last stage, 0 elsewhere.
+    With `timeline` (the step's identity), the stage's chunks are timed from a barrier of the pipeline's ranks
+    and written to OUT/pipeline/rank{stage}.json (toolkit.runs), for `toolkit pipeline --run`."""
     from .pipeline import run_schedule
     pairs = [next(batches) for _ in range(job.grad_accum)]
     tokens = torch.cat([x for x, _ in pairs]).to(device)
     targets = torch.cat([y for _, y in pairs]).to(device)
     losses: list = []
+    if timeline is not None:
+        dist.barrier(group=prog.stage_group)
+        prog.clock.start()
     with plan.autocast(device.type):
         run_schedule(prog.schedule, job, prog.pp_rank, tokens, targets, losses)
+    if timeline is not None:
+        spans, step_s = prog.clock.stop()
+        write_stage_timeline(out, dict(timeline, stage=prog.pp_rank, step_s=step_s, spans=spans))
     return sum((loss.detach().float() for loss in losses), torch.zeros((), device=device))
+
+
+def _timeline_of(job: Job, prog: _Program, mesh, dp_rank: int, step: int) -> dict | None:
+    """The identity of the timed pipeline step (the third, after the memory-recording ones; or the last of a
+    shorter run), for the first pipeline's ranks only; None for every other step and rank."""
+    if prog.schedule is None or step != min(2, job.training.steps - 1):
+        return None
+    if dp_rank != 0 or (job.parallel.tp > 1 and mesh["tp"].get_local_rank() != 0):
+        return None
+    schedule = "interleaved" if job.parallel.vpp > 1 else job.parallel.schedule
+    return {"step": step + 1, "schedule": schedule, "stages": job.parallel.pp, "microbatches": job.grad_accum,
+            "vpp": job.parallel.vpp}
 
 
 def _load_checkpoint(job: Job, prog: _Program, state: dict, scaler, pruner, rank: int, world: int,
@@ -280,7 +303,8 @@ def run_training(job: Job, out_dir: str | Path, *, peak_tflops: float | None = N
             loss_sum = torch.zeros((), device=device)
             if prog.schedule is not None:
                 recorder.micro_batch()
-                loss_sum = _pipeline_micro_batches(prog, job, plan, batches, device)
+                loss_sum = _pipeline_micro_batches(prog, job, plan, batches, device,
+                                                   _timeline_of(job, prog, mesh, dp_rank, step), out)
             for micro in range(accum if prog.schedule is None else 0):
                 inputs, targets = next(batches)
                 inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)

@@ -12,6 +12,8 @@ group). `pipeline_forward` runs one forward through the stages without a schedul
 """
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -72,8 +74,43 @@ def stage_examples(job: Job, chunk: int, device: torch.device) -> tuple[torch.Te
     return example_in, example_out
 
 
-def build_schedule(stages: nn.ModuleList, job: Job, device: torch.device, group=None):
-    """torch's schedule for this rank's chunks, over `group` (the pipeline ranks)."""
+class StageClock:
+    """When each of this rank's chunks runs, in the steps it is asked to time: wraps the torch stages'
+    forward_one_chunk / backward_one_chunk / backward_weight_one_chunk (the calls every schedule makes) and
+    keeps (kind, micro-batch, virtual stage, start, end) in seconds from the step's start. Off, it adds one
+    attribute check per chunk."""
+
+    def __init__(self):
+        self.spans: list[dict] | None = None
+        self.started_s = 0.0
+
+    def attach(self, torch_stage) -> None:
+        for name, kind in (("forward_one_chunk", "F"), ("backward_one_chunk", "B"), ("backward_weight_one_chunk", "W")):
+            setattr(torch_stage, name, self._timed(getattr(torch_stage, name), kind, torch_stage.stage_index))
+
+    def _timed(self, method, kind: str, stage: int):
+        def run(chunk, *args, **kwargs):
+            if self.spans is None:
+                return method(chunk, *args, **kwargs)
+            start_s = time.perf_counter() - self.started_s
+            try:
+                return method(chunk, *args, **kwargs)
+            finally:
+                self.spans.append({"kind": kind, "micro": chunk, "stage": stage, "start_s": start_s,
+                                   "end_s": time.perf_counter() - self.started_s})
+        return run
+
+    def start(self) -> None:
+        self.spans, self.started_s = [], time.perf_counter()
+
+    def stop(self) -> tuple[list[dict], float]:
+        """(spans, seconds since start); timing stops."""
+        spans, self.spans = self.spans or [], None
+        return spans, time.perf_counter() - self.started_s
+
+
+def build_schedule(stages: nn.ModuleList, job: Job, device: torch.device, group=None, clock: StageClock | None = None):
+    """torch's schedule for this rank's chunks, over `group` (the pipeline ranks); `clock` times their chunks."""
     from torch.distributed.pipelining import PipelineStage as TorchStage
     from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
     chunks, m = job.parallel.pp * job.parallel.vpp, job.grad_accum or 1
@@ -82,6 +119,8 @@ def build_schedule(stages: nn.ModuleList, job: Job, device: torch.device, group=
         example_in, example_out = stage_examples(job, chunk, device)
         torch_stages.append(TorchStage(module, chunk, chunks, device, input_args=(example_in,),
                                        output_args=(example_out,), group=group))
+        if clock is not None:
+            clock.attach(torch_stages[-1])
     if job.parallel.vpp > 1:
         return ScheduleInterleaved1F1B(torch_stages, m, loss_fn=loss_fn)
     schedule = ScheduleGPipe if job.parallel.schedule == "gpipe" else Schedule1F1B

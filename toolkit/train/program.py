@@ -60,6 +60,8 @@ class _Program:
     """Pipelines: the parameters counted in the gradient norm (a tied head's copy is not)."""
     engine: object | None = None
     """The DeepSpeed backend's engine (`model` is the engine, `optimizer` DeepSpeed's): it runs backward and step."""
+    clock: object | None = None
+    """Pipelines: toolkit.train.pipeline.StageClock over this rank's stages (times one step's chunks)."""
 
 
 def _build_program(job: Job, plan, device: torch.device, mesh) -> _Program:
@@ -111,7 +113,8 @@ def _build_pipeline(job: Job, plan, device: torch.device, mesh) -> _Program:
     params = [p for p in stages.parameters() if p.requires_grad]
     optimizer = build_optimizer(job, params)
     pp_group = mesh["pp"].get_group()
-    schedule = pipeline.build_schedule(stages, job, device, pp_group)
+    clock = pipeline.StageClock()
+    schedule = pipeline.build_schedule(stages, job, device, pp_group, clock)
     tied = pipeline.embedding_group(job, mesh)
     dp_group = mesh["dp"].get_group() if mesh["dp"].size() > 1 else None
 
@@ -120,7 +123,7 @@ def _build_pipeline(job: Job, plan, device: torch.device, mesh) -> _Program:
         if dp_group is not None:
             all_reduce_mean([p.grad for p in params], dp_group)
     return _Program(stages, stages, optimizer, None, params, layout, reduce_grads, schedule=schedule,
-                    pp_rank=pp_rank, stage_group=pp_group, counted=pipeline.counted_params(stages, job))
+                    pp_rank=pp_rank, stage_group=pp_group, counted=pipeline.counted_params(stages, job), clock=clock)
 
 
 def _backward(prog: _Program, scaler, loss: torch.Tensor, accum: int, last: bool) -> None:
