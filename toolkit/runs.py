@@ -48,18 +48,23 @@ def _write_json(path: Path, record: dict) -> Path:
 
 def read_rank_memory(out_dir: str | Path) -> list[dict]:
     """Every rank's record, by rank; [] when the run recorded none (yet). A damaged file is named, with the fix."""
-    folder = Path(out_dir) / "memory"
+    records = _read_records(Path(out_dir) / "memory", MEMORY_KEYS, "memory record",
+                            "delete it and rerun the first two steps (or ignore the memory comparison)")
+    return sorted(records, key=lambda r: r["rank"])
+
+
+def _read_records(folder: Path, keys: tuple[str, ...], what: str, fix: str) -> list[dict]:
+    """The JSON records rank*.json of a run's folder, each checked for its keys; a damaged one is named."""
     records = []
     for path in sorted(folder.glob("rank*.json")) if folder.is_dir() else []:
         try:
             record = json.loads(path.read_text())
         except (OSError, ValueError) as err:
-            raise SpecError(str(path), type(err).__name__, "is not a readable memory record; delete it and rerun "
-                                                           "the first two steps (or ignore the memory comparison)")
-        if not isinstance(record, dict) or any(k not in record for k in MEMORY_KEYS):
-            raise SpecError(str(path), "keys", f"a memory record needs {', '.join(MEMORY_KEYS)}; delete it")
+            raise SpecError(str(path), type(err).__name__, f"is not a readable {what}; {fix}")
+        if not isinstance(record, dict) or any(k not in record for k in keys):
+            raise SpecError(str(path), "keys", f"a {what} needs {', '.join(keys)}; delete it")
         records.append(record)
-    return sorted(records, key=lambda r: r["rank"])
+    return records
 
 
 PIPELINE_KEYS = ("stage", "step", "schedule", "stages", "microbatches", "vpp", "step_s", "spans")
@@ -79,15 +84,7 @@ def read_pipeline_timeline(out_dir: str | Path) -> dict | None:
     """The measured step of the run's first pipeline, shaped as toolkit.estimate.pipeline's Timeline.to_dict()
     (`timeline` spans with their `rank`, step_s, busy_s, bubble_fraction); None when the run recorded none."""
     folder = Path(out_dir) / "pipeline"
-    records = []
-    for path in sorted(folder.glob("rank*.json")) if folder.is_dir() else []:
-        try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError) as err:
-            raise SpecError(str(path), type(err).__name__, "is not a readable pipeline timeline; delete it")
-        if not isinstance(record, dict) or any(k not in record for k in PIPELINE_KEYS):
-            raise SpecError(str(path), "keys", f"a pipeline timeline needs {', '.join(PIPELINE_KEYS)}; delete it")
-        records.append(record)
+    records = _read_records(folder, PIPELINE_KEYS, "pipeline timeline", "delete it (a rerun writes it again)")
     if not records:
         return None
     records.sort(key=lambda r: r["stage"])

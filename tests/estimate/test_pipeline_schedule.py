@@ -108,3 +108,13 @@ def test_bad_schedules_get_one_line(capsys, argv, says):
     assert main(["pipeline", *[x for kv in args.items() for x in kv]]) == 2
     err = capsys.readouterr().err.strip()
     assert says in err and len(err.splitlines()) == 1
+
+
+def test_a_damaged_or_missing_run_timeline_gets_one_line(tmp_path, capsys):
+    assert main(["pipeline", "--run", str(tmp_path)]) == 2
+    assert "holds no pipeline timeline" in capsys.readouterr().err
+    (tmp_path / "pipeline").mkdir()
+    (tmp_path / "pipeline" / "rank0.json").write_text('{"stage": 0, "spans": [')          # cut mid-write
+    assert main(["pipeline", "--run", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "rank0.json" in err and "not a readable pipeline timeline" in err and len(err.splitlines()) == 1
