@@ -55,7 +55,7 @@ def test_zero3_partitions_weights_and_keeps_its_gradient_buffers():
     assert est.params_bytes < traced.peak_bytes / 10                     # weights partitioned over dp = 2
 
 
-@pytest.mark.parametrize("zero, m", [(2, 2), (1, 2), (3, 2)])
+@pytest.mark.parametrize("zero, m", [(3, 2)])   # ZeRO-1 and 2 with offload: rows of benchmarks/memory_accuracy.py
 def test_zero_offload_keeps_fp32_states_and_gradients_on_the_host(zero, m):
     """ZeRO-Offload: the host holds the fp32 partition and its gradient, the optimizer states, a 16-bit copy of the
     partition, a staging buffer the size of the largest tensor and (ZeRO-2 accumulating) the summed gradients,
