@@ -87,11 +87,14 @@ def test_full_recompute_costs_a_forward(catalog):
 
 
 def test_calibration_point_holds(catalog):
-    job, _ = Job.from_dict({"model": {"preset": "megatron-1t"}, "parallel": {"tp": 8, "pp": 64, "sp": True},
+    """Korthikanti et al. 2022 (arXiv 2205.05198), Table 5: Megatron's 1T model, selective recompute and sequence
+    parallelism, 71.49 s per iteration of 512 sequences on 512 A100s."""
+    job, _ = Job.from_dict({"model": {"preset": "megatron-1t", "dropout": 0.1}, "batch": {"global_batch": 512,
+                            "micro_batch": 1}, "parallel": {"tp": 8, "pp": 64, "sp": True},
                             "cluster": {"accelerator": "A100-80GB", "count": 512},
-                            "precision": {"mode": "mixed-bf16"},
+                            "precision": {"mode": "mixed-fp16", "grad_dtype": "fp32"},
                             "memory": {"recompute": "selective", "attention": "eager"}}, catalog).resolve(catalog)
-    assert float(step_time(job, hardware_for(job, catalog)).mfu) == pytest.approx(0.563, abs=0.005)
+    assert float(step_time(job, hardware_for(job, catalog)).step_s) == pytest.approx(71.49, rel=0.01)
 
 
 def test_estimate_uses_the_model_when_no_mfu_is_given(catalog):

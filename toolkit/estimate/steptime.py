@@ -46,10 +46,11 @@ __all__ = ["Hardware", "Assumptions", "StepTime", "hardware_for", "step_time"]
 @dataclass(frozen=True)
 class Assumptions:
     """Figures no datasheet gives; each is a knob, and the benchmark says how well they hold."""
-    gemm_fraction: float = 0.715
+    gemm_fraction: float = 0.70
     """Share of dense peak a large matmul reaches in a real training step. Calibrated once: with it the
-    model gives Megatron's 1T run (Korthikanti et al. 2022: tp 8, pp 64, selective recompute, A100) its
-    published 56.3 % MFU; benchmarks/steptime_checks.py shows how other published runs then fall."""
+    model gives Megatron's 1T run (Korthikanti et al. 2022, Table 5: tp 8, pp 64, selective recompute and
+    sequence parallelism, fp16, dropout 0.1, A100) its measured 71.49 s iteration;
+    benchmarks/steptime_accuracy.py shows how the other measured runs then fall."""
     link_efficiency: float = 0.8
     """Share of a link's nominal one-way bandwidth a ring collective achieves (NCCL bus bandwidth)."""
     latency_intra_s: float = 2e-6
@@ -170,22 +171,71 @@ def _gemm_efficiency(job: Job, hw: Hardware, a: Assumptions):
     return flops / (seconds * hw.gemm_peak)
 
 
+def _attention_efficiency(job: Job, hw: Hardware, a: Assumptions):
+    """Share of peak the attention core's products reach. A fused (flash) kernel keeps the score matrix on
+    chip and runs compute-bound; an eager core writes and reads the s×s scores of every head, so q·kᵀ and
+    probs·v are two batched matmuls with an inner or outer dimension of one head (d = 64–128): on an A100
+    (ridge ~150 FLOP/byte in 16 bits) they are bound by memory, not by FLOPs."""
+    if job.memory.attention != "eager":
+        return a.gemm_fraction
+    m = job.model
+    s, d = m.seq_len, m.head_dim_
+    elem = 4 if job.precision.mode == "fp32" else 2
+    flops = 2 * (2.0 * s * s * d)                        # q·kᵀ and probs·v of one head
+    seconds = _roofline_s(s, d, s, elem, hw, a) + _roofline_s(s, s, d, elem, hw, a)
+    return flops / (seconds * hw.gemm_peak)
+
+
+def _compute_s(job: Job, hw: Hardware, a: Assumptions, tokens_per_device):
+    """Seconds of all matmuls one device runs in a step: projections, MLP and the vocabulary projection at the
+    shapes' roofline efficiency, the attention products at theirs, recomputed forwards included."""
+    eager = job.memory.attention == "eager"
+    tf = flops_per_token(job, causal=not eager)          # an eager core multiplies the whole (masked) matrix
+    recompute = np.asarray(job.memory.recompute)
+    megatron = _is_megatron(job)      # its checkpoint reruns a whole region; torch's stops at the last product
+    core_again = np.where(megatron, tf.attention, tf.attention / 2 if eager else tf.attention)  # nothing saved
+    attn_recompute = np.where(recompute == "full", tf.attention, np.where(recompute == "selective", core_again, 0.0))
+    proj_recompute = np.where(recompute == "full", np.where(megatron, tf.layer_matmuls, tf.recompute - tf.attention),
+                              0.0)
+    proj = 3 * (tf.layer_matmuls + tf.head) + proj_recompute
+    attn = 3 * tf.attention + attn_recompute
+    return tokens_per_device * (proj / _gemm_efficiency(job, hw, a) + attn / _attention_efficiency(job, hw, a)) \
+        / hw.gemm_peak
+
+
+def _is_megatron(job: Job):
+    """Job.backend == "megatron", for layouts whose tp and pp may be arrays (the planner's grid)."""
+    par = job.parallel
+    if par.backend is not None:
+        return np.asarray(par.backend == "megatron")
+    if job.precision.mode in TORCH_SEMANTICS:
+        return np.asarray(False)
+    return (np.asarray(par.tp) > 1) | (np.asarray(par.pp) > 1)
+
+
 def _memory_bound_bytes_per_token(job: Job):
-    """Bytes the element-wise kernels of one block move per token, forward + backward (backward ≈ 2×)."""
+    """Bytes the element-wise kernels of one block move per token in a step: forward, backward (≈ 2× the
+    forward) and what recompute runs again (full: the block's forward; selective: the attention core's).
+    Under sequence parallelism the hidden-sized kernels (norms, residual adds, dropout) see s/tp tokens."""
     m, tp = job.model, np.asarray(job.parallel.tp)
     h, q, kv, f = m.hidden, m.heads * m.head_dim_ / tp, m.kv_heads_ * m.head_dim_ / tp, m.ffn_ / tp
     elem = 4 if job.precision.mode == "fp32" else 2
     residual = 4 if job.precision.mode.startswith("amp-") or job.precision.mode == "fp32" else 2
+    hidden_share = np.where(np.asarray(job.parallel.sp), 1 / tp, 1.0)
     norms = 2 * 2 * h * residual                        # two norms: read and write the residual stream
     adds = 2 * 3 * h * residual                         # two residual adds: two reads, one write
+    dropout = 2 * 3 * h * elem if m.dropout > 0 else 0  # two hidden dropouts: read, write, mask
     act = (5 if m.mlp == "swiglu" else 2) * f * elem    # silu·mul reads gate and up, writes; GELU reads, writes
     rope = 2 * 2 * (q + kv) * elem if m.position == "rope" else 0
     casts = 6 * h * elem if job.precision.mode.startswith("amp-") else 0   # autocast copies of each linear input
-    dropout = 3 * 2 * h * elem if m.dropout > 0 else 0
-    softmax = 0
-    if job.memory.attention == "eager":
-        softmax = 3 * m.seq_len * (m.heads / tp) * 4     # scores written, read by softmax, probs written (fp32-ish)
-    return 3 * (norms + adds + act + rope + casts + dropout + softmax)
+    block = (norms + adds + dropout) * hidden_share + act + rope + casts
+    core = 0
+    if job.memory.attention == "eager":                 # per score element of this rank's heads
+        scores = m.seq_len * m.heads / tp
+        core = scores * 2 * elem + (scores * (2 * elem + 1) if m.dropout > 0 else 0)   # softmax; dropout + mask
+    recompute = np.asarray(job.memory.recompute)
+    again = np.where(recompute == "full", block + core, np.where(recompute == "selective", core, 0))
+    return 3 * (block + core) + again
 
 
 def _ring_s(volume_factor, size_bytes, n, bw, a: Assumptions):
@@ -215,9 +265,8 @@ def step_time(job: Job, hw: Hardware, a: Assumptions = Assumptions()) -> StepTim
     accum = np.maximum(job.batch.global_batch // (micro * dp), 1)     # invalid layouts (0) are filtered by the grid
     tokens_step = job.batch.global_batch * m.seq_len
     per_token = flops_per_token(job)
-    hardware_flops = per_token.hardware * tokens_step
     eff = _gemm_efficiency(job, hw, a)
-    compute_s = hardware_flops / devices / (hw.gemm_peak * eff)
+    compute_s = _compute_s(job, hw, a, tokens_step / devices)
     stage_layers = m.layers / pp
     tokens_rank = tokens_step / dp                      # tokens each data-parallel replica processes per step
     memory_s = _memory_bound_bytes_per_token(job) * stage_layers * tokens_rank / hw.memory_bw_bytes_per_s
