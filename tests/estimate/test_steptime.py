@@ -40,6 +40,17 @@ def test_grid_of_layouts_equals_one_job_at_a_time(catalog):
         assert float(step_time(single, hw).step_s) == pytest.approx(float(np.asarray(many.step_s)[i]), rel=1e-9)
 
 
+def test_no_layout_takes_an_infinite_zero_or_nan_time(catalog):
+    """tp wider than a node (16, 32 on 8-device nodes) once gave the data-parallel latency 1/0: every valid
+    layout of a large grid now has a finite, positive step, and numpy warns of no division by zero."""
+    job, hw = _job(catalog, cluster={"count": 256})
+    grid = layout_grid(job, tp=[1, 2, 4, 8, 16, 32], pp=[1, 2, 4, 8], zero=[0, 1, 2, 3], micro_batch=[1, 2],
+                       recompute=["none", "selective", "full"])
+    with np.errstate(all="raise"):
+        steps = np.asarray(step_time(grid.job, hw).step_s)[grid.valid]
+    assert steps.size > 100 and np.all(np.isfinite(steps)) and np.all(steps > 0)
+
+
 def test_pipeline_bubble_is_p_minus_1_over_v_micro_batches(catalog):
     for pp, vpp in ((4, 1), (4, 2), (8, 1)):
         job, hw = _job(catalog, parallel={"pp": pp, "vpp": vpp}, batch={"micro_batch": 1})
@@ -126,3 +137,15 @@ def test_energy_line(catalog):
     energy = est["cost"]["energy"]
     assert energy["kwh"] == pytest.approx(8 * 700 * est["time"]["train_s"] / 3600 * 1.1 / 1000)
     assert energy["amount"] == pytest.approx(energy["kwh"] * 0.2) and energy["co2_kg"] == pytest.approx(energy["kwh"] * 0.5)
+
+
+def test_an_assumed_network_is_said_in_the_notes(catalog):
+    """Across nodes without a figure the model assumes 200 Gb/s per device and says so; a job inside one node,
+    or with the network given (or an offer that has one), does not carry the note."""
+    def notes(**cluster):
+        data = {"model": {"preset": "llama2-7b"}, "precision": {"mode": "mixed-bf16"},
+                "cluster": {"accelerator": "A100-80GB", **cluster}}
+        return [n for n in estimate(Job.from_dict(data, catalog), catalog)["notes"] if n.startswith("network")]
+    assert len(notes(count=64)) == 1 and "200 Gb/s per device assumed" in notes(count=64)[0]
+    assert notes(count=8) == []
+    assert notes(count=64, inter_node_bw_bytes_per_s=8 * 25e9) == []

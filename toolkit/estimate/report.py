@@ -15,7 +15,7 @@ from .memory import memory_estimate, memory_notes
 from .params import count_params
 from .states import model_state_bytes, params_per_device
 from .spot import spot_run
-from .steptime import hardware_for, step_time
+from .steptime import ASSUMED_NETWORK_BITS_PER_DEVICE, hardware_for, node_network_bytes_per_s, step_time
 
 __all__ = ["estimate"]
 
@@ -67,6 +67,10 @@ def estimate(job: Job, catalog: Catalog | None = None) -> dict:
     work = total if total is not None else (flops.flops_6nd if flops else None)
     hw = hardware_for(job, catalog) if per_token is not None else None
     steps = step_time(job, hw) if hw is not None else None
+    if hw is not None and devices > job.cluster.gpus_per_node and node_network_bytes_per_s(job, catalog) is None:
+        notes.append(f"network across nodes: {ASSUMED_NETWORK_BITS_PER_DEVICE / 1e9:.0f} Gb/s per device assumed "
+                     "(DGX A100 class), not a published figure for this cluster: give "
+                     "cluster.inter_node_bw_bytes_per_s or an offer (--offer) whose row has one")
     step = {"step_s": None, "tokens_per_s": None, "mfu_modelled": None, "hfu_modelled": None, "breakdown": None,
             "gemm_efficiency": None}
     if steps is not None:

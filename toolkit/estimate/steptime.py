@@ -40,7 +40,8 @@ from .flops import flops_per_token
 from .memory import optimizer_impl
 from .states import adapter_params_per_layer, bytes_per_param, model_state_bytes, params_per_device
 
-__all__ = ["Hardware", "Assumptions", "StepTime", "hardware_for", "step_time"]
+__all__ = ["Hardware", "Assumptions", "StepTime", "hardware_for", "step_time", "node_network_bytes_per_s",
+           "ASSUMED_NETWORK_BITS_PER_DEVICE"]
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,18 @@ class Hardware:
         return self.matmul_peak_flops or self.peak_flops
 
 
+ASSUMED_NETWORK_BITS_PER_DEVICE = 200e9
+"""Across nodes when neither the job nor its offer gives a figure: one 200 Gb/s HDR InfiniBand adapter per
+device, as in a DGX A100 (8 × 200 Gb/s for 8 GPUs, NVIDIA DGX A100 datasheet). An assumption, said in the notes."""
+
+
+def node_network_bytes_per_s(job: Job, catalog: Catalog) -> float | None:
+    """A node's network, bytes/s one way: cluster.inter_node_bw_bytes_per_s, else the offer's; None if neither."""
+    if job.cluster.inter_node_bw_bytes_per_s is not None:
+        return job.cluster.inter_node_bw_bytes_per_s
+    return catalog.offer(job.cost.offer).network_bw_bytes_per_s if job.cost.offer else None
+
+
 def hardware_for(job: Job, catalog: Catalog) -> Hardware | None:
     """The figures of a resolved job's accelerator, links and network; None when a figure is unknown."""
     if not job.cluster.accelerator:
@@ -91,11 +104,7 @@ def hardware_for(job: Job, catalog: Catalog) -> Hardware | None:
     peak = acc.peak_flops(compute_dtype(job.precision.mode))
     cl = job.cluster
     intra = cl.intra_node_bw_bytes_per_s or (acc.link_bw_bytes_per_s / 2 if acc.link_bw_bytes_per_s else None)
-    node_net = cl.inter_node_bw_bytes_per_s
-    if node_net is None and job.cost.offer:
-        node_net = catalog.offer(job.cost.offer).network_bw_bytes_per_s
-    if node_net is None:                                   # assumption: one 200 Gb/s HCA per device (DGX A100 class)
-        node_net = 200e9 / 8 * cl.gpus_per_node
+    node_net = node_network_bytes_per_s(job, catalog) or ASSUMED_NETWORK_BITS_PER_DEVICE / 8 * cl.gpus_per_node
     if peak is None or acc.memory_bw_bytes_per_s is None or intra is None:
         return None
     fp8 = acc.peak_flops("fp8") if job.precision.fp8 else None
@@ -290,14 +299,14 @@ def step_time(job: Job, hw: Hardware, a: Assumptions = Assumptions()) -> StepTim
     grad_bytes = trainable * grad_b
     volume = np.where(zero == 3, 3.0, 2.0)              # ring all-reduce = reduce-scatter + all-gather
     buckets = np.maximum(np.ceil(grad_bytes / a.bucket_bytes), 1)
-    dp_s = _ring_s(volume, grad_bytes, dp, bw(dp_inside), a) + buckets * _latency_s(dp, g // tp, a)
+    dp_s = _ring_s(volume, grad_bytes, dp, bw(dp_inside), a) + buckets * _latency_s(dp, np.maximum(g // tp, 1), a)
     last_backward_s = (compute_s + memory_s) / accum * 2 / 3          # backward ≈ 2/3 of a micro-batch
     overlappable = np.where(zero == 3, (compute_s + memory_s), last_backward_s)
     # the last bucket (ZeRO-3: the first gather) cannot hide; the rest hides behind backward (or all compute)
     exposed = np.maximum(dp_s - overlappable * (1 - 1 / buckets), dp_s / buckets)
     if job.precision.mode in TORCH_SEMANTICS:            # ZeroRedundancyOptimizer's parameter broadcast is not hidden
         exposed = exposed + np.where(zero == 1, _ring_s(1.0, trainable * weight_b, dp, bw(dp_inside), a)
-                                     + _latency_s(dp, g // tp, a) / 2, 0.0)
+                                     + _latency_s(dp, np.maximum(g // tp, 1), a) / 2, 0.0)
     exposed = np.where(dp > 1, exposed, 0.0)
 
     # ---- pipeline --------------------------------------------------------------------------------
