@@ -1,0 +1,103 @@
+"""Property-based tests (issue 17 item 1): any flag combination `estimate`, `doctor` and `plan` accept, odd values
+included, either answers or is refused in one line naming the field, with exit code 2: never a traceback.
+
+CI runs the derandomised profile (same examples every run, no example database written); `HYPOTHESIS_PROFILE=dev`
+explores new ones. A failing example is printed by hypothesis as the argv that broke it.
+"""
+import os
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from toolkit.cli import main
+from toolkit.specs import load_catalog
+
+settings.register_profile("ci", derandomize=True, database=None, deadline=60_000, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+settings.register_profile("dev", deadline=60_000, max_examples=500,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+CATALOG = load_catalog()
+PRESETS = sorted(CATALOG.presets) + ["gpt-5", "llama2-7", ""]                  # unknown and empty names too
+ACCELERATORS = [a.name for a in CATALOG.accelerators.values()] + ["A100", "B200", "a100-80gb", "TPU"]
+OFFERS = sorted(CATALOG.offers) + ["p9.huge"]
+COUNTS = st.sampled_from([-8, 0, 1, 2, 3, 8, 12, 64, 512, 4096])
+SMALL_INTS = st.sampled_from([-1, 0, 1, 2, 3, 4, 8, 16])
+
+
+def _flag(name: str, values) -> st.SearchStrategy:
+    return st.one_of(st.just([]), values.map(lambda v: [name, str(v)]))
+
+
+def _switch(name: str) -> st.SearchStrategy:
+    return st.sampled_from([[], [name]])
+
+
+MODEL = st.one_of(
+    st.sampled_from(PRESETS).map(lambda p: ["--model", p]),
+    st.tuples(st.sampled_from([-2, 0, 1, 2, 24, 80]), st.sampled_from([-64, 0, 48, 64, 1000, 4096]),
+              st.sampled_from([0, 1, 3, 4, 6, 32])).map(
+        lambda t: ["--layers", str(t[0]), "--hidden", str(t[1]), "--heads", str(t[2])]),
+    st.sampled_from(["7e9", "1.3b", "-5", "0", "lots"]).map(lambda n: ["--params", n]),
+)
+
+JOB_FLAGS = st.tuples(
+    MODEL,
+    _flag("--gpus", st.tuples(COUNTS, st.sampled_from(ACCELERATORS)).map(lambda t: f"{t[0]}x{t[1]}")),
+    _flag("--precision", st.sampled_from(["fp32", "amp-bf16", "amp-fp16", "mixed-bf16", "mixed-fp16", "pure-bf16",
+                                          "bf16", "fp64"])),
+    _flag("--tp", SMALL_INTS), _flag("--pp", SMALL_INTS), _flag("--dp", SMALL_INTS), _flag("--vpp", SMALL_INTS),
+    _flag("--zero", st.sampled_from([-1, 0, 1, 2, 3, 4])),
+    _flag("--offload", st.sampled_from(["none", "optimizer", "params", "disk"])),
+    _flag("--recompute", st.sampled_from(["none", "selective", "full", "some"])),
+    _flag("--micro-batch", st.sampled_from([-1, 0, 1, 2, 8])),
+    _flag("--global-batch", st.sampled_from([0, 1, 7, 64, 1024])),
+    _flag("--seq", st.sampled_from([0, 128, 2048, 100000])),
+    _flag("--dropout", st.sampled_from([0.0, 0.1, 2, -0.5])),
+    _flag("--mfu", st.sampled_from([0, 0.4, 1.5])),
+    _flag("--tokens", st.sampled_from(["1e9", "0", "-1", "many"])),
+    _flag("--offer", st.sampled_from(OFFERS)),
+    _flag("--finetune", st.sampled_from(["lora", "qlora", "full", "prefix"])),
+    _flag("--lora-rank", st.sampled_from([0, 8, 16])),
+    _flag("--lora-targets", st.sampled_from(["q,v", "q,k,v,o,up,down", "gate", ""])),
+    _flag("--schedule", st.sampled_from(["1f1b", "gpipe", "zb"])),
+    _flag("--backend", st.sampled_from(["torch", "deepspeed", "megatron", "jax"])),
+    _switch("--fp8"), _switch("--sp"), _switch("--spot"),
+).map(lambda parts: [arg for part in parts for arg in part])
+
+
+def _answers_or_refuses(argv: list[str], capsys) -> None:
+    code = main(argv)                       # anything but a SpecError would escape main() and fail the test
+    out, err = capsys.readouterr()
+    assert code in (0, 2), (argv, code, err)
+    if code == 2:
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and "error:" in lines[0], (argv, err)
+    else:
+        assert out.strip(), argv
+
+
+@settings(max_examples=150)
+@given(flags=JOB_FLAGS)
+def test_estimate_answers_or_refuses_in_one_line(flags, capsys):
+    _answers_or_refuses(["estimate", *flags], capsys)
+
+
+@settings(max_examples=60)
+@given(flags=JOB_FLAGS)
+def test_doctor_answers_or_refuses_in_one_line(flags, capsys):
+    _answers_or_refuses(["doctor", *flags], capsys)
+
+
+@settings(max_examples=30)
+@given(flags=JOB_FLAGS, offers=st.lists(st.sampled_from(OFFERS), min_size=1, max_size=3, unique=True),
+       max_gpus=st.sampled_from([0, 8, 64, 512]), objective=st.sampled_from(["time", "cost", "speed"]),
+       runnable=_switch("--runnable"))
+def test_plan_answers_or_refuses_in_one_line(flags, offers, max_gpus, objective, runnable, capsys):
+    flags = [f for f in flags]
+    if "--gpus" in flags:                         # --offers plans over whole instances instead of a fixed cluster
+        i = flags.index("--gpus")
+        del flags[i:i + 2]
+    _answers_or_refuses(["plan", *flags, "--offers", ",".join(offers), "--max-gpus", str(max_gpus),
+                         "--objective", objective, *runnable], capsys)
