@@ -78,19 +78,19 @@ def _answers_or_refuses(argv: list[str], capsys) -> None:
         assert out.strip(), argv
 
 
-@settings(max_examples=150)
+@settings(max_examples=100)
 @given(flags=JOB_FLAGS)
 def test_estimate_answers_or_refuses_in_one_line(flags, capsys):
     _answers_or_refuses(["estimate", *flags], capsys)
 
 
-@settings(max_examples=60)
+@settings(max_examples=40)
 @given(flags=JOB_FLAGS)
 def test_doctor_answers_or_refuses_in_one_line(flags, capsys):
     _answers_or_refuses(["doctor", *flags], capsys)
 
 
-@settings(max_examples=30)
+@settings(max_examples=20)
 @given(flags=JOB_FLAGS, offers=st.lists(st.sampled_from(OFFERS), min_size=1, max_size=3, unique=True),
        max_gpus=st.sampled_from([0, 8, 64, 512]), objective=st.sampled_from(["time", "cost", "speed"]),
        runnable=_switch("--runnable"))

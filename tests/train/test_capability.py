@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from toolkit.capability import run_refusal, runnable_mask
+from toolkit.cli import main
 from toolkit.estimate.grid import layout_grid
 from toolkit.plan.search import AXIS_VALUES
 from toolkit.specs import Job, load_catalog
@@ -46,11 +47,9 @@ def test_the_planners_mask_agrees_with_the_runners_refusal_on_every_layout(extra
 def test_a_runnable_plan_trains_as_written_on_four_ranks(tmp_path, corpus):
     job_file = tmp_path / "plan.yaml"
     toolkit = [sys.executable, "-m", "toolkit.cli"]
-    plan = subprocess.run([*toolkit, "plan", "--layers", "2", "--hidden", "64", "--heads", "4", "--vocab", "256",
-                           "--seq", "32", "--global-batch", "8", "--precision", "fp32", "--gpus", "4xH100-SXM",
-                           "--tokens", "1e6", "--runnable", "--write-job", str(job_file)],
-                          capture_output=True, text=True, timeout=120)
-    assert plan.returncode == 0, plan.stderr
+    assert main(["plan", "--layers", "2", "--hidden", "64", "--heads", "4", "--vocab", "256", "--seq", "32",
+                 "--global-batch", "8", "--precision", "fp32", "--gpus", "4xH100-SXM", "--tokens", "1e6",
+                 "--runnable", "--write-job", str(job_file)]) == 0
     written = Job.from_yaml(job_file)
     assert run_refusal(written.resolve(load_catalog())[0]) is None
     train = subprocess.run([*toolkit, "train", "--config", str(job_file), "--nproc", "4", "--steps", "3",
