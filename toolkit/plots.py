@@ -13,7 +13,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-__all__ = ["memory_figure", "step_figure", "metrics_figure", "pareto_figure", "pipeline_figure", "copy_into",
+__all__ = ["memory_figure", "step_figure", "metrics_figure", "pareto_figure", "pipeline_figure", "write_html", "copy_into",
            "MEMORY_PARTS", "STEP_PARTS", "PIPELINE_KINDS"]
 
 GIB = 2**30
@@ -157,6 +157,14 @@ def pipeline_figure(timeline: dict, measured: dict | None = None) -> go.Figure:
                       * len(rows), margin=dict(l=10, r=10, t=40, b=30), legend=dict(orientation="h", y=-0.2),
                       yaxis=dict(autorange="reversed"))
     return fig
+
+
+def write_html(path: str, figures) -> None:
+    """The figures on one page (plotly.js from its CDN, so the file stays small): what `--html` writes."""
+    from pathlib import Path
+    parts = [fig.to_html(full_html=False, include_plotlyjs="cdn" if i == 0 else False) for i, fig in enumerate(figures)]
+    Path(path).write_text("<html><head><meta charset='utf-8'></head><body>" + "".join(parts) + "</body></html>",
+                          encoding="utf-8")
 
 
 def copy_into(widget: go.FigureWidget, fig: go.Figure) -> None:

@@ -35,7 +35,7 @@ def recorded_stage(index: int, stages: int, log: list) -> PipelineStage:
     return stage
 
 
-def run(name: str, schedule_class, m: int, v: int, rank: int, p: int) -> list:
+def run(schedule_class, m: int, v: int, rank: int, p: int) -> list:
     log: list = []
     stages = [recorded_stage(c * p + rank, p * v, log) for c in range(v)]
     loss = lambda out, target: ((out - target) ** 2).mean()           # noqa: E731
@@ -53,10 +53,10 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank, p = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
-    logs = {"gpipe": run("gpipe", ScheduleGPipe, m, 1, rank, p),
-            "1f1b": run("1f1b", Schedule1F1B, m, 1, rank, p),
-            "interleaved": run("interleaved", ScheduleInterleaved1F1B, m, v, rank, p),
-            "zb-h1": run("zb-h1", ScheduleInterleavedZeroBubble, m, 1, rank, p)}
+    logs = {"gpipe": run(ScheduleGPipe, m, 1, rank, p),
+            "1f1b": run(Schedule1F1B, m, 1, rank, p),
+            "interleaved": run(ScheduleInterleaved1F1B, m, v, rank, p),
+            "zb-h1": run(ScheduleInterleavedZeroBubble, m, 1, rank, p)}
     with open(f"{out}.rank{rank}", "w") as f:
         json.dump(logs, f)
     dist.barrier()

@@ -193,14 +193,19 @@ def _per_stage(t: float | Sequence[float], n: int, v: int, name: str) -> list[fl
     return values
 
 
+def _input_of(kind: str, micro: int, stage: int, n: int) -> tuple[str, int, int] | None:
+    """The action whose output this one needs: a forward the previous stage's forward, a backward the next
+    stage's backward (the last stage: its own forward), a weight-gradient step its own backward."""
+    if kind == "F":
+        return ("F", micro, stage - 1) if stage > 0 else None
+    if kind == "B":
+        return ("B", micro, stage + 1) if stage < n - 1 else ("F", micro, stage)
+    return ("B", micro, stage)
+
+
 def _ready_s(act: Action, done: dict, n: int, p: int, p2p_s: float) -> float | None:
     """When the action's input is there, or None if its producer has not run yet."""
-    if act.kind == "F":
-        source = ("F", act.micro, act.stage - 1) if act.stage > 0 else None
-    elif act.kind == "B":
-        source = ("B", act.micro, act.stage + 1) if act.stage < n - 1 else ("F", act.micro, act.stage)
-    else:
-        source = ("B", act.micro, act.stage)
+    source = _input_of(act.kind, act.micro, act.stage, n)
     if source is None:
         return 0.0
     if source not in done:
@@ -260,20 +265,13 @@ def _gaps_s(spans: list[dict], n: int) -> tuple[dict[int, float], float]:
     for rank in ranks:
         mine = sorted((s for s in spans if s["rank"] == rank), key=lambda s: s["start_s"])
         for before, span in zip(mine, mine[1:]):
-            source = _producer(span, by_key, n)
+            key = _input_of(span["kind"], span["micro"], span["stage"], n)
+            source = by_key.get(key) if key else None
             if source is not None and source["rank"] != rank and source["end_s"] > before["end_s"]:
                 waits.append(max(span["start_s"] - source["end_s"], 0.0))     # it waited for the send
             else:
                 local.setdefault(rank, []).append(max(span["start_s"] - before["end_s"], 0.0))
     return {rank: _median(gaps) for rank, gaps in local.items()}, _median(waits)
-
-
-def _producer(span: dict, by_key: dict, n: int) -> dict | None:
-    if span["kind"] == "F" and span["stage"] > 0:
-        return by_key.get(("F", span["micro"], span["stage"] - 1))
-    if span["kind"] == "B" and span["stage"] < n - 1:
-        return by_key.get(("B", span["micro"], span["stage"] + 1))
-    return None
 
 
 def _median(values: list[float]) -> float:
