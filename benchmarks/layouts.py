@@ -43,6 +43,7 @@ LAYOUTS = [   # (name, flags, ranks)
     ("pp 2 (GPipe)", ["--pp", "2", "--schedule", "gpipe"], 2),
     ("pp 2 x vpp 2 (interleaved 1F1B)", ["--pp", "2", "--vpp", "2"], 2),
     ("pp 4 (1F1B)", ["--pp", "4"], 4),
+    ("pp 3 (1F1B), uneven: 1, 2, 1 layers", ["--pp", "3"], 3),
     ("dp 2 x pp 2 (1F1B)", ["--pp", "2"], 4),
 ]
 BF16_LAYOUTS = [("ZeRO-2 (FSDP2) amp-bf16", ["--zero", "2"], 2), ("tp 2 + sp amp-bf16", ["--tp", "2", "--sp"], 2),

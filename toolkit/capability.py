@@ -5,17 +5,19 @@
 The torch backend (toolkit.train.parallelize, toolkit.train.pipeline) trains fp32, amp-* and pure-bf16:
 data-parallel replicas (DDP), torch's ZeRO-1 (ZeroRedundancyOptimizer over DDP), ZeRO-2/3 (FSDP2, with or
 without parameter offload), tensor and sequence parallelism (DTensor), dp × tp meshes (DDP or FSDP2 over
-dp), and pipelines (torch's GPipe, 1F1B and interleaved 1F1B schedules) alone or replicated over dp; the
-mixed-* modes as replicas with fp32 master weights. The DeepSpeed backend (toolkit.train.deepspeed_backend)
-trains the mixed-* modes with ZeRO-1/2/3 over dp, ZeRO-Offload included. Megatron's program (mixed-* with tp
-or pp) is estimated only. Rules are checked in order; the first that applies is the reason given. Everything
-refused here is still estimated (and mostly traced). CAPABILITIES is the same as a table, for the README.
+dp), and pipelines (torch's GPipe, 1F1B and interleaved 1F1B schedules, equal or uneven stages) alone or
+replicated over dp; the mixed-* modes as replicas with fp32 master weights. The DeepSpeed backend
+(toolkit.train.deepspeed_backend) trains the mixed-* modes with ZeRO-1/2/3 over dp, ZeRO-Offload included.
+Megatron's program (mixed-* with tp or pp) and context parallelism are estimated only. Rules are checked in
+order; the first that applies is the reason given. Everything refused here is still estimated (and mostly
+traced). CAPABILITIES is the same as a table, for the README.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from .specs.job import TORCH_SEMANTICS, Job
+from .specs.stages import uneven_fits
 
 __all__ = ["run_refusal", "runnable_mask", "RUN_LAYOUTS", "CAPABILITIES", "capability_markdown"]
 
@@ -29,12 +31,14 @@ CAPABILITIES = (   # (backend, layout, precision modes, estimated, traced, run)
      True),
     ("torch", "ZeRO-2/3 (FSDP2), + offload params", "fp32, amp-bf16, pure-bf16", True, True, True),
     ("torch", "tp, tp + sp, dp x tp (+ ZeRO-2/3)", "fp32, amp-bf16, pure-bf16", True, True, True),
-    ("torch", "pp: GPipe, 1F1B, interleaved 1F1B; dp x pp", "fp32, amp-bf16, pure-bf16", True, True, True),
+    ("torch", "pp: GPipe, 1F1B, interleaved 1F1B, equal or uneven stages; dp x pp", "fp32, amp-bf16, pure-bf16",
+     True, True, True),
     ("torch", "tp x pp, pp with ZeRO", "fp32, amp-*, pure-bf16", True, False, False),
     ("deepspeed", "ZeRO-1/2/3 over dp, + offload optimizer (ZeRO-Offload)", "mixed-bf16 (mixed-fp16 on GPUs)",
      True, True, True),
     ("deepspeed", "offload params (ZeRO-Infinity)", "mixed-*", True, False, False),
     ("megatron", "tp, sp, pp, dp x tp x pp (with ZeRO-1 over dp)", "mixed-*", True, False, False),
+    ("any", "context parallelism (cp: ring attention)", "all", True, False, False),
 )
 """What each backend's layouts are: estimated (toolkit.estimate), traced (toolkit.trace), run (toolkit train).
 Techniques with their own limits (adapters, 8-bit AdamW, int8 activations, pruning, FP32 norms, fp32 main
@@ -50,6 +54,9 @@ def _layout_rules(job: Job):
     yield backend == "deepspeed" and par.offload == "params", (
         "parallel.offload", "params", "DeepSpeed's parameter offload (ZeRO-Infinity) is estimated, not run; use "
                                       "offload optimizer (ZeRO-Offload), or amp-bf16 with FSDP2's offload params")
+    yield par.cp > 1, (
+        "parallel.cp", par.cp, "context parallelism is estimated, not run: torch's ring attention needs CUDA's "
+                               "attention kernels; use cp 1")
     yield par.tp > 1 and par.zero == 1, (
         "parallel.zero", 1, "torch's ZeRO-1 (ZeroRedundancyOptimizer) does not take tensor-parallel parameters; "
                             "use zero 2 or 3 with tp")
@@ -65,9 +72,6 @@ def _pipeline_rules(job: Job):
     yield par.tp > 1 or par.zero > 0, (
         "parallel.pp", par.pp, "pipelines train with replicated stages so far (tp 1, zero 0; dp any); tp × pp and "
                                "ZeRO under pipelines are estimated and not run")
-    yield job.model.layers % (par.pp * par.vpp) != 0, (
-        "parallel.pp", par.pp, f"pp × vpp = {par.pp * par.vpp} must divide model.layers = {job.model.layers} "
-                               "(equal stages)")
     yield par.vpp > 1 and par.schedule == "gpipe", (
         "parallel.schedule", "gpipe", "interleaved stages (vpp > 1) run the interleaved 1F1B schedule; set "
                                       "schedule: 1f1b or vpp: 1")
@@ -136,7 +140,8 @@ def runnable_mask(job: Job) -> np.ndarray:
         & ~((tp > 1) & (zero == 1))
     if par.backend is not None:
         ok &= inferred == par.backend
-    stages_ok = ((tp == 1) & (zero == 0) & (np.asarray(job.model.layers) % (pp * vpp) == 0)
+    ok &= np.asarray(par.cp) == 1
+    stages_ok = ((tp == 1) & (zero == 0) & uneven_fits(job.model.layers, pp, vpp)
                  & ~((vpp > 1) & (schedule == "gpipe")) & np.where(vpp == 1, m >= pp, m % np.maximum(1, m // pp) == 0))
     ok &= (pp == 1) | stages_ok
     if job.precision.grad_dtype == "fp32" or job.finetune.adapters or job.optimizer.name == "adamw-8bit":

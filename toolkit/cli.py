@@ -48,7 +48,8 @@ OVERRIDES = {
     "optimizer": ("optimizer", "name", Optimizer), "momentum": ("optimizer", "momentum", Optimizer),
     "optimizer_impl": ("optimizer", "impl", Optimizer),
     "dp": ("parallel", "dp", Parallel), "tp": ("parallel", "tp", Parallel), "pp": ("parallel", "pp", Parallel),
-    "vpp": ("parallel", "vpp", Parallel), "sp": ("parallel", "sp", Parallel),
+    "vpp": ("parallel", "vpp", Parallel), "sp": ("parallel", "sp", Parallel), "cp": ("parallel", "cp", Parallel),
+    "stage_layers": ("parallel", "stage_layers", Parallel),
     "schedule": ("parallel", "schedule", Parallel),
     "zero": ("parallel", "zero", Parallel), "offload": ("parallel", "offload", Parallel),
     "backend": ("parallel", "backend", Parallel),
@@ -217,7 +218,7 @@ def job_from_args(args, catalog) -> Job:
         value = getattr(args, flag, None)
         if value is None:
             continue
-        if flag == "lora_targets":
+        if flag in ("lora_targets", "stage_layers"):       # comma-separated lists
             value = [t.strip() for t in str(value).split(",") if t.strip()]
         if sec:
             section = data.setdefault(sec, {})
@@ -279,11 +280,11 @@ def cmd_compare(args) -> int:
 
 def _fixed_axes(args) -> set[str]:
     """Layout axes the user fixed on the command line or in the job file: the search leaves them alone."""
-    fixed = {name for name in ("tp", "pp", "vpp", "sp", "zero", "offload", "micro_batch", "recompute")
+    fixed = {name for name in ("tp", "pp", "vpp", "cp", "sp", "zero", "offload", "micro_batch", "recompute")
              if getattr(args, name, None) is not None}
     if args.config:
         data = read_yaml(args.config, what="job file") or {}
-        for section, names in (("parallel", ("tp", "pp", "vpp", "sp", "zero", "offload")),
+        for section, names in (("parallel", ("tp", "pp", "vpp", "cp", "sp", "zero", "offload")),
                                ("batch", ("micro_batch",)), ("memory", ("recompute",))):
             fixed |= {n for n in names if n in (data.get(section) or {})}
     return fixed

@@ -36,7 +36,7 @@ def _rows(rows: list[tuple[str, str]], indent: str = "  ") -> list[str]:
 
 
 _PART_NAMES = {"compute_s": "compute", "memory_bound_s": "memory-bound", "tp_comm_s": "tp comm",
-               "dp_comm_exposed_s": "dp comm (exposed)", "pp_comm_s": "pp sends", "bubble_s": "bubble",
+               "cp_comm_s": "cp ring", "dp_comm_exposed_s": "dp comm (exposed)", "pp_comm_s": "pp sends", "bubble_s": "bubble",
                "optimizer_s": "optimizer"}
 
 
@@ -46,7 +46,7 @@ def render_estimate(est: dict) -> str:
     batch, seq = job["batch"], job["model"]["seq_len"]
     device = f"{cl['count']} × {cl['accelerator']}" if cl["accelerator"] else f"{cl['count']} device(s), no accelerator"
     layout = f"dp {par['dp']} · tp {par['tp']} · pp {par['pp']}" + (f" · vpp {par['vpp']}" if par["vpp"] > 1 else "") \
-        + (" · sp" if par["sp"] else "")
+        + (f" · cp {par['cp']}" if par.get("cp", 1) > 1 else "") + (" · sp" if par["sp"] else "")
     accum = batch["global_batch"] // (batch["micro_batch"] * par["dp"])
     out = [
         f"{model['name'] or 'model'}: {count(model['params'])} parameters ({model['params']:,})",
@@ -166,6 +166,8 @@ def _layout_text(layout: dict) -> str:
     parts = [f"dp {layout['dp']}", f"tp {layout['tp']}", f"pp {layout['pp']}"]
     if layout.get("vpp", 1) > 1:
         parts.append(f"vpp {layout['vpp']}")
+    if layout.get("cp", 1) > 1:
+        parts.append(f"cp {layout['cp']}")
     if layout.get("sp"):
         parts.append("sp")
     parts.append(f"ZeRO-{layout['zero']}")

@@ -49,7 +49,7 @@ CASES = [
     ("param-offload-deepspeed-zero2", ["--model", "gpt2", "--precision", "mixed-bf16", "--zero", "2", "--offload", "params"],
      "parameter offload needs parallel.zero = 3"),
     ("pp-not-dividing-layers", ["--model", "gpt2", "--gpus", "8xA100-80GB", "--pp", "8"],
-     "parallel.pp = 8: parallel.pp = 8 must divide model.layers = 12"),
+     "parallel.pp = 8: 12 layers on pp × vpp = 8 chunks leave the first or last chunk empty"),
     ("vpp-without-pp", ["--model", "gpt2", "--vpp", "2"], "parallel.vpp = 2: interleaved stages need parallel.pp > 1"),
     ("sp-without-tp", ["--model", "gpt2", "--sp"], "parallel.sp = True: sequence parallelism"),
     ("heads-not-dividing-hidden", ["--layers", "2", "--hidden", "100", "--heads", "3"], "model.heads = 3: must divide model.hidden = 100"),

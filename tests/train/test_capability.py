@@ -27,7 +27,7 @@ SHAPE = {"layers": 4, "hidden": 64, "heads": 4, "vocab": 256, "seq_len": 32}
 def test_the_planners_mask_agrees_with_the_runners_refusal_on_every_layout(extra):
     base, _ = Job.from_dict({"model": SHAPE, "batch": {"micro_batch": 1, "global_batch": 64},
                              "cluster": {"accelerator": "H100-SXM", "count": 8}, **extra}).resolve(load_catalog())
-    grid = layout_grid(base, **{k: v for k, v in AXIS_VALUES.items() if k != "micro_batch"})
+    grid = layout_grid(base, **{**{k: v for k, v in AXIS_VALUES.items() if k != "micro_batch"}, "cp": (1, 2)})
     mask = runnable_mask(grid.job)
     checked = runnable = 0
     for i in range(len(grid)):
@@ -35,7 +35,7 @@ def test_the_planners_mask_agrees_with_the_runners_refusal_on_every_layout(extra
             continue
         lay = grid.layout(i)
         job = base.replace(parallel=dataclasses.replace(base.parallel, **{k: lay[k] for k in (
-                               "dp", "tp", "pp", "vpp", "sp", "zero", "offload")}),
+                               "dp", "tp", "pp", "vpp", "cp", "sp", "zero", "offload")}),
                            memory=dataclasses.replace(base.memory, recompute=lay["recompute"]))
         assert bool(mask[i]) == (run_refusal(job) is None), lay
         checked += 1

@@ -27,7 +27,7 @@ import numpy as np
 
 from ..specs.job import TORCH_SEMANTICS, Job
 from .params import projection_shapes
-from .states import by_stage, vocab_per_rank
+from .states import by_stage, job_stage_layers, vocab_per_rank
 
 __all__ = ["ActivationBytes", "activation_bytes", "element_bytes", "fsdp_gathers_16bit", "pick", "pipeline_in_flight"]
 
@@ -163,18 +163,19 @@ def _attention_core(job: Job, tokens: float, b: int) -> float:
     m = job.model
     _h, q, _kv, _f = _widths(job)
     s, a = m.seq_len, m.heads // np.asarray(job.parallel.tp)
-    scores = b * a * s * s * act
+    rows = s / job.parallel.cp                                 # this rank's queries under context parallelism
+    scores = b * a * rows * s * act
     dropout = m.dropout > 0
     if not _math_path(job):                                    # flash: q, k, v (kv repeated to a heads), out, lse
-        return 4 * tokens * q * act + b * a * s * _stored(job, 4, values=b * a * s)
+        return 4 * tokens * q * act + b * a * rows * _stored(job, 4, values=b * a * rows)
     if job.memory.attention == "flash":                        # SDPA's CPU math fallback computes in fp32
         act = _stored(job, 4)
-        scores = b * a * s * s * act
+        scores = b * a * rows * s * act
     core = 3 * tokens * q * act + scores                       # q, kᵀ, v as bmm operands; softmax output
     if job.memory.attention == "eager":
-        core += s * s                                          # causal mask (bool)
+        core += rows * s                                       # causal mask (bool)
     if dropout:
-        mask = scores if job.memory.program == "cpu" else b * a * s * s
+        mask = scores if job.memory.program == "cpu" else b * a * rows * s
         core += mask + scores                                  # dropout mask and dropped probabilities
     return core
 
@@ -196,7 +197,7 @@ def activation_bytes(job: Job, stage: str | None = None, stages_after=None) -> A
     act, residual, amp = element_bytes(job)
     h, q, kv, f = _widths(job)
     b, s = job.batch.micro_batch, m.seq_len
-    tokens = b * s
+    tokens = b * s / job.parallel.cp                     # context parallelism: each rank keeps its share of a sequence
     tp, pp = job.parallel.tp, job.parallel.pp
     # tokens of the h-wide tensors (norms, residual stream, branch dropout) on one rank: all of them,
     # or 1/tp with sequence parallelism (Korthikanti et al. 2022)
@@ -245,7 +246,7 @@ def activation_bytes(job: Job, stage: str | None = None, stages_after=None) -> A
     gpipe = np.asarray(job.parallel.schedule) == "gpipe"
     in_flight = pipeline_in_flight(job, stage, stages_after)
     owns_embedding, owns_head = single | (stage == "first"), single | (stage == "last")
-    stage_layers = m.layers // np.asarray(pp)
+    stage_layers = by_stage(stage, *job_stage_layers(job))
     # Pipelines follow torch.distributed.pipelining (the mixed-* modes: Megatron's, which frees a sent output's
     # data, reuses its receive buffers and computes the loss inside the last stage). torch's schedule keeps
     # the last stage's output (the logits) until that micro-batch's backward; every other chunk keeps the

@@ -1,6 +1,6 @@
 """Many layouts of one job at once: the memory model over numpy arrays.
 
-The functions of toolkit.estimate accept a Job whose layout fields (dp, tp, pp, vpp, sp,
+The functions of toolkit.estimate accept a Job whose layout fields (dp, tp, pp, vpp, cp, sp,
 zero, offload, micro-batch, recompute) are numpy arrays of equal length, and return arrays.
 A slider move and a planner's search therefore run the same tested code.
 
@@ -17,12 +17,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..specs.job import TORCH_SEMANTICS, Job
+from ..specs.stages import uneven_fits
 
 __all__ = ["LayoutGrid", "layout_grid", "AXES"]
 
-AXES = {"tp": "parallel", "pp": "parallel", "vpp": "parallel", "sp": "parallel", "zero": "parallel",
+AXES = {"tp": "parallel", "pp": "parallel", "vpp": "parallel", "cp": "parallel", "sp": "parallel", "zero": "parallel",
         "offload": "parallel", "micro_batch": "batch", "recompute": "memory"}
-"""The fields a grid may vary, and the Job section each lives in. dp follows: devices / (tp·pp)."""
+"""The fields a grid may vary, and the Job section each lives in. dp follows: devices / (tp·pp·cp)."""
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ def layout_grid(job: Job, **axes) -> LayoutGrid:
         sections[AXES[name]][name] = values
     par = dataclasses.replace(job.parallel, **sections["parallel"])
     devices = job.cluster.count
-    model_parallel = np.asarray(par.tp) * np.asarray(par.pp)
+    model_parallel = np.asarray(par.tp) * np.asarray(par.pp) * np.asarray(par.cp)
     par = dataclasses.replace(par, dp=np.maximum(devices // model_parallel, 1))
     grid_job = dataclasses.replace(job, parallel=par, batch=dataclasses.replace(job.batch, **sections["batch"]),
                                    memory=dataclasses.replace(job.memory, **sections["memory"]))
@@ -70,8 +71,10 @@ def _valid(job: Job, devices: int, n: int) -> np.ndarray:
     tp, pp, vpp, dp = (np.broadcast_to(np.asarray(x), (n,)) for x in (par.tp, par.pp, par.vpp, par.dp))
     zero, offload = np.broadcast_to(np.asarray(par.zero), (n,)), np.broadcast_to(np.asarray(par.offload), (n,))
     micro = np.broadcast_to(np.asarray(job.batch.micro_batch), (n,))
-    ok = (devices % (tp * pp) == 0) & (m.heads % tp == 0) & (m.kv_heads_ % tp == 0)
-    ok &= m.layers % (pp * vpp) == 0
+    cp = np.broadcast_to(np.asarray(par.cp), (n,))
+    ok = (devices % (tp * pp * cp) == 0) & (m.heads % tp == 0) & (m.kv_heads_ % tp == 0)
+    ok &= m.seq_len % (2 * cp) == 0
+    ok &= uneven_fits(m.layers, pp, vpp)          # the first and last chunk may hold fewer (toolkit.specs.stages)
     ok &= (vpp == 1) | (pp > 1)
     ok &= ~np.broadcast_to(np.asarray(par.sp), (n,)) | (tp > 1)
     ok &= job.batch.global_batch % (micro * dp) == 0

@@ -30,8 +30,8 @@ import numpy as np
 from ..specs.job import TORCH_SEMANTICS, Job
 from .activations import activation_bytes, element_bytes
 from .params import count_params
-from .states import (StateBytes, adapter_params_per_layer, bytes_per_param, model_state_bytes, params_per_device,
-                     vocab_per_rank)
+from .states import (StateBytes, adapter_params_per_layer, bytes_per_param, job_stage_layers, model_state_bytes,
+                     params_per_device, vocab_per_rank)
 from .zero_buffers import deepspeed_reduce, gathered_params, largest_matrix
 
 __all__ = ["MemoryEstimate", "memory_estimate", "stage_memory_estimate", "memory_notes", "optimizer_impl"]
@@ -89,10 +89,12 @@ def memory_estimate(job: Job) -> MemoryEstimate:
         return _stage_memory(job, "first")
     # the last stage holds the head; with more than two stages, torch's schedules give the middle ones the most
     # receive buffers, and the second holds the most micro-batches of those (Megatron's program reuses its
-    # buffers: its second stage never holds more than the first). All stages are evaluated in one pass, one per
-    # leading index; ties go to the earlier one.
+    # buffers: with equal stages its second never holds more than the first, with uneven ones it may: 8 layers
+    # × 15 micro-batches against the first's 7 × 16). All stages are evaluated in one pass, one per leading
+    # index; ties go to the earlier one.
     names = ["first", "last"]
-    if np.any(pp > 2) and job.precision.mode in TORCH_SEMANTICS:
+    uneven = job.parallel.stage_layers or np.any(job.model.layers % (pp * np.asarray(job.parallel.vpp)) != 0)
+    if np.any(pp > 2) and (job.precision.mode in TORCH_SEMANTICS or uneven):
         names.append("second")
     stages = np.array(names).reshape((-1,) + (1,) * pp.ndim)
     each = _stage_memory(job, stages)
@@ -152,7 +154,7 @@ def _stage_memory(job: Job, stage, stages_after=None) -> MemoryEstimate:
     _w, grad_b, _o = bytes_per_param(job)
     tp, dp, zero = np.asarray(par.tp), np.asarray(1 if par.dp is None else par.dp), np.asarray(par.zero)
     h, vocab = model.hidden, vocab_per_rank(model, tp)
-    tokens = np.asarray(job.batch.micro_batch) * model.seq_len
+    tokens = np.asarray(job.batch.micro_batch) * model.seq_len / par.cp    # this rank's share under context parallelism
     tokens_h = np.where(par.sp, tokens / tp, tokens)
     act = 4 if mode == "fp32" else 2
     residual = element_bytes(job)[1]          # (FSDP2 under amp-* casts each block's input to 16-bit)
@@ -376,7 +378,7 @@ def _trainable_per_device(job: Job, stage: str | None = None):
     par = job.parallel
     if job.finetune.adapters:
         return adapter_params_per_layer(job) * (job.model.layers // np.asarray(par.pp)) / np.asarray(par.tp)
-    return params_per_device(job.model, par.tp, par.pp, stage)
+    return params_per_device(job.model, par.tp, par.pp, stage, job_stage_layers(job))
 
 
 def memory_notes(job: Job, mem: MemoryEstimate | None) -> list[str]:

@@ -13,7 +13,7 @@ from .cost import offer_cost, train_seconds
 from .flops import PF_DAY_FLOPS, flops_per_token, training_flops
 from .memory import memory_estimate, memory_notes
 from .params import count_params
-from .states import model_state_bytes, params_per_device
+from .states import job_stage_layers, model_state_bytes, params_per_device
 from .spot import spot_run
 from .steptime import ASSUMED_NETWORK_BITS_PER_DEVICE, hardware_for, node_network_bytes_per_s, step_time
 
@@ -127,7 +127,7 @@ def estimate(job: Job, catalog: Catalog | None = None) -> dict:
             "name": model.name,
             "params": params.total,
             "params_non_embedding": params.non_embedding,
-            "params_per_device": params_per_device(model, par.tp, par.pp),
+            "params_per_device": params_per_device(model, par.tp, par.pp, None, job_stage_layers(job)),
         },
         "memory": {
             "params_bytes": states.params_bytes,

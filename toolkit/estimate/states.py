@@ -24,9 +24,10 @@ import numpy as np
 
 from ..specs.job import TORCH_SEMANTICS, Job
 from ..specs.model import ModelSpec
+from ..specs.stages import stage_layer_counts
 from .params import count_params, projection_shapes
 
-__all__ = ["StateBytes", "adapter_params_per_layer", "by_stage", "bytes_per_param", "largest_tensor", "model_state_bytes",
+__all__ = ["StateBytes", "adapter_params_per_layer", "by_stage", "job_stage_layers", "bytes_per_param", "largest_tensor", "model_state_bytes",
            "nf4_matrix_bytes", "params_per_device", "qlora_block_bytes", "replicated_per_layer", "vocab_per_rank",
            "ADAM8BIT_BLOCK", "ADAM8BIT_BYTES_PER_PARAM", "NF4_BLOCK", "NF4_SCALE_BLOCK"]
 
@@ -78,7 +79,7 @@ def zero_partition_params(params, dp, ends=(0.0, 0.0)):
     return np.minimum(np.maximum(*reach), params)
 
 
-def params_per_device(model: ModelSpec, tp=1, pp=1, stage: str | None = None):
+def params_per_device(model: ModelSpec, tp=1, pp=1, stage: str | None = None, layers_by_stage=None):
     """Parameters held by the busiest pipeline stage on one tensor-parallel rank.
 
     Stage 0 holds the embeddings, the last stage the final norm and the output projection; `stage`
@@ -86,7 +87,7 @@ def params_per_device(model: ModelSpec, tp=1, pp=1, stage: str | None = None):
     (a copy of the embedding when tied and pp > 1, as Megatron keeps). Matrices, column
     biases and the token embedding are divided by tp; norms, row-parallel biases (o, down)
     and learned positions are replicated on every tensor-parallel rank. tp and pp may be
-    numpy arrays.
+    numpy arrays. `layers_by_stage` = (first, middle, last) rank's layers (toolkit.specs.stages); None = equal.
     """
     c = count_params(model)
     tp = np.asarray(tp)
@@ -94,13 +95,19 @@ def params_per_device(model: ModelSpec, tp=1, pp=1, stage: str | None = None):
         return c.total / (tp * pp)
     replicated = replicated_per_layer(model)
     layer = (c.per_layer - replicated) / tp + replicated
-    stage_layers = layer * (model.layers // np.asarray(pp))
+    if layers_by_stage is None:
+        layers_by_stage = (model.layers // np.asarray(pp),) * 3
+    n_first, n_middle, n_last = layers_by_stage
     rows = vocab_per_rank(model, tp) * model.hidden              # the busiest rank's share of the vocabulary
     embedding = rows + (c.embedding - model.vocab * model.hidden) / tp
-    first = embedding + c.positions + stage_layers
-    last = stage_layers + c.final + rows
+    first = embedding + c.positions + layer * n_first
+    middle = layer * n_middle
+    last = layer * n_last + c.final + rows
     total = embedding + c.positions + layer * model.layers + c.final + (rows if c.head else 0)
-    busiest = by_stage(stage, first, stage_layers, last) if stage is not None else np.maximum(first, last)
+    if stage is None:
+        busiest = np.maximum(np.maximum(first, last), np.where(np.asarray(pp) > 2, middle, 0))
+    else:
+        busiest = by_stage(stage, first, middle, last)
     return np.where(np.asarray(pp) == 1, total, busiest)
 
 
@@ -161,13 +168,16 @@ def model_state_bytes(job: Job, stage: str | None = None) -> StateBytes:
     """Persistent model-state bytes on the busiest device of a resolved job, or of its first or last pipeline
     stage (layout fields may be arrays)."""
     par = job.parallel
-    n = params_per_device(job.model, par.tp, par.pp, stage)
+    n = params_per_device(job.model, par.tp, par.pp, stage, job_stage_layers(job))
     weight, grad, optimizer = bytes_per_param(job)
     trainable = n
     if job.finetune.adapters:                      # frozen base: only the adapters train
         trainable = adapter_params_per_layer(job) * (job.model.layers // np.asarray(par.pp)) / par.tp
         n = n + trainable
-    dp, zero, offload = np.asarray(1 if par.dp is None else par.dp), np.asarray(par.zero), np.asarray(par.offload)
+    # context-parallel ranks hold the same weights and reduce gradients with the data-parallel ones: ZeRO shards
+    # over both (Megatron's distributed optimizer uses the dp × cp group)
+    dp = np.asarray(1 if par.dp is None else par.dp) * par.cp
+    zero, offload = np.asarray(par.zero), np.asarray(par.offload)
     torch_semantics = job.precision.mode in TORCH_SEMANTICS
     shard_weights = np.where((zero == 3) | ((zero == 2) & torch_semantics), dp, 1)
     params_b = n * weight / shard_weights
@@ -207,3 +217,11 @@ def model_state_bytes(job: Job, stage: str | None = None) -> StateBytes:
     return StateBytes(params_bytes=np.where(offload_params, 0.0, params_b) + rope_tables,
                       grads_bytes=np.where(offload_params, 0.0, grads_b),
                       optimizer_bytes=np.where(offload_optimizer, 0.0, optimizer_b), host_bytes=host)
+
+
+def job_stage_layers(job: Job):
+    """(first, middle, last) pipeline rank's layers of a job (layout fields may be arrays)."""
+    par = job.parallel
+    if not job.model.has_shape:
+        return None
+    return stage_layer_counts(job.model.layers, par.pp, par.vpp, par.stage_layers)

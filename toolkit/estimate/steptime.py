@@ -38,7 +38,8 @@ from ..specs.catalog import Catalog
 from ..specs.job import TORCH_SEMANTICS, Job, compute_dtype
 from .flops import flops_per_token
 from .memory import optimizer_impl
-from .states import adapter_params_per_layer, bytes_per_param, model_state_bytes, params_per_device
+from .states import (adapter_params_per_layer, bytes_per_param, job_stage_layers, model_state_bytes,
+                     params_per_device)
 
 __all__ = ["Hardware", "Assumptions", "StepTime", "hardware_for", "step_time", "node_network_bytes_per_s",
            "ASSUMED_NETWORK_BITS_PER_DEVICE"]
@@ -48,10 +49,11 @@ __all__ = ["Hardware", "Assumptions", "StepTime", "hardware_for", "step_time", "
 class Assumptions:
     """Figures no datasheet gives; each is a knob, and the benchmark says how well they hold."""
     gemm_fraction: float = 0.70
-    """Share of dense peak a large matmul reaches in a real training step. Calibrated once: with it the
-    model gives Megatron's 1T run (Korthikanti et al. 2022, Table 5: tp 8, pp 64, selective recompute and
-    sequence parallelism, fp16, dropout 0.1, A100) its measured 71.49 s iteration;
-    benchmarks/steptime_accuracy.py shows how the other measured runs then fall."""
+    """Share of dense peak a large matmul reaches in a real training step. Chosen once, on Megatron's 1T run
+    (Korthikanti et al. 2022, Table 5: tp 8, pp 64, selective recompute and sequence parallelism, fp16,
+    dropout 0.1, A100: 71.49 s) while the model still spread the output projection over all stages; with the
+    projection on the last stage that run comes out 6 % slow, and raising the fraction to fit it would make
+    the rest of the measured runs faster than measured (benchmarks/steptime_accuracy.py)."""
     link_efficiency: float = 0.8
     """Share of a link's nominal one-way bandwidth a ring collective achieves (NCCL bus bandwidth)."""
     latency_intra_s: float = 2e-6
@@ -121,6 +123,8 @@ class StepTime:
     """Element-wise and normalisation kernels of all micro-batches."""
     tp_comm_s: float
     """Tensor-parallel all-reduces (not overlapped)."""
+    cp_comm_s: float
+    """Context parallelism's ring passes left after overlap with the attention products."""
     dp_comm_exposed_s: float
     """Data-parallel / ZeRO communication left after overlap with backward."""
     pp_comm_s: float
@@ -138,11 +142,14 @@ class StepTime:
     """The matmul efficiency the shapes allow (≤ gemm_fraction)."""
     dp_comm_s: float
     """Data-parallel communication before overlap."""
+    stage_micro_s: tuple = ()
+    """One micro-batch's forward and backward on the first, a middle and the last pipeline rank (compute, memory,
+    tp and cp): what `toolkit.estimate.pipeline.simulate` takes for uneven stages."""
 
     @property
     def step_s(self):
-        return (self.compute_s + self.memory_bound_s + self.tp_comm_s + self.dp_comm_exposed_s + self.pp_comm_s
-                + self.bubble_s + self.optimizer_s)
+        return (self.compute_s + self.memory_bound_s + self.tp_comm_s + self.cp_comm_s + self.dp_comm_exposed_s
+                + self.pp_comm_s + self.bubble_s + self.optimizer_s)
 
     @property
     def tokens_per_s(self):
@@ -154,8 +161,8 @@ class StepTime:
 
     def breakdown(self) -> dict:
         """Seconds per part (the keys of the JSON contract's `time.breakdown`)."""
-        parts = ("compute_s", "memory_bound_s", "tp_comm_s", "dp_comm_exposed_s", "pp_comm_s", "bubble_s",
-                 "optimizer_s")
+        parts = ("compute_s", "memory_bound_s", "tp_comm_s", "cp_comm_s", "dp_comm_exposed_s", "pp_comm_s",
+                 "bubble_s", "optimizer_s")
         return {name: getattr(self, name) for name in parts}
 
 
@@ -195,9 +202,10 @@ def _attention_efficiency(job: Job, hw: Hardware, a: Assumptions):
     return flops / (seconds * hw.gemm_peak)
 
 
-def _compute_s(job: Job, hw: Hardware, a: Assumptions, tokens_per_device):
-    """Seconds of all matmuls one device runs in a step: projections, MLP and the vocabulary projection at the
-    shapes' roofline efficiency, the attention products at theirs, recomputed forwards included."""
+def _compute_s(job: Job, hw: Hardware, a: Assumptions, tokens, eff):
+    """(one block, the vocabulary projection): seconds of the matmuls a device runs on `tokens` tokens (its share
+    under tp); projections and MLP at the shapes' roofline efficiency `eff`, the attention products at theirs,
+    recomputed forwards included; and the attention products alone (what a context-parallel ring hides behind)."""
     eager = job.memory.attention == "eager"
     tf = flops_per_token(job, causal=not eager)          # an eager core multiplies the whole (masked) matrix
     recompute = np.asarray(job.memory.recompute)
@@ -206,10 +214,22 @@ def _compute_s(job: Job, hw: Hardware, a: Assumptions, tokens_per_device):
     attn_recompute = np.where(recompute == "full", tf.attention, np.where(recompute == "selective", core_again, 0.0))
     proj_recompute = np.where(recompute == "full", np.where(megatron, tf.layer_matmuls, tf.recompute - tf.attention),
                               0.0)
-    proj = 3 * (tf.layer_matmuls + tf.head) + proj_recompute
-    attn = 3 * tf.attention + attn_recompute
-    return tokens_per_device * (proj / _gemm_efficiency(job, hw, a) + attn / _attention_efficiency(job, hw, a)) \
-        / hw.gemm_peak
+    scale = tokens / np.asarray(job.parallel.tp) / hw.gemm_peak
+    attention_s = scale * 3 * tf.attention / job.model.layers / _attention_efficiency(job, hw, a)
+    block_s = scale * (3 * tf.layer_matmuls + proj_recompute) / job.model.layers / eff \
+        + attention_s * (1 + attn_recompute / (3 * tf.attention))
+    return block_s, scale * 3 * tf.head / eff, attention_s
+
+
+def _ring_attention_s(job: Job, a: Assumptions, micro_tokens, attention_s, bw):
+    """Context parallelism's ring, per block: each of cp − 1 steps passes this rank's keys and values on
+    (forward), and keys, values and their gradients in backward (3× the forward's bytes); the ring overlaps this
+    with the attention products, so only what exceeds them shows, plus each step's latency (Liu et al. 2023)."""
+    m, cp = job.model, np.asarray(job.parallel.cp)
+    elem = 4 if job.precision.mode == "fp32" else 2
+    kv_bytes = 2 * micro_tokens / cp * m.kv_heads_ * m.head_dim_ / np.asarray(job.parallel.tp) * elem
+    ring_s = 3 * (cp - 1) * kv_bytes / (bw * a.link_efficiency)
+    return np.where(cp > 1, np.maximum(ring_s - attention_s, 0.0) + 3 * (cp - 1) * a.latency_intra_s, 0.0)
 
 
 def _is_megatron(job: Job):
@@ -267,7 +287,7 @@ def _latency_s(n, gpus_per_node: int, a: Assumptions):
 def step_time(job: Job, hw: Hardware, a: Assumptions = Assumptions()) -> StepTime:
     """Seconds of one optimizer step of a resolved job (layout fields may be numpy arrays)."""
     m, par = job.model, job.parallel
-    dp, tp, pp, vpp = (np.asarray(x) for x in (par.dp, par.tp, par.pp, par.vpp))
+    dp, tp, pp, vpp, cp = (np.asarray(x) for x in (par.dp, par.tp, par.pp, par.vpp, par.cp))
     zero, offload = np.asarray(par.zero), np.asarray(par.offload)
     micro = np.asarray(job.batch.micro_batch)
     devices = job.cluster.count
@@ -275,63 +295,82 @@ def step_time(job: Job, hw: Hardware, a: Assumptions = Assumptions()) -> StepTim
     tokens_step = job.batch.global_batch * m.seq_len
     per_token = flops_per_token(job)
     eff = _gemm_efficiency(job, hw, a)
-    compute_s = _compute_s(job, hw, a, tokens_step / devices)
-    stage_layers = m.layers / pp
-    tokens_rank = tokens_step / dp                      # tokens each data-parallel replica processes per step
-    memory_s = _memory_bound_bytes_per_token(job) * stage_layers * tokens_rank / hw.memory_bw_bytes_per_s
+    micro_tokens = micro * m.seq_len
 
-    # ---- where groups sit: tp innermost, then dp, then pp ---------------------------------------
+    # ---- where groups sit: tp innermost, then cp, dp, pp (Megatron's order) -----------------------------
     g = hw.gpus_per_node
     bw = lambda inside: np.where(inside, hw.intra_bw_bytes_per_s, hw.inter_bw_bytes_per_s)  # noqa: E731
-    tp_inside, dp_inside = tp <= g, tp * dp <= g
+    tp_inside, cp_inside, dp_inside = tp <= g, tp * cp <= g, tp * cp * dp <= g
     pp_inside = devices <= g
 
-    # ---- tensor parallel: 4 all-reduces per block per micro-batch (+2 when the block is recomputed)
+    # ---- one micro-batch on each pipeline rank: first, middle, last (without pipelining all three are one) ----
+    # tensor parallel: 4 all-reduces per block (+2 when the block is recomputed) of this rank's tokens
     act_elem = 4 if job.precision.mode == "fp32" else 2
-    block_act = micro * m.seq_len * m.hidden * act_elem
+    block_act = micro_tokens / cp * m.hidden * act_elem
     per_block = 4 + np.where(np.asarray(job.memory.recompute) == "full", 2, 0)
-    tp_s = (_ring_s(2.0, block_act, tp, bw(tp_inside), a) + _latency_s(tp, g, a)) * per_block * stage_layers * accum
+    tp_layer_s = (_ring_s(2.0, block_act, tp, bw(tp_inside), a) + _latency_s(tp, g, a)) * per_block
+    bytes_layer = _memory_bound_bytes_per_token(job) * micro_tokens / cp
+    single = pp == 1
 
-    # ---- data parallel / ZeRO -------------------------------------------------------------------
+    block_s, head_s, attention_s = _compute_s(job, hw, a, micro_tokens / cp, eff)
+    ring_s = _ring_attention_s(job, a, micro_tokens, attention_s, bw(cp_inside))
+
+    def stage(layers, owns_head):
+        return (block_s * layers + np.where(owns_head | single, head_s, 0.0),
+                bytes_layer * layers / hw.memory_bw_bytes_per_s, tp_layer_s * layers, ring_s * layers)
+
+    first, middle, last = job_stage_layers(job)
+    parts = [stage(first, False), stage(middle, False), stage(last, True)]
+    totals = [sum(p) for p in parts]
+    busiest = np.where(totals[2] >= np.maximum(totals[0], np.where(pp > 2, totals[1], 0)), 2,
+                       np.where((pp > 2) & (totals[1] > totals[0]), 1, 0))
+    pick = lambda i: np.choose(busiest, [p[i] for p in parts])  # noqa: E731
+    compute_s, memory_s, tp_s, cp_s = (pick(i) * accum for i in range(4))
+    per_micro_s = np.choose(busiest, totals)
+
+    # ---- the pipeline: the busiest rank runs every micro-batch; the others' times fill and drain it ------
+    # (1F1B and GPipe: (p − 1) stage times when the stages are equal; interleaved: 1/v of that)
+    all_ranks = totals[0] + np.maximum(pp - 2, 0) * totals[1] + totals[2]
+    bubble_s = np.where(pp > 1, (all_ranks - per_micro_s) / vpp, 0.0)
+    pp_bw = bw(pp_inside)
+    # each tensor-parallel rank sends its 1/tp share of the boundary activation (Megatron's scatter-gather)
+    pp_latency = np.where(pp_inside, a.latency_intra_s, a.latency_inter_s)
+    pp_s = np.where(pp > 1, 2 * accum * vpp * (block_act / tp / (pp_bw * a.link_efficiency) + pp_latency), 0.0)
+
+    # ---- data parallel / ZeRO: over dp × cp (context-parallel ranks hold the same weights) ----------------
     _w, grad_b, _o = bytes_per_param(job)
     weight_b = _w
     trainable = _trainable(job)
     grad_bytes = trainable * grad_b
+    replicas = dp * cp
     volume = np.where(zero == 3, 3.0, 2.0)              # ring all-reduce = reduce-scatter + all-gather
     buckets = np.maximum(np.ceil(grad_bytes / a.bucket_bytes), 1)
-    dp_s = _ring_s(volume, grad_bytes, dp, bw(dp_inside), a) + buckets * _latency_s(dp, np.maximum(g // tp, 1), a)
+    dp_s = _ring_s(volume, grad_bytes, replicas, bw(dp_inside), a) \
+        + buckets * _latency_s(replicas, np.maximum(g // tp, 1), a)
     last_backward_s = (compute_s + memory_s) / accum * 2 / 3          # backward ≈ 2/3 of a micro-batch
     overlappable = np.where(zero == 3, (compute_s + memory_s), last_backward_s)
     # the last bucket (ZeRO-3: the first gather) cannot hide; the rest hides behind backward (or all compute)
     exposed = np.maximum(dp_s - overlappable * (1 - 1 / buckets), dp_s / buckets)
     if job.precision.mode in TORCH_SEMANTICS:            # ZeroRedundancyOptimizer's parameter broadcast is not hidden
-        exposed = exposed + np.where(zero == 1, _ring_s(1.0, trainable * weight_b, dp, bw(dp_inside), a)
-                                     + _latency_s(dp, np.maximum(g // tp, 1), a) / 2, 0.0)
-    exposed = np.where(dp > 1, exposed, 0.0)
-
-    # ---- pipeline --------------------------------------------------------------------------------
-    per_micro_s = (compute_s + memory_s + tp_s) / accum
-    bubble_s = np.where(pp > 1, (pp - 1) / vpp * per_micro_s, 0.0)
-    pp_bw = bw(pp_inside)
-    # each tensor-parallel rank sends its 1/tp share of the boundary activation (Megatron's scatter-gather)
-    pp_latency = np.where(pp_inside, a.latency_intra_s, a.latency_inter_s)
-    pp_s = np.where(pp > 1, 2 * accum * vpp * (block_act / tp / (pp_bw * a.link_efficiency) + pp_latency), 0.0)
+        exposed = exposed + np.where(zero == 1, _ring_s(1.0, trainable * weight_b, replicas, bw(dp_inside), a)
+                                     + _latency_s(replicas, np.maximum(g // tp, 1), a) / 2, 0.0)
+    exposed = np.where(replicas > 1, exposed, 0.0)
 
     # ---- optimizer -----------------------------------------------------------------------------
     states = model_state_bytes(job)
     impl_factor = 1.0 if optimizer_impl(job) == "fused" else 1.5      # unfused: temporaries re-read
     device_opt_s = 2 * impl_factor * (states.params_bytes + states.grads_bytes + states.optimizer_bytes) \
         / hw.memory_bw_bytes_per_s
-    shard = np.where(zero >= 1, dp, 1)
+    shard = np.where(zero >= 1, replicas, 1)
     host_opt_s = trainable / shard / a.host_adam_params_per_s + (grad_bytes + trainable * weight_b) / shard \
         / a.pcie_bytes_per_s
     optimizer_s = np.where(offload != "none", host_opt_s, device_opt_s)
 
-    return StepTime(compute_s=compute_s, memory_bound_s=memory_s, tp_comm_s=tp_s, dp_comm_exposed_s=exposed,
-                    pp_comm_s=pp_s, bubble_s=bubble_s, optimizer_s=optimizer_s,
+    return StepTime(compute_s=compute_s, memory_bound_s=memory_s, tp_comm_s=tp_s, cp_comm_s=cp_s,
+                    dp_comm_exposed_s=exposed, pp_comm_s=pp_s, bubble_s=bubble_s, optimizer_s=optimizer_s,
                     model_flops=per_token.model * tokens_step, tokens=tokens_step, devices=devices,
                     peak_flops=hw.peak_flops, gemm_efficiency=eff,
-                    dp_comm_s=np.where(dp > 1, dp_s, 0.0))
+                    dp_comm_s=np.where(replicas > 1, dp_s, 0.0), stage_micro_s=tuple(totals))
 
 
 def _trainable(job: Job):
@@ -339,4 +378,4 @@ def _trainable(job: Job):
     par = job.parallel
     if job.finetune.adapters:
         return adapter_params_per_layer(job) * (job.model.layers // np.asarray(par.pp)) / np.asarray(par.tp)
-    return params_per_device(job.model, par.tp, par.pp)
+    return params_per_device(job.model, par.tp, par.pp, None, job_stage_layers(job))

@@ -27,13 +27,18 @@ from ..estimate.states import model_state_bytes
 from ..estimate.steptime import hardware_for, step_time
 from ..specs import Job, SpecError
 from ..specs.catalog import Catalog
+from ..specs.stages import uneven_fits
 
 __all__ = ["search", "AXIS_VALUES", "pareto_front", "plan_job"]
 
-AXIS_VALUES = {"tp": (1, 2, 4, 8), "pp": (1, 2, 4, 8, 16), "vpp": (1, 2), "sp": (False, True),
+AXIS_VALUES = {"tp": (1, 2, 4, 8), "pp": (1, 2, 4, 8, 16), "vpp": (1, 2), "cp": (1, 2, 4, 8, 16),
+               "sp": (False, True),
                "zero": (0, 1, 2, 3), "offload": ("none", "optimizer", "params"),
                "micro_batch": (1, 2, 4, 8), "recompute": ("none", "selective", "full")}
 """Values tried per axis (filtered by what the model and cluster allow)."""
+
+MIN_CP_TOKENS = 8192
+"""Context parallelism is searched only where each rank keeps at least this many tokens of a sequence."""
 
 
 def _clusters(catalog: Catalog, gpus: tuple[int, str] | None, offers: list[str] | None, max_gpus: int | None):
@@ -65,8 +70,11 @@ def _axes(job: Job, devices: int, fixed: set[str]) -> dict:
             continue
         if name == "tp":
             values = [t for t in values if m.heads % t == 0 and m.kv_heads_ % t == 0 and devices % t == 0]
+        if name == "cp":    # a ring step needs enough tokens to hide its sends: at least 8K a rank (Llama 3: 128K on 16)
+            values = [c for c in values if m.seq_len % (2 * c) == 0 and m.seq_len // c >= MIN_CP_TOKENS
+                      and devices % c == 0] or [1]
         if name == "pp":
-            values = [p for p in values if m.layers % p == 0 and devices % p == 0]
+            values = [p for p in values if uneven_fits(m.layers, p) and devices % p == 0]    # uneven stages too
         axes[name] = list(values)
     return axes
 
@@ -96,7 +104,7 @@ def search(job: Job, catalog: Catalog, *, gpus: tuple[int, str] | None = None, o
     evaluated, refusals, blocks = 0, [], []
     for accelerator, count, offer_name in _clusters(catalog, gpus, offers, max_gpus):
         base = job.replace(cluster=dataclasses.replace(job.cluster, accelerator=accelerator, count=count),
-                           parallel=dataclasses.replace(job.parallel, dp=None, tp=1, pp=1, vpp=1, sp=False,
+                           parallel=dataclasses.replace(job.parallel, dp=None, tp=1, pp=1, vpp=1, cp=1, sp=False,
                                                         zero=0, offload="none"),
                            cost=dataclasses.replace(job.cost, offer=offer_name or job.cost.offer))
         try:
@@ -171,8 +179,8 @@ def plan_job(job: Job, plan: dict) -> Job:
     lay = plan["layout"]
     return job.replace(
         cluster=dataclasses.replace(job.cluster, accelerator=plan["accelerator"], count=plan["devices"]),
-        parallel=dataclasses.replace(job.parallel, **{k: lay[k] for k in ("dp", "tp", "pp", "vpp", "sp", "zero",
-                                                                          "offload")}),
+        parallel=dataclasses.replace(job.parallel, **{k: lay[k] for k in ("dp", "tp", "pp", "vpp", "cp", "sp",
+                                                                          "zero", "offload")}),
         batch=dataclasses.replace(job.batch, micro_batch=lay["micro_batch"]),
         memory=dataclasses.replace(job.memory, recompute=lay["recompute"]),
         cost=dataclasses.replace(job.cost, offer=plan["offer"] or job.cost.offer))

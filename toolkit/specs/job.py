@@ -85,6 +85,12 @@ class Parallel:
     """Pipeline stages."""
     vpp: int = 1
     """Virtual stages per pipeline rank (interleaved 1F1B)."""
+    stage_layers: tuple[int, ...] | None = None
+    """Layers of each of the pp × vpp pipeline chunks, in model order; None = equal chunks, or when they do not
+    divide the layers the first and last chunk hold fewer (toolkit.specs.stages)."""
+    cp: int = 1
+    """Context-parallel degree: each sequence split over cp ranks, attention as a ring passing keys and values
+    (estimated; torch runs it with CUDA attention kernels only, so the runner does not)."""
     sp: bool = False
     """Sequence parallelism over the tensor-parallel group."""
     schedule: Literal["1f1b", "gpipe"] = "1f1b"
@@ -241,7 +247,7 @@ class Job:
     @property
     def devices(self) -> int:
         p = self.parallel
-        return (p.dp or 1) * p.tp * p.pp
+        return (p.dp or 1) * p.tp * p.pp * p.cp
 
     @property
     def backend(self) -> str:

@@ -12,6 +12,7 @@ from .errors import SpecError
 from .fields import check_positive, check_range
 from .job import LORA_TARGETS, TORCH_SEMANTICS, Job, compute_dtype, infer_backend
 from .model import nf4_shapes_ok
+from .stages import check_stage_layers, rank_layers
 
 __all__ = ["resolve_job", "divisors"]
 
@@ -88,7 +89,7 @@ def resolve_job(job: Job, catalog: Catalog) -> tuple[Job, list[str]]:
     par, cluster, batch = job.parallel, job.cluster, job.batch
 
     # ---- sizes that must be positive ------------------------------------------------------
-    for section, names in (("parallel", ("dp", "tp", "pp", "vpp")), ("batch", ("micro_batch", "global_batch")),
+    for section, names in (("parallel", ("dp", "tp", "pp", "vpp", "cp")), ("batch", ("micro_batch", "global_batch")),
                            ("cluster", ("count", "gpus_per_node", "intra_node_bw_bytes_per_s",
                                         "inter_node_bw_bytes_per_s"))):
         for name in names:
@@ -124,12 +125,12 @@ def resolve_job(job: Job, catalog: Catalog) -> tuple[Job, list[str]]:
     count = cluster.count
     if count is None:
         if par.dp is not None:
-            count = par.dp * par.tp * par.pp
+            count = par.dp * par.tp * par.pp * par.cp
         elif offer is not None:
             count = offer.count
             notes.append(f"devices = {count}, one {offer.name} instance")
         else:
-            count = par.tp * par.pp
+            count = par.tp * par.pp * par.cp
         cluster = dataclasses.replace(cluster, count=count)
     if count > cluster.gpus_per_node and count % cluster.gpus_per_node:
         raise SpecError("cluster.count", count,
@@ -143,29 +144,42 @@ def resolve_job(job: Job, catalog: Catalog) -> tuple[Job, list[str]]:
             if heads % par.tp:
                 raise SpecError("parallel.tp", par.tp,
                                 f"must divide {heads_field} = {heads}; allowed: {_listing(divisors(heads))}")
-        if model.layers % (par.pp * par.vpp):
-            what = "parallel.pp" if par.vpp == 1 else "parallel.pp × parallel.vpp"
-            raise SpecError("parallel.pp", par.pp,
-                            f"{what} = {par.pp * par.vpp} must divide model.layers = {model.layers}; "
-                            f"allowed pp: {_listing([d for d in divisors(model.layers) if model.layers % (d * par.vpp) == 0])}")
+        check_stage_layers(model.layers, par.pp, par.vpp, par.stage_layers)
+        if par.stage_layers or model.layers % (par.pp * par.vpp):
+            ranks = rank_layers(model.layers, par.pp, par.vpp, par.stage_layers)
+            shown = ", ".join(map(str, ranks)) if len(ranks) <= 6 else f"{ranks[0]}, {ranks[1]}, ..., {ranks[-2]}, {ranks[-1]}"
+            notes.append(f"pipeline ranks hold {shown} layers" + (
+                "" if par.stage_layers else f" ({par.pp * par.vpp} equal chunks do not divide {model.layers} layers: "
+                                            "the first and last hold fewer, as Llama 3 405B ran)"))
+        if par.cp > 1:
+            notes.append(f"context parallelism: each of cp = {par.cp} ranks keeps {model.seq_len // par.cp} tokens of "
+                         "a sequence and passes keys and values round a ring (Liu et al. 2023); estimated, not traced "
+                         "or run here (torch's needs CUDA attention kernels)")
+        if model.seq_len % (2 * par.cp):
+            raise SpecError("parallel.cp", par.cp, f"context parallelism cuts each sequence into 2 × cp balanced "
+                                                   f"pieces: 2 × cp must divide model.seq_len = {model.seq_len}")
+    elif par.stage_layers:
+        raise SpecError("parallel.stage_layers", list(par.stage_layers), "needs the model's layers (give model.layers)")
     if par.vpp > 1 and par.pp == 1:
         raise SpecError("parallel.vpp", par.vpp, "interleaved stages need parallel.pp > 1; set vpp to 1 or raise pp")
     if par.sp and par.tp == 1:
         raise SpecError("parallel.sp", True, "sequence parallelism splits over the tensor-parallel group: needs parallel.tp > 1")
-    model_parallel = par.tp * par.pp
+    model_parallel = par.tp * par.pp * par.cp
+    named = "tp × pp" + (" × cp" if par.cp > 1 else "")
     if par.dp is None:
         if count % model_parallel:
             raise SpecError("parallel.tp", par.tp,
-                            f"tp × pp = {model_parallel} does not divide cluster.count = {count}; "
-                            f"pick tp × pp among {_listing(divisors(count))}")
+                            f"{named} = {model_parallel} does not divide cluster.count = {count}; "
+                            f"pick {named} among {_listing(divisors(count))}")
         par = dataclasses.replace(par, dp=count // model_parallel)
     elif par.dp * model_parallel != count:
         raise SpecError("parallel.dp", par.dp,
-                        f"dp × tp × pp = {par.dp} × {par.tp} × {par.pp} = {par.dp * model_parallel} "
-                        f"but cluster.count = {count}; with these tp and pp use dp = {count / model_parallel:g}"
+                        f"dp × {named} = {par.dp} × {par.tp} × {par.pp}{f' × {par.cp}' if par.cp > 1 else ''} = "
+                        f"{par.dp * model_parallel} "
+                        f"but cluster.count = {count}; with these use dp = {count / model_parallel:g}"
                         if count % model_parallel == 0 else
-                        f"dp × tp × pp = {par.dp * model_parallel} but cluster.count = {count}, "
-                        f"which tp × pp = {model_parallel} does not divide")
+                        f"dp × {named} = {par.dp * model_parallel} but cluster.count = {count}, "
+                        f"which {named} = {model_parallel} does not divide")
     if par.tp > cluster.gpus_per_node:
         notes.append(f"tp = {par.tp} crosses nodes of {cluster.gpus_per_node} devices: its all-reduces "
                      "run over the network")

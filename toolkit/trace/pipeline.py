@@ -39,9 +39,6 @@ def check_pipeline_traceable(job: Job, estimated_total_bytes: float) -> None:
         raise SpecError("precision.mode", job.precision.mode, "mixed-* modes follow Megatron's pipeline program, "
                                                               "which the tracer does not run; trace pipelines with "
                                                               "fp32, amp-* or pure-bf16 (torch's schedules)")
-    if job.model.layers % (par.pp * par.vpp):
-        raise SpecError("parallel.pp", par.pp, f"pp × vpp must divide model.layers = {job.model.layers} for equal "
-                                               "stages")
     if job.finetune.method != "full" or job.memory.act_compress != "none" or job.optimizer.name == "adamw-8bit":
         raise SpecError("finetune.method", job.finetune.method, "pipelines are traced with full fine-tuning, "
                                                                 "no activation compression, no 8-bit optimizer")

@@ -75,22 +75,22 @@ def shard_embedding_grad(model: nn.Module) -> None:
 
 class PipelineStage(nn.Module):
     """One pipeline stage of a GPT: the token (and learned position) embedding on the first, a contiguous run of
-    blocks, the final norm and output projection on the last. forward takes token ids (first stage) or the hidden
+    blocks (`sizes[stage]` of them: toolkit.specs.stages.chunk_layers), the final norm and output projection on the
+    last. forward takes token ids (first stage) or the hidden
     states the previous stage sent, and returns hidden states or, on the last stage, the logits. With tied
     embeddings the first and the last stage each hold the matrix (as Megatron does): the runner sums its two
     gradients (toolkit.train.pipeline), so both copies take the same steps."""
 
-    def __init__(self, model: nn.Module, stage: int, stages: int):
+    def __init__(self, model: nn.Module, stage: int, sizes: list[int]):
         super().__init__()
-        spec = model.spec
-        if spec.layers % stages:
-            raise ValueError(f"{spec.layers} layers do not split into {stages} equal pipeline stages")
-        per = spec.layers // stages
-        self.first, self.last = stage == 0, stage == stages - 1
+        if sum(sizes) != model.spec.layers:
+            raise ValueError(f"pipeline chunks of {sizes} layers do not add up to the model's {model.spec.layers}")
+        start = sum(sizes[:stage])
+        self.first, self.last = stage == 0, stage == len(sizes) - 1
         self.tok = model.tok if self.first else None
         self.pos = model.pos if self.first else None
         self.drop = model.drop if self.first else None
-        self.blocks = nn.ModuleList(model.blocks[stage * per:(stage + 1) * per])
+        self.blocks = nn.ModuleList(model.blocks[start:start + sizes[stage]])
         self.norm = model.norm if self.last else None
         self.head = model.head if self.last else None
         self.recompute = model.recompute

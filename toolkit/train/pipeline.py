@@ -4,7 +4,8 @@
     schedule = build_schedule(stages, job, device, group)  # GPipe, 1F1B or interleaved 1F1B (torch.distributed.pipelining)
     run_schedule(schedule, job, pp_rank, tokens, targets, losses)   # one step's forwards and backwards
 
-Under interleaving (vpp > 1) rank r holds chunks r, r + pp, r + 2·pp, ... of pp·vpp equal chunks. The loss is
+Under interleaving (vpp > 1) rank r holds chunks r, r + pp, r + 2·pp, ... of pp·vpp chunks (equal, or the first
+and last shorter when they do not divide the layers: toolkit.specs.stages). The loss is
 each micro-batch's mean cross-entropy and the schedule divides gradients by the number of micro-batches, which
 is what gradient accumulation does in one process. With tied embeddings the first and the last stage each keep
 the matrix; `sum_tied_grads` adds their gradients so the two copies take identical steps (Megatron's embedding
@@ -20,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..specs.job import Job
+from ..specs.stages import chunk_layers
 from .parallel import PipelineStage
 
 __all__ = ["stage_chunks", "split_stages", "stage_state_keys", "loss_fn", "stage_examples", "build_schedule", "run_schedule",
@@ -34,21 +36,27 @@ def stage_chunks(job: Job, pp_rank: int) -> list[int]:
 
 def split_stages(model: nn.Module, job: Job, pp_rank: int) -> nn.ModuleList:
     """This rank's chunks of the whole `model`; they share its parameters (the rest can be dropped)."""
-    chunks = job.parallel.pp * job.parallel.vpp
-    return nn.ModuleList(PipelineStage(model, chunk, chunks) for chunk in stage_chunks(job, pp_rank))
+    sizes = job_chunk_layers(job)
+    return nn.ModuleList(PipelineStage(model, chunk, sizes) for chunk in stage_chunks(job, pp_rank))
+
+
+def job_chunk_layers(job: Job) -> list[int]:
+    """Layers of each pipeline chunk, in model order (equal, or the first and last shorter: toolkit.specs.stages)."""
+    par = job.parallel
+    return chunk_layers(job.model.layers, par.pp, par.vpp, par.stage_layers)
 
 
 def stage_state_keys(stages: nn.ModuleList, job: Job, pp_rank: int) -> dict[str, str]:
     """{this rank's state-dict key: the whole model's key}: "1.blocks.0.attn.q.weight" on the second chunk of
     four 2-block chunks is "blocks.2.attn.q.weight"; embeddings, norm and head keep their names."""
-    per = job.model.layers // (job.parallel.pp * job.parallel.vpp)
+    sizes = job_chunk_layers(job)
     keys = {}
     for i, chunk in enumerate(stage_chunks(job, pp_rank)):
         for key in stages[i].state_dict():
             whole = key
             if key.startswith("blocks."):
                 _, index, rest = key.split(".", 2)
-                whole = f"blocks.{chunk * per + int(index)}.{rest}"
+                whole = f"blocks.{sum(sizes[:chunk]) + int(index)}.{rest}"
             keys[f"{i}.{key}"] = whole
     return keys
 
