@@ -79,6 +79,22 @@ def _axes(job: Job, devices: int, fixed: set[str]) -> dict:
     return axes
 
 
+def _resolve_base(base: Job, catalog: Catalog) -> Job:
+    """The search's starting job on its cluster. Its layout (all devices data-parallel) is only a start: when the
+    global batch does not split over every device (128 sequences of 128K tokens on 16,384 GPUs), resolve it on as
+    many devices as it does split over and put the count back; the grid keeps the layouts whose dp divides it."""
+    try:
+        return base.resolve(catalog)[0]
+    except SpecError as err:
+        batch, count = base.batch.global_batch, base.cluster.count
+        if err.field != "batch.global_batch" or batch is None or math.gcd(count, batch) == count:
+            raise
+        fewer = dataclasses.replace(base.cluster, count=math.gcd(count, batch))
+        resolved = base.replace(cluster=fewer).resolve(catalog)[0]
+        return resolved.replace(cluster=dataclasses.replace(resolved.cluster, count=count),
+                                parallel=dataclasses.replace(resolved.parallel, dp=count))
+
+
 def pareto_front(times: np.ndarray, costs: np.ndarray) -> np.ndarray:
     """Indices of the points no other point beats on both time and cost (sorted by time)."""
     order = np.lexsort((costs, times))
@@ -108,7 +124,7 @@ def search(job: Job, catalog: Catalog, *, gpus: tuple[int, str] | None = None, o
                                                         zero=0, offload="none"),
                            cost=dataclasses.replace(job.cost, offer=offer_name or job.cost.offer))
         try:
-            resolved, _notes = base.resolve(catalog)
+            resolved = _resolve_base(base, catalog)
         except SpecError as err:
             refusals.append(f"{count}x{accelerator}: {err}")
             continue
