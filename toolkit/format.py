@@ -192,6 +192,12 @@ def render_plan(result: dict) -> str:
                      money(p["cost"], p["currency"]) if p["cost"] is not None else "—"))
     widths = [max(len(r[c]) for r in rows) for c in range(len(head))]
     out += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    simulated = [(i, p["pipeline"]) for i, p in enumerate(result["plans"], 1)
+                 if (p.get("pipeline") or {}).get("simulated_s")]
+    if simulated:
+        out.append("  pipelines, closed form against the schedule simulator: " + "; ".join(
+            f"#{i} {pipe['closed_form_s']:.2f} vs {pipe['simulated_s']:.2f} s (bubble {pipe['bubble_fraction']:.0%})"
+            for i, pipe in simulated[:5]))
     if result["pareto"]:
         out += ["", "Pareto front (no plan is both faster and cheaper):"]
         out += [f"  {p['train_days']:,.1f} days, {money(p['cost'], p['currency'])}: {p['devices']}x{p['accelerator']}, "
