@@ -27,7 +27,8 @@ from .format import count, render_comparison, render_doctor, render_estimate, re
 from .specs import Job, SpecError, load_catalog
 from .specs.errors import MeasurementFailed, did_you_mean
 from .specs.fields import to_dict
-from .specs.job import Batch, Cluster, Cost, Finetune, MemoryOptions, Optimizer, Parallel, Precision, Training
+from .specs.job import (Batch, Cluster, Cost, Finetune, MemoryOptions, Optimizer, Overlap, Parallel, Precision,
+                        Training)
 from .specs.model import ModelSpec
 from .specs.yamlio import read_yaml
 
@@ -53,6 +54,9 @@ OVERRIDES = {
     "schedule": ("parallel", "schedule", Parallel),
     "zero": ("parallel", "zero", Parallel), "offload": ("parallel", "offload", Parallel),
     "backend": ("parallel", "backend", Parallel),
+    "overlap_grad_reduce": ("overlap", "grad_reduce", Overlap),
+    "overlap_param_gather": ("overlap", "param_gather", Overlap),
+    "overlap_tp_comm": ("overlap", "tp_comm", Overlap),
     "recompute": ("memory", "recompute", MemoryOptions), "act_compress": ("memory", "act_compress", MemoryOptions),
     "attention": ("memory", "attention", MemoryOptions),
     "headroom": ("memory", "headroom_fraction", MemoryOptions),
@@ -74,7 +78,8 @@ TRAIN_OVERRIDES = {
     "fp32_norm": ("training", "fp32_norm", Training), "loss_scale": ("training", "loss_scale", Training),
     "init_from": ("training", "init_from", Training),
 }
-_BOOLEAN = {"tie_embeddings", "sp", "spot", "fp32_norm", "fp8"}
+_BOOLEAN = {"tie_embeddings", "sp", "spot", "fp32_norm", "fp8", "overlap_grad_reduce", "overlap_param_gather",
+            "overlap_tp_comm"}
 _FLAG_OF_FIELD = {f"{sec}.{fld}" if sec else fld: "--" + flag.replace("_", "-")
                   for flag, (sec, fld, _cls) in {**OVERRIDES, **TRAIN_OVERRIDES}.items()}
 _FLAG_OF_FIELD.update({"cluster.count": "--gpus", "cluster.accelerator": "--gpus", "model.params": "--params",

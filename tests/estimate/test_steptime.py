@@ -174,3 +174,42 @@ def test_an_assumed_network_is_said_in_the_notes(catalog):
     assert len(notes(count=64)) == 1 and "200 Gb/s per device assumed" in notes(count=64)[0]
     assert notes(count=8) == []
     assert notes(count=64, inter_node_bw_bytes_per_s=8 * 25e9) == []
+
+
+def _comm(catalog, zero, mode, accum, **overlap):
+    job, hw = _job(catalog, precision={"mode": mode}, parallel={"zero": zero}, overlap=overlap,
+                   batch={"micro_batch": 1, "global_batch": 16 * accum})
+    return step_time(job, hw), job
+
+
+@pytest.mark.parametrize("zero, mode, every_micro_batch", [
+    (0, "amp-bf16", False),       # DDP: no_sync while accumulating, one all-reduce a step
+    (1, "amp-bf16", False),       # ZeroRedundancyOptimizer over DDP
+    (2, "amp-bf16", True),        # FSDP2: reduce-scatter and gather every micro-batch
+    (3, "amp-bf16", True),
+    (1, "mixed-bf16", False),     # DeepSpeed ZeRO-1: reduce once, gather after the step
+    (3, "mixed-bf16", True),      # DeepSpeed ZeRO-3: reduce-scatter every micro-batch, gather forward and backward
+])
+def test_each_backend_communicates_as_often_as_it_runs(catalog, zero, mode, every_micro_batch):
+    one, _ = _comm(catalog, zero, mode, 1)
+    eight, _ = _comm(catalog, zero, mode, 8)
+    ratio = float(eight.dp_comm_s / one.dp_comm_s)
+    assert ratio == pytest.approx(8 if every_micro_batch else 1, rel=0.01)
+
+
+def test_overlap_is_each_backends_default_and_the_runner_configures_the_same(catalog):
+    from toolkit.estimate.steptime import overlap_settings
+    from toolkit.trace.zero import deepspeed_config
+    torch_job = _comm(catalog, 0, "amp-bf16", 4)[1]
+    assert {k: bool(v) for k, v in overlap_settings(torch_job).items()} == {
+        "grad_reduce": True, "param_gather": True, "tp_comm": False}
+    megatron = _job(catalog, parallel={"tp": 2})[0]
+    assert not any(bool(v) for v in overlap_settings(megatron).values())
+    for given in (None, True):          # DeepSpeed's engine gets the overlap the estimate assumes
+        st, job = _comm(catalog, 3, "mixed-bf16", 4, grad_reduce=given)
+        assert deepspeed_config(job)["zero_optimization"]["overlap_comm"] == bool(overlap_settings(job)["grad_reduce"])
+    hidden, _ = _comm(catalog, 3, "mixed-bf16", 4, grad_reduce=True)
+    shown, _ = _comm(catalog, 3, "mixed-bf16", 4, grad_reduce=False)
+    assert hidden.dp_comm_s == shown.dp_comm_s and hidden.dp_comm_exposed_s < shown.dp_comm_exposed_s
+    none = _comm(catalog, 3, "mixed-bf16", 4, grad_reduce=False, param_gather=False)[0]
+    assert none.dp_comm_exposed_s == pytest.approx(none.dp_comm_s)      # nothing hidden: all of it shows

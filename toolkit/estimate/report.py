@@ -15,7 +15,8 @@ from .memory import memory_estimate, memory_notes
 from .params import count_params
 from .states import job_stage_layers, model_state_bytes, params_per_device
 from .spot import spot_run
-from .steptime import ASSUMED_NETWORK_BITS_PER_DEVICE, hardware_for, node_network_bytes_per_s, step_time
+from .steptime import (ASSUMED_NETWORK_BITS_PER_DEVICE, hardware_for, node_network_bytes_per_s, overlap_settings,
+                       step_time)
 
 __all__ = ["estimate"]
 
@@ -72,11 +73,14 @@ def estimate(job: Job, catalog: Catalog | None = None) -> dict:
                      "(DGX A100 class), not a published figure for this cluster: give "
                      "cluster.inter_node_bw_bytes_per_s or an offer (--offer) whose row has one")
     step = {"step_s": None, "tokens_per_s": None, "mfu_modelled": None, "hfu_modelled": None, "breakdown": None,
-            "gemm_efficiency": None}
+            "gemm_efficiency": None, "overlap": None}
     if steps is not None:
+        overlap = {k: bool(v) for k, v in overlap_settings(job).items()}
         step.update(step_s=steps.step_s, tokens_per_s=steps.tokens_per_s, mfu_modelled=steps.mfu,
                     hfu_modelled=steps.mfu * per_token.hardware / per_token.model, breakdown=steps.breakdown(),
-                    gemm_efficiency=steps.gemm_efficiency)
+                    gemm_efficiency=steps.gemm_efficiency, overlap=overlap)
+        if job.devices > 1:
+            notes.append(_overlap_note(job, overlap))
     if work is not None and peak is not None and job.mfu is not None:
         train_s = train_seconds(work, devices, peak, job.mfu)
         if total is None:
@@ -177,3 +181,14 @@ def _plain(value):
     if isinstance(value, (np.ndarray, np.generic)):
         return value.item()
     return value
+
+
+def _overlap_note(job: Job, overlap: dict) -> str:
+    """Which communication the step hides, and whether that is the backend's default or the job's choice."""
+    said = {"grad_reduce": job.overlap.grad_reduce, "param_gather": job.overlap.param_gather,
+            "tp_comm": job.overlap.tp_comm or None}
+    names = {"grad_reduce": "gradient reduce", "param_gather": "parameter gathers", "tp_comm": "tp collectives"}
+    parts = [f"{names[k]} {'overlapped' if v else 'not overlapped'}" + ("" if said[k] is not None else " (default)")
+             for k, v in overlap.items()]
+    return (f"communication as {job.backend}'s program runs it: " + ", ".join(parts)
+            + "; set overlap.grad_reduce / param_gather / tp_comm (--overlap-grad-reduce, ...) to change")

@@ -13,18 +13,22 @@ The step is built from parts, each from a published formula or a stated assumpti
 - memory-bound ops (norms, activations, residual adds, RoPE, softmax of eager attention):
   the bytes they read and write at HBM bandwidth;
 - tensor parallelism: 2 all-reduces of the block's activations in forward, 2 in backward
-  (Megatron), plus 2 per recomputed forward; not overlapped;
-- data parallelism: ring all-reduce 2(n−1)/n·S/B of the gradients (ZeRO-1/2: reduce-scatter +
-  all-gather, the same volume; ZeRO-3: 3(n−1)/n·S, ZeRO paper §7), overlapped with the last
-  micro-batch's backward bucket by bucket: the last bucket is always exposed, each bucket pays
-  the collective's latency (why 2–8 MB buckets beat one bucket and beat tiny ones);
-- the pipeline bubble: (p−1)/v micro-batch times of a stage (GPipe and 1F1B alike;
-  interleaved with v virtual stages), plus the point-to-point sends;
+  (Megatron), plus 2 per recomputed forward; hidden behind the matmuls only with overlap.tp_comm;
+- context parallelism: each rank keeps seq/cp tokens; a ring passes keys and values, hidden
+  behind the attention products where they are long enough;
+- data parallelism as each backend runs it (`_data_parallel_s`): DDP and Megatron reduce once a
+  step, FSDP2 and DeepSpeed ZeRO-2/3 every micro-batch; ZeRO-3 gathers parameters every
+  micro-batch, ZeRO-1/2 once after the step. What hides behind backward or forward, bucket by
+  bucket (the last bucket always shows, each pays the collective's latency: why 2–8 MB buckets
+  beat one bucket and beat tiny ones), is job.overlap, each backend's default when unset;
+- pipelines: each rank's time is its blocks (and on the last the output projection); the busiest
+  runs every micro-batch, the others' times fill and drain the pipe ((p−1)/v stage times when the
+  stages are equal), plus the point-to-point sends;
 - the optimizer step: its state bytes read and written at HBM bandwidth (on the host with offload,
   plus the PCIe transfers of gradients and parameters).
 
-Collectives cross the intra-node link when the group fits in a node (tp innermost, then dp, then
-pp, as Megatron places ranks), else each device gets its share of the node's network. The figures
+Collectives cross the intra-node link when the group fits in a node (tp innermost, then cp, dp,
+then pp, as Megatron places ranks), else each device gets its share of the node's network. The figures
 marked as assumptions below are not published per device; `benchmarks/steptime_checks.py`
 compares the resulting MFU with published runs. Every function accepts array-valued layouts.
 """
@@ -315,9 +319,12 @@ def step_time(job: Job, hw: Hardware, a: Assumptions = Assumptions()) -> StepTim
     block_s, head_s, attention_s = _compute_s(job, hw, a, micro_tokens / cp, eff)
     ring_s = _ring_attention_s(job, a, micro_tokens, attention_s, bw(cp_inside))
 
+    overlap_tp = overlap_settings(job)["tp_comm"]
+
     def stage(layers, owns_head):
-        return (block_s * layers + np.where(owns_head | single, head_s, 0.0),
-                bytes_layer * layers / hw.memory_bw_bytes_per_s, tp_layer_s * layers, ring_s * layers)
+        matmuls_s = block_s * layers + np.where(owns_head | single, head_s, 0.0)
+        tp_s = np.where(overlap_tp, np.maximum(tp_layer_s * layers - matmuls_s, 0.0), tp_layer_s * layers)
+        return matmuls_s, bytes_layer * layers / hw.memory_bw_bytes_per_s, tp_s, ring_s * layers
 
     first, middle, last = job_stage_layers(job)
     parts = [stage(first, False), stage(middle, False), stage(last, True)]
@@ -326,6 +333,7 @@ def step_time(job: Job, hw: Hardware, a: Assumptions = Assumptions()) -> StepTim
                        np.where((pp > 2) & (totals[1] > totals[0]), 1, 0))
     pick = lambda i: np.choose(busiest, [p[i] for p in parts])  # noqa: E731
     compute_s, memory_s, tp_s, cp_s = (pick(i) * accum for i in range(4))
+    pick_layers = np.choose(busiest, [first, middle, last])
     per_micro_s = np.choose(busiest, totals)
 
     # ---- the pipeline: the busiest rank runs every micro-batch; the others' times fill and drain it ------
@@ -343,18 +351,8 @@ def step_time(job: Job, hw: Hardware, a: Assumptions = Assumptions()) -> StepTim
     trainable = _trainable(job)
     grad_bytes = trainable * grad_b
     replicas = dp * cp
-    volume = np.where(zero == 3, 3.0, 2.0)              # ring all-reduce = reduce-scatter + all-gather
-    buckets = np.maximum(np.ceil(grad_bytes / a.bucket_bytes), 1)
-    dp_s = _ring_s(volume, grad_bytes, replicas, bw(dp_inside), a) \
-        + buckets * _latency_s(replicas, np.maximum(g // tp, 1), a)
-    last_backward_s = (compute_s + memory_s) / accum * 2 / 3          # backward ≈ 2/3 of a micro-batch
-    overlappable = np.where(zero == 3, (compute_s + memory_s), last_backward_s)
-    # the last bucket (ZeRO-3: the first gather) cannot hide; the rest hides behind backward (or all compute)
-    exposed = np.maximum(dp_s - overlappable * (1 - 1 / buckets), dp_s / buckets)
-    if job.precision.mode in TORCH_SEMANTICS:            # ZeroRedundancyOptimizer's parameter broadcast is not hidden
-        exposed = exposed + np.where(zero == 1, _ring_s(1.0, trainable * weight_b, replicas, bw(dp_inside), a)
-                                     + _latency_s(replicas, np.maximum(g // tp, 1), a) / 2, 0.0)
-    exposed = np.where(replicas > 1, exposed, 0.0)
+    dp_s, exposed = _data_parallel_s(job, hw, a, trainable, replicas, bw(dp_inside), accum,
+                                     (compute_s + memory_s) / accum, np.maximum(pick_layers, 1))
 
     # ---- optimizer -----------------------------------------------------------------------------
     states = model_state_bytes(job)
@@ -370,7 +368,67 @@ def step_time(job: Job, hw: Hardware, a: Assumptions = Assumptions()) -> StepTim
                     dp_comm_exposed_s=exposed, pp_comm_s=pp_s, bubble_s=bubble_s, optimizer_s=optimizer_s,
                     model_flops=per_token.model * tokens_step, tokens=tokens_step, devices=devices,
                     peak_flops=hw.peak_flops, gemm_efficiency=eff,
-                    dp_comm_s=np.where(replicas > 1, dp_s, 0.0), stage_micro_s=tuple(totals))
+                    dp_comm_s=dp_s, stage_micro_s=tuple(totals))
+
+
+def _backends(job: Job):
+    """(megatron, deepspeed, torch) over a layout grid: which program each layout follows (Job.backend)."""
+    par = job.parallel
+    zero = np.asarray(par.zero)
+    megatron = _is_megatron(job)
+    if par.backend is not None:
+        deepspeed = np.asarray(par.backend == "deepspeed")
+    else:
+        deepspeed = ~megatron & (job.precision.mode not in TORCH_SEMANTICS) & (zero > 0)
+    return megatron, deepspeed, ~megatron & ~deepspeed
+
+
+def overlap_settings(job: Job) -> dict:
+    """The communication each layout hides behind compute: job.overlap where given, else its backend's default
+    (torch: DDP and FSDP2 overlap reduce and prefetch gathers; DeepSpeed as the toolkit configures it: ZeRO-3's
+    prefetch only; Megatron: nothing unless asked). Arrays over a grid, booleans for one job."""
+    zero = np.asarray(job.parallel.zero)
+    _megatron, deepspeed, torch_ = _backends(job)
+    ov = job.overlap
+    grad = torch_ if ov.grad_reduce is None else np.asarray(ov.grad_reduce)
+    gather = torch_ | (deepspeed & (zero == 3)) if ov.param_gather is None else np.asarray(ov.param_gather)
+    return {"grad_reduce": grad, "param_gather": gather, "tp_comm": np.asarray(ov.tp_comm)}
+
+
+def _data_parallel_s(job: Job, hw: Hardware, a: Assumptions, trainable, n, bw, accum, micro_s, units):
+    """(all, exposed) seconds of gradient reduction and parameter gathers over n replicas, as each backend runs
+    them: DDP all-reduces once a step (no_sync while accumulating), Megatron and DeepSpeed ZeRO-1 reduce(-scatter)
+    once a step; FSDP2 and DeepSpeed ZeRO-2/3 reduce-scatter every micro-batch. FSDP2 gathers every micro-batch's
+    forward (its ZeRO-3 again in backward), DeepSpeed ZeRO-3 forward and backward; ZeRO-1/2 and Megatron's
+    distributed optimizer gather the updated shards once after the step (torch's ZeRO-1 broadcasts them).
+    Overlapped, a collective hides bucket by bucket (a gather: block by block) behind its micro-batch's backward
+    (a gather: its compute; after the step: the next forward); the last bucket always shows."""
+    zero = np.asarray(job.parallel.zero)
+    _megatron, deepspeed, torch_ = _backends(job)
+    ov = overlap_settings(job)
+    weight_b, grad_b, _o = bytes_per_param(job)
+    gather_b = np.where(torch_ & (zero >= 2) & job.precision.mode.startswith("amp-"), 2, weight_b)  # FSDP2's bf16
+    g = hw.gpus_per_node
+    latency = _latency_s(n, np.maximum(g // np.asarray(job.parallel.tp), 1), a)
+    grad_bytes = trainable * grad_b
+    buckets = np.maximum(np.ceil(grad_bytes / a.bucket_bytes), 1)
+    reduce_s = _ring_s(np.where((zero == 0) | (torch_ & (zero == 1)), 2.0, 1.0), grad_bytes, n, bw, a) \
+        + buckets * latency
+    reduce_events = np.where((torch_ | deepspeed) & (zero >= 2), accum, 1)
+    hidden = np.maximum(reduce_s - micro_s * 2 / 3 * (1 - 1 / buckets), reduce_s / buckets)
+    reduce_exposed = reduce_events * np.where(ov["grad_reduce"], hidden, reduce_s)
+
+    gather_s = _ring_s(1.0, trainable * gather_b, n, bw, a) + units * latency
+    per_micro = np.where((zero == 3) & (torch_ | deepspeed), 2, np.where((zero == 2) & torch_, 1, 0))
+    micro_gathers = per_micro * gather_s                  # one micro-batch's gathers
+    micro_exposed = np.where(ov["param_gather"], np.maximum(micro_gathers - micro_s * (1 - 1 / units),
+                                                            micro_gathers / units), micro_gathers)
+    after_step = (zero >= 1) & (per_micro == 0)
+    ahead = ov["param_gather"] & ~(torch_ & (zero == 1))  # ZeroRedundancyOptimizer's broadcast never hides
+    after_exposed = np.where(ahead, np.maximum(gather_s - micro_s / 3 * (1 - 1 / units), gather_s / units), gather_s)
+    total = reduce_events * reduce_s + accum * micro_gathers + np.where(after_step, gather_s, 0.0)
+    exposed = reduce_exposed + accum * micro_exposed + np.where(after_step, after_exposed, 0.0)
+    return np.where(n > 1, total, 0.0), np.where(n > 1, exposed, 0.0)
 
 
 def _trainable(job: Job):

@@ -20,7 +20,7 @@ from .hf_config import model_from_hf_config
 from .model import ModelSpec
 from .yamlio import read_yaml
 
-__all__ = ["Batch", "Precision", "Optimizer", "Parallel", "MemoryOptions", "Cluster", "Cost", "Finetune", "Job",
+__all__ = ["Batch", "Precision", "Optimizer", "Parallel", "MemoryOptions", "Overlap", "Cluster", "Cost", "Finetune", "Job",
            "Pruning", "Training",
            "LORA_TARGETS",
            "PRECISIONS", "TORCH_SEMANTICS", "compute_dtype", "infer_backend"]
@@ -102,6 +102,24 @@ class Parallel:
     backend: Literal["torch", "deepspeed", "megatron"] | None = None
     """The framework whose program runs the layout; None = inferred (`infer_backend`): mixed-* with tp or pp is
     Megatron's, mixed-* with ZeRO over dp DeepSpeed's, everything else torch's (DDP, FSDP2, DTensor, pipelining)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Overlap:
+    """Which communication hides behind compute: a setting of each framework, not of the layout. None = the backend's
+    default (toolkit.estimate.steptime.overlap_settings), said in the estimate's notes."""
+    grad_reduce: bool | None = None
+    """Gradient all-reduce or reduce-scatter during backward, bucket by bucket. Defaults: torch yes (DDP's buckets,
+    FSDP2's reduce-scatter stream); DeepSpeed no (the toolkit's config sets overlap_comm false; DeepSpeed's own
+    default is true for ZeRO-3 only); Megatron no (--overlap-grad-reduce is off unless given)."""
+    param_gather: bool | None = None
+    """Parameter all-gathers prefetched behind compute: ZeRO-3's and FSDP2's per micro-batch, or the all-gather
+    after the step of ZeRO-1/2 and Megatron's distributed optimizer (behind the next forward). Defaults: torch yes
+    (FSDP2 prefetches); DeepSpeed ZeRO-3 yes (its prefetch bucket), ZeRO-1/2 no; Megatron no
+    (--overlap-param-gather is off unless given)."""
+    tp_comm: bool = False
+    """Tensor-parallel collectives overlapped with the matmuls (Megatron's --tp-comm-overlap, Transformer Engine's
+    userbuffers); off by default everywhere (torch's DTensor plan runs them in turn)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -234,6 +252,7 @@ class Job:
     optimizer: Optimizer = field(default_factory=Optimizer)
     parallel: Parallel = field(default_factory=Parallel)
     memory: MemoryOptions = field(default_factory=MemoryOptions)
+    overlap: Overlap = field(default_factory=Overlap)
     cluster: Cluster = field(default_factory=Cluster)
     cost: Cost = field(default_factory=Cost)
     finetune: Finetune = field(default_factory=Finetune)

@@ -44,7 +44,7 @@ def deepspeed_config(job: Job) -> dict:
     bucket = int(job.training.bucket_cap_mb * 2**20 / 2)
     half = "bf16" if job.precision.mode.endswith("bf16") else "fp16"
     zero = {"stage": job.parallel.zero, "reduce_bucket_size": bucket, "allgather_bucket_size": bucket,
-            "contiguous_gradients": True, "overlap_comm": False}
+            "contiguous_gradients": True, "overlap_comm": job.overlap.grad_reduce is True}   # (estimate: the same)
     if job.parallel.offload == "optimizer":     # ZeRO-Offload: fp32 states, gradients and the step on the host
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     if job.parallel.zero == 3:
