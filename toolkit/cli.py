@@ -21,6 +21,7 @@ import re
 import sys
 from typing import Literal, get_args, get_origin, get_type_hints
 
+from .cli_calibrate import add_calibrate_parser, cmd_calibrate
 from .cli_pipeline import add_pipeline_parser, cmd_pipeline
 from .estimate import count_params, estimate
 from .format import count, render_comparison, render_doctor, render_estimate, render_plan
@@ -144,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--run", metavar="DIR", help="diagnose the metrics of this run folder instead")
 
     add_pipeline_parser(sub)
+    add_calibrate_parser(sub)
 
     train = sub.add_parser("train", help="train the job for real (CPU processes or GPUs), streaming metrics",
                            description="Train the job with accelerate: checkpoints and metrics.jsonl under --out; "
@@ -274,7 +276,7 @@ def cmd_compare(args) -> int:
     from .trace.report import compare_memory, compare_run
     if args.run:
         from .format import render_run_comparison
-        result = compare_run(args.run)
+        result = compare_run(args.run, args.catalog)
         print(json.dumps(result, indent=2, ensure_ascii=False) if args.json else render_run_comparison(result))
         return 0
     catalog = load_catalog(*args.catalog)
@@ -407,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         commands = {"estimate": cmd_estimate, "trace": cmd_trace, "compare": cmd_compare, "catalog": cmd_catalog,
                     "train": cmd_train, "data": cmd_data, "plan": cmd_plan, "doctor": cmd_doctor,
-                    "pipeline": cmd_pipeline}
+                    "pipeline": cmd_pipeline, "calibrate": cmd_calibrate}
         return commands[args.command](args)
     except SpecError as err:
         print(f"toolkit {args.command}: error: {_flag_hint(err)}", file=sys.stderr)

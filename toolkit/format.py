@@ -35,7 +35,8 @@ def _rows(rows: list[tuple[str, str]], indent: str = "  ") -> list[str]:
     return [f"{indent}{k:<{width}}  {v}" for k, v in rows]
 
 
-_PART_NAMES = {"compute_s": "compute", "memory_bound_s": "memory-bound", "tp_comm_s": "tp comm",
+_PART_NAMES = {"compute_s": "compute", "memory_bound_s": "memory-bound", "overhead_s": "per-op overhead",
+               "tp_comm_s": "tp comm",
                "cp_comm_s": "cp ring", "dp_comm_exposed_s": "dp comm (exposed)", "pp_comm_s": "pp sends", "bubble_s": "bubble",
                "optimizer_s": "optimizer"}
 

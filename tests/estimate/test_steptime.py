@@ -139,7 +139,7 @@ def test_estimate_uses_the_model_when_no_mfu_is_given(catalog):
     modelled = estimate(Job.from_dict(data, catalog), catalog)["time"]
     assert modelled["mfu_source"] == "step-time model"
     assert modelled["train_s"] == pytest.approx(1e9 / modelled["tokens_per_s"])
-    assert set(modelled["breakdown"]) == {"compute_s", "memory_bound_s", "tp_comm_s", "cp_comm_s",
+    assert set(modelled["breakdown"]) == {"compute_s", "memory_bound_s", "overhead_s", "tp_comm_s", "cp_comm_s",
                                           "dp_comm_exposed_s", "pp_comm_s", "bubble_s", "optimizer_s"}
     given = estimate(Job.from_dict({**data, "mfu": 0.5}, catalog), catalog)["time"]
     assert given["mfu"] == 0.5 and given["mfu_source"] == "given" and given["step_s"] == modelled["step_s"]

@@ -34,11 +34,13 @@ compares the resulting MFU with published runs. Every function accepts array-val
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..specs.catalog import Catalog
+from ..specs.errors import SpecError
 from ..specs.job import TORCH_SEMANTICS, Job, compute_dtype
 from .flops import flops_per_token
 from .memory import optimizer_impl
@@ -70,6 +72,20 @@ class Assumptions:
     """Parameters a host CPU steps with Adam per second per device (DeepSpeed's CPU-Adam order of magnitude)."""
     bucket_bytes: float = 25 * 2**20
     """DDP gradient bucket (torch's default 25 MB); the runner's training.bucket_cap_mb sets it."""
+    attention_fraction: float | None = None
+    """Share of peak a fused (flash) attention kernel reaches; None = gemm_fraction. Measured by calibrate
+    (a CPU's flash kernel runs far below its matmuls)."""
+    optimizer_params_per_s: float | None = None
+    """Parameters the device's optimizer steps per second; None = its states' bytes at memory bandwidth (a GPU's
+    step is bound by them; a CPU's by its arithmetic, which calibrate measures)."""
+    comm_overlaps_compute: bool = True
+    """Collectives run beside compute (a GPU's copy engines and NCCL's own SMs). On a CPU the same cores do both,
+    so nothing hides: calibrate sets it false there."""
+    op_overhead_s: float = 0.0
+    """Fixed cost of one operation (dispatch, autograd, a kernel launch), per op unit: a forward op counts one,
+    its backward two. 0 for catalog accelerators, whose asynchronous launches hide behind the previous kernel
+    at training sizes; `toolkit calibrate` measures it where it shows (a CPU: ~8 µs, far above a small model's
+    kernels)."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +100,8 @@ class Hardware:
     gpus_per_node: int
     matmul_peak_flops: float | None = None
     """Peak the matmuls run at when it differs (FP8 matmuls with bf16 everything else); None = peak_flops."""
+    assumptions: Assumptions | None = None
+    """Figures measured on this device (its catalog row's `assumptions`), used in place of the defaults."""
 
     @property
     def gemm_peak(self) -> float:
@@ -110,13 +128,23 @@ def hardware_for(job: Job, catalog: Catalog) -> Hardware | None:
     peak = acc.peak_flops(compute_dtype(job.precision.mode))
     cl = job.cluster
     intra = cl.intra_node_bw_bytes_per_s or (acc.link_bw_bytes_per_s / 2 if acc.link_bw_bytes_per_s else None)
+    if intra is None and cl.count == 1:
+        intra = float("inf")                  # one device sends nothing: an unknown link does not matter
     node_net = node_network_bytes_per_s(job, catalog) or ASSUMED_NETWORK_BITS_PER_DEVICE / 8 * cl.gpus_per_node
     if peak is None or acc.memory_bw_bytes_per_s is None or intra is None:
         return None
     fp8 = acc.peak_flops("fp8") if job.precision.fp8 else None
+    measured = None
+    if acc.assumptions:
+        known = {f.name for f in dataclasses.fields(Assumptions)}
+        wrong = sorted(set(acc.assumptions) - known)
+        if wrong:
+            raise SpecError(f"{acc.name}.assumptions.{wrong[0]}", acc.assumptions[wrong[0]],
+                            f"unknown figure; allowed: {', '.join(sorted(known))}")
+        measured = dataclasses.replace(Assumptions(), **acc.assumptions)
     return Hardware(peak_flops=peak, memory_bw_bytes_per_s=acc.memory_bw_bytes_per_s, intra_bw_bytes_per_s=intra,
                     inter_bw_bytes_per_s=node_net / cl.gpus_per_node, gpus_per_node=cl.gpus_per_node,
-                    matmul_peak_flops=fp8)
+                    matmul_peak_flops=fp8, assumptions=measured)
 
 
 @dataclass(frozen=True)
@@ -125,6 +153,8 @@ class StepTime:
     """Matmuls (with recompute) of all micro-batches, at the shape-dependent efficiency."""
     memory_bound_s: float
     """Element-wise and normalisation kernels of all micro-batches."""
+    overhead_s: float
+    """The fixed cost of every operation of the step (Assumptions.op_overhead_s; 0 on catalog accelerators)."""
     tp_comm_s: float
     """Tensor-parallel all-reduces (not overlapped)."""
     cp_comm_s: float
@@ -152,8 +182,8 @@ class StepTime:
 
     @property
     def step_s(self):
-        return (self.compute_s + self.memory_bound_s + self.tp_comm_s + self.cp_comm_s + self.dp_comm_exposed_s
-                + self.pp_comm_s + self.bubble_s + self.optimizer_s)
+        return (self.compute_s + self.memory_bound_s + self.overhead_s + self.tp_comm_s + self.cp_comm_s
+                + self.dp_comm_exposed_s + self.pp_comm_s + self.bubble_s + self.optimizer_s)
 
     @property
     def tokens_per_s(self):
@@ -165,8 +195,8 @@ class StepTime:
 
     def breakdown(self) -> dict:
         """Seconds per part (the keys of the JSON contract's `time.breakdown`)."""
-        parts = ("compute_s", "memory_bound_s", "tp_comm_s", "cp_comm_s", "dp_comm_exposed_s", "pp_comm_s",
-                 "bubble_s", "optimizer_s")
+        parts = ("compute_s", "memory_bound_s", "overhead_s", "tp_comm_s", "cp_comm_s", "dp_comm_exposed_s",
+                 "pp_comm_s", "bubble_s", "optimizer_s")
         return {name: getattr(self, name) for name in parts}
 
 
@@ -197,7 +227,7 @@ def _attention_efficiency(job: Job, hw: Hardware, a: Assumptions):
     probs·v are two batched matmuls with an inner or outer dimension of one head (d = 64–128): on an A100
     (ridge ~150 FLOP/byte in 16 bits) they are bound by memory, not by FLOPs."""
     if job.memory.attention != "eager":
-        return a.gemm_fraction
+        return a.gemm_fraction if a.attention_fraction is None else a.attention_fraction
     m = job.model
     s, d = m.seq_len, m.head_dim_
     elem = 4 if job.precision.mode == "fp32" else 2
@@ -288,8 +318,10 @@ def _latency_s(n, gpus_per_node: int, a: Assumptions):
                     0.0)
 
 
-def step_time(job: Job, hw: Hardware, a: Assumptions = Assumptions()) -> StepTime:
-    """Seconds of one optimizer step of a resolved job (layout fields may be numpy arrays)."""
+def step_time(job: Job, hw: Hardware, a: Assumptions | None = None) -> StepTime:
+    """Seconds of one optimizer step of a resolved job (layout fields may be numpy arrays). `a`: the figures
+    no datasheet gives; default the device's measured ones (hw.assumptions), else Assumptions()."""
+    a = a or hw.assumptions or Assumptions()
     m, par = job.model, job.parallel
     dp, tp, pp, vpp, cp = (np.asarray(x) for x in (par.dp, par.tp, par.pp, par.vpp, par.cp))
     zero, offload = np.asarray(par.zero), np.asarray(par.offload)
@@ -345,6 +377,8 @@ def step_time(job: Job, hw: Hardware, a: Assumptions = Assumptions()) -> StepTim
     pp_latency = np.where(pp_inside, a.latency_intra_s, a.latency_inter_s)
     pp_s = np.where(pp > 1, 2 * accum * vpp * (block_act / tp / (pp_bw * a.link_efficiency) + pp_latency), 0.0)
 
+    overhead_s = _overhead_s(job, a, pick_layers, accum, single | (busiest == 2))
+
     # ---- data parallel / ZeRO: over dp × cp (context-parallel ranks hold the same weights) ----------------
     _w, grad_b, _o = bytes_per_param(job)
     weight_b = _w
@@ -359,16 +393,33 @@ def step_time(job: Job, hw: Hardware, a: Assumptions = Assumptions()) -> StepTim
     impl_factor = 1.0 if optimizer_impl(job) == "fused" else 1.5      # unfused: temporaries re-read
     device_opt_s = 2 * impl_factor * (states.params_bytes + states.grads_bytes + states.optimizer_bytes) \
         / hw.memory_bw_bytes_per_s
+    if a.optimizer_params_per_s:                     # measured: the step's arithmetic, not its bytes, bounds it
+        device_opt_s = np.maximum(device_opt_s, trainable / np.where(zero >= 1, replicas, 1) / a.optimizer_params_per_s)
     shard = np.where(zero >= 1, replicas, 1)
     host_opt_s = trainable / shard / a.host_adam_params_per_s + (grad_bytes + trainable * weight_b) / shard \
         / a.pcie_bytes_per_s
     optimizer_s = np.where(offload != "none", host_opt_s, device_opt_s)
 
-    return StepTime(compute_s=compute_s, memory_bound_s=memory_s, tp_comm_s=tp_s, cp_comm_s=cp_s,
+    return StepTime(compute_s=compute_s, memory_bound_s=memory_s, overhead_s=overhead_s, tp_comm_s=tp_s, cp_comm_s=cp_s,
                     dp_comm_exposed_s=exposed, pp_comm_s=pp_s, bubble_s=bubble_s, optimizer_s=optimizer_s,
                     model_flops=per_token.model * tokens_step, tokens=tokens_step, devices=devices,
                     peak_flops=hw.peak_flops, gemm_efficiency=eff,
                     dp_comm_s=dp_s, stage_micro_s=tuple(totals))
+
+
+def _overhead_s(job: Job, a: Assumptions, layers, accum, owns_head):
+    """Fixed costs of the step's operations on the busiest rank, in op units (a forward op one, its backward two):
+    each block's forward ops (two norms, q, k, v, o, the attention core, two residual adds, the MLP's two or
+    three linears and its activation, dropouts, rotary embeddings) three times a micro-batch, once more under
+    full recompute; the embedding, the head and the loss; and once a step, the optimizer's ops on each tensor
+    (torch's for-loop AdamW: about eight per tensor; foreach and fused: a few per step)."""
+    m = job.model
+    block_ops = 14 + (2 if m.mlp == "swiglu" else 0) + (2 if m.dropout > 0 else 0) + (8 if m.position == "rope" else 0)
+    again = np.where(np.asarray(job.memory.recompute) == "full", block_ops, 0)
+    micro_units = layers * (3 * block_ops + again) + 3 * 3 + np.where(owns_head, 3 * 4, 0)
+    tensors = layers * (10 if m.bias == "all" else 8) + 4
+    optimizer_units = np.where(optimizer_impl(job) == "for-loop", 8 * tensors, 24)
+    return (accum * micro_units + optimizer_units) * a.op_overhead_s
 
 
 def _backends(job: Job):
@@ -406,6 +457,8 @@ def _data_parallel_s(job: Job, hw: Hardware, a: Assumptions, trainable, n, bw, a
     zero = np.asarray(job.parallel.zero)
     _megatron, deepspeed, torch_ = _backends(job)
     ov = overlap_settings(job)
+    if not a.comm_overlaps_compute:
+        ov = {k: np.asarray(False) for k in ov}
     weight_b, grad_b, _o = bytes_per_param(job)
     gather_b = np.where(torch_ & (zero >= 2) & job.precision.mode.startswith("amp-"), 2, weight_b)  # FSDP2's bf16
     g = hw.gpus_per_node

@@ -9,7 +9,7 @@ import dataclasses
 import functools
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from .errors import SpecError, did_you_mean
 from .fields import from_dict
@@ -41,6 +41,9 @@ class Accelerator:
     aliases: tuple[str, ...] = ()
     flags: str | None = None
     notes: str | None = None
+    assumptions: dict[str, Any] | None = None
+    """Figures measured on this device that replace the step-time model's assumptions (toolkit calibrate writes
+    them: gemm_fraction, link_efficiency, latency_intra_s, op_overhead_s, ...)."""
 
     def peak_flops(self, dtype: str) -> float | None:
         """Dense peak in FLOP/s for `dtype`, or None when unknown or unsupported."""

@@ -32,9 +32,10 @@ MeasureRank = Callable[[Job, int, int], TraceResult]
 
 
 def trace_on_ranks(measure: MeasureRank, job: Job, world: int, program: str, role: str,
-                   shrink: str) -> list[TraceResult]:
+                   shrink: str, result: Callable = TraceResult) -> list:
     """Every rank's measurement, rank 0 first. `program` and `role` name the trace and a rank in messages
-    ("pipeline", "stage"); `shrink` says what to make smaller when a rank is killed (usually for memory)."""
+    ("pipeline", "stage"); `shrink` says what to make smaller when a rank is killed (usually for memory).
+    `result` builds a rank's answer from its fields (a TraceResult; `dict` for other measurements)."""
     with tempfile.TemporaryDirectory() as out:
         # this process hosts the ranks' rendezvous on a port it holds from the start (a port picked, released and
         # bound again by rank 0 could be taken meanwhile by another run on the machine)
@@ -49,7 +50,7 @@ def trace_on_ranks(measure: MeasureRank, job: Job, world: int, program: str, rol
         except (mp.ProcessRaisedException, mp.ProcessExitedException) as failure:   # a rank failed, or was killed
             raise MeasurementFailed(f"{program} trace failed on {_first_failure(context, out, role, shrink)}") \
                 from failure
-        return [TraceResult(**json.loads(Path(out, f"{role}{rank}.json").read_text())) for rank in range(world)]
+        return [result(**json.loads(Path(out, f"{role}{rank}.json").read_text())) for rank in range(world)]
 
 
 def _first_failure(context, out: str, role: str, shrink: str) -> str:
@@ -86,7 +87,8 @@ def _rank_main(rank: int, measure: MeasureRank, job_dict: dict, world: int, port
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
     try:
         result = measure(Job.from_dict(job_dict), rank, world)
-        Path(out, f"{role}{rank}.json").write_text(json.dumps(dataclasses.asdict(result)))
+        fields = result if isinstance(result, dict) else dataclasses.asdict(result)
+        Path(out, f"{role}{rank}.json").write_text(json.dumps(fields))
         dist.barrier()                  # no rank closes its connections while another still sends
     except BaseException:
         Path(out, f"{role}{rank}.err").write_text(traceback.format_exc())   # the first failure, not its echoes

@@ -71,10 +71,11 @@ def _traced_peak(traced, stage: int):
     return stages[stage] if stages and stage < len(stages) else traced.peak_bytes
 
 
-def compare_run(out_dir) -> dict:
+def compare_run(out_dir, catalog_files=()) -> dict:
     """A finished (or running) `toolkit train` folder: estimate, trace and measured memory per rank, and modelled
     against measured step time. error = (estimate − measured) / measured. The trace is None where the tracer
-    does not cover the layout (`trace_note` says why)."""
+    does not cover the layout (`trace_note` says why). `catalog_files` (a `toolkit calibrate` profile) give the
+    step-time model this machine's figures: a run on no catalog accelerator is modelled on the profile's."""
     import statistics
     from pathlib import Path
 
@@ -85,7 +86,12 @@ def compare_run(out_dir) -> dict:
     out = Path(out_dir)
     if not (out / "job.yaml").is_file():
         raise SpecError("--run", str(out), "holds no job.yaml: give the --out folder of a `toolkit train` run")
-    job, _notes = Job.from_yaml(out / "job.yaml").resolve(load_catalog())
+    catalog = load_catalog(*catalog_files)
+    job, _notes = Job.from_yaml(out / "job.yaml", catalog).resolve(catalog)
+    profiled = _profile_accelerators(catalog_files)
+    if job.cluster.accelerator is None and len(profiled) == 1:      # the run's own program, this machine's figures
+        job = job.replace(cluster=dataclasses.replace(job.cluster, accelerator=profiled[0]))
+        job, _notes = job.resolve(catalog)
     try:
         traced, trace_note = trace_memory(job), None
     except SpecError as err:
@@ -106,7 +112,17 @@ def compare_run(out_dir) -> dict:
     recorded = max((max(r["steps"]) for r in ranks), default=0)
     steady = [r["time_s"] for r in read_metrics(out / "metrics.jsonl") if r["step"] > recorded and r.get("time_s")]
     measured_s = statistics.median(steady) if steady else None
-    estimated_s = estimate(job)["time"].get("step_s")
+    estimated_s = estimate(job, catalog)["time"].get("step_s")
     return {"run": str(out), "job": job.to_dict(), "ranks": ranks, "trace_note": trace_note,
             "time": {"step_s": {"estimate": estimated_s, "measured": measured_s,
                                 "error": _error(estimated_s, measured_s)}}}
+
+
+def _profile_accelerators(files) -> list[str]:
+    """Names of the accelerator rows the given catalog files define."""
+    from ..specs.yamlio import read_yaml
+    names = []
+    for path in files:
+        data = read_yaml(path, what="catalog file") or {}
+        names += [row["name"] for row in data.get("accelerators") or [] if isinstance(row, dict) and "name" in row]
+    return names

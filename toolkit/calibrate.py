@@ -1,0 +1,230 @@
+"""Measure this machine's figures and write them as a catalog row the step-time model can use.
+
+    toolkit calibrate --nproc 2 --config job.yaml --out profile.yaml
+    toolkit compare --run runs/demo --catalog profile.yaml     # the model with these figures against the run
+
+Every rank measures at once (as in training, every rank busy, each with the runner's thread count): matmuls at
+the job's shapes and dtype (or a sweep of square shapes without a job), the memory bandwidth of a large
+element-wise op, the fixed cost of one operation (a tiny op's forward and backward through autograd), and
+collectives on the process group (all-reduces from 4 KiB to 16 MiB, fitted as latency + bytes / bandwidth).
+The row's peak is the job's matmuls' rate (forward and backward products at its shapes, their FLOPs over their
+time), so the profile sets the model's `gemm_fraction` to 1 (the roofline still slows thin shapes) and `link_efficiency` to 1 (the bandwidth is the one achieved).
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import platform
+import statistics
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import yaml
+
+from .specs.catalog import DTYPES as DTYPE_NAMES
+from .specs.job import Job, compute_dtype
+
+__all__ = ["calibrate", "measure_rank", "profile_row"]
+
+SWEEP = (256, 512, 1024)
+"""Square matmul sizes measured without a job."""
+COLLECTIVE_BYTES = tuple(4096 * 4 ** k for k in range(7))          # 4 KiB ... 16 MiB
+COLLECTIVE_REPEATS = 9
+COLD_BYTES = 64 * 2**20
+"""Matmul operands are cycled through this much memory, more than a CPU's last-level cache."""
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _timed_s(fn, seconds: float = 0.3, least: int = 3) -> float:
+    """Median seconds of one call of fn, repeated for about `seconds` after a warm-up call."""
+    fn()
+    times, start = [], time.perf_counter()
+    while len(times) < least or time.perf_counter() - start < seconds:
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def job_shapes(job: Job) -> list[tuple[int, int, int]]:
+    """The (m, k, n) of the job's matmuls on one rank: q, k, v, o, the MLP and the output projection."""
+    m, par = job.model, job.parallel
+    tokens = job.batch.micro_batch * m.seq_len
+    q, kv = m.heads * m.head_dim_ // par.tp, m.kv_heads_ * m.head_dim_ // par.tp
+    f = m.ffn_ // par.tp
+    shapes = {(tokens, m.hidden, q), (tokens, m.hidden, kv), (tokens, q, m.hidden), (tokens, m.hidden, f),
+              (tokens, f, m.hidden), (tokens, m.hidden, -(-m.vocab // par.tp))}
+    return sorted(shapes)
+
+
+def matmul_flops(shapes, dtype: torch.dtype) -> list[float]:
+    """FLOP/s of each (m, k, n) linear layer as training runs it: the forward x·Wᵀ and the backward's two
+    products, gy·W and gyᵀ·x, each with its operands laid out as autograd passes them."""
+    rates = []
+    for m, k, n in shapes:
+        # operands cycled through more memory than the caches hold: in a training step they arrive cold
+        copies = max(2, int(COLD_BYTES // ((m * k + n * k + m * n) * torch.finfo(dtype).bits // 8)))
+        sets = [(torch.randn(m, k, dtype=dtype), torch.randn(n, k, dtype=dtype), torch.randn(m, n, dtype=dtype))
+                for _ in range(copies)]
+        turn = iter(range(10**9))
+
+        def linear():
+            x, w, gy = sets[next(turn) % copies]
+            x @ w.t(), gy @ w, gy.t() @ x
+        rates.append(3 * 2.0 * m * k * n / _timed_s(linear))
+    return rates
+
+
+def memory_bw_bytes_per_s(numel: int = 16 * 2**20) -> float:
+    """Bytes an out-of-place add moves per second (two reads, one write), on arrays far larger than the caches."""
+    x, y, out = torch.randn(numel), torch.randn(numel), torch.empty(numel)
+    return 3 * 4 * numel / _timed_s(lambda: torch.add(x, y, out=out))
+
+
+def attention_flops(job: Job, dtype: torch.dtype) -> float:
+    """FLOP/s of the job's fused attention (torch's SDPA, causal) forward and backward at its shape on one rank."""
+    import torch.nn.functional as F
+    m = job.model
+    heads = max(1, m.heads // job.parallel.tp)
+    q, k, v = (torch.randn(job.batch.micro_batch, heads, m.seq_len, m.head_dim_, dtype=dtype, requires_grad=True)
+               for _ in range(3))
+
+    def run():
+        F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+    flops = 3 * 2 * 2.0 * job.batch.micro_batch * heads * m.seq_len * m.seq_len * m.head_dim_ / 2   # causal half
+    return flops / _timed_s(run)
+
+
+def elementwise_bw_bytes_per_s(job: Job, dtype: torch.dtype) -> float:
+    """Bytes per second of one block's element-wise kernels (two norms, two residual adds, the MLP activation)
+    forward and backward at the job's shape, counting the bytes as the step-time model does
+    (toolkit.estimate.steptime); on a GPU they are bound by memory, on a CPU often by their arithmetic."""
+    import torch.nn.functional as F
+    from .estimate.steptime import _memory_bound_bytes_per_token
+    m = job.model
+    tokens = job.batch.micro_batch * m.seq_len
+    x = torch.randn(tokens, m.hidden, dtype=dtype, requires_grad=True)
+    up = torch.randn(tokens, m.ffn_ // job.parallel.tp, dtype=dtype, requires_grad=True)
+    gate = torch.randn_like(up, requires_grad=True)
+    norm = torch.nn.LayerNorm(m.hidden, dtype=dtype) if m.norm == "layernorm" else torch.nn.RMSNorm(m.hidden, dtype=dtype)
+
+    def run():
+        act = F.silu(gate) * up if m.mlp == "swiglu" else F.gelu(up, approximate="tanh")
+        y = norm(x) + norm(x) + x + x
+        (y.sum() + act.sum()).backward()
+    plain = job.replace(memory=dataclasses.replace(job.memory, attention="flash", recompute="none"),
+                        model=dataclasses.replace(m, dropout=0.0, position="learned"),
+                        parallel=dataclasses.replace(job.parallel, sp=False))
+    return float(_memory_bound_bytes_per_token(plain)) * tokens / _timed_s(run)
+
+
+def optimizer_params_per_s(job: Job) -> float:
+    """Parameters per second the job's optimizer (AdamW, its implementation) steps, over the model's tensors."""
+    from .estimate.memory import optimizer_impl
+    from .train.model import GPT
+    model = GPT(job.model) if job.model.has_shape else torch.nn.Sequential(*[torch.nn.Linear(512, 512)] * 16)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    impl = optimizer_impl(job)
+    opt = torch.optim.AdamW(model.parameters(), foreach=impl == "foreach", fused=impl == "fused" or None)
+    return sum(p.numel() for p in model.parameters()) / _timed_s(opt.step)
+
+
+def op_overhead_s(chain: int = 200) -> float:
+    """Seconds of one operation's fixed cost: a chain of tiny ops forward and backward through autograd, per
+    op unit (a forward op is one, its backward two)."""
+    x = torch.ones(1, requires_grad=True)
+
+    def run():
+        y = x
+        for _ in range(chain):
+            y = y * 1.0001
+        y.backward()
+    return _timed_s(run) / (3 * chain)
+
+
+def collective_fit(world: int) -> tuple[float | None, float | None]:
+    """(bus bandwidth bytes/s, latency s per ring step) of all-reduce over the group: t = 2(n−1)·latency +
+    2(n−1)/n·bytes / bandwidth, least squares over sizes from 4 KiB to 16 MiB."""
+    if world == 1:
+        return None, None
+    sizes, times = [], []
+    for nbytes in COLLECTIVE_BYTES:              # a fixed count: every rank must call as often as the others
+        buffer = torch.zeros(nbytes // 4)
+        dist.all_reduce(buffer)
+        runs = []
+        for _ in range(COLLECTIVE_REPEATS):
+            start = time.perf_counter()
+            dist.all_reduce(buffer)
+            runs.append(time.perf_counter() - start)
+        times.append(statistics.median(runs))
+        sizes.append(2 * (world - 1) / world * nbytes)
+    slope, intercept = np.polyfit(np.array(sizes), np.array(times), 1)
+    times_all = torch.tensor([1 / slope if slope > 0 else 0.0, max(intercept, 0.0) / (2 * (world - 1))])
+    dist.all_reduce(times_all, op=dist.ReduceOp.MIN)         # every rank reports the group's figure
+    return float(times_all[0]) or None, float(times_all[1])
+
+
+def measure_rank(job: Job, rank: int, world: int) -> dict:
+    """One rank's figures, measured while every other rank measures the same."""
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))      # as the launcher gives a training rank
+    mode = job.precision.mode or "fp32"
+    dtype = DTYPES[compute_dtype(mode)]
+    shapes = job_shapes(job) if job.model.has_shape else [(n, n, n) for n in SWEEP]
+    rates = matmul_flops(shapes, dtype)
+    bandwidth, latency = collective_fit(world)
+    shaped = job.model.has_shape
+    return {"rank": rank, "dtype": compute_dtype(mode), "shapes": [list(s) for s in shapes], "matmul_flops": rates,
+            "attention_flops": attention_flops(job, dtype) if shaped else None,
+            "memory_bw_bytes_per_s": elementwise_bw_bytes_per_s(job, dtype) if shaped else memory_bw_bytes_per_s(),
+            "optimizer_params_per_s": optimizer_params_per_s(job), "op_overhead_s": op_overhead_s(),
+            "bus_bw_bytes_per_s": bandwidth, "latency_s": latency}
+
+
+def profile_row(ranks: list[dict], world: int) -> dict:
+    """The catalog row (accelerators: [row]) of what the ranks measured: the slowest rank's figures."""
+    host, today = platform.node() or "this-host", datetime.date.today().isoformat()
+    dtype = ranks[0]["dtype"]
+    # the job's matmuls together: their FLOPs over their time (the roofline only slows thin shapes further)
+    peak = min(len(r["matmul_flops"]) / sum(1 / x for x in r["matmul_flops"]) for r in ranks)
+    bus = ranks[0]["bus_bw_bytes_per_s"]
+    assumptions = {"gemm_fraction": 1.0, "link_efficiency": 1.0,
+                   "comm_overlaps_compute": torch.cuda.is_available(),     # a CPU's cores do both in turn
+                   "op_overhead_s": max(r["op_overhead_s"] for r in ranks),
+                   "optimizer_params_per_s": min(r["optimizer_params_per_s"] for r in ranks)}
+    if ranks[0]["attention_flops"]:
+        assumptions["attention_fraction"] = min(r["attention_flops"] for r in ranks) / peak
+    if ranks[0]["latency_s"] is not None:
+        assumptions["latency_intra_s"] = ranks[0]["latency_s"]
+    row = {"name": f"measured-{host}", "vendor": "measured", "memory_bytes": _memory_bytes(),
+           "memory_bw_bytes_per_s": min(r["memory_bw_bytes_per_s"] for r in ranks),
+           "link_bw_bytes_per_s": 2 * bus if bus else "unknown", "tdp_w": "unknown",
+           "peak_tflops": {**{d: "unknown" for d in DTYPE_NAMES}, dtype: peak / 1e12}, "assumptions": assumptions,
+           "source": f"measured on {host}, {today} by toolkit calibrate ({world} rank(s) busy at once, "
+                     f"{len(ranks[0]['shapes'])} matmul shapes in {dtype}, forward and backward)",
+           "as_of": today}
+    return {"accelerators": [row]}
+
+
+def _memory_bytes() -> int | str:
+    """This machine's memory (what a CPU 'device' holds), or unknown."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return "unknown"
+
+
+def calibrate(job: Job | None, nproc: int, out_path) -> dict:
+    """Measure on nproc gloo ranks at once and write the profile YAML; returns the profile."""
+    from .trace.ranks import trace_on_ranks
+    job = job or Job()
+    measured = trace_on_ranks(measure_rank, job, nproc, "calibration", "rank", "measure on fewer ranks",
+                              result=dict) if nproc > 1 else [measure_rank(job, 0, 1)]
+    profile = profile_row(measured, nproc)
+    with open(out_path, "w", encoding="utf-8") as f:
+        f.write(f"# {profile['accelerators'][0]['source']}\n")
+        yaml.safe_dump(profile, f, sort_keys=False)
+    return profile

@@ -1,0 +1,44 @@
+"""`toolkit calibrate`: measure this machine and write a catalog profile (toolkit.calibrate), kept apart from
+cli.py's job commands. `toolkit compare --run DIR --catalog profile.yaml` then models a run with it."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .specs import Job, SpecError, load_catalog
+
+__all__ = ["add_calibrate_parser", "cmd_calibrate"]
+
+
+def add_calibrate_parser(sub) -> argparse.ArgumentParser:
+    cal = sub.add_parser("calibrate", help="measure matmuls, memory bandwidth, per-op cost and collectives here; "
+                                           "write a catalog row the step-time model can use",
+                         description="Measure on N gloo ranks at once (matmuls at the job's shapes and dtype, or a "
+                                     "sweep without a job), and write an accelerator row with the figures and "
+                                     "their source. Then: toolkit compare --run DIR --catalog PROFILE.")
+    cal.add_argument("--nproc", metavar="N", type=int, default=1, help="ranks measuring at once (as in training)")
+    cal.add_argument("--config", metavar="JOB.yaml", help="a job (or a run's job.yaml): its shapes and precision")
+    cal.add_argument("--out", metavar="PROFILE.yaml", required=True, help="where to write the profile")
+    return cal
+
+
+def cmd_calibrate(args) -> int:
+    from .calibrate import calibrate
+    if args.nproc < 1:
+        raise SpecError("--nproc", args.nproc, "must be 1 or more")
+    out = Path(args.out)
+    if not out.parent.is_dir():
+        raise SpecError("--out", args.out, f"its folder {out.parent} does not exist; create it or write elsewhere")
+    job = None
+    if args.config:
+        job, _notes = Job.from_yaml(args.config).resolve(load_catalog())
+    profile = calibrate(job, args.nproc, out)
+    row = profile["accelerators"][0]
+    rate = max(v for v in row["peak_tflops"].values() if not isinstance(v, str))
+    link = row["link_bw_bytes_per_s"]
+    print(f"{row['name']}: matmuls {rate * 1e3:.1f} GFLOP/s, memory {row['memory_bw_bytes_per_s'] / 1e9:.1f} GB/s, "
+          f"per-op {row['assumptions']['op_overhead_s'] * 1e6:.1f} µs"
+          + (f", all-reduce {link / 2 / 1e9:.2f} GB/s and {row['assumptions']['latency_intra_s'] * 1e6:.0f} µs a step"
+             if not isinstance(link, str) else "")
+          + f"\nwritten to {out}; use it with: toolkit compare --run DIR --catalog {out}")
+    return 0
