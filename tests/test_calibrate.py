@@ -1,9 +1,6 @@
 """`toolkit calibrate`: a profile of this machine that the catalog takes, and the step-time model with it against a
 real run's measured step (the 15 % target is benchmarks/steptime_accuracy.py's, on a quiet machine; here the suite
 runs beside other tests, so the bound is loose but still catches a model off by a unit or a missing part)."""
-import subprocess
-import sys
-
 import pytest
 import yaml
 
@@ -12,16 +9,18 @@ from toolkit.estimate.steptime import hardware_for
 from toolkit.specs import Job, load_catalog
 from toolkit.trace.report import compare_run
 
-SMALL = ["--layers", "2", "--hidden", "128", "--heads", "4", "--vocab", "256", "--seq", "64", "--micro-batch", "2",
-         "--precision", "fp32", "--global-batch", "8", "--steps", "8", "--warmup", "1", "--no-progress",
-         "--num-workers", "0", "--checkpoint-every", "0"]
+SMALL = {"model": {"layers": 2, "hidden": 128, "heads": 4, "vocab": 256, "seq_len": 64},
+         "batch": {"micro_batch": 2, "global_batch": 8}, "precision": {"mode": "fp32"},
+         "training": {"steps": 8, "warmup_steps": 1, "num_workers": 0, "checkpoint_every": 0}}
 
 
 def test_a_calibrated_profile_models_a_real_run(tmp_path, capsys):
+    from toolkit.train.data import ensure_demo_corpus
+    from toolkit.train.launch import prepare_run
+    from toolkit.train.loop import run_training
     run, profile = tmp_path / "run", tmp_path / "profile.yaml"
-    trained = subprocess.run([sys.executable, "-m", "toolkit.cli", "train", *SMALL, "--out", str(run)],
-                             capture_output=True, text=True, timeout=300)
-    assert trained.returncode == 0, trained.stderr
+    data = dict(SMALL, training=dict(SMALL["training"], data=str(ensure_demo_corpus(tmp_path / "cache"))))
+    run_training(prepare_run(Job.from_dict(data), run, 1), run, progress=False)   # one rank, in this process
     assert main(["calibrate", "--config", str(run / "job.yaml"), "--out", str(profile)]) == 0
     assert "matmuls" in capsys.readouterr().out
     row = yaml.safe_load(profile.read_text())["accelerators"][0]

@@ -437,25 +437,29 @@ def _backends(job: Job):
 def overlap_settings(job: Job) -> dict:
     """The communication each layout hides behind compute: job.overlap where given, else its backend's default
     (torch: DDP and FSDP2 overlap reduce and prefetch gathers; DeepSpeed as the toolkit configures it: ZeRO-3's
-    prefetch only; Megatron: nothing unless asked). Arrays over a grid, booleans for one job."""
+    prefetch only; Megatron: nothing unless asked, but FSDP beside its tensor parallelism (ZeRO-3) overlaps both).
+    Arrays over a grid, booleans for one job."""
     zero = np.asarray(job.parallel.zero)
-    _megatron, deepspeed, torch_ = _backends(job)
+    megatron, _deepspeed, torch_ = _backends(job)
     ov = job.overlap
-    grad = torch_ if ov.grad_reduce is None else np.asarray(ov.grad_reduce)
-    gather = torch_ | (deepspeed & (zero == 3)) if ov.param_gather is None else np.asarray(ov.param_gather)
+    # sharded weights beside Megatron's tensor parallelism are FSDP's (OPT's metaseq, Megatron-core's FSDP), which
+    # prefetches gathers and overlaps its reduce-scatters; DeepSpeed's ZeRO-3 prefetches its gathers
+    grad = torch_ | (megatron & (zero == 3)) if ov.grad_reduce is None else np.asarray(ov.grad_reduce)
+    gather = torch_ | (zero == 3) if ov.param_gather is None else np.asarray(ov.param_gather)
     return {"grad_reduce": grad, "param_gather": gather, "tp_comm": np.asarray(ov.tp_comm)}
 
 
 def _data_parallel_s(job: Job, hw: Hardware, a: Assumptions, trainable, n, bw, accum, micro_s, units):
     """(all, exposed) seconds of gradient reduction and parameter gathers over n replicas, as each backend runs
-    them: DDP all-reduces once a step (no_sync while accumulating), Megatron and DeepSpeed ZeRO-1 reduce(-scatter)
-    once a step; FSDP2 and DeepSpeed ZeRO-2/3 reduce-scatter every micro-batch. FSDP2 gathers every micro-batch's
-    forward (its ZeRO-3 again in backward), DeepSpeed ZeRO-3 forward and backward; ZeRO-1/2 and Megatron's
-    distributed optimizer gather the updated shards once after the step (torch's ZeRO-1 broadcasts them).
+    them: DDP all-reduces once a step (no_sync while accumulating), Megatron (its distributed optimizer keeps a
+    whole fp32 gradient buffer) and ZeRO-1 reduce(-scatter) once a step; ZeRO-2/3 of FSDP2 and DeepSpeed
+    reduce-scatter every micro-batch, as sharded gradients cannot accumulate whole. ZeRO-3 gathers in every micro-batch's forward and backward, FSDP2's ZeRO-2 in its forward; ZeRO-1,
+    DeepSpeed's ZeRO-2 and Megatron's distributed optimizer gather the updated shards once after the step
+    (torch's ZeRO-1 broadcasts them).
     Overlapped, a collective hides bucket by bucket (a gather: block by block) behind its micro-batch's backward
     (a gather: its compute; after the step: the next forward); the last bucket always shows."""
     zero = np.asarray(job.parallel.zero)
-    _megatron, deepspeed, torch_ = _backends(job)
+    megatron, deepspeed, torch_ = _backends(job)
     ov = overlap_settings(job)
     if not a.comm_overlaps_compute:
         ov = {k: np.asarray(False) for k in ov}
@@ -467,12 +471,14 @@ def _data_parallel_s(job: Job, hw: Hardware, a: Assumptions, trainable, n, bw, a
     buckets = np.maximum(np.ceil(grad_bytes / a.bucket_bytes), 1)
     reduce_s = _ring_s(np.where((zero == 0) | (torch_ & (zero == 1)), 2.0, 1.0), grad_bytes, n, bw, a) \
         + buckets * latency
-    reduce_events = np.where((torch_ | deepspeed) & (zero >= 2), accum, 1)
+    # sharded gradients cannot accumulate whole; Megatron's distributed optimizer accumulates in a full fp32
+    # buffer and reduce-scatters once (its "ZeRO-2" shards only what the step keeps)
+    reduce_events = np.where((zero >= 2) & ~megatron, accum, 1)
     hidden = np.maximum(reduce_s - micro_s * 2 / 3 * (1 - 1 / buckets), reduce_s / buckets)
     reduce_exposed = reduce_events * np.where(ov["grad_reduce"], hidden, reduce_s)
 
     gather_s = _ring_s(1.0, trainable * gather_b, n, bw, a) + units * latency
-    per_micro = np.where((zero == 3) & (torch_ | deepspeed), 2, np.where((zero == 2) & torch_, 1, 0))
+    per_micro = np.where(zero == 3, 2, np.where((zero == 2) & torch_, 1, 0))    # sharded weights: every forward
     micro_gathers = per_micro * gather_s                  # one micro-batch's gathers
     micro_exposed = np.where(ov["param_gather"], np.maximum(micro_gathers - micro_s * (1 - 1 / units),
                                                             micro_gathers / units), micro_gathers)

@@ -111,12 +111,13 @@ class Overlap:
     grad_reduce: bool | None = None
     """Gradient all-reduce or reduce-scatter during backward, bucket by bucket. Defaults: torch yes (DDP's buckets,
     FSDP2's reduce-scatter stream); DeepSpeed no (the toolkit's config sets overlap_comm false; DeepSpeed's own
-    default is true for ZeRO-3 only); Megatron no (--overlap-grad-reduce is off unless given)."""
+    default is true for ZeRO-3 only); Megatron no (--overlap-grad-reduce is off unless given), but ZeRO-3 beside
+    its tensor parallelism is FSDP's (OPT's metaseq), which overlaps."""
     param_gather: bool | None = None
     """Parameter all-gathers prefetched behind compute: ZeRO-3's and FSDP2's per micro-batch, or the all-gather
     after the step of ZeRO-1/2 and Megatron's distributed optimizer (behind the next forward). Defaults: torch yes
-    (FSDP2 prefetches); DeepSpeed ZeRO-3 yes (its prefetch bucket), ZeRO-1/2 no; Megatron no
-    (--overlap-param-gather is off unless given)."""
+    (FSDP2 prefetches); ZeRO-3 yes everywhere (DeepSpeed's prefetch bucket, FSDP's); DeepSpeed ZeRO-1/2 and
+    Megatron no (--overlap-param-gather is off unless given)."""
     tp_comm: bool = False
     """Tensor-parallel collectives overlapped with the matmuls (Megatron's --tp-comm-overlap, Transformer Engine's
     userbuffers); off by default everywhere (torch's DTensor plan runs them in turn)."""
