@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import torch
-from torch.distributed._tools.mem_tracker import MemTracker
+
+from ..compat import MemTracker
 
 __all__ = ["DDPBuckets"]
 

@@ -30,13 +30,11 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import _sharding_prop
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
 from torch.distributed.device_mesh import init_device_mesh
 from torch.utils.flop_counter import FlopCounterMode
-from torch.testing._internal.distributed.fake_pg import FakeStore
+
+from ..compat import FakeStore, FakeTensorMode, FSDPMemTracker, MemRefType, MemTracker, require_internals
+from ..compat import sharding_prop as _sharding_prop
 
 from ..estimate.memory import ddp_buckets
 from ..specs.errors import SpecError
@@ -208,7 +206,7 @@ class _DeviceTracker(_DevicePeak, MemTracker):
 
     def track_gradients(self, tensor: torch.Tensor) -> None:
         """Count a tensor made outside the tracker as gradients (fp32 main gradients: the masters' .grad)."""
-        self._update_and_maybe_create_winfos(tensor, _MemRefType.GRAD)
+        self._update_and_maybe_create_winfos(tensor, MemRefType.GRAD)
 
 
 class StageTracker(_DeviceTracker):
@@ -230,6 +228,7 @@ def _snapshot(tracker: MemTracker, kind: str) -> dict[str, int]:
 def trace_memory(job: Job) -> TraceResult:
     """Trace one device of a resolved job (its CPU program). Pipelines run on real gloo ranks
     (toolkit.trace.pipeline): the busiest stage."""
+    require_internals("the trace")
     if job.parallel.pp > 1:
         from .pipeline import trace_pipeline
         return trace_pipeline(job)

@@ -16,6 +16,7 @@ import torch
 
 from ..estimate.memory import memory_estimate
 from ..specs.errors import SpecError
+from ..compat import require_internals
 from ..specs.job import TORCH_SEMANTICS, Job
 from .memory import _DTYPES, StageTracker, TraceResult, _make_optimizer, _snapshot
 from .ranks import trace_on_ranks
@@ -62,6 +63,7 @@ def trace_pipeline(job: Job) -> TraceResult:
 
 def trace_pipeline_stages(job: Job) -> list[TraceResult]:
     """Every stage's memory, first to last. (The estimate only sizes the run: it refuses ones too large.)"""
+    require_internals("the trace")
     check_pipeline_traceable(job, float(memory_estimate(job).peak_bytes) * job.parallel.pp)
     return trace_on_ranks(_trace_stage, job, job.parallel.pp, "pipeline", "stage",
                           "trace fewer layers, a narrower model or fewer micro-batches")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..compat import version_note
 from ..estimate import estimate
 from ..estimate.flops import flops_per_token
 from ..specs.catalog import Catalog, load_catalog
@@ -34,6 +35,8 @@ def traced_estimate(job: Job, catalog: Catalog | None = None) -> dict:
     result["notes"] = [n for n in result["notes"] if not n.startswith(("fits:", "model states alone"))]
     how = "on real gloo ranks" if traced.stage_peaks_bytes else "on fake tensors"
     result["notes"].append(f"memory traced {how}: the {traced.program} program of one rank")
+    if version_note():
+        result["notes"].append(version_note())
     return result
 
 

@@ -21,6 +21,7 @@ import torch
 from ..estimate.memory import memory_estimate
 from ..estimate.params import count_params
 from ..specs.errors import SpecError
+from ..compat import require_internals
 from ..specs.job import TORCH_SEMANTICS, Job
 from .memory import (
     MAX_TRACED_MICRO_BATCHES,
@@ -99,6 +100,7 @@ def trace_zero(job: Job) -> TraceResult:
 
 def trace_zero_ranks(job: Job) -> list[TraceResult]:
     """Every dp rank's memory. (The estimate only sizes the run: it refuses ones too large.)"""
+    require_internals("the trace")
     check_zero_traceable(job, float(memory_estimate(job).peak_bytes) * job.parallel.dp)
     import importlib.util
     if importlib.util.find_spec("deepspeed") is None:   # (not imported here: it logs to stdout, which --json owns)

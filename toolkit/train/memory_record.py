@@ -37,6 +37,12 @@ class MemoryRecorder:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         elif step == self.steps[0]:
+            from ..compat import PROBLEM
+            if PROBLEM is not None:        # this torch moved MemTracker: train on, unrecorded, and say why once
+                if self.rank == 0:
+                    print(f"memory not recorded: torch {torch.__version__} lacks the tracer's internals ({PROBLEM})")
+                self.steps = []
+                return
             self.tracker = self._cpu_tracker()
             self.tracker.__enter__()
         else:
