@@ -149,7 +149,15 @@ def test_fp8_speeds_the_matmuls_and_is_refused_without_fp8_units(catalog):
     bf16, hw = _job(catalog)
     fp8, hw8 = _job(catalog, precision={"fp8": True})
     a, b = step_time(bf16, hw), step_time(fp8, hw8)
-    assert b.compute_s == pytest.approx(a.compute_s / 2, rel=0.05)      # H100: 1978.9 vs 989.4 TFLOP/s dense
+    assert b.compute_s < 0.6 * a.compute_s                              # H100: 1978.9 vs 989.4 TFLOP/s dense
+    no_attention = _job(catalog, model={"seq_len": 256})                 # (attention ~3 % of the matmuls)
+    c, d = step_time(*no_attention), step_time(no_attention[0].replace(precision=fp8.precision), hw8)
+    assert float(d.compute_s) == pytest.approx(float(c.compute_s) / 2, rel=0.04)
+    # attention stays 16-bit: at 32K tokens, where its products dominate, FP8 gains far less than 2x
+    long_bf16 = _job(catalog, model={"seq_len": 32768}, batch={"global_batch": 64})
+    long_fp8 = step_time(long_bf16[0].replace(precision=fp8.precision), hw8)
+    long_ratio = float(long_fp8.compute_s) / float(step_time(*long_bf16).compute_s)
+    assert long_ratio > float(d.compute_s) / float(c.compute_s) + 0.1
     assert b.memory_bound_s == a.memory_bound_s and b.mfu > a.mfu      # MFU still against the bf16 peak
     with pytest.raises(SpecError, match="A100-80GB has no FP8 units"):
         _job(catalog, cluster={"accelerator": "A100-80GB"}, precision={"fp8": True})

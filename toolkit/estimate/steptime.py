@@ -249,7 +249,9 @@ def _compute_s(job: Job, hw: Hardware, a: Assumptions, tokens, eff):
     proj_recompute = np.where(recompute == "full", np.where(megatron, tf.layer_matmuls, tf.recompute - tf.attention),
                               0.0)
     scale = tokens / np.asarray(job.parallel.tp) / hw.gemm_peak
-    attention_s = scale * 3 * tf.attention / job.model.layers / _attention_efficiency(job, hw, a)
+    # FP8 runs the linear layers only (Transformer Engine): the attention products stay at the 16-bit peak
+    attention_s = tokens / np.asarray(job.parallel.tp) / hw.peak_flops * 3 * tf.attention / job.model.layers \
+        / _attention_efficiency(job, hw, a)
     block_s = scale * (3 * tf.layer_matmuls + proj_recompute) / job.model.layers / eff \
         + attention_s * (1 + attn_recompute / (3 * tf.attention))
     return block_s, scale * 3 * tf.head / eff, attention_s
