@@ -16,7 +16,7 @@ The step is built from parts, each from a published formula or a stated assumpti
   (Megatron), plus 2 per recomputed forward; hidden behind the matmuls only with overlap.tp_comm;
 - context parallelism: each rank keeps seq/cp tokens; a ring passes keys and values, hidden
   behind the attention products where they are long enough;
-- data parallelism as each backend runs it (`_data_parallel_s`): DDP and Megatron reduce once a
+- data parallelism as each backend runs it (`data_parallel_s`): DDP and Megatron reduce once a
   step, FSDP2 and DeepSpeed ZeRO-2/3 every micro-batch; ZeRO-3 gathers parameters every
   micro-batch, ZeRO-1/2 once after the step. What hides behind backward or forward, bucket by
   bucket (the last bucket always shows, each pays the collective's latency: why 2–8 MB buckets
@@ -41,7 +41,8 @@ import numpy as np
 
 from ..specs.catalog import Catalog
 from ..specs.errors import SpecError
-from ..specs.job import TORCH_SEMANTICS, Job, compute_dtype
+from ..specs.job import Job, compute_dtype
+from .comm import data_parallel_s, is_megatron, latency_s, overlap_settings, ring_attention_s, ring_s
 from .flops import flops_per_token
 from .memory import optimizer_impl
 from .states import (adapter_params_per_layer, bytes_per_param, job_stage_layers, model_state_bytes,
@@ -243,7 +244,7 @@ def _compute_s(job: Job, hw: Hardware, a: Assumptions, tokens, eff):
     eager = job.memory.attention == "eager"
     tf = flops_per_token(job, causal=not eager)          # an eager core multiplies the whole (masked) matrix
     recompute = np.asarray(job.memory.recompute)
-    megatron = _is_megatron(job)      # its checkpoint reruns a whole region; torch's stops at the last product
+    megatron = is_megatron(job)      # its checkpoint reruns a whole region; torch's stops at the last product
     core_again = np.where(megatron, tf.attention, tf.attention / 2 if eager else tf.attention)  # nothing saved
     attn_recompute = np.where(recompute == "full", tf.attention, np.where(recompute == "selective", core_again, 0.0))
     proj_recompute = np.where(recompute == "full", np.where(megatron, tf.layer_matmuls, tf.recompute - tf.attention),
@@ -255,27 +256,6 @@ def _compute_s(job: Job, hw: Hardware, a: Assumptions, tokens, eff):
     block_s = scale * (3 * tf.layer_matmuls + proj_recompute) / job.model.layers / eff \
         + attention_s * (1 + attn_recompute / (3 * tf.attention))
     return block_s, scale * 3 * tf.head / eff, attention_s
-
-
-def _ring_attention_s(job: Job, a: Assumptions, micro_tokens, attention_s, bw):
-    """Context parallelism's ring, per block: each of cp − 1 steps passes this rank's keys and values on
-    (forward), and keys, values and their gradients in backward (3× the forward's bytes); the ring overlaps this
-    with the attention products, so only what exceeds them shows, plus each step's latency (Liu et al. 2023)."""
-    m, cp = job.model, np.asarray(job.parallel.cp)
-    elem = 4 if job.precision.mode == "fp32" else 2
-    kv_bytes = 2 * micro_tokens / cp * m.kv_heads_ * m.head_dim_ / np.asarray(job.parallel.tp) * elem
-    ring_s = 3 * (cp - 1) * kv_bytes / (bw * a.link_efficiency)
-    return np.where(cp > 1, np.maximum(ring_s - attention_s, 0.0) + 3 * (cp - 1) * a.latency_intra_s, 0.0)
-
-
-def _is_megatron(job: Job):
-    """Job.backend == "megatron", for layouts whose tp and pp may be arrays (the planner's grid)."""
-    par = job.parallel
-    if par.backend is not None:
-        return np.asarray(par.backend == "megatron")
-    if job.precision.mode in TORCH_SEMANTICS:
-        return np.asarray(False)
-    return (np.asarray(par.tp) > 1) | (np.asarray(par.pp) > 1)
 
 
 def _memory_bound_bytes_per_token(job: Job):
@@ -303,30 +283,12 @@ def _memory_bound_bytes_per_token(job: Job):
     return 3 * (block + core) + again
 
 
-def _ring_s(volume_factor, size_bytes, n, bw, a: Assumptions):
-    """Bandwidth time of a ring collective moving volume_factor·(n−1)/n·size over bandwidth bw."""
-    n = np.asarray(n, dtype=float)
-    return np.where(n > 1, volume_factor * np.maximum(n - 1, 0) / np.maximum(n, 1) * size_bytes
-                    / (bw * a.link_efficiency), 0.0)
-
-
-def _latency_s(n, gpus_per_node: int, a: Assumptions):
-    """Start-up cost of one all-reduce over n ranks: a ring inside the node, a tree across nodes (as NCCL
-    picks for large groups), there and back."""
-    n = np.asarray(n, dtype=float)
-    inside = np.minimum(n, gpus_per_node)
-    nodes = np.maximum(n / gpus_per_node, 1)
-    return np.where(n > 1, 2 * (inside - 1) * a.latency_intra_s + 2 * np.ceil(np.log2(nodes)) * a.latency_inter_s,
-                    0.0)
-
-
 def step_time(job: Job, hw: Hardware, a: Assumptions | None = None) -> StepTime:
     """Seconds of one optimizer step of a resolved job (layout fields may be numpy arrays). `a`: the figures
     no datasheet gives; default the device's measured ones (hw.assumptions), else Assumptions()."""
     a = a or hw.assumptions or Assumptions()
     m, par = job.model, job.parallel
     dp, tp, pp, vpp, cp = (np.asarray(x) for x in (par.dp, par.tp, par.pp, par.vpp, par.cp))
-    zero, offload = np.asarray(par.zero), np.asarray(par.offload)
     micro = np.asarray(job.batch.micro_batch)
     devices = job.cluster.count
     accum = np.maximum(job.batch.global_batch // (micro * dp), 1)     # invalid layouts (0) are filtered by the grid
@@ -346,19 +308,19 @@ def step_time(job: Job, hw: Hardware, a: Assumptions | None = None) -> StepTime:
     act_elem = 4 if job.precision.mode == "fp32" else 2
     block_act = micro_tokens / cp * m.hidden * act_elem
     per_block = 4 + np.where(np.asarray(job.memory.recompute) == "full", 2, 0)
-    tp_layer_s = (_ring_s(2.0, block_act, tp, bw(tp_inside), a) + _latency_s(tp, g, a)) * per_block
+    tp_layer_s = (ring_s(2.0, block_act, tp, bw(tp_inside), a) + latency_s(tp, g, a)) * per_block
     bytes_layer = _memory_bound_bytes_per_token(job) * micro_tokens / cp
     single = pp == 1
 
     block_s, head_s, attention_s = _compute_s(job, hw, a, micro_tokens / cp, eff)
-    ring_s = _ring_attention_s(job, a, micro_tokens, attention_s, bw(cp_inside))
+    cp_ring_s = ring_attention_s(job, a, micro_tokens, attention_s, bw(cp_inside))
 
     overlap_tp = overlap_settings(job)["tp_comm"]
 
     def stage(layers, owns_head):
         matmuls_s = block_s * layers + np.where(owns_head | single, head_s, 0.0)
         tp_s = np.where(overlap_tp, np.maximum(tp_layer_s * layers - matmuls_s, 0.0), tp_layer_s * layers)
-        return matmuls_s, bytes_layer * layers / hw.memory_bw_bytes_per_s, tp_s, ring_s * layers
+        return matmuls_s, bytes_layer * layers / hw.memory_bw_bytes_per_s, tp_s, cp_ring_s * layers
 
     first, middle, last = job_stage_layers(job)
     parts = [stage(first, False), stage(middle, False), stage(last, True)]
@@ -382,31 +344,34 @@ def step_time(job: Job, hw: Hardware, a: Assumptions | None = None) -> StepTime:
     overhead_s = _overhead_s(job, a, pick_layers, accum, single | (busiest == 2))
 
     # ---- data parallel / ZeRO: over dp × cp (context-parallel ranks hold the same weights) ----------------
-    _w, grad_b, _o = bytes_per_param(job)
-    weight_b = _w
     trainable = _trainable(job)
-    grad_bytes = trainable * grad_b
-    replicas = dp * cp
-    dp_s, exposed = _data_parallel_s(job, hw, a, trainable, replicas, bw(dp_inside), accum,
-                                     (compute_s + memory_s) / accum, np.maximum(pick_layers, 1))
+    dp_s, exposed = data_parallel_s(job, hw, a, trainable, dp * cp, bw(dp_inside), accum,
+                                    (compute_s + memory_s) / accum, np.maximum(pick_layers, 1))
+    optimizer_s = _optimizer_s(job, hw, a, trainable, dp * cp)
 
-    # ---- optimizer -----------------------------------------------------------------------------
-    states = model_state_bytes(job)
-    impl_factor = 1.0 if optimizer_impl(job) == "fused" else 1.5      # unfused: temporaries re-read
-    device_opt_s = 2 * impl_factor * (states.params_bytes + states.grads_bytes + states.optimizer_bytes) \
-        / hw.memory_bw_bytes_per_s
-    if a.optimizer_params_per_s:                     # measured: the step's arithmetic, not its bytes, bounds it
-        device_opt_s = np.maximum(device_opt_s, trainable / np.where(zero >= 1, replicas, 1) / a.optimizer_params_per_s)
-    shard = np.where(zero >= 1, replicas, 1)
-    host_opt_s = trainable / shard / a.host_adam_params_per_s + (grad_bytes + trainable * weight_b) / shard \
-        / a.pcie_bytes_per_s
-    optimizer_s = np.where(offload != "none", host_opt_s, device_opt_s)
-
-    return StepTime(compute_s=compute_s, memory_bound_s=memory_s, overhead_s=overhead_s, tp_comm_s=tp_s, cp_comm_s=cp_s,
+    return StepTime(compute_s=compute_s, memory_bound_s=memory_s, overhead_s=overhead_s, tp_comm_s=tp_s,
+                    cp_comm_s=cp_s,
                     dp_comm_exposed_s=exposed, pp_comm_s=pp_s, bubble_s=bubble_s, optimizer_s=optimizer_s,
                     model_flops=per_token.model * tokens_step, tokens=tokens_step, devices=devices,
                     peak_flops=hw.peak_flops, gemm_efficiency=eff,
                     dp_comm_s=dp_s, stage_micro_s=tuple(totals))
+
+
+def _optimizer_s(job: Job, hw: Hardware, a: Assumptions, trainable, replicas):
+    """The optimizer step: its states' bytes read and written at memory bandwidth (unfused: temporaries re-read),
+    or a measured step rate where arithmetic bounds it (a CPU); with offload, on the host plus the PCIe copies
+    of gradients and parameters."""
+    zero, offload = np.asarray(job.parallel.zero), np.asarray(job.parallel.offload)
+    weight_b, grad_b, _o = bytes_per_param(job)
+    shard = np.where(zero >= 1, replicas, 1)
+    states = model_state_bytes(job)
+    impl_factor = 1.0 if optimizer_impl(job) == "fused" else 1.5
+    device_s = 2 * impl_factor * (states.params_bytes + states.grads_bytes + states.optimizer_bytes) \
+        / hw.memory_bw_bytes_per_s
+    if a.optimizer_params_per_s:
+        device_s = np.maximum(device_s, trainable / shard / a.optimizer_params_per_s)
+    host_s = trainable / shard / a.host_adam_params_per_s + trainable * (grad_b + weight_b) / shard / a.pcie_bytes_per_s
+    return np.where(offload != "none", host_s, device_s)
 
 
 def _overhead_s(job: Job, a: Assumptions, layers, accum, owns_head):
@@ -422,74 +387,6 @@ def _overhead_s(job: Job, a: Assumptions, layers, accum, owns_head):
     tensors = layers * (10 if m.bias == "all" else 8) + 4
     optimizer_units = np.where(optimizer_impl(job) == "for-loop", 8 * tensors, 24)
     return (accum * micro_units + optimizer_units) * a.op_overhead_s
-
-
-def _backends(job: Job):
-    """(megatron, deepspeed, torch) over a layout grid: which program each layout follows (Job.backend)."""
-    par = job.parallel
-    zero = np.asarray(par.zero)
-    megatron = _is_megatron(job)
-    if par.backend is not None:
-        deepspeed = np.asarray(par.backend == "deepspeed")
-    else:
-        deepspeed = ~megatron & (job.precision.mode not in TORCH_SEMANTICS) & (zero > 0)
-    return megatron, deepspeed, ~megatron & ~deepspeed
-
-
-def overlap_settings(job: Job) -> dict:
-    """The communication each layout hides behind compute: job.overlap where given, else its backend's default
-    (torch: DDP and FSDP2 overlap reduce and prefetch gathers; DeepSpeed as the toolkit configures it: ZeRO-3's
-    prefetch only; Megatron: nothing unless asked, but FSDP beside its tensor parallelism (ZeRO-3) overlaps both).
-    Arrays over a grid, booleans for one job."""
-    zero = np.asarray(job.parallel.zero)
-    megatron, _deepspeed, torch_ = _backends(job)
-    ov = job.overlap
-    # sharded weights beside Megatron's tensor parallelism are FSDP's (OPT's metaseq, Megatron-core's FSDP), which
-    # prefetches gathers and overlaps its reduce-scatters; DeepSpeed's ZeRO-3 prefetches its gathers
-    grad = torch_ | (megatron & (zero == 3)) if ov.grad_reduce is None else np.asarray(ov.grad_reduce)
-    gather = torch_ | (zero == 3) if ov.param_gather is None else np.asarray(ov.param_gather)
-    return {"grad_reduce": grad, "param_gather": gather, "tp_comm": np.asarray(ov.tp_comm)}
-
-
-def _data_parallel_s(job: Job, hw: Hardware, a: Assumptions, trainable, n, bw, accum, micro_s, units):
-    """(all, exposed) seconds of gradient reduction and parameter gathers over n replicas, as each backend runs
-    them: DDP all-reduces once a step (no_sync while accumulating), Megatron (its distributed optimizer keeps a
-    whole fp32 gradient buffer) and ZeRO-1 reduce(-scatter) once a step; ZeRO-2/3 of FSDP2 and DeepSpeed
-    reduce-scatter every micro-batch, as sharded gradients cannot accumulate whole. ZeRO-3 gathers in every micro-batch's forward and backward, FSDP2's ZeRO-2 in its forward; ZeRO-1,
-    DeepSpeed's ZeRO-2 and Megatron's distributed optimizer gather the updated shards once after the step
-    (torch's ZeRO-1 broadcasts them).
-    Overlapped, a collective hides bucket by bucket (a gather: block by block) behind its micro-batch's backward
-    (a gather: its compute; after the step: the next forward); the last bucket always shows."""
-    zero = np.asarray(job.parallel.zero)
-    megatron, deepspeed, torch_ = _backends(job)
-    ov = overlap_settings(job)
-    if not a.comm_overlaps_compute:
-        ov = {k: np.asarray(False) for k in ov}
-    weight_b, grad_b, _o = bytes_per_param(job)
-    gather_b = np.where(torch_ & (zero >= 2) & job.precision.mode.startswith("amp-"), 2, weight_b)  # FSDP2's bf16
-    g = hw.gpus_per_node
-    latency = _latency_s(n, np.maximum(g // np.asarray(job.parallel.tp), 1), a)
-    grad_bytes = trainable * grad_b
-    buckets = np.maximum(np.ceil(grad_bytes / a.bucket_bytes), 1)
-    reduce_s = _ring_s(np.where((zero == 0) | (torch_ & (zero == 1)), 2.0, 1.0), grad_bytes, n, bw, a) \
-        + buckets * latency
-    # sharded gradients cannot accumulate whole; Megatron's distributed optimizer accumulates in a full fp32
-    # buffer and reduce-scatters once (its "ZeRO-2" shards only what the step keeps)
-    reduce_events = np.where((zero >= 2) & ~megatron, accum, 1)
-    hidden = np.maximum(reduce_s - micro_s * 2 / 3 * (1 - 1 / buckets), reduce_s / buckets)
-    reduce_exposed = reduce_events * np.where(ov["grad_reduce"], hidden, reduce_s)
-
-    gather_s = _ring_s(1.0, trainable * gather_b, n, bw, a) + units * latency
-    per_micro = np.where(zero == 3, 2, np.where((zero == 2) & torch_, 1, 0))    # sharded weights: every forward
-    micro_gathers = per_micro * gather_s                  # one micro-batch's gathers
-    micro_exposed = np.where(ov["param_gather"], np.maximum(micro_gathers - micro_s * (1 - 1 / units),
-                                                            micro_gathers / units), micro_gathers)
-    after_step = (zero >= 1) & (per_micro == 0)
-    ahead = ov["param_gather"] & ~(torch_ & (zero == 1))  # ZeroRedundancyOptimizer's broadcast never hides
-    after_exposed = np.where(ahead, np.maximum(gather_s - micro_s / 3 * (1 - 1 / units), gather_s / units), gather_s)
-    total = reduce_events * reduce_s + accum * micro_gathers + np.where(after_step, gather_s, 0.0)
-    exposed = reduce_exposed + accum * micro_exposed + np.where(after_step, after_exposed, 0.0)
-    return np.where(n > 1, total, 0.0), np.where(n > 1, exposed, 0.0)
 
 
 def _trainable(job: Job):
