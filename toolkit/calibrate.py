@@ -51,13 +51,10 @@ def _timed_s(fn, seconds: float = 0.3, least: int = 3) -> float:
 
 def job_shapes(job: Job) -> list[tuple[int, int, int]]:
     """The (m, k, n) of the job's matmuls on one rank: q, k, v, o, the MLP and the output projection."""
-    m, par = job.model, job.parallel
-    tokens = job.batch.micro_batch * m.seq_len
-    q, kv = m.heads * m.head_dim_ // par.tp, m.kv_heads_ * m.head_dim_ // par.tp
-    f = m.ffn_ // par.tp
-    shapes = {(tokens, m.hidden, q), (tokens, m.hidden, kv), (tokens, q, m.hidden), (tokens, m.hidden, f),
-              (tokens, f, m.hidden), (tokens, m.hidden, -(-m.vocab // par.tp))}
-    return sorted(shapes)
+    from .estimate.steptime import block_matmul_shapes
+    tokens, vocab = job.batch.micro_batch * job.model.seq_len, -(-job.model.vocab // job.parallel.tp)
+    shapes = {tuple(int(x) for x in shape) for shape in block_matmul_shapes(job)}
+    return sorted(shapes | {(tokens, job.model.hidden, vocab)})
 
 
 def matmul_flops(shapes, dtype: torch.dtype) -> list[float]:

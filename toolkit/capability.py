@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .specs.job import TORCH_SEMANTICS, Job
+from .specs.job import Job, backend_masks
 from .specs.stages import uneven_fits
 
 __all__ = ["run_refusal", "runnable_mask", "RUN_LAYOUTS", "CAPABILITIES", "capability_markdown"]
@@ -129,9 +129,7 @@ def runnable_mask(job: Job) -> np.ndarray:
     vpp, schedule = np.asarray(par.vpp), np.asarray(par.schedule)
     m = np.maximum(np.asarray(job.grad_accum if job.grad_accum is not None else 1), 1)
     recompute = np.asarray(job.memory.recompute)
-    mixed = mode not in TORCH_SEMANTICS
-    megatron = mixed & ((tp > 1) | (pp > 1))                 # infer_backend, over arrays
-    deepspeed = mixed & (zero > 0) & ~megatron
+    megatron, deepspeed = backend_masks(mode, zero, tp, pp)
     inferred = np.where(deepspeed, "deepspeed", np.where(megatron, "megatron", "torch"))
     sharded = (zero >= 2) | (tp > 1)
     split = sharded | (pp > 1) | deepspeed

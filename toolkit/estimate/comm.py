@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..specs.job import TORCH_SEMANTICS, Job
+from ..specs.job import Job, backend_masks
 from .states import bytes_per_param
 
 __all__ = ["ring_s", "latency_s", "ring_attention_s", "is_megatron", "backends", "overlap_settings",
@@ -45,26 +45,19 @@ def ring_attention_s(job: Job, a, micro_tokens, attention_s, bw):
     return np.where(cp > 1, np.maximum(ring_s - attention_s, 0.0) + 3 * (cp - 1) * a.latency_intra_s, 0.0)
 
 
-def is_megatron(job: Job):
-    """Job.backend == "megatron", for layouts whose tp and pp may be arrays (the planner's grid)."""
-    par = job.parallel
-    if par.backend is not None:
-        return np.asarray(par.backend == "megatron")
-    if job.precision.mode in TORCH_SEMANTICS:
-        return np.asarray(False)
-    return (np.asarray(par.tp) > 1) | (np.asarray(par.pp) > 1)
-
-
 def backends(job: Job):
     """(megatron, deepspeed, torch) over a layout grid: which program each layout follows (Job.backend)."""
     par = job.parallel
-    zero = np.asarray(par.zero)
-    megatron = is_megatron(job)
     if par.backend is not None:
-        deepspeed = np.asarray(par.backend == "deepspeed")
+        megatron, deepspeed = np.asarray(par.backend == "megatron"), np.asarray(par.backend == "deepspeed")
     else:
-        deepspeed = ~megatron & (job.precision.mode not in TORCH_SEMANTICS) & (zero > 0)
+        megatron, deepspeed = backend_masks(job.precision.mode, par.zero, par.tp, par.pp)
     return megatron, deepspeed, ~megatron & ~deepspeed
+
+
+def is_megatron(job: Job):
+    """Job.backend == "megatron", for layouts whose tp and pp may be arrays (the planner's grid)."""
+    return backends(job)[0]
 
 
 def overlap_settings(job: Job) -> dict:

@@ -48,8 +48,8 @@ from .memory import optimizer_impl
 from .states import (adapter_params_per_layer, bytes_per_param, job_stage_layers, model_state_bytes,
                      params_per_device)
 
-__all__ = ["Hardware", "Assumptions", "StepTime", "hardware_for", "step_time", "node_network_bytes_per_s",
-           "ASSUMED_NETWORK_BITS_PER_DEVICE"]
+__all__ = ["Hardware", "Assumptions", "StepTime", "hardware_for", "step_time", "block_matmul_shapes",
+           "node_network_bytes_per_s", "ASSUMED_NETWORK_BITS_PER_DEVICE"]
 
 
 @dataclass(frozen=True)
@@ -207,16 +207,21 @@ def _roofline_s(m, k, n, elem: float, hw: Hardware, a: Assumptions):
                       / hw.memory_bw_bytes_per_s)
 
 
-def _gemm_efficiency(job: Job, hw: Hardware, a: Assumptions):
-    """FLOPs of a block's matmuls divided by their roofline time, as a share of peak."""
-    m, par = job.model, job.parallel
-    tp = np.asarray(par.tp)
+def block_matmul_shapes(job: Job) -> list[tuple]:
+    """(m, k, n) of one block's matmuls on one tensor-parallel rank, one micro-batch: q, k, v, o and the MLP's
+    (toolkit calibrate measures the same shapes). Layout fields may be arrays."""
+    m = job.model
+    tp = np.asarray(job.parallel.tp)
     tokens = np.asarray(job.batch.micro_batch) * m.seq_len
     h, q, kv, f = m.hidden, m.heads * m.head_dim_ / tp, m.kv_heads_ * m.head_dim_ / tp, m.ffn_ / tp
-    elem = 4 if job.precision.mode == "fp32" else 2
     shapes = [(tokens, h, q), (tokens, h, kv), (tokens, h, kv), (tokens, q, h), (tokens, h, f), (tokens, f, h)]
-    if m.mlp == "swiglu":
-        shapes.append((tokens, h, f))
+    return shapes + [(tokens, h, f)] if m.mlp == "swiglu" else shapes
+
+
+def _gemm_efficiency(job: Job, hw: Hardware, a: Assumptions):
+    """FLOPs of a block's matmuls divided by their roofline time, as a share of peak."""
+    elem = 4 if job.precision.mode == "fp32" else 2
+    shapes = block_matmul_shapes(job)
     flops = sum(2.0 * x * y * z for x, y, z in shapes)
     seconds = sum(_roofline_s(x, y, z, elem, hw, a) for x, y, z in shapes)
     return flops / (seconds * hw.gemm_peak)

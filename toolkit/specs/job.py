@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
 import yaml
 
 from .catalog import Catalog, load_catalog
@@ -23,21 +24,26 @@ from .yamlio import read_yaml
 __all__ = ["Batch", "Precision", "Optimizer", "Parallel", "MemoryOptions", "Overlap", "Cluster", "Cost", "Finetune", "Job",
            "Pruning", "Training",
            "LORA_TARGETS",
-           "PRECISIONS", "TORCH_SEMANTICS", "compute_dtype", "infer_backend"]
+           "PRECISIONS", "TORCH_SEMANTICS", "backend_masks", "compute_dtype", "infer_backend"]
 
 PRECISIONS = ("fp32", "amp-bf16", "amp-fp16", "mixed-bf16", "mixed-fp16", "pure-bf16")
 TORCH_SEMANTICS = ("fp32", "amp-bf16", "amp-fp16", "pure-bf16")
 """Modes that follow torch: DDP, ZeroRedundancyOptimizer (ZeRO-1), FSDP2 (ZeRO-2/3). `mixed-*` follow DeepSpeed."""
 
 
+def backend_masks(mode: str, zero, tp, pp):
+    """(megatron, deepspeed): which layouts follow Megatron's or DeepSpeed's program, as booleans over arrays of
+    layouts (the planner's grid) or one. mixed-* (16-bit weights, fp32 masters) with tp or pp is Megatron's (its
+    distributed optimizer being ZeRO-1), mixed-* with ZeRO over dp alone DeepSpeed's; everything else torch's."""
+    mixed = mode not in TORCH_SEMANTICS
+    megatron = mixed & ((np.asarray(tp) > 1) | (np.asarray(pp) > 1))
+    return megatron, mixed & (np.asarray(zero) > 0) & ~megatron
+
+
 def infer_backend(mode: str, zero: int, tp: int, pp: int) -> str:
-    """The framework a layout's program follows: mixed-* (16-bit weights, fp32 masters) with tp or pp is Megatron's
-    (its distributed optimizer being ZeRO-1), mixed-* with ZeRO over dp alone DeepSpeed's; everything else torch's."""
-    if mode in TORCH_SEMANTICS:
-        return "torch"
-    if tp > 1 or pp > 1:
-        return "megatron"
-    return "deepspeed" if zero > 0 else "torch"
+    """The framework one layout's program follows (`backend_masks`' rule)."""
+    megatron, deepspeed = backend_masks(mode, zero, tp, pp)
+    return "megatron" if megatron else "deepspeed" if deepspeed else "torch"
 
 
 def compute_dtype(mode: str) -> str:
