@@ -37,6 +37,8 @@ CAPABILITIES = (   # (backend, layout, precision modes, estimated, traced, run)
     ("deepspeed", "ZeRO-1/2/3 over dp, + offload optimizer (ZeRO-Offload)", "mixed-bf16 (mixed-fp16 on GPUs)",
      True, True, True),
     ("deepspeed", "offload params (ZeRO-Infinity)", "mixed-*", True, False, False),
+    ("deepspeed", "tp, pp, dp x tp x pp at ZeRO 0/1 (Megatron-DeepSpeed; its BF16 optimizer with grad_dtype fp32)",
+     "mixed-*", True, False, False),
     ("megatron", "tp, sp, pp, dp x tp x pp (with ZeRO-1 over dp)", "mixed-*", True, False, False),
     ("any", "context parallelism (cp: ring attention)", "all", True, False, False),
 )
@@ -51,6 +53,10 @@ def _layout_rules(job: Job):
         "parallel.tp" if par.tp > 1 else "parallel.pp", par.tp if par.tp > 1 else par.pp,
         f"{mode} with tensor or pipeline parallelism is Megatron's program (estimated only); use fp32, amp-* or "
         "pure-bf16 (torch's DTensor plan and pipeline schedules)")
+    yield backend == "deepspeed" and (par.tp > 1 or par.pp > 1), (
+        "parallel.tp" if par.tp > 1 else "parallel.pp", par.tp if par.tp > 1 else par.pp,
+        "DeepSpeed's engine around Megatron's tensor parallelism and DeepSpeed's pipeline (Megatron-DeepSpeed) "
+        "is estimated, not run; use fp32, amp-* or pure-bf16 (torch's DTensor plan and pipeline schedules)")
     yield backend == "deepspeed" and par.offload == "params", (
         "parallel.offload", "params", "DeepSpeed's parameter offload (ZeRO-Infinity) is estimated, not run; use "
                                       "offload optimizer (ZeRO-Offload), or amp-bf16 with FSDP2's offload params")

@@ -61,6 +61,7 @@ OVERRIDES = {
     "recompute": ("memory", "recompute", MemoryOptions), "act_compress": ("memory", "act_compress", MemoryOptions),
     "attention": ("memory", "attention", MemoryOptions),
     "headroom": ("memory", "headroom_fraction", MemoryOptions),
+    "expandable_segments": ("memory", "expandable_segments", MemoryOptions),
     "gpus_per_node": ("cluster", "gpus_per_node", Cluster),
     "offer": ("cost", "offer", Cost), "spot": ("cost", "spot", Cost),
     "interruptions": ("cost", "interruptions_per_month", Cost), "pue": ("cost", "pue", Cost),
@@ -80,7 +81,7 @@ TRAIN_OVERRIDES = {
     "init_from": ("training", "init_from", Training),
 }
 _BOOLEAN = {"tie_embeddings", "sp", "spot", "fp32_norm", "fp8", "overlap_grad_reduce", "overlap_param_gather",
-            "overlap_tp_comm"}
+            "overlap_tp_comm", "expandable_segments"}
 _FLAG_OF_FIELD = {f"{sec}.{fld}" if sec else fld: "--" + flag.replace("_", "-")
                   for flag, (sec, fld, _cls) in {**OVERRIDES, **TRAIN_OVERRIDES}.items()}
 _FLAG_OF_FIELD.update({"cluster.count": "--gpus", "cluster.accelerator": "--gpus", "model.params": "--params",

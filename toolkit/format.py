@@ -64,6 +64,12 @@ def render_estimate(est: dict) -> str:
                   ("activations", "not modelled yet" if mem["activations_bytes"] is None else gib(mem["activations_bytes"])),
                   ("peak in a step", "—" if mem["peak_bytes"] is None
                    else f"{gib(mem['peak_bytes'])}" + (f" (at {mem['peak_phase']})" if mem.get("peak_phase") else "")),
+                  *([("reserved (allocator)", f"{gib(mem['reserved_peak_bytes'])} (+{gib(t['fragmentation_bytes'])} "
+                      f"fragmentation{', expandable segments' if mem.get('expandable_segments') else ''}, "
+                      f"+{gib(t['workspace_bytes'])} workspaces)"),
+                     ("on the device", f"{gib(mem['device_peak_bytes'])} (+{gib(t['context_bytes'])} CUDA context, "
+                      f"+{gib(t['comm_bytes'])} communication buffers): what nvidia-smi shows")]
+                    if (t := mem.get("device_terms")) else []),
                   ("offloaded to host", gib(mem["host_bytes"])),
                   ("device capacity", f"{gib(mem['device_bytes'])} ({gib(mem['usable_bytes'])} usable): {fits}"
                    if mem["device_bytes"] else "—")])
@@ -184,11 +190,11 @@ def render_plan(result: dict) -> str:
     out = [f"evaluated {result['evaluated']:,} layouts, {result['fitting']:,} fit; best by {result['objective']}:"]
     if not result["plans"]:
         out.append("  none fits: try more devices (--max-gpus), another accelerator, or see `toolkit doctor`")
-    head = ("#", "devices", "layout", "peak/usable", "step", "MFU", "days", "cost")
+    head = ("#", "devices", "layout", "device peak/usable", "step", "MFU", "days", "cost")
     rows = [head]
     for i, p in enumerate(result["plans"], 1):
         where = f"{p['devices']}x{p['accelerator']}" + (f" ({p['instances']}x {p['offer']})" if p["offer"] else "")
-        rows.append((str(i), where, _layout_text(p["layout"]), f"{gib(p['peak_bytes'])}/{gib(p['usable_bytes'])}",
+        rows.append((str(i), where, _layout_text(p["layout"]), f"{gib(p['device_peak_bytes'])}/{gib(p['usable_bytes'])}",
                      f"{p['step_s']:.2f} s", f"{p['mfu']:.0%}", f"{p['train_days']:,.1f}",
                      money(p["cost"], p["currency"]) if p["cost"] is not None else "—"))
     widths = [max(len(r[c]) for r in rows) for c in range(len(head))]
@@ -212,7 +218,8 @@ def render_doctor(result: dict) -> str:
     if "fixes" not in result:                       # a run's diagnosis
         return "\n".join([f"run of {result['steps']} steps:"] + [f"  - {f}" for f in result["findings"]])
     state = "fits" if result["fits"] else "does NOT fit"
-    out = [f"peak {gib(result['peak_bytes'])} of {gib(result['usable_bytes'])} usable: {state}"
+    out = [f"device peak {gib(result['device_peak_bytes'])} (tensors {gib(result['peak_bytes'])}) of "
+           f"{gib(result['usable_bytes'])} usable: {state}"
            + (f"; step {result['step_s']:.3g} s (modelled)" if result["step_s"] is not None else "")]
     out += [f"  - {f}" for f in result["findings"]]
     if result["fixes"]:
@@ -220,7 +227,7 @@ def render_doctor(result: dict) -> str:
         for f in result["fixes"][:12]:
             time = "" if f["step_change"] is None else f", step {f['step_change']:+.0%}"
             mark = "fits" if f["fits"] else "still over"
-            out.append(f"  {f['change']}: {gib(result['peak_bytes'])} -> {gib(f['peak_bytes'])} per device "
+            out.append(f"  {f['change']}: {gib(result['device_peak_bytes'])} -> {gib(f['device_peak_bytes'])} per device "
                        f"({mark}{time})")
     elif result["fits"]:
         out += ["", "no single change makes it faster"]
@@ -229,7 +236,7 @@ def render_doctor(result: dict) -> str:
         time = "" if combined["step_change"] is None else f", step {combined['step_change']:+.0%}"
         verdict = "fits" if combined["fits"] else "still does not fit: more devices or a larger accelerator"
         out += ["", f"no single change fits; together: {' + '.join(combined['changes'])}",
-                f"  -> {gib(combined['peak_bytes'])} per device ({verdict}{time})"]
+                f"  -> {gib(combined['device_peak_bytes'])} per device ({verdict}{time})"]
     return "\n".join(out)
 
 

@@ -19,7 +19,9 @@ __all__ = ["memory_figure", "step_figure", "metrics_figure", "pareto_figure", "p
 GIB = 2**30
 MEMORY_PARTS = (("params_bytes", "parameters", "#4C78A8"), ("grads_bytes", "gradients", "#F58518"),
                 ("optimizer_bytes", "optimizer states", "#54A24B"), ("activations_bytes", "activations", "#B279A2"),
-                ("transient_bytes", "transient at peak", "#BAB0AC"))
+                ("transient_bytes", "transient at peak", "#BAB0AC"),
+                ("pool_bytes", "allocator pool (fragmentation, workspaces)", "#D8B5A5"),
+                ("context_bytes", "CUDA context", "#9D755D"), ("comm_bytes", "communication buffers", "#E45756"))
 STEP_PARTS = (("compute_s", "compute", "#4C78A8"), ("memory_bound_s", "memory-bound", "#72B7B2"),
               ("tp_comm_s", "tp comm", "#F58518"), ("dp_comm_exposed_s", "dp comm (exposed)", "#E45756"),
               ("pp_comm_s", "pp sends", "#FF9DA6"), ("bubble_s", "pipeline bubble", "#BAB0AC"),
@@ -30,11 +32,16 @@ def _memory_values(mem: dict) -> dict:
     parts = {k: mem.get(k) or 0.0 for k, _, _ in MEMORY_PARTS[:4]}
     peak = mem.get("peak_bytes")
     parts["transient_bytes"] = max(peak - sum(parts.values()), 0.0) if peak is not None else 0.0
+    terms = mem.get("device_terms") or {}
+    parts["pool_bytes"] = (terms.get("fragmentation_bytes") or 0.0) + (terms.get("workspace_bytes") or 0.0)
+    parts["context_bytes"] = terms.get("context_bytes") or 0.0
+    parts["comm_bytes"] = terms.get("comm_bytes") or 0.0
     return parts
 
 
 def memory_figure(est: dict) -> go.Figure:
-    """One stacked bar (GiB per device) up to the step's peak, with the usable and total device memory."""
+    """One stacked bar (GiB per device): the tensors up to the step's peak, then what the device holds beside
+    them (allocator pool, CUDA context, communication buffers), with the usable and total device memory."""
     mem = est["memory"]
     parts = _memory_values(mem)
     fig = go.Figure([go.Bar(y=["per device"], x=[parts[key] / GIB], name=label, orientation="h",
@@ -45,9 +52,9 @@ def memory_figure(est: dict) -> go.Figure:
         usable, total = mem["usable_bytes"] / GIB, mem["device_bytes"] / GIB
         fig.add_vline(x=usable, line_dash="dash", line_color="black")
         fig.add_vline(x=total, line_color="black")
-        peak = (mem.get("peak_bytes") or 0) / GIB
-        title = (f"peak {peak:.1f} GiB of {usable:.1f} GiB usable: fits" if mem.get("fits")
-                 else f"peak {peak:.1f} GiB: {peak - usable:.1f} GiB over the {usable:.1f} GiB usable")
+        peak = (mem.get("device_peak_bytes") or mem.get("peak_bytes") or 0) / GIB
+        title = (f"device peak {peak:.1f} GiB of {usable:.1f} GiB usable: fits" if mem.get("fits")
+                 else f"device peak {peak:.1f} GiB: {peak - usable:.1f} GiB over the {usable:.1f} GiB usable")
     fig.update_layout(barmode="stack", title=title, xaxis_title="GiB", height=200,
                       margin=dict(l=10, r=10, t=40, b=30), legend=dict(orientation="h", y=-0.5))
     return fig

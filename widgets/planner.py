@@ -183,7 +183,7 @@ class PlannerPanel(W.VBox):
         rows: list[W.Widget] = [W.HTML("<b>" + html.escape(f) + "</b>") for f in report["findings"]]
         for fix in report["fixes"][:8]:
             change = "" if fix["step_change"] is None else f", step {fix['step_change']:+.0%}"
-            label = f"{fix['change']}: {fix['peak_bytes'] / 2**30:.1f} GiB{change}" + ("" if fix["fits"] else
+            label = f"{fix['change']}: {fix['device_peak_bytes'] / 2**30:.1f} GiB{change}" + ("" if fix["fits"] else
                                                                                          " (still over)")
             button = W.Button(description=label, layout=W.Layout(width="auto"),
                               button_style="success" if fix["fits"] else "")
@@ -212,11 +212,11 @@ class PlannerPanel(W.VBox):
                         objective="cost" if offers else "time", top=top)
         rows = "".join(
             f"<tr><td>{p['devices']}x{p['accelerator']}</td><td>{_layout(p['layout'])}</td>"
-            f"<td>{p['peak_bytes'] / 2**30:.1f} GiB</td><td>{p['step_s']:.3g} s</td><td>{p['mfu']:.0%}</td>"
+            f"<td>{p['device_peak_bytes'] / 2**30:.1f} GiB</td><td>{p['step_s']:.3g} s</td><td>{p['mfu']:.0%}</td>"
             f"<td>{p['train_days']:,.1f}</td><td>{_money(p['cost'], p['currency'])}</td></tr>"
             for p in result["plans"])
         table = W.HTML(f"<p>{result['fitting']:,} of {result['evaluated']:,} layouts fit</p><table>"
-                       "<tr><th>devices</th><th>layout</th><th>peak</th><th>step</th><th>MFU</th><th>days</th>"
+                       "<tr><th>devices</th><th>layout</th><th>device peak</th><th>step</th><th>MFU</th><th>days</th>"
                        f"<th>cost</th></tr>{rows}</table>")
         children = [table]
         if result["pareto"]:

@@ -30,7 +30,7 @@ import numpy as np
 from ..specs.job import TORCH_SEMANTICS, Job
 from .activations import activation_bytes, element_bytes
 from .params import count_params
-from .states import (StateBytes, adapter_params_per_layer, bytes_per_param, job_stage_layers, model_state_bytes,
+from .states import (StateBytes, adapter_params_per_layer, bf16_optimizer, bytes_per_param, job_stage_layers, model_state_bytes,
                      params_per_device, vocab_per_rank)
 from .zero_buffers import deepspeed_reduce, gathered_params, largest_matrix
 
@@ -171,9 +171,15 @@ def _stage_memory(job: Job, stage, stages_after=None) -> MemoryEstimate:
     grads_full = np.where(ds.fixed > 0, 0.0, grads_full)          # (DeepSpeed's ZeRO-3: counted in persistent)
     # Megatron's fp32 main gradients: one buffer allocated at start-up and zeroed, never freed, so it is there in
     # forward too; each 16-bit gradient is added into it as autograd makes it, and dropped
-    main_grads = mode.startswith("mixed-") & (job.precision.grad_dtype == "fp32") & (zero == 0)
+    bf16_opt = bf16_optimizer(job)
+    main_grads = mode.startswith("mixed-") & (job.precision.grad_dtype == "fp32") & (zero == 0) & ~bf16_opt
     persistent = persistent + np.where(main_grads, grads_full, 0.0)
     grads_full = np.where(main_grads, 0.0, grads_full)
+    # DeepSpeed's BF16 optimizer: its fp32 buffer (4 of the 6 bytes) is made at start-up; the bf16 gradients
+    # appear in backward as usual and are added into it after each micro-batch
+    persistent = persistent + np.where(bf16_opt, grads_full * 4 / 6, 0.0)
+    grads_full = np.where(bf16_opt, grads_full * 2 / 6, grads_full)
+    grad_b = np.where(bf16_opt, 2, grad_b)
     # DDP (torch's replicas, and under torch's ZeRO-1): its gradient buckets are allocated once and kept, and each
     # gradient, once reduced, is a view into them (gradient_as_bucket_view). Without accumulation the buckets are
     # the gradients, there in forward too (as a main-gradient buffer); when accumulating, the micro-batches before

@@ -10,6 +10,7 @@ import numpy as np
 from ..specs.catalog import Catalog, load_catalog
 from ..specs.job import Job, compute_dtype
 from .cost import offer_cost, train_seconds
+from .device import device_memory
 from .flops import PF_DAY_FLOPS, flops_per_token, training_flops
 from .memory import memory_estimate, memory_notes
 from .params import count_params
@@ -36,12 +37,14 @@ def estimate(job: Job, catalog: Catalog | None = None) -> dict:
     notes.extend(memory_notes(job, mem))
     device_bytes = accelerator.memory_bytes if accelerator else None
     usable = None if device_bytes is None else device_bytes * (1 - job.memory.headroom_fraction)
+    held = device_memory(job, mem.peak_bytes, accelerator) if accelerator and mem is not None else None
     fits = None
-    if usable is not None and mem is not None:
-        fits = mem.peak_bytes <= usable
+    if usable is not None and held is not None:
+        fits = held.device_bytes <= usable
+        notes.append(_device_note(held, job))
         if not fits:
-            notes.append(f"peak {mem.peak_bytes / 2**30:.1f} GiB ({mem.peak_phase}) exceeds the "
-                         f"{usable / 2**30:.1f} GiB usable on {accelerator.name}")
+            notes.append(f"device peak {held.device_bytes / 2**30:.1f} GiB (tensors {mem.peak_bytes / 2**30:.1f} GiB "
+                         f"at {mem.peak_phase}) exceeds the {usable / 2**30:.1f} GiB usable on {accelerator.name}")
     elif usable is not None and states.total_bytes > usable:
         fits = False
         notes.append(f"model states alone need {states.total_bytes / 2**30:.1f} GiB per device, more than the "
@@ -141,6 +144,10 @@ def estimate(job: Job, catalog: Catalog | None = None) -> dict:
             "activations_bytes": mem.activations_bytes if mem else None,
             "peak_bytes": mem.peak_bytes if mem else None,
             "peak_phase": mem.peak_phase if mem else None,
+            "reserved_peak_bytes": held.reserved_bytes if held else None,
+            "device_peak_bytes": held.device_bytes if held else None,
+            "device_terms": held.terms() if held else None,
+            "expandable_segments": job.memory.expandable_segments,
             "program": job.memory.program,
             "host_bytes": states.host_bytes,
             "device_bytes": device_bytes,
@@ -181,6 +188,18 @@ def _plain(value):
     if isinstance(value, (np.ndarray, np.generic)):
         return value.item()
     return value
+
+
+def _device_note(held, job: Job) -> str:
+    """What the device holds beyond the tensors, so that a reader sees why the fit is decided on more."""
+    gib = 2**30
+    return (f"beyond the tensors' {held.allocated_bytes / gib:.1f} GiB the device holds the allocator's pool "
+            f"(+{held.fragmentation_bytes / gib:.1f} GiB fragmentation"
+            f"{' with expandable segments' if job.memory.expandable_segments else ''}, "
+            f"+{held.workspace_bytes / gib:.2f} GiB cuBLAS workspaces: reserved {held.reserved_bytes / gib:.1f} GiB), "
+            f"the CUDA context ({held.context_bytes / gib:.2f} GiB) and communication buffers "
+            f"({held.comm_bytes / gib:.2f} GiB for {int(held.comm_groups)} group(s) and {int(held.p2p_peers)} pipeline "
+            f"peer(s)): {held.device_bytes / gib:.1f} GiB as nvidia-smi shows it; the fit is decided on that")
 
 
 def _overlap_note(job: Job, overlap: dict) -> str:

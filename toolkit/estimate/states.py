@@ -27,7 +27,7 @@ from ..specs.model import ModelSpec
 from ..specs.stages import stage_layer_counts
 from .params import count_params, projection_shapes
 
-__all__ = ["StateBytes", "adapter_params_per_layer", "by_stage", "job_stage_layers", "bytes_per_param", "largest_tensor", "model_state_bytes",
+__all__ = ["StateBytes", "adapter_params_per_layer", "bf16_optimizer", "by_stage", "job_stage_layers", "bytes_per_param", "largest_tensor", "model_state_bytes",
            "nf4_matrix_bytes", "params_per_device", "qlora_block_bytes", "replicated_per_layer", "vocab_per_rank",
            "ADAM8BIT_BLOCK", "ADAM8BIT_BYTES_PER_PARAM", "NF4_BLOCK", "NF4_SCALE_BLOCK"]
 
@@ -158,6 +158,17 @@ def qlora_block_bytes(job: Job) -> tuple[int, float, int]:
     return matrices, nf4, sum(shapes[n][1] for n in biased)
 
 
+def bf16_optimizer(job: Job):
+    """Where DeepSpeed runs its BF16 optimizer: mixed-bf16 with fp32 gradient accumulation (precision.grad_dtype
+    fp32, DeepSpeed's data_types.grad_accum_dtype) at ZeRO 0 or 1 under DeepSpeed's engine, named as
+    parallel.backend deepspeed (with or without its pipeline; unnamed, fp32 gradients read as Megatron's main
+    gradients). It keeps an fp32 gradient buffer of the whole stage, not sharded, beside the bf16 gradients
+    ("4 bytes x params and it's not sharded", BigScience's BLOOM chronicles, 2022-02-28). Arrays in, arrays out."""
+    par = job.parallel
+    return ((job.precision.mode == "mixed-bf16") & (job.precision.grad_dtype == "fp32")
+            & (par.backend == "deepspeed") & (np.asarray(par.zero) <= 1))
+
+
 def nf4_matrix_bytes(numel: int) -> float:
     """One NF4Linear's buffers (toolkit.train.qlora): 4-bit codes, an int8 absmax per 64 weights, an fp32
     scale per 256 absmax values, the fp32 mean, and its table of 16 bf16 levels."""
@@ -187,6 +198,7 @@ def model_state_bytes(job: Job, stage: str | None = None) -> StateBytes:
         compute = 2                        # NF4Linear keeps its bias in the 16-bit compute dtype
         params_b = params_b + stage_layers * (nf4 - matrices * weight + biases * (compute - weight))
     grads_b = trainable * grad / np.where(zero >= 2, dp, 1)
+    grads_b = grads_b + np.where(bf16_optimizer(job), trainable * 2, 0.0)     # its bf16 gradients beside the fp32
     optimizer_b = trainable * optimizer / np.where(zero >= 1, dp, 1)
     if torch_semantics and not job.finetune.adapters and job.model.has_shape:
         # torch's ZeRO-1 (ZeroRedundancyOptimizer) gives whole tensors to ranks: no rank holds less than the

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..specs.job import TORCH_SEMANTICS, Job
-from .states import zero_partition_params
+from .states import bf16_optimizer, zero_partition_params
 
 __all__ = ["Gathered", "Reduce", "deepspeed_reduce", "gathered_params", "largest_matrix"]
 
@@ -88,8 +88,8 @@ def deepspeed_reduce(job: Job, params: float, grad_b: float, dp, ends=(0.0, 0.0)
     """`params`: the stage's trainable parameters on this rank, `ends`: its first and last tensors (the token
     embedding and the head, whose size decides how far past its range a ZeRO-1/2 partition reaches)."""
     par, zero = job.parallel, np.asarray(job.parallel.zero)
-    if job.precision.mode in TORCH_SEMANTICS or not np.any(zero > 0):
-        return Reduce()
+    if job.precision.mode in TORCH_SEMANTICS or not np.any(zero > 0) or np.all(bf16_optimizer(job)):
+        return Reduce()        # (the BF16 optimizer reduces its fp32 buffer at the step, without buckets)
     grads_bytes = params * grad_b
     # ZeRO-1/2's gradient partition holds every parameter its range touches, whole (ZeRO-3 splits each parameter)
     partition_bytes = np.where(zero == 3, params / dp, zero_partition_params(params, dp, ends)) * grad_b

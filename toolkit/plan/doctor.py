@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..estimate.device import device_memory
 from ..estimate.memory import memory_estimate
 from ..estimate.steptime import hardware_for, step_time
 from ..specs import Job, SpecError
@@ -30,6 +31,9 @@ def _replace(job: Job, section: str, **changes) -> Job:
 def candidate_changes(job: Job) -> list[tuple[str, Job]]:
     """(what, changed job) for every single change that can lower memory or time."""
     par, mem, out = job.parallel, job.memory, []
+    if not mem.expandable_segments:
+        out.append(("expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; less fragmentation)",
+                    _replace(job, "memory", expandable_segments=True)))
     if mem.recompute != "selective":
         out.append(("selective recompute (attention core only)", _replace(job, "memory", recompute="selective")))
     if mem.recompute != "full":
@@ -71,10 +75,12 @@ def _valid_changes(job: Job, catalog: Catalog):
 
 
 def _evaluate(job: Job, catalog: Catalog):
+    """(device-visible peak, tensors' peak, step s, step breakdown): the device peak decides the fit."""
     mem = memory_estimate(job)
+    held = device_memory(job, mem.peak_bytes, catalog.accelerator(job.cluster.accelerator))
     hw = hardware_for(job, catalog)
     st = step_time(job, hw) if hw is not None else None
-    return float(mem.peak_bytes), (float(st.step_s) if st is not None else None), st
+    return float(held.device_bytes), float(mem.peak_bytes), (float(st.step_s) if st is not None else None), st
 
 
 def diagnose_job(job: Job, catalog: Catalog) -> dict:
@@ -84,13 +90,13 @@ def diagnose_job(job: Job, catalog: Catalog) -> dict:
         raise SpecError("--gpus", None, "the doctor needs the hardware: give --gpus COUNTxNAME or --offer")
     acc = catalog.accelerator(job.cluster.accelerator)
     usable = acc.memory_bytes * (1 - job.memory.headroom_fraction)
-    peak, step_s, st = _evaluate(job, catalog)
+    peak, tensors, step_s, st = _evaluate(job, catalog)
     fits = peak <= usable
     fixes = []
     for what, changed in _valid_changes(job, catalog):
-        new_peak, new_step, _ = _evaluate(changed, catalog)
-        fixes.append({"change": what, "job": changed.to_dict(), "peak_bytes": new_peak, "fits": new_peak <= usable,
-                      "step_s": new_step,
+        new_peak, new_tensors, new_step, _ = _evaluate(changed, catalog)
+        fixes.append({"change": what, "job": changed.to_dict(), "device_peak_bytes": new_peak,
+                      "peak_bytes": new_tensors, "fits": new_peak <= usable, "step_s": new_step,
                       "step_change": None if step_s is None or new_step is None else new_step / step_s - 1})
     combined = None
     if fits:       # a job that fits only wants what makes it faster
@@ -98,11 +104,16 @@ def diagnose_job(job: Job, catalog: Catalog) -> dict:
         fixes.sort(key=lambda f: f["step_change"])
     else:
         fixes.sort(key=lambda f: (not f["fits"], f["step_change"] if f["fits"] and f["step_change"] is not None
-                                  else f["peak_bytes"]))
+                                  else f["device_peak_bytes"]))
+        fragmented = [f for f in fixes if f["fits"] and f["change"].startswith("expandable segments")]
+        if fragmented:        # fragmentation is what does not fit: the fix that costs no time goes first
+            fixes.remove(fragmented[0])
+            fixes.insert(0, fragmented[0])
         if not any(f["fits"] for f in fixes):
             combined = _combine(job, catalog, usable, step_s)
     findings = _findings(job, st, peak, usable)
-    return {"job": job.to_dict(), "peak_bytes": peak, "usable_bytes": usable, "fits": fits, "step_s": step_s,
+    return {"job": job.to_dict(), "device_peak_bytes": peak, "peak_bytes": tensors, "usable_bytes": usable,
+            "fits": fits, "step_s": step_s,
             "breakdown": {k: float(v) for k, v in st.breakdown().items()} if st is not None else None,
             "findings": findings, "fixes": fixes,
             "combined": combined}
@@ -112,11 +123,11 @@ def _combine(job: Job, catalog: Catalog, usable: float, step_s: float | None, ro
     """No single change fits: apply, one after another, the change that frees the most memory per unit of
     added step time, until the job fits (or nothing helps). Returns the changes and where they end."""
     steps, current = [], job
-    current_peak, current_step, _ = _evaluate(job, catalog)
+    current_peak, _, current_step, _ = _evaluate(job, catalog)
     for _ in range(rounds):
         best = None
         for what, changed in _valid_changes(current, catalog):
-            peak, step, _ = _evaluate(changed, catalog)
+            peak, _, step, _ = _evaluate(changed, catalog)
             freed = current_peak - peak
             if freed <= 0:
                 continue
@@ -129,10 +140,10 @@ def _combine(job: Job, catalog: Catalog, usable: float, step_s: float | None, ro
         _score, what, current, current_peak, current_step = best
         steps.append(what)
         if current_peak <= usable:
-            return {"changes": steps, "job": current.to_dict(), "peak_bytes": current_peak, "fits": True,
+            return {"changes": steps, "job": current.to_dict(), "device_peak_bytes": current_peak, "fits": True,
                     "step_s": current_step,
                     "step_change": None if step_s is None or current_step is None else current_step / step_s - 1}
-    return {"changes": steps, "job": current.to_dict(), "peak_bytes": current_peak, "fits": False,
+    return {"changes": steps, "job": current.to_dict(), "device_peak_bytes": current_peak, "fits": False,
             "step_s": current_step, "step_change": None}
 
 
@@ -140,8 +151,9 @@ def _findings(job: Job, st, peak: float, usable: float) -> list[str]:
     """Plain-language diagnosis of where memory and time go."""
     out = []
     if peak > usable:
-        out.append(f"out of memory: the step peaks at {peak / 2**30:.1f} GiB, {usable / 2**30:.1f} GiB usable "
-                   f"({(peak - usable) / 2**30:.1f} GiB over); the fixes below each say what they free")
+        out.append(f"out of memory: the device peaks at {peak / 2**30:.1f} GiB (tensors, allocator pool, CUDA context, "
+                   f"NCCL buffers), {usable / 2**30:.1f} GiB usable ({(peak - usable) / 2**30:.1f} GiB over); the fixes "
+                   "below each say what they free")
     if st is None:
         return out
     parts = {k: float(v) for k, v in st.breakdown().items()}

@@ -20,6 +20,7 @@ import math
 import numpy as np
 
 from ..capability import runnable_mask
+from ..estimate.device import device_memory
 from ..estimate.grid import layout_grid
 from ..estimate.memory import memory_estimate
 from ..estimate.pipeline import simulate
@@ -138,8 +139,12 @@ def search(job: Job, catalog: Catalog, *, gpus: tuple[int, str] | None = None, o
         grid = layout_grid(resolved, **_axes(job, count, fixed))
         evaluated += len(grid)
         mem = memory_estimate(grid.job)
-        usable = catalog.accelerator(accelerator).memory_bytes * (1 - resolved.memory.headroom_fraction)
+        acc = catalog.accelerator(accelerator)
+        usable = acc.memory_bytes * (1 - resolved.memory.headroom_fraction)
         peak = np.broadcast_to(np.asarray(mem.peak_bytes, dtype=float), (len(grid),))
+        held = device_memory(grid.job, peak, acc)      # what the device really holds decides the fit
+        device_peak = np.broadcast_to(np.asarray(held.device_bytes, dtype=float), (len(grid),))
+        reserved_peak = np.broadcast_to(np.asarray(held.reserved_bytes, dtype=float), (len(grid),))
         st = step_time(grid.job, hw)
         train_s = resolved.tokens / np.broadcast_to(np.asarray(st.tokens_per_s, dtype=float), (len(grid),))
         offer = catalog.offer(resolved.cost.offer) if resolved.cost.offer else None
@@ -152,12 +157,13 @@ def search(job: Job, catalog: Catalog, *, gpus: tuple[int, str] | None = None, o
                                resolved.cost.checkpoint_write_bytes_per_s, resolved.cost.restart_s).wall_s
         cost = train_s / 3600 * instances * price if price is not None else np.full(len(grid), np.nan)
         cost_usd = catalog.to_usd(cost, offer.currency) if offer is not None else cost
-        ok = grid.valid & (peak <= usable)
+        ok = grid.valid & (device_peak <= usable)
         if runnable:
             ok &= np.broadcast_to(runnable_mask(grid.job), ok.shape)
         if deadline_days is not None:
             ok &= train_s <= deadline_days * 86400
-        blocks.append({"grid": grid, "mem": peak, "st": st, "train_s": train_s, "cost": cost, "cost_usd": cost_usd,
+        blocks.append({"grid": grid, "mem": peak, "reserved": reserved_peak, "device": device_peak, "st": st,
+                       "train_s": train_s, "cost": cost, "cost_usd": cost_usd,
                        "ok": ok,
                        "accelerator": accelerator, "devices": count, "offer": resolved.cost.offer,
                        "instances": instances, "usable": usable, "currency": offer.currency if offer else None,
@@ -186,7 +192,8 @@ def _describe(block: dict, i: int) -> dict:
     return {"accelerator": block["accelerator"], "devices": block["devices"], "offer": block["offer"],
             "instances": block["instances"], "layout": block["grid"].layout(int(i)),
             "global_batch": block["global_batch"], "tokens": block["tokens"],
-            "peak_bytes": float(block["mem"][i]), "usable_bytes": block["usable"],
+            "peak_bytes": float(block["mem"][i]), "reserved_peak_bytes": float(block["reserved"][i]),
+            "device_peak_bytes": float(block["device"][i]), "usable_bytes": block["usable"],
             "step_s": pick(st.step_s), "tokens_per_s": pick(st.tokens_per_s), "mfu": pick(st.mfu),
             "train_days": float(block["train_s"][i] / 86400),
             "cost": None if np.isnan(block["cost"][i]) else float(block["cost"][i]), "currency": block["currency"],

@@ -44,6 +44,9 @@ class Accelerator:
     assumptions: dict[str, Any] | None = None
     """Figures measured on this device that replace the step-time model's assumptions (toolkit calibrate writes
     them: gemm_fraction, link_efficiency, latency_intra_s, op_overhead_s, ...)."""
+    device_memory: dict[str, Any] | None = None
+    """Figures measured on this device that replace the device-memory assumptions (toolkit.estimate.device:
+    context_bytes, workspace_bytes, fragmentation, comm_channels, ...)."""
 
     def peak_flops(self, dtype: str) -> float | None:
         """Dense peak in FLOP/s for `dtype`, or None when unknown or unsupported."""

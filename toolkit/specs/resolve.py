@@ -65,7 +65,8 @@ _BACKEND_PROGRAMS = {
     "torch": "torch's program (DDP, FSDP2, DTensor, pipelining) runs fp32, amp-* and pure-bf16, and mixed-* as "
              "replicas without ZeRO, tp or pp",
     "deepspeed": "DeepSpeed's program is modelled for the mixed-* modes with zero 1, 2 or 3 over dp alone (16-bit "
-                 "weights, fp32 master partitions)",
+                 "weights, fp32 master partitions), and with tp or pp at zero 0 or 1 (Megatron-DeepSpeed: its "
+                 "engine and pipeline around Megatron's tensor parallelism)",
     "megatron": "Megatron's program is modelled for the mixed-* modes with tp or pp (ZeRO-1 as its distributed "
                 "optimizer)",
 }
@@ -76,7 +77,8 @@ def _check_backend(par, mode: str) -> None:
     estimate models each framework for its own layouts, so another would make the numbers describe another program.
     (Left as given, not filled in: jobs derived from this one with another layout infer theirs afresh.)"""
     inferred = infer_backend(mode, par.zero, par.tp, par.pp)
-    if par.backend is not None and par.backend != inferred:
+    megatron_deepspeed = par.backend == "deepspeed" and inferred == "megatron" and par.zero <= 1
+    if par.backend is not None and par.backend != inferred and not megatron_deepspeed:
         raise SpecError("parallel.backend", par.backend,
                         f"{_BACKEND_PROGRAMS[par.backend]}; precision.mode = {mode} with zero {par.zero}, tp {par.tp}, "
                         f"pp {par.pp} is {inferred}'s (leave backend unset, or change the mode or layout)")

@@ -54,7 +54,11 @@ def deepspeed_config(job: Job) -> dict:
         block = count_params(job.model).per_layer
         zero.update(stage3_prefetch_bucket_size=block, stage3_max_live_parameters=2 * block,
                     stage3_max_reuse_distance=0, stage3_param_persistence_threshold=job.model.hidden)
+    extra = {}
+    if job.precision.grad_dtype == "fp32":    # fp32 accumulation: DeepSpeed's BF16 optimizer at ZeRO 0/1 (estimate)
+        extra["data_types"] = {"grad_accum_dtype": "fp32"}
     return {
+        **extra,
         "train_micro_batch_size_per_gpu": job.batch.micro_batch,
         "gradient_accumulation_steps": job.grad_accum or 1,
         half: {"enabled": True},

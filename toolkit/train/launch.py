@@ -80,7 +80,9 @@ def launch(job: Job, out_dir: str | Path, nproc: int = 1, peak_tflops: float | N
     """Run the job; returns the exit code (0 done or stopped cleanly, 1 a rank failed, 3 stopped by diagnosis)."""
     job = prepare_run(job, out_dir, nproc)
     out = Path(out_dir)
+    allocator = _allocator_env(job)
     if nproc == 1:
+        os.environ.update(allocator)             # read by torch's CUDA allocator at its first allocation
         from .loop import TrainingStopped, run_training
         try:
             run_training(job, out, peak_tflops=peak_tflops, progress=progress)
@@ -93,7 +95,8 @@ def launch(job: Job, out_dir: str | Path, nproc: int = 1, peak_tflops: float | N
     for rank in range(nproc):
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc),
                    LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc))))
+                   OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc))),
+                   **allocator)
         command = [sys.executable, "-m", "toolkit.train.worker", str(out / "job.yaml"), str(out)]
         if peak_tflops is not None:
             command += ["--peak-tflops", str(peak_tflops)]
@@ -101,6 +104,16 @@ def launch(job: Job, out_dir: str | Path, nproc: int = 1, peak_tflops: float | N
             command += ["--no-progress"]
         workers.append(subprocess.Popen(command, env=env))
     return _supervise(workers, out)
+
+
+def _allocator_env(job: Job) -> dict:
+    """memory.expandable_segments as torch's allocator reads it (the estimate's fragmentation assumes it)."""
+    if not job.memory.expandable_segments:
+        return {}
+    current = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    if "expandable_segments" in current:
+        return {}
+    return {"PYTORCH_CUDA_ALLOC_CONF": ",".join(filter(None, [current, "expandable_segments:True"]))}
 
 
 def _supervise(workers: list[subprocess.Popen], out: Path) -> int:
