@@ -3,6 +3,7 @@
 Each case launches `toolkit train` (or one worker) as a subprocess, because what is tested is what
 happens to processes: a SIGKILL at any step, a SIGTERM, a dead rank, a refused job.
 """
+import json
 import os
 import signal
 import subprocess
@@ -113,6 +114,23 @@ def test_a_killed_rank_stops_the_run_and_names_the_checkpoint(tmp_path, corpus):
     assert p.returncode == 1
     assert "rank 1 was killed by SIGKILL" in stderr and "step_0000000" in stderr and "resume" in stderr
     assert not any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in ranks)
+    first = json.loads((out / "exits.json").read_text())[0]          # the order the ranks died in
+    assert (first["rank"], first["signal"]) == (1, "SIGKILL")
+
+
+def test_a_killed_launcher_leaves_no_rank_behind(tmp_path, corpus):
+    out = tmp_path / "run"
+    p = toolkit_train(out, "--steps", "400", "--global-batch", "4", "--nproc", "2", "--checkpoint-every", "50",
+                      "--data", str(corpus), wait=False)
+    wait_for_step(out / "metrics.jsonl", 2, p)
+    ranks = [c for c in psutil.Process(p.pid).children() if "toolkit.train.worker" in " ".join(c.cmdline())]
+    assert len(ranks) == 2
+    p.kill()
+    p.communicate()
+    killed = time.monotonic()
+    _gone, alive = psutil.wait_procs(ranks, timeout=10)
+    assert not alive, f"orphaned ranks: {[c.pid for c in alive]}"
+    assert time.monotonic() - killed < 10
 
 
 @pytest.mark.parametrize("extra, message", [

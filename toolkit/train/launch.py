@@ -11,7 +11,10 @@ For several nodes, start `python -m toolkit.train.worker JOB OUT` with torchrun 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -91,11 +94,13 @@ def launch(job: Job, out_dir: str | Path, nproc: int = 1, peak_tflops: float | N
             return 3
         return 0
     port = _free_port()
+    shutil.rmtree(out / "errors", ignore_errors=True)     # (a rank records its exception there: none yet)
     workers = []
     for rank in range(nproc):
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc),
                    LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                    OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc))),
+                   TOOLKIT_LAUNCHER_PID=str(os.getpid()),
                    **allocator)
         command = [sys.executable, "-m", "toolkit.train.worker", str(out / "job.yaml"), str(out)]
         if peak_tflops is not None:
@@ -117,18 +122,19 @@ def _allocator_env(job: Job) -> dict:
 
 
 def _supervise(workers: list[subprocess.Popen], out: Path) -> int:
-    """Wait for the ranks; forward SIGTERM/SIGINT to all; if one dies, stop the rest and say so."""
+    """Wait for the ranks; forward SIGTERM/SIGINT to all; if one dies, stop the rest and name the first to die."""
     def forward(signum, _frame):
         for w in workers:
             if w.poll() is None:
                 w.send_signal(signal.SIGTERM)
     previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    exits = ExitOrder(workers)
     try:
         while True:
-            codes = [w.poll() for w in workers]
-            failed = [(rank, c) for rank, c in enumerate(codes) if c not in (None, 0)]
+            exits.wait(0.2)
+            failed = [e for e in exits.order if e["code"] != 0]
             if failed:
-                rank, code = failed[0]
+                first = failed[0]
                 for w in workers:
                     if w.poll() is None:
                         w.terminate()
@@ -138,16 +144,73 @@ def _supervise(workers: list[subprocess.Popen], out: Path) -> int:
                         w.wait(timeout=max(deadline - time.monotonic(), 0.1))
                     except subprocess.TimeoutExpired:
                         w.kill()
-                if code in (2, 3):            # the rank already printed a one-line reason
-                    return code
+                exits.wait(0.5)
+                exits.write(out / "exits.json")
+                if first["code"] in (2, 3):            # the rank already printed a one-line reason
+                    return first["code"]
                 _, path, _ = latest_checkpoint(out / "checkpoints")
                 where = f"the newest valid checkpoint is {path.name}" if path else "no checkpoint was saved yet"
-                print(f"toolkit train: rank {rank} {_describe(code)}; the other ranks were stopped. {where}; "
-                      "run the same command again to resume from it.", file=sys.stderr)
+                others = [f"rank {e['rank']} {_describe(e['code'])} {e['at_s'] - first['at_s']:.2f} s later"
+                          for e in exits.order[1:] if e["code"] != 0]
+                print(f"toolkit train: rank {first['rank']} {_describe(first['code'])}{_error_of(out, first['rank'])}"
+                      f" first; the other ranks were stopped{' (' + '; '.join(others) + ')' if others else ''}. "
+                      f"{where}; run the same command again to resume from it (exit order: {out / 'exits.json'}).",
+                      file=sys.stderr)
                 return 1
-            if all(c == 0 for c in codes):
+            if len(exits.order) == len(workers):
+                exits.write(out / "exits.json")
                 return 0
-            time.sleep(0.2)
     finally:
+        exits.close()
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+class ExitOrder:
+    """The order in which the ranks exit, stamped with a monotonic clock as each exits: a pidfd per process
+    (Linux), which becomes readable the moment it dies, else polling every 10 ms. torch's elastic agent stamps
+    exits in whole seconds and reports the lowest failed rank, which names the wrong rank when one rank's death
+    brings down the others."""
+
+    def __init__(self, workers: list[subprocess.Popen]):
+        self.workers, self.start = workers, time.monotonic()
+        self.order: list[dict] = []
+        self.fds = {}
+        for rank, w in enumerate(workers):
+            try:
+                self.fds[os.pidfd_open(w.pid)] = rank
+            except (AttributeError, OSError):     # (no pidfd: polled below)
+                pass
+
+    def wait(self, timeout_s: float) -> None:
+        """Block until a rank exits (or `timeout_s`), then record, with the time, every rank that has exited."""
+        pending = [fd for fd, rank in self.fds.items() if not self._seen(rank)]
+        if len(self.fds) == len(self.workers):
+            if pending:
+                select.select(pending, [], [], timeout_s)
+        else:
+            end = time.monotonic() + timeout_s
+            while time.monotonic() < end and not any(w.poll() is not None and not self._seen(r)
+                                                     for r, w in enumerate(self.workers)):
+                time.sleep(0.01)
+        now = time.monotonic() - self.start
+        for rank, w in enumerate(self.workers):
+            if not self._seen(rank) and w.poll() is not None:
+                self.order.append({"rank": rank, "code": w.returncode, "at_s": now})
+
+    def _seen(self, rank: int) -> bool:
+        return any(e["rank"] == rank for e in self.order)
+
+    def write(self, path: Path) -> None:
+        rows = [{**e, "signal": signal.Signals(-e["code"]).name if e["code"] < 0 else None} for e in self.order]
+        path.write_text(json.dumps(rows, indent=1) + "\n")
+
+    def close(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+
+
+def _error_of(out: Path, rank: int) -> str:
+    """The exception a rank recorded before it died (toolkit.train.worker), as ' (raised X: ...)'."""
+    path = out / "errors" / f"rank{rank}.txt"
+    return f" (raised {path.read_text().strip()})" if path.exists() else ""

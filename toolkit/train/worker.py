@@ -3,7 +3,12 @@ or by torchrun / accelerate launch across nodes). A refusal or a diagnosed stop 
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
+import threading
+import time
+from pathlib import Path
 
 from ..specs import Job, SpecError
 from .loop import TrainingStopped, run_training
@@ -16,6 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peak-tflops", type=float)
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
+    _exit_with_parent()
     finished = False
     try:
         run_training(Job.from_yaml(args.job), args.out, peak_tflops=args.peak_tflops, progress=not args.no_progress)
@@ -26,9 +32,37 @@ def main(argv: list[str] | None = None) -> int:
     except TrainingStopped as stop:
         print(f"toolkit train: stopped: {stop}", file=sys.stderr)
         return 3
+    except Exception as err:
+        _record_error(args.out, err)
+        raise
     finally:
         _shut_down_process_group(finished)
     return 0
+
+
+def _exit_with_parent(poll_s: float = 0.5, grace_s: float = 8.0) -> None:
+    """Stop when the process that started this rank dies (a killed launcher must not leave orphans training on):
+    SIGTERM to itself, which checkpoints at the next step boundary as a forwarded SIGTERM does, and exit outright
+    if that has not happened within `grace_s`."""
+    parent = int(os.environ.get("TOOLKIT_LAUNCHER_PID", os.getppid()))
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(grace_s)
+        os._exit(1)
+    threading.Thread(target=watch, daemon=True, name="parent-watch").start()
+
+
+def _record_error(out: str, err: Exception) -> None:
+    """One line naming the exception, for the launcher's report of the first rank to die."""
+    try:
+        folder = Path(out) / "errors"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"rank{os.environ.get('RANK', '0')}.txt").write_text(f"{type(err).__name__}: {err}"[:500] + "\n")
+    except OSError:
+        pass
 
 
 def _shut_down_process_group(finished: bool) -> None:
