@@ -6,7 +6,7 @@ from toolkit.runs import read_rank_memory
 from toolkit.specs import Job
 
 from .test_layouts import STEPS, _assert_close, _compare, _records
-from .test_runner import toolkit_train
+from .test_runner import toolkit_train, train_here
 
 
 def test_deepspeed_zero2_trains_as_one_mixed_process_and_refuses_other_rank_counts(tmp_path, corpus, capsys):
@@ -15,7 +15,7 @@ def test_deepspeed_zero2_trains_as_one_mixed_process_and_refuses_other_rank_coun
     differently (tolerance 1e-3). Its checkpoints are DeepSpeed's partitions, for as many ranks as wrote them."""
     one, ref = tmp_path / "one", tmp_path / "ref"
     args = (*STEPS, "--precision", "mixed-bf16", "--data", str(corpus))
-    assert toolkit_train(one, *args).returncode == 0
+    assert train_here(one, *args).returncode == 0
     result = toolkit_train(ref, *args, "--zero", "2", "--nproc", "2")
     assert result.returncode == 0, result.stderr
     assert Job.from_yaml(ref / "job.yaml").resolve()[0].backend == "deepspeed"
@@ -25,6 +25,6 @@ def test_deepspeed_zero2_trains_as_one_mixed_process_and_refuses_other_rank_coun
     for rank in _compare(ref, capsys)["ranks"]:
         assert abs(rank["peak_bytes"]["error"]) < 0.01
     # (its SIGKILL-and-resume, bit for bit: benchmarks/soak.py --extra "--zero 2 --precision mixed-bf16")
-    moved = toolkit_train(ref, *STEPS[2:], "--steps", "8", "--precision", "mixed-bf16", "--zero", "2",
+    moved = train_here(ref, *STEPS[2:], "--steps", "8", "--precision", "mixed-bf16", "--zero", "2",
                           "--data", str(corpus))
     assert moved.returncode != 0 and "written by 2 ranks" in moved.stderr and "--nproc 2" in moved.stderr

@@ -24,7 +24,7 @@ from toolkit.train.loop import refuse_accelerate_overrides
 from toolkit.train.metrics import read_metrics
 
 from .conftest import tiny_job
-from .test_runner import toolkit_train, wait_for_step
+from .test_runner import toolkit_train, train_here, wait_for_step
 
 STEPS = ("--steps", "6", "--global-batch", "8", "--eval-every", "3", "--checkpoint-every", "3")
 
@@ -54,7 +54,7 @@ def _kill_and_rerun(out, *args):
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory, corpus):
     out = tmp_path_factory.mktemp("one")
-    result = toolkit_train(out, *STEPS, "--data", str(corpus))
+    result = train_here(out, *STEPS, "--data", str(corpus))
     assert result.returncode == 0, result.stderr
     return _records(out)
 
@@ -100,10 +100,9 @@ def _check_stage_timeline(out, capsys):
 # A representative slice: benchmarks/layouts.py trains every layout family (pipelines' three schedules, dp x pp,
 # tp + sp on 2 ranks, ZeRO-2, DeepSpeed's stages) against the same one-process reference.
 @pytest.mark.parametrize("layout, nproc", [
-    (("--zero", "1"), 2),                                 # ZeroRedundancyOptimizer over DDP
     (("--tp", "2", "--sp"), 4),                           # dp 2 x tp 2 + sp: DTensor plan, tied embeddings, learned
                                                           # positions; replicas average DTensor gradients by hand
-], ids=["zero1", "dp2xtp2-sp"])
+], ids=["dp2xtp2-sp"])                                    # (ZeRO-1 over DDP: benchmarks/layouts.py)
 def test_a_sharded_layout_trains_as_one_process(tmp_path, corpus, one_process, capsys, layout, nproc):
     result = toolkit_train(tmp_path, *STEPS, *layout, "--nproc", str(nproc), "--data", str(corpus))
     assert result.returncode == 0, result.stderr
@@ -134,7 +133,7 @@ def test_a_sharded_checkpoint_resumes_bitwise_after_a_kill_and_in_one_process(tm
     shutil.copytree(ref, moved)
     for stale in (moved / "checkpoints").glob("step_00000006*"):
         stale.unlink()
-    again = toolkit_train(moved, *STEPS, "--data", str(corpus))
+    again = train_here(moved, *STEPS, "--data", str(corpus))
     assert again.returncode == 0 and "resumed from step_00000003.pt" in again.stdout + again.stderr
     _assert_close(_records(moved), one_process, rel=1e-5)
 
@@ -158,7 +157,7 @@ def test_accelerate_cannot_change_the_program(environ, message):
 
 def test_a_conflicting_accelerate_setting_is_refused_before_any_process_starts(tmp_path, monkeypatch):
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
-    result = toolkit_train(tmp_path / "run", "--steps", "2")
+    result = train_here(tmp_path / "run", "--steps", "2")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "ACCELERATE_MIXED_PRECISION = 'bf16': conflicts with precision.mode = fp32" in result.stderr
     assert not (tmp_path / "run" / "metrics.jsonl").exists()

@@ -3,6 +3,8 @@
 Each case launches `toolkit train` (or one worker) as a subprocess, because what is tested is what
 happens to processes: a SIGKILL at any step, a SIGTERM, a dead rank, a refused job.
 """
+import contextlib
+import io
 import json
 import os
 import signal
@@ -27,6 +29,19 @@ def toolkit_train(out, *extra, wait=True):
     if not wait:
         return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+
+def train_here(out, *extra):
+    """The same command run in this process, for one-process runs and refusals: no new interpreter and no ~4 s of
+    imports to pay (the suite's 12 minutes). Returns what subprocess.run would: returncode, stdout, stderr."""
+    from toolkit.cli import main
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            code = main(["train", *FLAGS, "--out", str(out), *extra])
+        except SystemExit as done:          # (argparse's usage errors)
+            code = done.code
+    return subprocess.CompletedProcess(["toolkit", "train"], code, stdout.getvalue(), stderr.getvalue())
 
 
 def wait_for_step(path, step, process, timeout_s=120):
@@ -61,8 +76,8 @@ def test_sigkill_at_any_step_then_resume_is_bitwise_identical(tmp_path, corpus):
 
 
 def test_two_gloo_ranks_equal_one_process_with_the_same_global_batch(tmp_path, corpus):
-    one = toolkit_train(tmp_path / "one", "--steps", "6", "--global-batch", "8", "--eval-every", "3",
-                        "--data", str(corpus))
+    one = train_here(tmp_path / "one", "--steps", "6", "--global-batch", "8", "--eval-every", "3",
+                     "--data", str(corpus))
     two = toolkit_train(tmp_path / "two", "--steps", "6", "--global-batch", "8", "--eval-every", "3",
                         "--data", str(corpus), "--nproc", "2")
     assert one.returncode == 0 and two.returncode == 0, two.stderr
@@ -79,7 +94,7 @@ def test_two_ranks_all_reduce_fp32_main_gradients(tmp_path, corpus):
     weights, so to a few ulps; a missing or unscaled all-reduce moves the gradient norm by tens of per cent)."""
     args = ("--steps", "3", "--global-batch", "8", "--precision", "mixed-bf16", "--grad-dtype", "fp32",
             "--data", str(corpus))
-    one = toolkit_train(tmp_path / "one", *args)
+    one = train_here(tmp_path / "one", *args)
     two = toolkit_train(tmp_path / "two", *args, "--nproc", "2")
     assert one.returncode == 0 and two.returncode == 0, two.stderr
     for (s1, l1, g1, _), (s2, l2, g2, _) in zip(_losses(tmp_path / "one"), _losses(tmp_path / "two"), strict=True):
@@ -152,7 +167,7 @@ def test_a_killed_launcher_leaves_no_rank_behind(tmp_path, corpus):
     (["--vocab", "100"], "is smaller than the data's vocabulary"),
 ])
 def test_bad_jobs_fail_before_any_process_starts(tmp_path, extra, message):
-    result = toolkit_train(tmp_path / "run", *extra)
+    result = train_here(tmp_path / "run", *extra)
     assert result.returncode == 2
     assert message in result.stderr and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
@@ -161,8 +176,8 @@ def test_bad_jobs_fail_before_any_process_starts(tmp_path, extra, message):
 
 def test_resuming_a_different_job_is_refused(tmp_path, corpus):
     out = tmp_path / "run"
-    assert toolkit_train(out, "--steps", "2", "--global-batch", "4", "--data", str(corpus)).returncode == 0
-    other = toolkit_train(out, "--steps", "4", "--global-batch", "4", "--hidden", "128", "--data", str(corpus))
+    assert train_here(out, "--steps", "2", "--global-batch", "4", "--data", str(corpus)).returncode == 0
+    other = train_here(out, "--steps", "4", "--global-batch", "4", "--hidden", "128", "--data", str(corpus))
     assert other.returncode == 2 and "holds checkpoints of a different job" in other.stderr
-    longer = toolkit_train(out, "--steps", "4", "--global-batch", "4", "--data", str(corpus))
+    longer = train_here(out, "--steps", "4", "--global-batch", "4", "--data", str(corpus))
     assert longer.returncode == 0 and [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2, 3, 4]
