@@ -117,12 +117,19 @@ def test_sigterm_checkpoints_every_rank_and_a_rerun_finishes(tmp_path, corpus):
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == list(range(1, stopped_at + 3))
 
 
+def _two_ranks_running(out, corpus, checkpoint_every, step):
+    """A long 2-rank run, once `step` steps are logged: (the launcher, its ranks)."""
+    p = toolkit_train(out, "--steps", "400", "--global-batch", "4", "--nproc", "2", "--checkpoint-every",
+                      str(checkpoint_every), "--data", str(corpus), wait=False)
+    wait_for_step(out / "metrics.jsonl", step, p)
+    ranks = [c for c in psutil.Process(p.pid).children() if "toolkit.train.worker" in " ".join(c.cmdline())]
+    assert len(ranks) == 2
+    return p, ranks
+
+
 def test_a_killed_rank_stops_the_run_and_names_the_checkpoint(tmp_path, corpus):
     out = tmp_path / "run"
-    p = toolkit_train(out, "--steps", "400", "--global-batch", "4", "--nproc", "2", "--checkpoint-every", "2",
-                      "--data", str(corpus), wait=False)
-    wait_for_step(out / "metrics.jsonl", 3, p)
-    ranks = [c for c in psutil.Process(p.pid).children() if "toolkit.train.worker" in " ".join(c.cmdline())]
+    p, ranks = _two_ranks_running(out, corpus, checkpoint_every=2, step=3)
     rank1 = next(c for c in ranks if c.environ().get("RANK") == "1")
     os.kill(rank1.pid, signal.SIGKILL)
     _stdout, stderr = p.communicate(timeout=120)
@@ -134,12 +141,7 @@ def test_a_killed_rank_stops_the_run_and_names_the_checkpoint(tmp_path, corpus):
 
 
 def test_a_killed_launcher_leaves_no_rank_behind(tmp_path, corpus):
-    out = tmp_path / "run"
-    p = toolkit_train(out, "--steps", "400", "--global-batch", "4", "--nproc", "2", "--checkpoint-every", "50",
-                      "--data", str(corpus), wait=False)
-    wait_for_step(out / "metrics.jsonl", 2, p)
-    ranks = [c for c in psutil.Process(p.pid).children() if "toolkit.train.worker" in " ".join(c.cmdline())]
-    assert len(ranks) == 2
+    p, ranks = _two_ranks_running(tmp_path / "run", corpus, checkpoint_every=50, step=2)
     p.kill()
     p.communicate()
     killed = time.monotonic()
