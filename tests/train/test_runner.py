@@ -36,11 +36,15 @@ def train_here(out, *extra):
     imports to pay (the suite's 12 minutes). Returns what subprocess.run would: returncode, stdout, stderr."""
     from toolkit.cli import main
     stdout, stderr = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        try:
+    environ = dict(os.environ)              # (a run sets variables for its libraries, e.g. DeepSpeed's LOCAL_RANK:
+    try:                                    # they must not reach what this worker starts next, such as a kernel)
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
             code = main(["train", *FLAGS, "--out", str(out), *extra])
-        except SystemExit as done:          # (argparse's usage errors)
-            code = done.code
+    except SystemExit as done:              # (argparse's usage errors)
+        code = done.code
+    finally:
+        os.environ.clear()
+        os.environ.update(environ)
     return subprocess.CompletedProcess(["toolkit", "train"], code, stdout.getvalue(), stderr.getvalue())
 
 
