@@ -98,7 +98,7 @@ def assumptions_for(accelerator: Accelerator) -> DeviceAssumptions:
         base = _XLA
     elif accelerator.vendor.lower() == "huawei":
         base = DeviceAssumptions(communicator_bytes=HCCL_COMMUNICATOR_BYTES)
-    measured = getattr(accelerator, "device_memory", None)
+    measured = accelerator.device_memory
     if not measured:
         return base
     known = {f.name for f in dataclasses.fields(DeviceAssumptions)}

@@ -88,15 +88,17 @@ def deepspeed_reduce(job: Job, params: float, grad_b: float, dp, ends=(0.0, 0.0)
     """`params`: the stage's trainable parameters on this rank, `ends`: its first and last tensors (the token
     embedding and the head, whose size decides how far past its range a ZeRO-1/2 partition reaches)."""
     par, zero = job.parallel, np.asarray(job.parallel.zero)
-    if job.precision.mode in TORCH_SEMANTICS or not np.any(zero > 0) or np.all(bf16_optimizer(job)):
-        return Reduce()        # (the BF16 optimizer reduces its fp32 buffer at the step, without buckets)
+    if job.precision.mode in TORCH_SEMANTICS or not np.any(zero > 0):
+        return Reduce()
     grads_bytes = params * grad_b
     # ZeRO-1/2's gradient partition holds every parameter its range touches, whole (ZeRO-3 splits each parameter)
     partition_bytes = np.where(zero == 3, params / dp, zero_partition_params(params, dp, ends)) * grad_b
     # ZeRO-Offload copies each reduced slice to the host: no partition on the device (ZeRO-2 holds nothing there
     # between micro-batches; ZeRO-1 still keeps whole gradients until the last one)
     offload = np.asarray(par.offload) == "optimizer"
-    on = (zero == 1) | (zero == 2)
+    bf16_opt = bf16_optimizer(job)       # (it reduces its fp32 buffer at the step: no bucket, no 16-bit partition)
+    partition_bytes = np.where(bf16_opt, 0.0, partition_bytes)
+    on = ((zero == 1) | (zero == 2)) & ~bf16_opt
     partition_bytes = np.where(offload & on, 0.0, partition_bytes)
     staging = np.where(offload & on, 2 * np.maximum(np.maximum(*ends), largest_matrix(job) / np.asarray(par.tp)), 0.0)
     bucket_bytes = int(job.training.bucket_cap_mb * 2**20 / 2) * 2        # 16-bit elements, as configured
