@@ -43,6 +43,9 @@ def train_here(out, *extra):
     except SystemExit as done:              # (argparse's usage errors)
         code = done.code
     finally:
+        import torch.distributed as dist
+        if dist.is_initialized():           # (one process's gloo group: the tracer in this worker needs none)
+            dist.destroy_process_group()
         os.environ.clear()
         os.environ.update(environ)
     return subprocess.CompletedProcess(["toolkit", "train"], code, stdout.getvalue(), stderr.getvalue())
