@@ -48,6 +48,28 @@ def test_grid_equals_one_job_at_a_time(mode, grads, finetune):
     assert checked > (10 if finetune else 30)
 
 
+def test_grid_refuses_what_resolve_refuses_for_interleaved_batches():
+    """An odd number of micro-batches per step: interleaved layouts whose rounds do not divide it are invalid in both
+    (the planner once ranked such a layout first and crashed in the schedule simulator)."""
+    job = Job.from_dict({"model": {"preset": "gpt3-2.7b"}, "batch": {"micro_batch": 1, "global_batch": 62},
+                         "parallel": {"pp": 2}, "cluster": {"accelerator": "H100-SXM", "count": 4}}).resolve()[0]
+    grid = layout_grid(job, tp=[1, 2], pp=[1, 2, 4], vpp=[1, 2, 4], micro_batch=[1, 2])
+    refused = 0
+    for i in range(len(grid)):
+        layout = grid.layout(i)
+        data = {**job.to_dict(), "parallel": {**job.to_dict()["parallel"], **{k: layout[k] for k in
+                                              ("tp", "pp", "vpp", "dp")}},
+                "batch": {"micro_batch": layout["micro_batch"], "global_batch": 62}}
+        try:
+            Job.from_dict(data).resolve()
+        except SpecError:
+            assert not grid.valid[i], layout
+            refused += 1
+            continue
+        assert grid.valid[i], layout
+    assert refused >= 4
+
+
 def test_grid_speed_is_planner_class():
     """Not a timing assertion: just that a 10^4-layout grid is one vectorised call, not a Python loop."""
     grid = layout_grid(base_job(), tp=[1, 2, 4, 8], pp=[1, 2, 4, 8], zero=[0, 1, 2, 3],

@@ -52,6 +52,9 @@ CASES = [
      "parallel.pp = 8: 12 layers on pp × vpp = 8 chunks leave the first or last chunk empty"),
     ("vpp-without-pp", ["--model", "gpt2", "--vpp", "2"], "parallel.vpp = 2: interleaved stages need parallel.pp > 1"),
     ("sp-without-tp", ["--model", "gpt2", "--sp"], "parallel.sp = True: sequence parallelism"),
+    ("interleaved-rounds", ["--model", "gpt3-125m", "--gpus", "4xRTX-4090", "--pp", "2", "--vpp", "2",
+                            "--global-batch", "62"],          # (the planner offered such layouts and then crashed)
+     "rounds of max(1, 31 // pp) = 15, which must divide them"),
     ("heads-not-dividing-hidden", ["--layers", "2", "--hidden", "100", "--heads", "3"], "model.heads = 3: must divide model.hidden = 100"),
     ("kv-not-dividing-heads", ["--layers", "2", "--hidden", "512", "--heads", "8", "--kv-heads", "3"],
      "model.kv_heads = 3: must divide model.heads = 8"),

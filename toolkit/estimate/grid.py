@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..specs.job import TORCH_SEMANTICS, Job
+from ..specs.resolve import interleaved_rounds_fit
 from ..specs.stages import uneven_fits
 
 __all__ = ["LayoutGrid", "layout_grid", "AXES"]
@@ -78,6 +79,7 @@ def _valid(job: Job, devices: int, n: int) -> np.ndarray:
     ok &= (vpp == 1) | (pp > 1)
     ok &= ~np.broadcast_to(np.asarray(par.sp), (n,)) | (tp > 1)
     ok &= job.batch.global_batch % (micro * dp) == 0
+    ok &= (vpp == 1) | interleaved_rounds_fit(job.batch.global_batch // (micro * dp), pp)
     torch_semantics = job.precision.mode in TORCH_SEMANTICS
     ok &= (offload != "optimizer") | ((not torch_semantics) & (zero >= 1))
     ok &= (offload != "params") | (zero == 3) | (torch_semantics & (zero == 2))

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from .catalog import Catalog
 from .errors import SpecError
 from .fields import check_positive, check_range
@@ -82,6 +84,24 @@ def _check_backend(par, mode: str) -> None:
         raise SpecError("parallel.backend", par.backend,
                         f"{_BACKEND_PROGRAMS[par.backend]}; precision.mode = {mode} with zero {par.zero}, tp {par.tp}, "
                         f"pp {par.pp} is {inferred}'s (leave backend unset, or change the mode or layout)")
+
+
+def interleaved_rounds_fit(micro_batches, pp):
+    """Whether torch's interleaved schedule can run the step's micro-batches: it groups them in rounds of
+    max(1, m // pp), which must divide m (ScheduleInterleaved1F1B refuses otherwise). Arrays welcome."""
+    m = np.asarray(micro_batches)
+    return m % np.maximum(1, m // np.asarray(pp)) == 0
+
+
+def _check_interleaved_rounds(micro_batches: int, pp: int, vpp: int, per_step: int) -> None:
+    if not interleaved_rounds_fit(micro_batches, pp):
+        rounds = max(1, micro_batches // pp)
+        lower, upper = micro_batches - micro_batches % pp, micro_batches + pp - micro_batches % pp
+        raise SpecError("parallel.vpp", vpp,
+                        f"the interleaved schedule runs the step's {micro_batches} micro-batches in rounds of "
+                        f"max(1, {micro_batches} // pp) = {rounds}, which must divide them (torch's "
+                        f"ScheduleInterleaved1F1B); use batch.global_batch = {lower * per_step} or "
+                        f"{upper * per_step} (micro-batches a multiple of pp = {pp}), or vpp = 1")
 
 
 def resolve_job(job: Job, catalog: Catalog) -> tuple[Job, list[str]]:
@@ -283,6 +303,8 @@ def resolve_job(job: Job, catalog: Catalog) -> tuple[Job, list[str]]:
                         f"must be a multiple of micro_batch × dp = {batch.micro_batch} × {par.dp} = {per_step}; "
                         f"nearest: {' or '.join(map(str, options))}")
     batch = dataclasses.replace(batch, global_batch=global_batch)
+    if par.vpp > 1:
+        _check_interleaved_rounds(global_batch // per_step, par.pp, par.vpp, per_step)
 
     # ---- budget -----------------------------------------------------------------------------
     tokens = job.tokens
