@@ -26,6 +26,7 @@ import yaml
 
 from .specs.catalog import DTYPES as DTYPE_NAMES
 from .specs.job import Job, compute_dtype
+from .train.precision import TORCH_DTYPES
 
 __all__ = ["calibrate", "measure_rank", "profile_row"]
 
@@ -35,7 +36,6 @@ COLLECTIVE_BYTES = tuple(4096 * 4 ** k for k in range(7))          # 4 KiB ... 1
 COLLECTIVE_REPEATS = 9
 COLD_BYTES = 64 * 2**20
 """Matmul operands are cycled through this much memory, more than a CPU's last-level cache."""
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def _timed_s(fn, seconds: float = 0.3, least: int = 3) -> float:
@@ -169,7 +169,7 @@ def measure_rank(job: Job, rank: int, world: int) -> dict:
     """One rank's figures, measured while every other rank measures the same."""
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))      # as the launcher gives a training rank
     mode = job.precision.mode or "fp32"
-    dtype = DTYPES[compute_dtype(mode)]
+    dtype = TORCH_DTYPES[compute_dtype(mode)]
     shapes = job_shapes(job) if job.model.has_shape else [(n, n, n) for n in SWEEP]
     rates = matmul_flops(shapes, dtype)
     bandwidth, latency = collective_fit(world)

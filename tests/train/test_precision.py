@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from toolkit.train.loop import TrainingStopped
-from toolkit.train.precision import MasterWeights
+from toolkit.specs.precision import precision_plan
+from toolkit.train.precision import TORCH_DTYPES, MasterWeights
 
 # mode -> (weight dtype in the model, dtype of Adam's exp_avg, fp32 master copy kept)
 MODES = {"fp32": (torch.float32, torch.float32, False), "amp-bf16": (torch.float32, torch.float32, False),
@@ -25,6 +26,12 @@ def test_mode_keeps_its_dtypes_and_trains(train, mode):
         assert state["master"][0].dtype == torch.float32
     assert all(math.isfinite(r["loss"]) for r in records) and records[-1]["loss"] < records[0]["loss"]
     assert (records[0]["loss_scale"] is not None) == mode.endswith("fp16")
+    # the torch-free plan the estimator reads its byte counts from says what the runner really holds
+    plan = precision_plan(mode)
+    assert TORCH_DTYPES[plan.weights] == state["model"]["blocks.0.attn.q.weight"].dtype
+    assert TORCH_DTYPES[plan.optimizer_states] == first_state["exp_avg"].dtype
+    assert plan.master_weights == (state["master"] is not None)
+    assert plan.loss_scaling == (records[0]["loss_scale"] is not None)
 
 
 def test_autocast_changes_the_numbers_fp32_does_not_round(train):

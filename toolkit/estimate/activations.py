@@ -88,7 +88,7 @@ def _widths(job: Job):
 
 def fsdp_gathers_16bit(job: Job):
     """FSDP2 (torch ZeRO-2/3) under amp-*: weights are gathered in 16-bit, so the program runs like pure 16-bit."""
-    amp = job.precision.mode.startswith("amp-") and job.precision.mode in TORCH_SEMANTICS
+    amp = job.precision.plan.family == "amp"
     return amp & (np.asarray(job.parallel.zero) >= 2)
 
 
@@ -96,10 +96,10 @@ def element_bytes(job: Job):
     """(bytes per activation element, per residual-stream element, does autocast cast each linear's input?).
 
     Arrays when the layout is: FSDP2 changes the amp program (see fsdp_gathers_16bit)."""
-    mode = job.precision.mode
-    if mode == "fp32":
+    family = job.precision.plan.family
+    if family == "fp32":
         return 4, 4, np.False_
-    if mode.startswith("amp-"):
+    if family == "amp":
         fsdp = fsdp_gathers_16bit(job)
         return 2, np.where(fsdp, 2, 4), ~fsdp
     return 2, 2, np.False_
@@ -255,7 +255,7 @@ def activation_bytes(job: Job, stage: str | None = None, stages_after=None) -> A
     # gradients (all but the last), beside what its blocks keep (measured on torch's Schedule1F1B and
     # ScheduleInterleaved1F1B; GPipe's buffers are the blocks' inputs themselves).
     torch_pipeline = ~single & (job.precision.mode in TORCH_SEMANTICS)
-    kept_logits = np.where(torch_pipeline, tokens * vocab_per_rank(m, tp) * (4 if job.precision.mode == "fp32" else 2),
+    kept_logits = np.where(torch_pipeline, tokens * vocab_per_rank(m, tp) * job.precision.plan.compute_bytes,
                            0.0)
     shared = np.where(single | full, 0.0, weights)
     shared_head = np.where(single | ~np.asarray(owns_head), 0.0, element_bytes(job)[2] * 2 * h * vocab_per_rank(m, tp))

@@ -39,7 +39,7 @@ def ring_attention_s(job: Job, a, micro_tokens, attention_s, bw):
     (forward), and keys, values and their gradients in backward (3× the forward's bytes); the ring overlaps this
     with the attention products, so only what exceeds them shows, plus each step's latency (Liu et al. 2023)."""
     m, cp = job.model, np.asarray(job.parallel.cp)
-    elem = 4 if job.precision.mode == "fp32" else 2
+    elem = job.precision.plan.compute_bytes
     kv_bytes = 2 * micro_tokens / cp * m.kv_heads_ * m.head_dim_ / np.asarray(job.parallel.tp) * elem
     ring_s = 3 * (cp - 1) * kv_bytes / (bw * a.link_efficiency)
     return np.where(cp > 1, np.maximum(ring_s - attention_s, 0.0) + 3 * (cp - 1) * a.latency_intra_s, 0.0)
@@ -90,7 +90,7 @@ def data_parallel_s(job: Job, hw, a, trainable, n, bw, accum, micro_s, units):
     if not a.comm_overlaps_compute:
         ov = {k: np.asarray(False) for k in ov}
     weight_b, grad_b, _o = bytes_per_param(job)
-    gather_b = np.where(torch_ & (zero >= 2) & job.precision.mode.startswith("amp-"), 2, weight_b)  # FSDP2's bf16
+    gather_b = np.where(torch_ & (zero >= 2) & (job.precision.plan.family == "amp"), 2, weight_b)  # FSDP2's bf16
     g = hw.gpus_per_node
     latency = latency_s(n, np.maximum(g // np.asarray(job.parallel.tp), 1), a)
     grad_bytes = trainable * grad_b

@@ -55,10 +55,10 @@ class StateBytes:
 
 def bytes_per_param(job: Job) -> tuple[float, float, float]:
     """(weights, gradients, optimizer incl. any fp32 master copy) in bytes per parameter, unsharded."""
-    mode = job.precision.mode
-    weight = 2 if mode.startswith(("mixed-", "pure-")) else 4
-    grad = 4 if mode.startswith("mixed-") and job.precision.grad_dtype == "fp32" else weight
-    state = 2 if mode == "pure-bf16" else 4
+    plan = job.precision.plan
+    weight = plan.weight_bytes
+    grad = 4 if plan.master_weights and job.precision.grad_dtype == "fp32" else weight
+    state = plan.state_bytes
     name = job.optimizer.name
     if name in ("adam", "adamw"):
         optimizer = 2 * state
@@ -66,7 +66,7 @@ def bytes_per_param(job: Job) -> tuple[float, float, float]:
         optimizer = ADAM8BIT_BYTES_PER_PARAM
     else:  # sgd: one momentum buffer, or none
         optimizer = state if job.optimizer.momentum > 0 else 0
-    master = 4 if mode.startswith("mixed-") else 0
+    master = 4 if plan.master_weights else 0
     return weight, grad, optimizer + master
 
 

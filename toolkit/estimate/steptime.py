@@ -220,7 +220,7 @@ def block_matmul_shapes(job: Job) -> list[tuple]:
 
 def _gemm_efficiency(job: Job, hw: Hardware, a: Assumptions):
     """FLOPs of a block's matmuls divided by their roofline time, as a share of peak."""
-    elem = 4 if job.precision.mode == "fp32" else 2
+    elem = job.precision.plan.compute_bytes
     shapes = block_matmul_shapes(job)
     flops = sum(2.0 * x * y * z for x, y, z in shapes)
     seconds = sum(_roofline_s(x, y, z, elem, hw, a) for x, y, z in shapes)
@@ -236,7 +236,7 @@ def _attention_efficiency(job: Job, hw: Hardware, a: Assumptions):
         return a.gemm_fraction if a.attention_fraction is None else a.attention_fraction
     m = job.model
     s, d = m.seq_len, m.head_dim_
-    elem = 4 if job.precision.mode == "fp32" else 2
+    elem = job.precision.plan.compute_bytes
     flops = 2 * (2.0 * s * s * d)                        # q·kᵀ and probs·v of one head
     seconds = _roofline_s(s, d, s, elem, hw, a) + _roofline_s(s, s, d, elem, hw, a)
     return flops / (seconds * hw.gemm_peak)
@@ -269,15 +269,15 @@ def _memory_bound_bytes_per_token(job: Job):
     Under sequence parallelism the hidden-sized kernels (norms, residual adds, dropout) see s/tp tokens."""
     m, tp = job.model, np.asarray(job.parallel.tp)
     h, q, kv, f = m.hidden, m.heads * m.head_dim_ / tp, m.kv_heads_ * m.head_dim_ / tp, m.ffn_ / tp
-    elem = 4 if job.precision.mode == "fp32" else 2
-    residual = 4 if job.precision.mode.startswith("amp-") or job.precision.mode == "fp32" else 2
+    elem = job.precision.plan.compute_bytes
+    residual = job.precision.plan.weight_bytes        # (the residual stream keeps the weights' dtype)
     hidden_share = np.where(np.asarray(job.parallel.sp), 1 / tp, 1.0)
     norms = 2 * 2 * h * residual                        # two norms: read and write the residual stream
     adds = 2 * 3 * h * residual                         # two residual adds: two reads, one write
     dropout = 2 * 3 * h * elem if m.dropout > 0 else 0  # two hidden dropouts: read, write, mask
     act = (5 if m.mlp == "swiglu" else 2) * f * elem    # silu·mul reads gate and up, writes; GELU reads, writes
     rope = 2 * 2 * (q + kv) * elem if m.position == "rope" else 0
-    casts = 6 * h * elem if job.precision.mode.startswith("amp-") else 0   # autocast copies of each linear input
+    casts = 6 * h * elem if job.precision.plan.family == "amp" else 0   # autocast copies of each linear input
     block = (norms + adds + dropout) * hidden_share + act + rope + casts
     core = 0
     if job.memory.attention == "eager":                 # per score element of this rank's heads
@@ -310,7 +310,7 @@ def step_time(job: Job, hw: Hardware, a: Assumptions | None = None) -> StepTime:
 
     # ---- one micro-batch on each pipeline rank: first, middle, last (without pipelining all three are one) ----
     # tensor parallel: 4 all-reduces per block (+2 when the block is recomputed) of this rank's tokens
-    act_elem = 4 if job.precision.mode == "fp32" else 2
+    act_elem = job.precision.plan.compute_bytes
     block_act = micro_tokens / cp * m.hidden * act_elem
     per_block = 4 + np.where(np.asarray(job.memory.recompute) == "full", 2, 0)
     tp_layer_s = (ring_s(2.0, block_act, tp, bw(tp_inside), a) + latency_s(tp, g, a)) * per_block

@@ -38,10 +38,10 @@ def gathered_params(job: Job, counts) -> Gathered:
     """
     par, mode = job.parallel, job.precision.mode
     zero = np.asarray(par.zero)
-    compute_bytes = 4 if mode == "fp32" else 2
+    compute_bytes = job.precision.plan.compute_bytes
     block = counts.per_layer / np.asarray(par.tp) * compute_bytes
     root = (counts.embedding + counts.positions + counts.head + counts.final) / np.asarray(par.tp) * compute_bytes
-    reduce_scatter = counts.per_layer / np.asarray(par.tp) * (2 if mode == "pure-bf16" else 4)
+    reduce_scatter = counts.per_layer / np.asarray(par.tp) * job.precision.plan.weight_bytes   # (the grads' dtype)
     torch_semantics = mode in TORCH_SEMANTICS
     zero2 = torch_semantics & (zero == 2)                             # every block stays gathered
     zero3 = torch_semantics & (zero == 3)

@@ -11,45 +11,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-import numpy as np
 import yaml
 
+from .backends import backend_masks, infer_backend
 from .catalog import Catalog, load_catalog
 from .errors import SpecError
 from .fields import from_dict, to_dict
 from .hf_config import model_from_hf_config
-from .model import ModelSpec
+from .model import LORA_TARGETS, ModelSpec
+from .precision import PRECISIONS, TORCH_SEMANTICS, PrecisionPlan, compute_dtype, precision_plan
+from .resolve import resolve_job
 from .yamlio import read_yaml
 
 __all__ = ["Batch", "Precision", "Optimizer", "Parallel", "MemoryOptions", "Overlap", "Cluster", "Cost", "Finetune", "Job",
            "Pruning", "Training",
            "LORA_TARGETS",
            "PRECISIONS", "TORCH_SEMANTICS", "backend_masks", "compute_dtype", "infer_backend"]
-
-PRECISIONS = ("fp32", "amp-bf16", "amp-fp16", "mixed-bf16", "mixed-fp16", "pure-bf16")
-TORCH_SEMANTICS = ("fp32", "amp-bf16", "amp-fp16", "pure-bf16")
-"""Modes that follow torch: DDP, ZeroRedundancyOptimizer (ZeRO-1), FSDP2 (ZeRO-2/3). `mixed-*` follow DeepSpeed."""
-
-
-def backend_masks(mode: str, zero, tp, pp):
-    """(megatron, deepspeed): which layouts follow Megatron's or DeepSpeed's program, as booleans over arrays of
-    layouts (the planner's grid) or one. mixed-* (16-bit weights, fp32 masters) with tp or pp is Megatron's (its
-    distributed optimizer being ZeRO-1), mixed-* with ZeRO over dp alone DeepSpeed's; everything else torch's."""
-    mixed = mode not in TORCH_SEMANTICS
-    megatron = mixed & ((np.asarray(tp) > 1) | (np.asarray(pp) > 1))
-    return megatron, mixed & (np.asarray(zero) > 0) & ~megatron
-
-
-def infer_backend(mode: str, zero: int, tp: int, pp: int) -> str:
-    """The framework one layout's program follows (`backend_masks`' rule)."""
-    megatron, deepspeed = backend_masks(mode, zero, tp, pp)
-    return "megatron" if megatron else "deepspeed" if deepspeed else "torch"
-
-
-def compute_dtype(mode: str) -> str:
-    """The dtype the matmuls run in: fp32 for `fp32` (torch leaves TF32 off for matmuls), else bf16/fp16."""
-    return "fp32" if mode == "fp32" else mode.rsplit("-", 1)[1]
-
 
 @dataclass(frozen=True, kw_only=True)
 class Batch:
@@ -70,6 +47,11 @@ class Precision:
     fp8: bool = False
     """Run the matmuls in FP8 (Transformer Engine style) on devices whose catalog row has an FP8 peak;
     weights, gradients and states keep the mode's dtypes. Modelled in step time, not in memory."""
+
+    @property
+    def plan(self) -> PrecisionPlan:
+        """The mode decoded: dtypes of weights, gradients, optimizer states and matmuls (a resolved job's)."""
+        return precision_plan(self.mode)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -201,9 +183,6 @@ class Finetune:
         return self.method in ("lora", "qlora")
 
 
-LORA_TARGETS = ("q", "k", "v", "o", "up", "gate", "down")
-
-
 @dataclass(frozen=True, kw_only=True)
 class Pruning:
     method: Literal["none", "magnitude", "2:4"] = "none"
@@ -328,7 +307,6 @@ class Job:
     # ---- checks and defaults --------------------------------------------------------------
     def resolve(self, catalog: Catalog | None = None) -> tuple["Job", list[str]]:
         """Check every field, fill the defaults, and return (resolved job, notes on what was chosen)."""
-        from .resolve import resolve_job  # one concern per module: the rules live there
         return resolve_job(self, catalog or load_catalog())
 
 

@@ -8,7 +8,10 @@ from typing import Literal
 from .errors import SpecError
 from .fields import check_positive, check_range
 
-__all__ = ["ModelSpec", "default_ffn"]
+__all__ = ["ModelSpec", "default_ffn", "LORA_TARGETS"]
+
+LORA_TARGETS = ("q", "k", "v", "o", "up", "gate", "down")
+"""The block's projections a low-rank adapter may sit on (gate: SwiGLU's only)."""
 
 
 def default_ffn(hidden: int, mlp: str) -> int:

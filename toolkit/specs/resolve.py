@@ -9,12 +9,18 @@ import dataclasses
 
 import numpy as np
 
-from .catalog import Catalog
+from typing import TYPE_CHECKING
+
+from .backends import infer_backend
 from .errors import SpecError
 from .fields import check_positive, check_range
-from .job import LORA_TARGETS, TORCH_SEMANTICS, Job, compute_dtype, infer_backend
-from .model import nf4_shapes_ok
+from .model import LORA_TARGETS, nf4_shapes_ok
+from .precision import TORCH_SEMANTICS, compute_dtype
 from .stages import check_stage_layers, rank_layers
+
+if TYPE_CHECKING:            # (job.py imports this module: the Job type is for annotations only)
+    from .catalog import Catalog
+    from .job import Job
 
 __all__ = ["resolve_job", "divisors"]
 

@@ -45,7 +45,7 @@ from ..train.techniques import Int8Activations
 from ..train.model import GPT
 from ..train.parallel import loss_parallel, shard_embedding_grad, tensor_parallel
 from ..train.parallelize import apply_fsdp
-from ..train.precision import MasterWeights
+from ..train.precision import TORCH_DTYPES, MasterWeights, torch_precision
 from .ddp import DDPBuckets
 
 __all__ = ["TraceResult", "trace_memory", "MAX_TRACED_MICRO_BATCHES", "DeviceTracker", "FSDPDeviceTracker", "snapshot",
@@ -54,7 +54,6 @@ __all__ = ["TraceResult", "trace_memory", "MAX_TRACED_MICRO_BATCHES", "DeviceTra
 MAX_TRACED_MICRO_BATCHES = 2
 """Micro-batches traced per step: from the second on, every one repeats the same memory pattern."""
 
-_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -113,7 +112,7 @@ def _check_traceable(job: Job) -> None:
 
 
 def _compute_dtype(job: Job) -> torch.dtype:
-    return torch.float16 if job.precision.mode.endswith("fp16") else torch.bfloat16
+    return torch.float16 if job.precision.plan.half == "fp16" else torch.bfloat16
 
 
 def _make_optimizer(job: Job, params, zero_redundancy: bool = True):
@@ -238,9 +237,7 @@ def trace_memory(job: Job) -> TraceResult:
     _check_traceable(job)
     if job.parallel.zero >= 2:
         return _trace_fsdp(job)
-    mode = job.precision.mode
-    weights_dtype = _DTYPES[mode.rsplit("-", 1)[1]] if mode == "pure-bf16" or mode.startswith("mixed-") \
-        else torch.float32
+    weights_dtype = TORCH_DTYPES[job.precision.plan.weights]
     tp, zero1 = job.parallel.tp, job.parallel.zero == 1
     group = tp if tp > 1 else job.parallel.dp if zero1 else 1            # ZeRO-1 shards over the dp ranks
     if job.optimizer.name == "adamw-8bit":
@@ -340,8 +337,7 @@ def _run_steps(job: Job, tracker: MemTracker, model: torch.nn.Module, stepper, o
     mode = job.precision.mode
     micro_batches = min(job.grad_accum or 1, MAX_TRACED_MICRO_BATCHES)
     b, seq, vocab = job.batch.micro_batch, job.model.seq_len, job.model.vocab
-    autocast = (torch.autocast("cpu", dtype=_DTYPES[mode.rsplit("-", 1)[1]]) if mode.startswith("amp-")
-                else contextlib.nullcontext())
+    autocast = torch_precision(mode).autocast("cpu")
     snaps = {}
     int8 = Int8Activations(model) if job.memory.act_compress == "int8" else None
     # tensor parallelism: the logits stay sharded over the vocabulary and the loss runs on the shards
@@ -420,7 +416,7 @@ def _trace_fsdp(job: Job) -> TraceResult:
     changes where host memory is, not how much: fake tensors cannot be pinned, so the policy pins nothing.
     """
     par = job.parallel
-    weights_dtype = torch.bfloat16 if job.precision.mode == "pure-bf16" else torch.float32
+    weights_dtype = TORCH_DTYPES[job.precision.plan.weights]
     offload = par.offload != "none"
     with _fake_process_group(par.dp, par.tp) as mesh:
         with torch.device("meta"):

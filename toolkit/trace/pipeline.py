@@ -9,7 +9,6 @@ tracer does, and the busiest stage is reported. Real memory limits this to small
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 
 import torch
@@ -18,7 +17,8 @@ from ..estimate.memory import memory_estimate
 from ..specs.errors import SpecError
 from ..compat import require_internals
 from ..specs.job import TORCH_SEMANTICS, Job
-from .memory import _DTYPES, StageTracker, TraceResult, _make_optimizer, _snapshot
+from .memory import StageTracker, TraceResult, _make_optimizer, _snapshot
+from ..train.precision import TORCH_DTYPES, torch_precision
 from .ranks import trace_on_ranks
 
 __all__ = ["trace_pipeline", "trace_pipeline_stages", "MAX_PIPELINE_TRACE_BYTES", "MAX_PIPELINE_MICRO_BATCHES"]
@@ -76,7 +76,7 @@ def _trace_stage(job: Job, rank: int, stages: int) -> TraceResult:
 
     mode, m, vpp = job.precision.mode, job.grad_accum or 1, job.parallel.vpp
     spec, b, seq = job.model, job.batch.micro_batch, job.model.seq_len
-    weights_dtype = torch.bfloat16 if mode == "pure-bf16" else torch.float32    # (mixed-* is refused above)
+    weights_dtype = TORCH_DTYPES[job.precision.plan.weights]      # (mixed-* is refused above)
     with torch.device("meta"):
         model = GPT(spec, attention=job.memory.attention, recompute=job.memory.recompute, dtype=weights_dtype)
         stage_module = split_stages(model, job, rank)
@@ -84,8 +84,7 @@ def _trace_stage(job: Job, rank: int, stages: int) -> TraceResult:
     del model
     schedule = build_schedule(stage_module, job, torch.device("cpu"))   # the runner's stages and schedule
     optimizer = _make_optimizer(job, stage_module.parameters())
-    autocast = (torch.autocast("cpu", dtype=_DTYPES[mode.rsplit("-", 1)[1]]) if mode.startswith("amp-")
-                else contextlib.nullcontext())
+    autocast = torch_precision(mode).autocast("cpu")
     tracker = StageTracker()
     tracker.track_external(stage_module, optimizer)
     snaps = {}

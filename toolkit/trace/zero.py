@@ -43,7 +43,7 @@ def deepspeed_config(job: Job) -> dict:
     ZeRO stage, with the reduce and all-gather buckets set from training.bucket_cap_mb (in 16-bit elements;
     DeepSpeed's own default, 5e8 elements, is a 1 GB bucket)."""
     bucket = int(job.training.bucket_cap_mb * 2**20 / 2)
-    half = "bf16" if job.precision.mode.endswith("bf16") else "fp16"
+    half = job.precision.plan.half
     zero = {"stage": job.parallel.zero, "reduce_bucket_size": bucket, "allgather_bucket_size": bucket,
             "contiguous_gradients": True, "overlap_comm": job.overlap.grad_reduce is True}   # (estimate: the same)
     if job.parallel.offload == "optimizer":     # ZeRO-Offload: fp32 states, gradients and the step on the host

@@ -39,7 +39,7 @@ from .metrics import MetricsLog, memory_reading
 from .optim import clip_grad_norm
 from .parallel import loss_parallel
 from .parallelize import device_mesh, dp_rank_and_size
-from .precision import precision_plan
+from .precision import torch_precision
 from .program import _backward, _build_program, _optimizer_step, _Program
 from .state import gather_state, restore_state
 from .techniques import Int8Activations, Pruner, block_matrices
@@ -192,7 +192,7 @@ def run_training(job: Job, out_dir: str | Path, *, peak_tflops: float | None = N
     refuse_accelerate_overrides(job)
     out = Path(out_dir)
     t, spec = job.training, job.model
-    plan = precision_plan(job.precision.mode)
+    plan = torch_precision(job.precision.mode)
 
     # precision and layout are the job's: accelerate starts the processes and the trackers, nothing more
     accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision="no", dynamo_backend="no",

@@ -17,8 +17,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..specs.job import Job, compute_dtype
+from ..specs.job import Job
 from .parallel import tensor_parallel
+from .precision import TORCH_DTYPES
 
 __all__ = ["device_mesh", "parallelize", "apply_fsdp", "apply_ddp", "dp_rank_and_size", "is_sharded",
            "needs_grad_all_reduce", "all_reduce_mean"]
@@ -94,11 +95,10 @@ def all_reduce_mean(tensors, group=None, flatten: bool = True) -> None:
 def fsdp_policies(job: Job, pin_memory: bool = True):
     """(MixedPrecisionPolicy, OffloadPolicy) of the job under FSDP2."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
-    mode = job.precision.mode
+    plan = job.precision.plan
     precision = MixedPrecisionPolicy()
-    if mode.startswith("amp-"):          # 16-bit gathered weights, fp32 gradient reduction; autocast still runs
-        dtype = torch.bfloat16 if compute_dtype(mode) == "bf16" else torch.float16
-        precision = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+    if plan.autocast:                    # 16-bit gathered weights, fp32 gradient reduction; autocast still runs
+        precision = MixedPrecisionPolicy(param_dtype=TORCH_DTYPES[plan.autocast], reduce_dtype=torch.float32)
     placement = CPUOffloadPolicy(pin_memory=pin_memory) if job.parallel.offload != "none" else OffloadPolicy()
     return precision, placement
 

@@ -23,6 +23,7 @@ from torch import nn
 from ..specs.job import Job
 from ..specs.stages import chunk_layers
 from .parallel import PipelineStage
+from .precision import TORCH_DTYPES
 
 __all__ = ["stage_chunks", "split_stages", "stage_state_keys", "loss_fn", "stage_examples", "build_schedule", "run_schedule",
            "embedding_group", "sum_tied_grads", "pipeline_forward", "counted_params"]
@@ -70,10 +71,10 @@ def stage_examples(job: Job, chunk: int, device: torch.device) -> tuple[torch.Te
     """(input, output) of one micro-batch through `chunk`: token ids or the residual stream in, the residual stream
     or the logits out. Given to torch's stages, they replace its shape inference, whose backward pass MemTracker's
     module hooks break. Under autocast the residual stream stays fp32 and the logits are 16-bit."""
-    mode, spec, b = job.precision.mode, job.model, job.batch.micro_batch
+    plan, spec, b = job.precision.plan, job.model, job.batch.micro_batch
     chunks = job.parallel.pp * job.parallel.vpp
-    stream = torch.bfloat16 if mode == "pure-bf16" else torch.float32    # (mixed-* is not run under pipelines)
-    logits = {"amp-bf16": torch.bfloat16, "amp-fp16": torch.float16}.get(mode, stream)
+    stream = TORCH_DTYPES[plan.weights]                      # (mixed-* is not run under pipelines)
+    logits = TORCH_DTYPES[plan.autocast] if plan.autocast else stream
     example_in = (torch.zeros(b, spec.seq_len, dtype=torch.long, device=device) if chunk == 0 else
                   torch.zeros(b, spec.seq_len, spec.hidden, dtype=stream, device=device, requires_grad=True))
     last = chunk == chunks - 1

@@ -24,13 +24,16 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-__all__ = ["PrecisionPlan", "precision_plan", "FP32Norm", "use_fp32_norms", "MasterWeights"]
+from ..specs.precision import precision_plan
 
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+__all__ = ["TORCH_DTYPES", "TorchPrecision", "torch_precision", "FP32Norm", "use_fp32_norms", "MasterWeights"]
+
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+"""The precision plan's dtype names (toolkit.specs.precision) as torch's dtypes."""
 
 
 @dataclass(frozen=True)
-class PrecisionPlan:
+class TorchPrecision:
     param_dtype: torch.dtype
     autocast_dtype: torch.dtype | None
     loss_scaling: bool
@@ -42,16 +45,11 @@ class PrecisionPlan:
         return torch.autocast(device_type, dtype=self.autocast_dtype)
 
 
-def precision_plan(mode: str) -> PrecisionPlan:
-    if mode == "fp32":
-        return PrecisionPlan(torch.float32, None, False, False)
-    kind, half = mode.split("-")
-    dtype = _DTYPES[half]
-    if kind == "amp":
-        return PrecisionPlan(torch.float32, dtype, half == "fp16", False)
-    if kind == "mixed":
-        return PrecisionPlan(dtype, None, half == "fp16", True)
-    return PrecisionPlan(dtype, None, False, False)          # pure-bf16
+def torch_precision(mode: str) -> TorchPrecision:
+    """The mode's precision plan in torch's terms: the dtype the model is built in, autocast's, and the machinery."""
+    plan = precision_plan(mode)
+    return TorchPrecision(TORCH_DTYPES[plan.weights], plan.autocast and TORCH_DTYPES[plan.autocast],
+                          plan.loss_scaling, plan.master_weights)
 
 
 class FP32Norm(nn.Module):

@@ -1,7 +1,7 @@
 """What one rank trains: the job's model, laid out by toolkit.train.parallelize (or cut into pipeline stages, or
 handed to DeepSpeed's engine), and the optimizer that steps it. toolkit.train.loop runs it.
 
-    prog = _build_program(job, precision_plan(mode), device, device_mesh(job, device.type))
+    prog = _build_program(job, torch_precision(mode), device, device_mesh(job, device.type))
 """
 from __future__ import annotations
 

@@ -1,0 +1,24 @@
+"""Which framework's program a layout follows: torch's, DeepSpeed's or Megatron's. The estimator models each
+framework for its own layouts, so the rule that picks one is shared by the Job, its checks and the planner's grid."""
+from __future__ import annotations
+
+import numpy as np
+
+from .precision import TORCH_SEMANTICS
+
+__all__ = ["backend_masks", "infer_backend"]
+
+
+def backend_masks(mode: str, zero, tp, pp):
+    """(megatron, deepspeed): which layouts follow Megatron's or DeepSpeed's program, as booleans over arrays of
+    layouts (the planner's grid) or one. mixed-* (16-bit weights, fp32 masters) with tp or pp is Megatron's (its
+    distributed optimizer being ZeRO-1), mixed-* with ZeRO over dp alone DeepSpeed's; everything else torch's."""
+    mixed = mode not in TORCH_SEMANTICS
+    megatron = mixed & ((np.asarray(tp) > 1) | (np.asarray(pp) > 1))
+    return megatron, mixed & (np.asarray(zero) > 0) & ~megatron
+
+
+def infer_backend(mode: str, zero: int, tp: int, pp: int) -> str:
+    """The framework one layout's program follows (`backend_masks`' rule)."""
+    megatron, deepspeed = backend_masks(mode, zero, tp, pp)
+    return "megatron" if megatron else "deepspeed" if deepspeed else "torch"
