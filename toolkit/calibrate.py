@@ -120,7 +120,7 @@ def elementwise_bw_bytes_per_s(job: Job, dtype: torch.dtype) -> float:
 
 def optimizer_params_per_s(job: Job) -> float:
     """Parameters per second the job's optimizer (AdamW, its implementation) steps, over the model's tensors."""
-    from .estimate.memory import optimizer_impl
+    from .estimate.phases import optimizer_impl
     from .train.model import GPT
     model = GPT(job.model) if job.model.has_shape else torch.nn.Sequential(*[torch.nn.Linear(512, 512)] * 16)
     for p in model.parameters():

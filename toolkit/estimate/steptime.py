@@ -44,7 +44,7 @@ from ..specs.errors import SpecError
 from ..specs.job import Job, compute_dtype
 from .comm import data_parallel_s, is_megatron, latency_s, overlap_settings, ring_attention_s, ring_s
 from .flops import flops_per_token
-from .memory import optimizer_impl
+from .phases import optimizer_impl
 from .states import (adapter_params_per_layer, bytes_per_param, job_stage_layers, model_state_bytes,
                      params_per_device)
 

@@ -36,7 +36,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from ..compat import FakeStore, FakeTensorMode, FSDPMemTracker, MemRefType, MemTracker, require_internals
 from ..compat import sharding_prop as _sharding_prop
 
-from ..estimate.memory import ddp_buckets
+from ..estimate.phases import ddp_buckets
 from ..specs.errors import SpecError
 from ..specs.job import TORCH_SEMANTICS, Job
 from ..train.lora import apply_lora
