@@ -50,6 +50,14 @@ def test_defaults_and_notes(catalog):
     assert any("1563" in n for n in notes) and any("tokens" in n for n in notes)
 
 
+def test_interleaved_default_batch_is_whole_rounds(catalog):
+    """With vpp > 1 the published batch is rounded up to whole rounds of pp micro-batches, which torch's interleaved
+    schedule needs (1563 sequences on dp 16 would be 98 micro-batches: 98 % (98 // 8) != 0, refused)."""
+    job, _ = Job.from_dict({"model": {"preset": "gpt3-175b"}, "parallel": {"tp": 8, "pp": 8, "vpp": 2},
+                            "cluster": {"accelerator": "A100-80GB", "count": 1024}}, catalog).resolve(catalog)
+    assert job.batch.global_batch == 1664 and job.grad_accum == 104         # 16 × 8 × 13
+
+
 def test_fp16_default_where_no_bf16(catalog):
     job, notes = Job.from_dict({"model": {"preset": "gpt2"}, "cluster": {"accelerator": "V100-32GB", "count": 8}},
                                catalog).resolve(catalog)

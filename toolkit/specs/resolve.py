@@ -296,9 +296,11 @@ def resolve_job(job: Job, catalog: Catalog) -> tuple[Job, list[str]]:
     if global_batch is None:
         published = preset.global_batch_in_sequences() if preset else None
         if published is not None:
-            global_batch = -(-published // per_step) * per_step
-            notes.append(f"global batch = {global_batch} sequences: the smallest multiple of micro-batch × dp = "
-                         f"{per_step} at least the published {published}")
+            step = per_step * (par.pp if par.vpp > 1 else 1)         # interleaved: whole rounds of micro-batches
+            named = "micro-batch × dp" + (" × pp (interleaved stages)" if par.vpp > 1 else "")
+            global_batch = -(-published // step) * step
+            notes.append(f"global batch = {global_batch} sequences: the smallest multiple of {named} = "
+                         f"{step} at least the published {published}")
         else:
             global_batch = per_step
             notes.append(f"global batch = micro-batch × dp = {per_step} (no published batch to follow)")
