@@ -78,3 +78,34 @@ def test_grid_speed_is_planner_class():
     mem = memory_estimate(grid.job)
     assert mem.peak_bytes.shape == (len(grid),) and len(grid) == 7680
     assert np.isfinite(mem.peak_bytes[grid.valid]).all()
+
+
+@pytest.mark.parametrize("mode, finetune", [("amp-bf16", None), ("mixed-bf16", None), ("amp-bf16", LORA)],
+                         ids=["torch", "deepspeed", "lora"])
+def test_grid_and_resolve_agree_on_every_layout_rule(mode, finetune):
+    """Every layout of a grid that breaks each rule in turn (heads, devices, sequence, stages, vpp, rounds, sp,
+    batch, offload, adapters): valid in the grid exactly when Job.resolve accepts it."""
+    model = {"layers": 6, "hidden": 96, "heads": 6, "kv_heads": 2, "mlp": "swiglu", "norm": "rmsnorm",
+             "position": "rope", "vocab": 128, "seq_len": 24}
+    base = {"model": model, "precision": {"mode": mode}, "batch": {"micro_batch": 1, "global_batch": 36},
+            "finetune": finetune or {}, "cluster": {"accelerator": "H100-SXM", "count": 12, "gpus_per_node": 12}}
+    job = Job.from_dict(base).resolve()[0]
+    grid = layout_grid(job, tp=[1, 2, 3, 4], pp=[1, 2, 4], vpp=[1, 2], cp=[1, 2, 5], sp=[False, True],
+                       zero=[0, 1, 3], offload=["none", "optimizer", "params"], micro_batch=[1, 2])
+    refused_by = set()
+    for i in range(len(grid)):
+        layout = grid.layout(i)
+        data = {**base, "parallel": {k: layout[k] for k in ("tp", "pp", "vpp", "cp", "sp", "zero", "offload")},
+                "batch": {"micro_batch": layout["micro_batch"], "global_batch": 36}}
+        try:
+            Job.from_dict(data).resolve()
+        except SpecError as refused:
+            assert not grid.valid[i], (layout, str(refused))
+            refused_by.add(refused.field)
+            continue
+        assert grid.valid[i], layout
+    assert grid.valid.any()
+    assert {"parallel.tp", "parallel.cp", "parallel.pp", "parallel.vpp", "parallel.sp", "batch.global_batch",
+            "parallel.offload"} <= refused_by
+    if finetune:
+        assert "finetune.method" in refused_by

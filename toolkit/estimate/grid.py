@@ -16,9 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..specs.job import TORCH_SEMANTICS, Job
-from ..specs.resolve import interleaved_rounds_fit
-from ..specs.stages import uneven_fits
+from ..specs.job import Job
+from ..specs.rules import layout_valid
 
 __all__ = ["LayoutGrid", "layout_grid", "AXES"]
 
@@ -67,22 +66,5 @@ def layout_grid(job: Job, **axes) -> LayoutGrid:
 
 
 def _valid(job: Job, devices: int, n: int) -> np.ndarray:
-    """The layout rules of toolkit.specs.resolve, over arrays."""
-    m, par = job.model, job.parallel
-    tp, pp, vpp, dp = (np.broadcast_to(np.asarray(x), (n,)) for x in (par.tp, par.pp, par.vpp, par.dp))
-    zero, offload = np.broadcast_to(np.asarray(par.zero), (n,)), np.broadcast_to(np.asarray(par.offload), (n,))
-    micro = np.broadcast_to(np.asarray(job.batch.micro_batch), (n,))
-    cp = np.broadcast_to(np.asarray(par.cp), (n,))
-    ok = (devices % (tp * pp * cp) == 0) & (m.heads % tp == 0) & (m.kv_heads_ % tp == 0)
-    ok &= m.seq_len % (2 * cp) == 0
-    ok &= uneven_fits(m.layers, pp, vpp)          # the first and last chunk may hold fewer (toolkit.specs.stages)
-    ok &= (vpp == 1) | (pp > 1)
-    ok &= ~np.broadcast_to(np.asarray(par.sp), (n,)) | (tp > 1)
-    ok &= job.batch.global_batch % (micro * dp) == 0
-    ok &= (vpp == 1) | interleaved_rounds_fit(job.batch.global_batch // (micro * dp), pp)
-    torch_semantics = job.precision.mode in TORCH_SEMANTICS
-    ok &= (offload != "optimizer") | ((not torch_semantics) & (zero >= 1))
-    ok &= (offload != "params") | (zero == 3) | (torch_semantics & (zero == 2))
-    if job.finetune.adapters:            # LoRA/QLoRA are modelled for replicas (toolkit.specs.resolve)
-        ok &= (tp == 1) & (pp == 1) & (zero <= 1)
-    return ok
+    """The layout rules of toolkit.specs.rules (the ones Job.resolve applies), over arrays."""
+    return np.broadcast_to(layout_valid(job, devices), (n,)).copy()

@@ -1,14 +1,13 @@
 """Checks between fields of a Job, and the defaults that depend on other fields.
 
 Each rule raises a SpecError naming the field, its value and what would be valid. The
-order follows the Job: model, cluster and offer, parallel layout, precision, batch, budget.
+order follows the Job: sizes, cluster and offer, parallel layout, precision, fine-tuning, batch, budget, the
+runner's section; one function per section. The layout rules themselves are toolkit.specs.rules, which the
+planner's layout grid applies to arrays of layouts.
 """
 from __future__ import annotations
 
 import dataclasses
-
-import numpy as np
-
 from typing import TYPE_CHECKING
 
 from .backends import infer_backend
@@ -16,6 +15,8 @@ from .errors import SpecError
 from .fields import check_positive, check_range
 from .model import LORA_TARGETS, nf4_shapes_ok
 from .precision import TORCH_SEMANTICS, compute_dtype
+from .rules import (batch_split, devices_split, heads_split, interleaved_rounds_fit, optimizer_offload_fits,
+                    params_offload_fits, sequence_split, sp_has_tp, vpp_has_pp, adapters_fit)
 from .stages import check_stage_layers, rank_layers
 
 if TYPE_CHECKING:            # (job.py imports this module: the Job type is for annotations only)
@@ -92,13 +93,6 @@ def _check_backend(par, mode: str) -> None:
                         f"pp {par.pp} is {inferred}'s (leave backend unset, or change the mode or layout)")
 
 
-def interleaved_rounds_fit(micro_batches, pp):
-    """Whether torch's interleaved schedule can run the step's micro-batches: it groups them in rounds of
-    max(1, m // pp), which must divide m (ScheduleInterleaved1F1B refuses otherwise). Arrays welcome."""
-    m = np.asarray(micro_batches)
-    return m % np.maximum(1, m // np.asarray(pp)) == 0
-
-
 def _check_interleaved_rounds(micro_batches: int, pp: int, vpp: int, per_step: int) -> None:
     if not interleaved_rounds_fit(micro_batches, pp):
         rounds = max(1, micro_batches // pp)
@@ -112,11 +106,28 @@ def _check_interleaved_rounds(micro_batches: int, pp: int, vpp: int, per_step: i
 
 def resolve_job(job: Job, catalog: Catalog) -> tuple[Job, list[str]]:
     notes: list[str] = []
-    model = job.model
-    model.validate()
-    par, cluster, batch = job.parallel, job.cluster, job.batch
+    job.model.validate()
+    _check_sizes(job)
+    cluster, accelerator = _resolve_cluster(job, catalog, notes)
+    par = _resolve_layout(job, cluster, notes)
+    precision = _resolve_precision(job, accelerator, notes)
+    _check_sharding(job, par, precision.mode, notes)
+    _check_finetune(job, precision.mode)
+    batch, preset = _resolve_batch(job, par, catalog, notes)
+    tokens = job.tokens
+    if tokens is None and preset is not None and preset.tokens is not None:
+        tokens = preset.tokens
+        notes.append(f"tokens = {tokens:.4g}, the budget published for {preset.name}")
+    memory = _resolve_training(job, notes)
+    if memory.program is None:
+        memory = dataclasses.replace(memory, program="cpu" if accelerator is None else "cuda")
+    resolved = dataclasses.replace(job, memory=memory, parallel=par, cluster=cluster, batch=batch, tokens=tokens,
+                                   precision=precision)
+    return resolved, notes
 
-    # ---- sizes that must be positive ------------------------------------------------------
+
+def _check_sizes(job: Job) -> None:
+    """Sizes that must be positive, and fractions in their ranges."""
     for section, names in (("parallel", ("dp", "tp", "pp", "vpp", "cp")), ("batch", ("micro_batch", "global_batch")),
                            ("cluster", ("count", "gpus_per_node", "intra_node_bw_bytes_per_s",
                                         "inter_node_bw_bytes_per_s"))):
@@ -133,7 +144,10 @@ def resolve_job(job: Job, catalog: Catalog) -> tuple[Job, list[str]]:
     check_positive(job.cost.energy_price_per_kwh, "cost.energy_price_per_kwh", allow_zero=True)
     check_positive(job.cost.grid_kg_co2_per_kwh, "cost.grid_kg_co2_per_kwh", allow_zero=True)
 
-    # ---- cluster and offer ------------------------------------------------------------------
+
+def _resolve_cluster(job: Job, catalog: Catalog, notes: list[str]):
+    """(cluster with its accelerator and device count filled in, the accelerator's catalog row or None)."""
+    cluster, par = job.cluster, job.parallel
     offer = catalog.offer(job.cost.offer) if job.cost.offer else None
     accelerator = None
     if cluster.accelerator is not None:
@@ -165,37 +179,50 @@ def resolve_job(job: Job, catalog: Catalog) -> tuple[Job, list[str]]:
                         f"spans more than one node but is not a multiple of cluster.gpus_per_node = "
                         f"{cluster.gpus_per_node}; use {count - count % cluster.gpus_per_node} or "
                         f"{count + cluster.gpus_per_node - count % cluster.gpus_per_node}")
+    return cluster, accelerator
 
-    # ---- parallel layout --------------------------------------------------------------------
-    if model.has_shape:
+
+def _check_model_split(job: Job, notes: list[str]) -> None:
+    """tp against the heads, pp and vpp against the layers, cp against the sequence."""
+    model, par = job.model, job.parallel
+    if not model.has_shape:
+        if par.stage_layers:
+            raise SpecError("parallel.stage_layers", list(par.stage_layers),
+                            "needs the model's layers (give model.layers)")
+        return
+    if not heads_split(model, par.tp):
         for heads_field, heads in (("model.heads", model.heads), ("model.kv_heads", model.kv_heads_)):
             if heads % par.tp:
                 raise SpecError("parallel.tp", par.tp,
                                 f"must divide {heads_field} = {heads}; allowed: {_listing(divisors(heads))}")
-        check_stage_layers(model.layers, par.pp, par.vpp, par.stage_layers)
-        if par.stage_layers or model.layers % (par.pp * par.vpp):
-            ranks = rank_layers(model.layers, par.pp, par.vpp, par.stage_layers)
-            shown = ", ".join(map(str, ranks)) if len(ranks) <= 6 else f"{ranks[0]}, {ranks[1]}, ..., {ranks[-2]}, {ranks[-1]}"
-            notes.append(f"pipeline ranks hold {shown} layers" + (
-                "" if par.stage_layers else f" ({par.pp * par.vpp} equal chunks do not divide {model.layers} layers: "
-                                            "the first and last hold fewer, as Llama 3 405B ran)"))
-        if par.cp > 1:
-            notes.append(f"context parallelism: each of cp = {par.cp} ranks keeps {model.seq_len // par.cp} tokens of "
-                         "a sequence and passes keys and values round a ring (Liu et al. 2023); estimated, not traced "
-                         "or run here (torch's needs CUDA attention kernels)")
-        if model.seq_len % (2 * par.cp):
-            raise SpecError("parallel.cp", par.cp, f"context parallelism cuts each sequence into 2 × cp balanced "
-                                                   f"pieces: 2 × cp must divide model.seq_len = {model.seq_len}")
-    elif par.stage_layers:
-        raise SpecError("parallel.stage_layers", list(par.stage_layers), "needs the model's layers (give model.layers)")
-    if par.vpp > 1 and par.pp == 1:
+    check_stage_layers(model.layers, par.pp, par.vpp, par.stage_layers)
+    if par.stage_layers or model.layers % (par.pp * par.vpp):
+        ranks = rank_layers(model.layers, par.pp, par.vpp, par.stage_layers)
+        shown = ", ".join(map(str, ranks)) if len(ranks) <= 6 else f"{ranks[0]}, {ranks[1]}, ..., {ranks[-2]}, {ranks[-1]}"
+        notes.append(f"pipeline ranks hold {shown} layers" + (
+            "" if par.stage_layers else f" ({par.pp * par.vpp} equal chunks do not divide {model.layers} layers: "
+                                        "the first and last hold fewer, as Llama 3 405B ran)"))
+    if par.cp > 1:
+        notes.append(f"context parallelism: each of cp = {par.cp} ranks keeps {model.seq_len // par.cp} tokens of "
+                     "a sequence and passes keys and values round a ring (Liu et al. 2023); estimated, not traced "
+                     "or run here (torch's needs CUDA attention kernels)")
+    if not sequence_split(model, par.cp):
+        raise SpecError("parallel.cp", par.cp, f"context parallelism cuts each sequence into 2 × cp balanced "
+                                               f"pieces: 2 × cp must divide model.seq_len = {model.seq_len}")
+
+
+def _resolve_layout(job: Job, cluster, notes: list[str]):
+    """The parallel section with dp filled in from the devices."""
+    par, count = job.parallel, cluster.count
+    _check_model_split(job, notes)
+    if not vpp_has_pp(par.vpp, par.pp):
         raise SpecError("parallel.vpp", par.vpp, "interleaved stages need parallel.pp > 1; set vpp to 1 or raise pp")
-    if par.sp and par.tp == 1:
+    if not sp_has_tp(par.sp, par.tp):
         raise SpecError("parallel.sp", True, "sequence parallelism splits over the tensor-parallel group: needs parallel.tp > 1")
     model_parallel = par.tp * par.pp * par.cp
     named = "tp × pp" + (" × cp" if par.cp > 1 else "")
     if par.dp is None:
-        if count % model_parallel:
+        if not devices_split(count, par.tp, par.pp, par.cp):
             raise SpecError("parallel.tp", par.tp,
                             f"{named} = {model_parallel} does not divide cluster.count = {count}; "
                             f"pick {named} among {_listing(divisors(count))}")
@@ -211,8 +238,11 @@ def resolve_job(job: Job, catalog: Catalog) -> tuple[Job, list[str]]:
     if par.tp > cluster.gpus_per_node:
         notes.append(f"tp = {par.tp} crosses nodes of {cluster.gpus_per_node} devices: its all-reduces "
                      "run over the network")
+    return par
 
-    # ---- precision, optimizer, ZeRO, offload ------------------------------------------------
+
+def _resolve_precision(job: Job, accelerator, notes: list[str]):
+    """The precision section with its mode filled in, checked against the accelerator's units."""
     precision = job.precision
     if precision.mode is None:
         bf16 = accelerator is None or "bf16" not in accelerator.unsupported
@@ -220,7 +250,7 @@ def resolve_job(job: Job, catalog: Catalog) -> tuple[Job, list[str]]:
         if not bf16:
             notes.append(f"precision = amp-fp16: {accelerator.name} has no bf16 units")
     mode = precision.mode
-    if precision.grad_dtype == "fp32" and not mode.startswith("mixed-"):
+    if precision.grad_dtype == "fp32" and not precision.plan.master_weights:
         raise SpecError("precision.grad_dtype", "fp32",
                         f"fp32 main gradients apply to mixed-bf16/mixed-fp16 only (precision.mode = {mode} "
                         "already keeps fp32 gradients, or none)")
@@ -237,20 +267,24 @@ def resolve_job(job: Job, catalog: Catalog) -> tuple[Job, list[str]]:
             reason = "has no FP8 units" if "fp8" in accelerator.unsupported else "has no published FP8 peak"
             raise SpecError("precision.fp8", True, f"{accelerator.name} {reason}; FP8 runs on e.g. H100-SXM, H200, "
                                                    "MI300X (toolkit catalog accelerators)")
-    if par.offload == "optimizer":
-        if mode in TORCH_SEMANTICS:
+    return precision
+
+
+def _check_sharding(job: Job, par, mode: str, notes: list[str]) -> None:
+    """Offload and the backend against the mode and ZeRO stage; notes on memory options that do little."""
+    torch_semantics = mode in TORCH_SEMANTICS
+    if not optimizer_offload_fits(par.offload, par.zero, torch_semantics):
+        if torch_semantics:
             raise SpecError("parallel.offload", "optimizer",
                             f"torch's FSDP2 (used for precision.mode = {mode}) offloads parameters, gradients and "
                             "optimizer states together: use offload = params with zero 2 or 3, or a mixed-* "
                             "precision for DeepSpeed's ZeRO-Offload")
-        if par.zero == 0:
-            raise SpecError("parallel.offload", "optimizer", "ZeRO-Offload needs parallel.zero = 1, 2 or 3")
-    if par.offload == "params":
-        need = (2, 3) if mode in TORCH_SEMANTICS else (3,)
-        if par.zero not in need:
-            raise SpecError("parallel.offload", "params",
-                            f"parameter offload needs parallel.zero = {' or '.join(map(str, need))} "
-                            f"({'FSDP2' if mode in TORCH_SEMANTICS else 'DeepSpeed ZeRO-3'}); got zero = {par.zero}")
+        raise SpecError("parallel.offload", "optimizer", "ZeRO-Offload needs parallel.zero = 1, 2 or 3")
+    if not params_offload_fits(par.offload, par.zero, torch_semantics):
+        need = (2, 3) if torch_semantics else (3,)
+        raise SpecError("parallel.offload", "params",
+                        f"parameter offload needs parallel.zero = {' or '.join(map(str, need))} "
+                        f"({'FSDP2' if torch_semantics else 'DeepSpeed ZeRO-3'}); got zero = {par.zero}")
     _check_backend(par, mode)
     if par.zero > 0 and par.dp == 1:
         notes.append(f"ZeRO-{par.zero} with dp = 1 shards nothing: it only adds communication")
@@ -263,8 +297,10 @@ def resolve_job(job: Job, catalog: Catalog) -> tuple[Job, list[str]]:
     if job.optimizer.name != "sgd" and job.optimizer.momentum != 0.9:
         notes.append("optimizer.momentum applies to sgd only; ignored")
 
-    # ---- fine-tuning --------------------------------------------------------------------------
-    ft = job.finetune
+
+def _check_finetune(job: Job, mode: str) -> None:
+    """LoRA's rank, alpha and targets; QLoRA's shapes, precision and optimizer."""
+    ft, model, par = job.finetune, job.model, job.parallel
     if ft.adapters:
         check_positive(ft.rank, "finetune.rank")
         check_positive(ft.alpha, "finetune.alpha")
@@ -276,23 +312,25 @@ def resolve_job(job: Job, catalog: Catalog) -> tuple[Job, list[str]]:
                 raise SpecError("finetune.targets", target, f"allowed: {', '.join(allowed)}")
         if not model.has_shape:
             raise SpecError("finetune.method", ft.method, "adapters need the model's shape (layers, hidden, heads)")
-        if job.parallel.tp > 1 or job.parallel.pp > 1 or job.parallel.zero >= 2:
+        if not adapters_fit(par.tp, par.pp, par.zero):
             raise SpecError("finetune.method", ft.method, "LoRA is modelled for data-parallel replicas (zero 0 or 1) "
                                                        "so far; use tp 1, pp 1")
-
     if ft.method == "qlora":
         bad = nf4_shapes_ok(model)                # NF4 packs blocks of 64 weights, 256 scales per fp32 scale
         if bad:
             raise SpecError("finetune.method", "qlora", f"NF4 stores matrices in multiples of 16,384 weights; the "
                                                         f"{bad} projection is not (use widths that are multiples of 128)")
-        if precision.mode == "fp32" or job.optimizer.name == "adamw-8bit":
+        if mode == "fp32" or job.optimizer.name == "adamw-8bit":
             raise SpecError("finetune.method", "qlora", "QLoRA computes in 16 bits with 16/32-bit adapters: use "
                                                         "amp-bf16, pure-bf16 or mixed-bf16 (and adamw, adam or sgd)")
 
-    # ---- batch ------------------------------------------------------------------------------
+
+def _resolve_batch(job: Job, par, catalog: Catalog, notes: list[str]):
+    """(the batch with its global batch filled in, the model's preset or None)."""
+    batch = job.batch
     per_step = batch.micro_batch * par.dp
     global_batch = batch.global_batch
-    preset = catalog.presets.get((model.name or "").lower())
+    preset = catalog.presets.get((job.model.name or "").lower())
     if global_batch is None:
         published = preset.global_batch_in_sequences() if preset else None
         if published is not None:
@@ -304,26 +342,13 @@ def resolve_job(job: Job, catalog: Catalog) -> tuple[Job, list[str]]:
         else:
             global_batch = per_step
             notes.append(f"global batch = micro-batch × dp = {per_step} (no published batch to follow)")
-    elif global_batch % per_step:
+    elif not batch_split(global_batch, batch.micro_batch, par.dp):
         lower = global_batch - global_batch % per_step
         options = ([lower] if lower else []) + [lower + per_step]
         raise SpecError("batch.global_batch", global_batch,
                         f"must be a multiple of micro_batch × dp = {batch.micro_batch} × {par.dp} = {per_step}; "
                         f"nearest: {' or '.join(map(str, options))}")
-    batch = dataclasses.replace(batch, global_batch=global_batch)
     if par.vpp > 1:
         _check_interleaved_rounds(global_batch // per_step, par.pp, par.vpp, per_step)
+    return dataclasses.replace(batch, global_batch=global_batch), preset
 
-    # ---- budget -----------------------------------------------------------------------------
-    tokens = job.tokens
-    if tokens is None and preset is not None and preset.tokens is not None:
-        tokens = preset.tokens
-        notes.append(f"tokens = {tokens:.4g}, the budget published for {preset.name}")
-
-    memory = _resolve_training(job, notes)
-    if memory.program is None:
-        memory = dataclasses.replace(memory, program="cpu" if accelerator is None else "cuda")
-
-    resolved = dataclasses.replace(job, memory=memory, parallel=par, cluster=cluster, batch=batch, tokens=tokens,
-                                   precision=precision)
-    return resolved, notes

@@ -1,0 +1,84 @@
+"""The layout rules, written once over numpy arrays: `Job.resolve` checks one layout with them and says in a
+SpecError why it fails (toolkit.specs.resolve); the planner's layout grid applies all of them to 10^5 layouts at
+once (`layout_valid`, used by toolkit.estimate.grid). Each takes scalars or arrays and returns booleans.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .precision import TORCH_SEMANTICS
+from .stages import uneven_fits
+
+__all__ = ["heads_split", "devices_split", "sequence_split", "vpp_has_pp", "sp_has_tp", "batch_split",
+           "interleaved_rounds_fit", "optimizer_offload_fits", "params_offload_fits", "adapters_fit", "layout_valid"]
+
+
+def heads_split(model, tp):
+    """tp divides the attention heads and the key/value heads."""
+    tp = np.asarray(tp)
+    return (model.heads % tp == 0) & (model.kv_heads_ % tp == 0)
+
+
+def devices_split(devices, tp, pp, cp):
+    """tp × pp × cp divides the devices (dp is what is left)."""
+    return devices % (np.asarray(tp) * np.asarray(pp) * np.asarray(cp)) == 0
+
+
+def sequence_split(model, cp):
+    """Context parallelism cuts each sequence into 2 × cp balanced pieces."""
+    return model.seq_len % (2 * np.asarray(cp)) == 0
+
+
+def vpp_has_pp(vpp, pp):
+    """Interleaved stages need pipeline stages."""
+    return (np.asarray(vpp) == 1) | (np.asarray(pp) > 1)
+
+
+def sp_has_tp(sp, tp):
+    """Sequence parallelism splits over the tensor-parallel group."""
+    return ~np.asarray(sp) | (np.asarray(tp) > 1)
+
+
+def batch_split(global_batch, micro_batch, dp):
+    """The global batch is whole micro-batches on every data-parallel rank."""
+    return global_batch % (np.asarray(micro_batch) * np.asarray(dp)) == 0
+
+
+def interleaved_rounds_fit(micro_batches, pp):
+    """Whether torch's interleaved schedule can run the step's micro-batches: it groups them in rounds of
+    max(1, m // pp), which must divide m (ScheduleInterleaved1F1B refuses otherwise)."""
+    m = np.asarray(micro_batches)
+    return m % np.maximum(1, m // np.asarray(pp)) == 0
+
+
+def optimizer_offload_fits(offload, zero, torch_semantics: bool):
+    """Optimizer-only offload is DeepSpeed's ZeRO-Offload (mixed-*, zero ≥ 1); FSDP2 offloads everything or nothing."""
+    return (np.asarray(offload) != "optimizer") | ((not torch_semantics) & (np.asarray(zero) >= 1))
+
+
+def params_offload_fits(offload, zero, torch_semantics: bool):
+    """Parameter offload needs sharded parameters' owners: FSDP2 at zero 2 or 3, DeepSpeed at zero 3."""
+    zero = np.asarray(zero)
+    return (np.asarray(offload) != "params") | (zero == 3) | (torch_semantics & (zero == 2))
+
+
+def adapters_fit(tp, pp, zero):
+    """LoRA/QLoRA are modelled for data-parallel replicas (zero 0 or 1)."""
+    return (np.asarray(tp) == 1) & (np.asarray(pp) == 1) & (np.asarray(zero) <= 1)
+
+
+def layout_valid(job, devices: int):
+    """Every layout rule at once, for a job whose layout fields are arrays over layouts (dp = devices / tp·pp·cp)."""
+    m, par, micro = job.model, job.parallel, job.batch.micro_batch
+    torch_semantics = job.precision.mode in TORCH_SEMANTICS
+    micro_batches = job.batch.global_batch // (np.asarray(micro) * par.dp)
+    rules = [devices_split(devices, par.tp, par.pp, par.cp), heads_split(m, par.tp), sequence_split(m, par.cp),
+             uneven_fits(m.layers, par.pp, par.vpp),        # the first and last chunk may hold fewer (stages.py)
+             vpp_has_pp(par.vpp, par.pp), sp_has_tp(par.sp, par.tp),
+             batch_split(job.batch.global_batch, micro, par.dp),
+             (np.asarray(par.vpp) == 1) | interleaved_rounds_fit(micro_batches, par.pp),
+             optimizer_offload_fits(par.offload, par.zero, torch_semantics),
+             params_offload_fits(par.offload, par.zero, torch_semantics)]
+    if job.finetune.adapters:
+        rules.append(adapters_fit(par.tp, par.pp, par.zero))
+    return np.logical_and.reduce(np.broadcast_arrays(*rules))
