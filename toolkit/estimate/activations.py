@@ -193,24 +193,34 @@ def activation_bytes(job: Job, stage: str | None = None, stages_after=None) -> A
             return busier
         second = activation_bytes(job, "second")
         return pick((np.asarray(job.parallel.pp) > 2) & (second.total > busier.total), busier, second)
+    return _on_stage(job, stage, stages_after, _block(job))
+
+
+@dataclass(frozen=True)
+class _Block:
+    """What one transformer block saves for backward, per micro-batch on one rank."""
+    none: object              # without recompute
+    per_layer: object         # under the job's recompute
+    recompute_layer: object   # what backward rebuilds of one block at a time (full recompute)
+    weights: object           # autocast's 16-bit weight casts, which a stage's micro-batches share
+    stream: object            # one residual-stream tensor (the block's input)
+    tokens: object            # tokens of the micro-batch on this rank (context parallelism: its share)
+
+
+def _block(job: Job) -> _Block:
     m = job.model
     act, residual, amp = element_bytes(job)
     h, q, kv, f = _widths(job)
     b, s = job.batch.micro_batch, m.seq_len
     tokens = b * s / job.parallel.cp                     # context parallelism: each rank keeps its share of a sequence
-    tp, pp = job.parallel.tp, job.parallel.pp
+    tp = job.parallel.tp
     # tokens of the h-wide tensors (norms, residual stream, branch dropout) on one rank: all of them,
     # or 1/tp with sequence parallelism (Korthikanti et al. 2022)
     tokens_h = np.where(job.parallel.sp, tokens / tp, tokens)
-    cpu = job.memory.program == "cpu"
-    # dropout keeps a mask of its input's dtype on CPU (1 byte on CUDA): branch outputs are `act`,
-    # the embedding output is the residual stream's dtype
-    branch_mask = tokens_h * h * (_stored(job, act) if cpu else 1) if m.dropout > 0 else 0
-    embedding_mask = tokens_h * h * (residual if cpu else 1) * (m.dropout > 0)
+    # dropout keeps a mask of its input's dtype on CPU (1 byte on CUDA): branch outputs are `act`
+    branch_mask = tokens_h * h * (_stored(job, act) if job.memory.program == "cpu" else 1) if m.dropout > 0 else 0
     rope = m.position == "rope"
     act_b, half_b = _stored(job, act), _stored(job, 2)         # a block's tensors (int8 when compressed)
-
-    # ---- one block, recompute none ---------------------------------------------------------
     norm1 = _norm_saved(job, tokens, h, consumers=3)           # its input is the block input
     core = _attention_core(job, tokens, b)
     # fp32 cos/sin tables cast per use (FSDP2 casts parameters, not buffers): two 16-bit tables, twice
@@ -225,8 +235,6 @@ def activation_bytes(job: Job, stage: str | None = None, stages_after=None) -> A
     weights = amp * half_b * (h * q + 2 * h * kv + q * h + (3 if m.mlp == "swiglu" else 2) * h * f)
     common = norm1 + rope_casts + norm2 + mlp + 2 * branch_mask + weights
     none = common + core + (o_input if o_input_copy else 0)
-
-    # ---- recompute variants ------------------------------------------------------------------
     recompute = np.asarray(job.memory.recompute)
     full = recompute == "full"
     per_layer = np.select(
@@ -236,45 +244,57 @@ def activation_bytes(job: Job, stage: str | None = None, stages_after=None) -> A
          # o keeps the core output (a view of it, or its copy)
          common + tokens * (q + 2 * kv) * act_b + o_input],
         none)
+    # the recomputed block re-creates all it saves but its input, which the checkpoint already holds
+    return _Block(none=none, per_layer=per_layer, recompute_layer=np.where(full, none - tokens_h * h * residual, 0),
+                  weights=weights, stream=tokens_h * h * residual, tokens=tokens)
 
+
+def _on_stage(job: Job, stage, stages_after, block: _Block) -> ActivationBytes:
+    """A stage's activations: its blocks times the micro-batches in flight, the embedding's and the head's, and
+    the pipeline schedule's buffers.
+
+    Pipelines follow torch.distributed.pipelining (the mixed-* modes: Megatron's, which frees a sent output's
+    data, reuses its receive buffers and computes the loss inside the last stage). torch's schedule keeps the last
+    stage's output (the logits) until that micro-batch's backward; every other chunk keeps the output it sent on;
+    under 1F1B (interleaved or not) each chunk also holds one residual-stream-sized buffer per micro-batch of the
+    step for what it receives: inputs (all but the model's first chunk) and gradients (all but the last), beside
+    what its blocks keep (measured on torch's Schedule1F1B and ScheduleInterleaved1F1B; GPipe's buffers are the
+    blocks' inputs themselves)."""
+    m, par, tokens = job.model, job.parallel, block.tokens
+    h, tp, s = m.hidden, par.tp, m.seq_len
+    residual = element_bytes(job)[1]
+    embedding_mask = np.where(par.sp, tokens / tp, tokens) * h * (residual if job.memory.program == "cpu" else 1) \
+        * (m.dropout > 0)        # the embedding output's dropout mask: the residual stream's dtype on CPU
     embedding = tokens * _INT64 + (s * _INT64 if m.position == "learned" else 0) + embedding_mask
     head = _norm_saved(job, tokens, h, consumers=1, block=False) + _loss_bytes(job, tokens, vocab_per_rank(m, tp))
-    # the recomputed block re-creates all it saves but its input, which the checkpoint already holds
-    recompute_layer = np.where(full, none - tokens_h * h * residual, 0)
-    single = np.asarray(pp) == 1
+    single = np.asarray(par.pp) == 1
+    full = np.asarray(job.memory.recompute) == "full"
     micro_batches = np.asarray(1 if job.grad_accum is None else job.grad_accum)
-    gpipe = np.asarray(job.parallel.schedule) == "gpipe"
+    gpipe = np.asarray(par.schedule) == "gpipe"
     in_flight = pipeline_in_flight(job, stage, stages_after)
     owns_embedding, owns_head = single | (stage == "first"), single | (stage == "last")
     stage_layers = by_stage(stage, *job_stage_layers(job))
-    # Pipelines follow torch.distributed.pipelining (the mixed-* modes: Megatron's, which frees a sent output's
-    # data, reuses its receive buffers and computes the loss inside the last stage). torch's schedule keeps
-    # the last stage's output (the logits) until that micro-batch's backward; every other chunk keeps the
-    # output it sent on; under 1F1B (interleaved or not) each chunk also holds one residual-stream-sized
-    # buffer per micro-batch of the step for what it receives: inputs (all but the model's first chunk) and
-    # gradients (all but the last), beside what its blocks keep (measured on torch's Schedule1F1B and
-    # ScheduleInterleaved1F1B; GPipe's buffers are the blocks' inputs themselves).
     torch_pipeline = ~single & (job.precision.mode in TORCH_SEMANTICS)
     kept_logits = np.where(torch_pipeline, tokens * vocab_per_rank(m, tp) * job.precision.plan.compute_bytes,
                            0.0)
-    shared = np.where(single | full, 0.0, weights)
+    shared = np.where(single | full, 0.0, block.weights)
     shared_head = np.where(single | ~np.asarray(owns_head), 0.0, element_bytes(job)[2] * 2 * h * vocab_per_rank(m, tp))
-    vpp = np.asarray(job.parallel.vpp)
+    vpp = np.asarray(par.vpp)
     chunk_forwards = in_flight * vpp                       # chunk forwards alive at once on this rank
     heads = np.where(owns_head, np.where(gpipe, micro_batches, 1.0), 0.0)
-    stream = tokens_h * h * residual
-    kept_output = np.where(torch_pipeline, (chunk_forwards - heads) * stream, 0.0)
+    kept_output = np.where(torch_pipeline, (chunk_forwards - heads) * block.stream, 0.0)
     receiving = (vpp - owns_embedding) + (vpp - owns_head)          # chunks receiving inputs, and gradients
-    buffers = np.where(torch_pipeline & ~gpipe, micro_batches * receiving * stream, 0.0)
+    buffers = np.where(torch_pipeline & ~gpipe, micro_batches * receiving * block.stream, 0.0)
     kept_output = kept_output + buffers
     # torch's interleaved schedule waits for its sends only when the step ends: every output and input gradient
     # a chunk sent stays until then, as many as the receive buffers by the last backward
     step_end_buffers = np.where(vpp > 1, 2 * buffers, 0.0)
+    per_layer = block.per_layer
     return ActivationBytes(per_layer=per_layer,
                            layers=((per_layer - shared) * in_flight + shared) * stage_layers + kept_output,
                            shared_per_layer=shared, shared_head=shared_head,
                            embedding=np.where(owns_embedding, embedding * in_flight, 0.0),
-                           head=np.where(owns_head, head + kept_logits, 0.0), recompute_layer=recompute_layer,
+                           head=np.where(owns_head, head + kept_logits, 0.0), recompute_layer=block.recompute_layer,
                            in_flight=in_flight, stage_layers=stage_layers,
                            heads_held=heads, step_end_buffers=step_end_buffers)
 
@@ -316,72 +336,12 @@ def _lora_activations(job: Job) -> ActivationBytes:
     input comes from a frozen embedding and needs no gradient, so what it keeps differs from the rest.
     """
     m = job.model
-    act, residual, amp = element_bytes(job)
-    h, q, _kv, f = _widths(job)
-    b, s = job.batch.micro_batch, m.seq_len
-    tokens = b * s
-    targets, r = set(job.finetune.targets), job.finetune.rank
-    qlora = job.finetune.method == "qlora"
+    residual = element_bytes(job)[1]
+    h, b = m.hidden, job.batch.micro_batch
+    tokens = b * m.seq_len
     recompute = np.asarray(job.memory.recompute)          # (arrays on the planner's layout grid: np.where below)
     selective, full = recompute == "selective", recompute == "full"
-    amp = np.asarray(amp)
-    shapes = projection_shapes(m)                                    # LoRA runs without tensor parallelism
-    copy = _math_path(job) or m.position == "rope"
-    half_head = s * (m.head_dim_ // 2) * 2                           # one bf16 cast of a rope table
-
-    def casts(names, input_rg: bool) -> float:
-        """Autocast's weight casts kept for backward: a frozen weight's if its input needs a gradient,
-        an adapter's B always, its A if the input needs a gradient."""
-        # (QLoRA's frozen NF4 matrices keep no cast: they are dequantized again in backward)
-        out = sum(shapes[n][0] * shapes[n][1] for n in names) if input_rg and not qlora else 0.0
-        for n in names:
-            if n in targets:
-                out += r * shapes[n][1] + (r * shapes[n][0] if input_rg else 0)
-        return np.where(amp, 2 * out, 0.0)
-
-    def block(rg_in: bool) -> float:
-        saved = len(targets) * tokens * r * act                       # every adapter's A output
-        if rg_in:
-            saved = saved + _norm_internal(job, tokens, h)
-        qkv_adapters = len(targets & {"q", "k", "v"})
-        saved = saved + _norm_output(job, tokens, h, qkv_adapters)          # kept by q/k/v adapters only
-        q_rg, k_rg = rg_in or "q" in targets, rg_in or "k" in targets
-        attn_rg = rg_in or bool(qkv_adapters)
-        saved = saved + casts(("q", "k", "v"), rg_in)
-        if m.position == "rope":
-            saved = saved + np.where(amp, 2 * (q_rg + k_rg) * half_head, 0.0)   # cos/sin casts kept by the rotations
-        if attn_rg:
-            core = _attention_core(job, tokens, b)
-            if _math_path(job):       # explicit q·kᵀ keeps q only for k's gradient and kᵀ only for q's
-                core_bytes = 4 if job.memory.attention == "flash" else act
-                core = core - tokens * q * core_bytes * ((not k_rg) + (not q_rg))
-            # selective recompute: the checkpointed core keeps its inputs, q, and k, v before GQA
-            saved = saved + np.where(selective, tokens * (q + 2 * _kv) * act, core)
-        if "o" in targets:                                          # o's input, kept by its adapter
-            saved = saved + np.where(copy or not attn_rg or selective, tokens * q * act, 0.0)
-        saved = saved + casts(("o",), attn_rg)
-        x1_rg = attn_rg or "o" in targets
-        saved = saved + (_norm_internal(job, tokens, h) if x1_rg else 0)
-        mlp_in = len(targets & {"up", "gate"})
-        saved = saved + _norm_output(job, tokens, h, mlp_in)
-        if m.mlp == "swiglu":
-            gate_rg, up_rg = x1_rg or "gate" in targets, x1_rg or "up" in targets
-            saved = saved + tokens * f * act * (gate_rg + up_rg + gate_rg + ("down" in targets))
-            mlp_rg = gate_rg or up_rg
-            saved = saved + casts(("up", "gate"), x1_rg)
-        else:
-            up_rg = x1_rg or "up" in targets
-            saved = saved + tokens * f * act * (up_rg + ("down" in targets))
-            mlp_rg = up_rg
-            saved = saved + casts(("up",), x1_rg)
-        saved = saved + casts(("down",), mlp_rg)
-        # dropout keeps its mask where its input needs a gradient: the attention and MLP branch outputs
-        saved = saved + branch_mask * (x1_rg + (mlp_rg or "down" in targets))
-        return saved
-
-    cpu = job.memory.program == "cpu"
-    branch_mask = tokens * h * (act if cpu else 1) if m.dropout > 0 else 0
-    first, rest = block(False), block(True)
+    first, rest = _lora_block(job, False), _lora_block(job, True)
     layers = first + rest * (m.layers - 1)
     # selective: backward rebuilds one block's attention core at a time; full: each block keeps its input, and
     # backward rebuilds one at a time
@@ -393,3 +353,66 @@ def _lora_activations(job: Job) -> ActivationBytes:
     batch = tokens * _INT64                                           # the token ids stay on the device
     return ActivationBytes(per_layer=per_layer, layers=np.asarray(layers), embedding=batch, head=head,
                            recompute_layer=recompute_layer, in_flight=1.0, stage_layers=m.layers)
+
+
+def _lora_casts(job: Job, names, input_rg: bool) -> float:
+    """Autocast's weight casts kept for backward: a frozen weight's if its input needs a gradient, an adapter's B
+    always, its A if the input needs a gradient (QLoRA's frozen NF4 matrices keep no cast: they are dequantized
+    again in backward)."""
+    shapes = projection_shapes(job.model)                            # LoRA runs without tensor parallelism
+    targets, r = set(job.finetune.targets), job.finetune.rank
+    out = sum(shapes[n][0] * shapes[n][1] for n in names) if input_rg and job.finetune.method != "qlora" else 0.0
+    for n in names:
+        if n in targets:
+            out += r * shapes[n][1] + (r * shapes[n][0] if input_rg else 0)
+    return np.where(np.asarray(element_bytes(job)[2]), 2 * out, 0.0)
+
+
+def _lora_block(job: Job, rg_in: bool) -> float:
+    """What one block keeps under LoRA, given whether its input needs a gradient (all blocks but the first)."""
+    m = job.model
+    act, _residual, amp = element_bytes(job)
+    amp = np.asarray(amp)
+    h, q, kv, f = _widths(job)
+    b = job.batch.micro_batch
+    tokens = b * m.seq_len
+    targets = set(job.finetune.targets)
+    selective = np.asarray(job.memory.recompute) == "selective"
+    branch_mask = tokens * h * (act if job.memory.program == "cpu" else 1) if m.dropout > 0 else 0
+    saved = len(targets) * tokens * job.finetune.rank * act          # every adapter's A output
+    if rg_in:
+        saved = saved + _norm_internal(job, tokens, h)
+    qkv_adapters = len(targets & {"q", "k", "v"})
+    saved = saved + _norm_output(job, tokens, h, qkv_adapters)          # kept by q/k/v adapters only
+    q_rg, k_rg = rg_in or "q" in targets, rg_in or "k" in targets
+    attn_rg = rg_in or bool(qkv_adapters)
+    saved = saved + _lora_casts(job, ("q", "k", "v"), rg_in)
+    if m.position == "rope":                                         # cos/sin casts kept by the rotations
+        saved = saved + np.where(amp, 2 * (q_rg + k_rg) * m.seq_len * (m.head_dim_ // 2) * 2, 0.0)
+    if attn_rg:
+        core = _attention_core(job, tokens, b)
+        if _math_path(job):       # explicit q·kᵀ keeps q only for k's gradient and kᵀ only for q's
+            core_bytes = 4 if job.memory.attention == "flash" else act
+            core = core - tokens * q * core_bytes * ((not k_rg) + (not q_rg))
+        # selective recompute: the checkpointed core keeps its inputs, q, and k, v before GQA
+        saved = saved + np.where(selective, tokens * (q + 2 * kv) * act, core)
+    if "o" in targets:                                          # o's input, kept by its adapter
+        copy = _math_path(job) or m.position == "rope"
+        saved = saved + np.where(copy or not attn_rg or selective, tokens * q * act, 0.0)
+    saved = saved + _lora_casts(job, ("o",), attn_rg)
+    x1_rg = attn_rg or "o" in targets
+    saved = saved + (_norm_internal(job, tokens, h) if x1_rg else 0)
+    saved = saved + _norm_output(job, tokens, h, len(targets & {"up", "gate"}))
+    if m.mlp == "swiglu":
+        gate_rg, up_rg = x1_rg or "gate" in targets, x1_rg or "up" in targets
+        saved = saved + tokens * f * act * (gate_rg + up_rg + gate_rg + ("down" in targets))
+        mlp_rg = gate_rg or up_rg
+        saved = saved + _lora_casts(job, ("up", "gate"), x1_rg)
+    else:
+        up_rg = x1_rg or "up" in targets
+        saved = saved + tokens * f * act * (up_rg + ("down" in targets))
+        mlp_rg = up_rg
+        saved = saved + _lora_casts(job, ("up",), x1_rg)
+    saved = saved + _lora_casts(job, ("down",), mlp_rg)
+    # dropout keeps its mask where its input needs a gradient: the attention and MLP branch outputs
+    return saved + branch_mask * (x1_rg + (mlp_rg or "down" in targets))
