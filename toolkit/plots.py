@@ -13,6 +13,8 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from .estimate.result import Estimate, MemoryPart, as_estimate
+
 __all__ = ["memory_figure", "step_figure", "metrics_figure", "pareto_figure", "pipeline_figure", "write_html", "copy_into",
            "MEMORY_PARTS", "STEP_PARTS", "PIPELINE_KINDS"]
 
@@ -28,52 +30,52 @@ STEP_PARTS = (("compute_s", "compute", "#4C78A8"), ("memory_bound_s", "memory-bo
               ("optimizer_s", "optimizer", "#54A24B"))
 
 
-def _memory_values(mem: dict) -> dict:
-    parts = {k: mem.get(k) or 0.0 for k, _, _ in MEMORY_PARTS[:4]}
-    peak = mem.get("peak_bytes")
+def _memory_values(mem: MemoryPart) -> dict:
+    parts = {k: getattr(mem, k) or 0.0 for k, _, _ in MEMORY_PARTS[:4]}
+    peak = mem.peak_bytes
     parts["transient_bytes"] = max(peak - sum(parts.values()), 0.0) if peak is not None else 0.0
-    terms = mem.get("device_terms") or {}
+    terms = mem.device_terms or {}
     parts["pool_bytes"] = (terms.get("fragmentation_bytes") or 0.0) + (terms.get("workspace_bytes") or 0.0)
     parts["context_bytes"] = terms.get("context_bytes") or 0.0
     parts["comm_bytes"] = terms.get("comm_bytes") or 0.0
     return parts
 
 
-def memory_figure(est: dict) -> go.Figure:
+def memory_figure(est: Estimate | dict) -> go.Figure:
     """One stacked bar (GiB per device): the tensors up to the step's peak, then what the device holds beside
     them (allocator pool, CUDA context, communication buffers), with the usable and total device memory."""
-    mem = est["memory"]
+    mem = as_estimate(est).memory
     parts = _memory_values(mem)
     fig = go.Figure([go.Bar(y=["per device"], x=[parts[key] / GIB], name=label, orientation="h",
                             marker_color=color, hovertemplate=f"{label}: %{{x:.2f}} GiB<extra></extra>")
                      for key, label, color in MEMORY_PARTS])
     title = "memory per device"
-    if mem.get("usable_bytes"):
-        usable, total = mem["usable_bytes"] / GIB, mem["device_bytes"] / GIB
+    if mem.usable_bytes:
+        usable, total = mem.usable_bytes / GIB, mem.device_bytes / GIB
         fig.add_vline(x=usable, line_dash="dash", line_color="black")
         fig.add_vline(x=total, line_color="black")
-        peak = (mem.get("device_peak_bytes") or mem.get("peak_bytes") or 0) / GIB
-        title = (f"device peak {peak:.1f} GiB of {usable:.1f} GiB usable: fits" if mem.get("fits")
+        peak = (mem.device_peak_bytes or mem.peak_bytes or 0) / GIB
+        title = (f"device peak {peak:.1f} GiB of {usable:.1f} GiB usable: fits" if mem.fits
                  else f"device peak {peak:.1f} GiB: {peak - usable:.1f} GiB over the {usable:.1f} GiB usable")
     fig.update_layout(barmode="stack", title=title, xaxis_title="GiB", height=200,
                       margin=dict(l=10, r=10, t=40, b=30), legend=dict(orientation="h", y=-0.5))
     return fig
 
 
-def step_figure(est: dict) -> go.Figure:
+def step_figure(est: Estimate | dict) -> go.Figure:
     """Seconds of one optimizer step by part (the step-time model's breakdown)."""
-    breakdown = est["time"].get("breakdown") or {}
+    t = as_estimate(est).time
+    breakdown = t.breakdown or {}
     fig = go.Figure([go.Bar(y=["step"], x=[breakdown.get(key, 0.0)], name=label, orientation="h", marker_color=color,
                             hovertemplate=f"{label}: %{{x:.3g}} s<extra></extra>") for key, label, color in STEP_PARTS])
-    step = est["time"].get("step_s")
-    title = "step time: needs an accelerator with published peak and bandwidth" if step is None else \
-        f"step {step:.3g} s · {est['time']['tokens_per_s']:,.0f} tokens/s · MFU {est['time']['mfu_modelled']:.0%}"
+    title = "step time: needs an accelerator with published peak and bandwidth" if t.step_s is None else \
+        f"step {t.step_s:.3g} s · {t.tokens_per_s:,.0f} tokens/s · MFU {t.mfu_modelled:.0%}"
     fig.update_layout(barmode="stack", title=title, xaxis_title="seconds", height=200,
                       margin=dict(l=10, r=10, t=40, b=30), legend=dict(orientation="h", y=-0.5))
     return fig
 
 
-def metrics_figure(records: list[dict], est: dict | None = None, rank_memory: list[dict] = ()) -> go.Figure:
+def metrics_figure(records: list[dict], est: Estimate | dict | None = None, rank_memory: list[dict] = ()) -> go.Figure:
     """Loss, throughput, MFU (or TFLOP/s) and memory of a run, step by step; the estimate as dashed lines. The
     process's memory (RSS on CPU, the allocator on GPUs) is one line; `rank_memory` (toolkit.runs.read_rank_memory:
     each rank's tensor peak over its first steps, the estimate's own measure) adds one marker per rank."""
@@ -97,15 +99,15 @@ def metrics_figure(records: list[dict], est: dict | None = None, rank_memory: li
                                  text=[f"rank {r['rank']} (stage {r['stage']})" for r in rank_memory], mode="markers",
                                  name=f"tensor peak per rank ({rank_memory[0]['instrument']})"), 2, 2)
     if est is not None and steps:
-        span = [min(steps), max(steps)]
-        if est["time"].get("tokens_per_s"):
-            fig.add_trace(go.Scatter(x=span, y=[est["time"]["tokens_per_s"]] * 2, name="estimated tokens/s",
+        span, est = [min(steps), max(steps)], as_estimate(est)
+        if est.time.tokens_per_s:
+            fig.add_trace(go.Scatter(x=span, y=[est.time.tokens_per_s] * 2, name="estimated tokens/s",
                                      mode="lines", line_dash="dash"), 1, 2)
-        if use_mfu and est["time"].get("mfu_modelled"):
-            fig.add_trace(go.Scatter(x=span, y=[est["time"]["mfu_modelled"]] * 2, name="estimated MFU",
+        if use_mfu and est.time.mfu_modelled:
+            fig.add_trace(go.Scatter(x=span, y=[est.time.mfu_modelled] * 2, name="estimated MFU",
                                      mode="lines", line_dash="dash"), 2, 1)
-        if est["memory"].get("peak_bytes"):
-            fig.add_trace(go.Scatter(x=span, y=[est["memory"]["peak_bytes"] / GIB] * 2, name="estimated peak",
+        if est.memory.peak_bytes:
+            fig.add_trace(go.Scatter(x=span, y=[est.memory.peak_bytes / GIB] * 2, name="estimated peak",
                                      mode="lines", line_dash="dash"), 2, 2)
     fig.update_yaxes(title_text="GiB", row=2, col=2)
     fig.update_xaxes(title_text="step", row=2)

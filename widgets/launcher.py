@@ -26,7 +26,7 @@ from pathlib import Path
 import ipywidgets as W
 import plotly.graph_objects as go
 
-from toolkit.estimate import estimate
+from toolkit.estimate import Estimate, estimate_result
 from toolkit.plots import metrics_figure
 from toolkit.runs import read_rank_memory
 from toolkit.specs import Job, SpecError
@@ -59,14 +59,14 @@ class LauncherPanel(W.VBox):
                           self.figure])
 
     @staticmethod
-    def _estimate_of(job: Job, nproc: int) -> dict | None:
+    def _estimate_of(job: Job, nproc: int) -> Estimate | None:
         """The estimate of the job as it will run: on nproc ranks, dp = nproc / (tp·pp), as `toolkit train` sets."""
         par = job.parallel
         if par.dp is None and nproc % (par.tp * par.pp) == 0:
             job = job.replace(parallel=dataclasses.replace(par, dp=nproc // (par.tp * par.pp)),
                               cluster=dataclasses.replace(job.cluster, count=nproc))
         try:
-            return estimate(job)
+            return estimate_result(job)
         except SpecError:
             return None
 

@@ -4,7 +4,7 @@
     panel = PlannerPanel(preset="llama2-7b", accelerator="H100-SXM", count=8)
     panel            # in a notebook cell
 
-Every control change builds a new Job and calls `toolkit.estimate.estimate`; the panel only
+Every control change builds a new Job and calls `toolkit.estimate.estimate_result` (typed parts); the panel only
 copies the result into figures and text (no maths here). A combination the Job rejects shows the
 message beside the panel, the control it names highlighted, and leaves the last valid view up.
 Buttons: export the job as YAML, ask the doctor for fixes (one click applies a fix), and search
@@ -19,7 +19,7 @@ from pathlib import Path
 import ipywidgets as W
 import plotly.graph_objects as go
 
-from toolkit.estimate import estimate
+from toolkit.estimate import Estimate, estimate_result
 from toolkit.plots import copy_into, memory_figure, pareto_figure, step_figure
 from toolkit.specs import PRECISIONS, Job, SpecError, load_catalog
 
@@ -39,7 +39,7 @@ class PlannerPanel(W.VBox):
                  tokens: float | None = None, catalog=None, **layout):
         self.catalog = catalog or load_catalog()
         self.job: Job | None = None
-        self.result: dict | None = None
+        self.result: Estimate | None = None
         self.last_update_s = 0.0
         self._quiet = False
         c = self.controls = self._make_controls(preset, accelerator, count, tokens)
@@ -145,7 +145,7 @@ class PlannerPanel(W.VBox):
             control.layout.border = None
         try:
             job = Job.from_dict(self.job_data(), self.catalog)
-            result = estimate(job, self.catalog)
+            result = estimate_result(job, self.catalog)
         except SpecError as err:
             self._show_error(err)
             self.last_update_s = time.perf_counter() - began
@@ -170,7 +170,7 @@ class PlannerPanel(W.VBox):
         if self.result is None:
             return None
         path = Path(self.export_path.value)
-        Job.from_dict(self.result["job"], self.catalog).to_yaml(path)
+        Job.from_dict(self.result.job, self.catalog).to_yaml(path)
         self.summary.value = _summary_html(self.result) + f"<p>wrote {html.escape(str(path))}</p>"
         return path
 
@@ -235,21 +235,19 @@ def _layout(lay: dict) -> str:
             f"{'' if lay['recompute'] == 'none' else ' · ' + lay['recompute'] + ' recompute'}")
 
 
-def _summary_html(result: dict) -> str:
-    t, cost = result["time"], result["cost"]
+def _summary_html(result: Estimate) -> str:
+    t, cost = result.time, result.cost
     lines = []
-    if t["train_days"] is not None:
-        lines.append(f"<b>time to train:</b> {t['train_days']:,.1f} days ({t['device_hours']:,.0f} device-hours)")
-    if cost["amount"] is not None:
-        line = f"<b>cost:</b> {cost['amount']:,.0f} {cost['currency']} on {cost['instances']} × {cost['offer']}"
-        if cost.get("spot_run"):
-            line += (f"; with interruptions {cost['spot_run']['amount']:,.0f} "
-                     f"(checkpoint every {cost['spot_run']['interval_s'] / 60:,.0f} min)")
+    if t.train_days is not None:
+        lines.append(f"<b>time to train:</b> {t.train_days:,.1f} days ({t.device_hours:,.0f} device-hours)")
+    if cost.amount is not None:
+        line = f"<b>cost:</b> {cost.amount:,.0f} {cost.currency} on {cost.instances} × {cost.offer}"
+        if cost.spot_run:
+            line += (f"; with interruptions {cost.spot_run['amount']:,.0f} "
+                     f"(checkpoint every {cost.spot_run['interval_s'] / 60:,.0f} min)")
         lines.append(line)
-    lines += [f"<small>{html.escape(n)}</small>" for n in result["notes"]]
+    lines += [f"<small>{html.escape(n)}</small>" for n in result.notes]
     return "<br>".join(lines)
 
 
-_EMPTY = {"memory": {"params_bytes": 0, "grads_bytes": 0, "optimizer_bytes": 0, "activations_bytes": 0,
-                     "peak_bytes": 0, "usable_bytes": None, "device_bytes": None, "fits": None},
-          "time": {"breakdown": None, "step_s": None}}
+_EMPTY = Estimate()

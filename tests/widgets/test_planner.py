@@ -65,7 +65,7 @@ def test_export_writes_the_job_it_shows(panel, tmp_path):
     panel.export_path.value = str(tmp_path / "job.yaml")
     panel.export_button.click()
     again = Job.from_yaml(tmp_path / "job.yaml")
-    assert estimate(again)["memory"]["peak_bytes"] == pytest.approx(panel.result["memory"]["peak_bytes"])
+    assert estimate(again)["memory"]["peak_bytes"] == pytest.approx(panel.result.memory.peak_bytes)
 
 
 def test_best_layouts_fill_a_table_and_a_pareto_plot():

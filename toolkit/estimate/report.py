@@ -5,8 +5,6 @@ an answer. Memory figures are per device, for the busiest device.
 """
 from __future__ import annotations
 
-import numpy as np
-
 from ..specs.catalog import Catalog, load_catalog
 from ..specs.job import Job, compute_dtype
 from .cost import offer_cost, train_seconds
@@ -14,26 +12,42 @@ from .device import device_memory
 from .flops import PF_DAY_FLOPS, flops_per_token, training_flops
 from .memory import memory_estimate, memory_notes
 from .params import count_params
+from .result import ComputePart, CostPart, Estimate, MemoryPart, ModelPart, TimePart
 from .states import job_stage_layers, model_state_bytes, params_per_device
 from .spot import spot_run
 from .steptime import (ASSUMED_NETWORK_BITS_PER_DEVICE, hardware_for, node_network_bytes_per_s, overlap_settings,
                        step_time)
 
-__all__ = ["estimate"]
+__all__ = ["estimate", "estimate_result"]
 
 
 def estimate(job: Job, catalog: Catalog | None = None) -> dict:
-    """Resolve `job` (filling defaults, raising SpecError on bad input) and estimate it."""
+    """Resolve `job` (filling defaults, raising SpecError on bad input) and estimate it: the JSON contract."""
+    return estimate_result(job, catalog).to_dict()
+
+
+def estimate_result(job: Job, catalog: Catalog | None = None) -> Estimate:
+    """The same as typed parts (toolkit.estimate.result), for widgets and plots."""
     catalog = catalog or load_catalog()
     job, notes = job.resolve(catalog)
     model, par = job.model, job.parallel
     accelerator = catalog.accelerator(job.cluster.accelerator) if job.cluster.accelerator else None
-    devices = job.cluster.count
-
-    # ---- model and memory ---------------------------------------------------------------
     params = count_params(model)
     mem = memory_estimate(job) if model.has_shape and not model.encoder else None
     states = mem.states if mem is not None else model_state_bytes(job)
+    memory = _memory_part(job, mem, states, accelerator, notes)
+    compute, per_token, flops = _compute_part(job, notes)
+    time, steps = _time_part(job, catalog, accelerator, compute, per_token, flops, notes)
+    return Estimate(
+        job=job.to_dict(), notes=notes,
+        model=ModelPart(name=model.name, params=params.total, params_non_embedding=params.non_embedding,
+                        params_per_device=params_per_device(model, par.tp, par.pp, None, job_stage_layers(job))),
+        memory=memory, compute=compute, time=time,
+        cost=_cost_part(job, catalog, time.train_s, states, accelerator, notes))
+
+
+def _memory_part(job: Job, mem, states, accelerator, notes: list[str]) -> MemoryPart:
+    """The busiest device's memory, and whether it fits: decided on what the device holds, not the tensors."""
     notes.extend(memory_notes(job, mem))
     device_bytes = accelerator.memory_bytes if accelerator else None
     usable = None if device_bytes is None else device_bytes * (1 - job.memory.headroom_fraction)
@@ -49,9 +63,20 @@ def estimate(job: Job, catalog: Catalog | None = None) -> dict:
         fits = False
         notes.append(f"model states alone need {states.total_bytes / 2**30:.1f} GiB per device, more than the "
                      f"{usable / 2**30:.1f} GiB usable on {accelerator.name}")
+    return MemoryPart(
+        params_bytes=states.params_bytes, grads_bytes=states.grads_bytes, optimizer_bytes=states.optimizer_bytes,
+        states_bytes=states.total_bytes, activations_bytes=mem.activations_bytes if mem else None,
+        peak_bytes=mem.peak_bytes if mem else None, peak_phase=mem.peak_phase if mem else None,
+        reserved_peak_bytes=held.reserved_bytes if held else None,
+        device_peak_bytes=held.device_bytes if held else None, device_terms=held.terms() if held else None,
+        expandable_segments=job.memory.expandable_segments, program=job.memory.program,
+        host_bytes=states.host_bytes, device_bytes=device_bytes, usable_bytes=usable, fits=fits)
 
-    # ---- compute --------------------------------------------------------------------------
-    flops = training_flops(model, params.total, job.tokens) if job.tokens else None
+
+def _compute_part(job: Job, notes: list[str]):
+    """(the FLOPs of the whole run, the per-token count of the runner's model or None, 6·N·D's figures or None)."""
+    model = job.model
+    flops = training_flops(model, count_params(model).total, job.tokens) if job.tokens else None
     per_token = flops_per_token(job) if model.has_shape and not model.encoder else None
     total = hardware = attention = None
     if flops is not None and per_token is not None:          # the exact matmul count of the runner's model
@@ -61,44 +86,59 @@ def estimate(job: Job, catalog: Catalog | None = None) -> dict:
         total, attention = flops.total_flops, flops.attention_flops
     if job.tokens is None:
         notes.append("no token budget: give --tokens for FLOPs, time and cost")
+    return ComputePart(
+        flops_6nd=flops.flops_6nd if flops else None, attention_flops=attention, total_flops=total,
+        hardware_flops=hardware, model_flops_per_token=per_token.model if per_token else None,
+        hardware_flops_per_token=per_token.hardware if per_token else None,
+        pf_days=None if total is None else total / PF_DAY_FLOPS,
+        pf_days_6nd=flops.flops_6nd / PF_DAY_FLOPS if flops else None,
+        attention_convention=flops.convention if flops else None), per_token, flops
 
-    # ---- time -------------------------------------------------------------------------------
+
+def _time_part(job: Job, catalog: Catalog, accelerator, compute: ComputePart, per_token, flops, notes: list[str]):
+    """(time to train from the given MFU or the step-time model, the step-time model's result or None)."""
+    devices = job.cluster.count
     dtype = compute_dtype(job.precision.mode)
     peak = accelerator.peak_flops(dtype) if accelerator else None
     if accelerator is not None and peak is None:
         notes.append(f"{accelerator.name} has no published {dtype} peak: time needs one (see its catalog row)")
     train_s = None
-    work = total if total is not None else (flops.flops_6nd if flops else None)
+    work = compute.total_flops if compute.total_flops is not None else (flops.flops_6nd if flops else None)
     hw = hardware_for(job, catalog) if per_token is not None else None
     steps = step_time(job, hw) if hw is not None else None
     if hw is not None and devices > job.cluster.gpus_per_node and node_network_bytes_per_s(job, catalog) is None:
         notes.append(f"network across nodes: {ASSUMED_NETWORK_BITS_PER_DEVICE / 1e9:.0f} Gb/s per device assumed "
                      "(DGX A100 class), not a published figure for this cluster: give "
                      "cluster.inter_node_bw_bytes_per_s or an offer (--offer) whose row has one")
-    step = {"step_s": None, "tokens_per_s": None, "mfu_modelled": None, "hfu_modelled": None, "breakdown": None,
-            "gemm_efficiency": None, "overlap": None}
+    step = {}
     if steps is not None:
         overlap = {k: bool(v) for k, v in overlap_settings(job).items()}
-        step.update(step_s=steps.step_s, tokens_per_s=steps.tokens_per_s, mfu_modelled=steps.mfu,
+        step = dict(step_s=steps.step_s, tokens_per_s=steps.tokens_per_s, mfu_modelled=steps.mfu,
                     hfu_modelled=steps.mfu * per_token.hardware / per_token.model, breakdown=steps.breakdown(),
                     gemm_efficiency=steps.gemm_efficiency, overlap=overlap)
         if job.devices > 1:
             notes.append(_overlap_note(job, overlap))
     if work is not None and peak is not None and job.mfu is not None:
         train_s = train_seconds(work, devices, peak, job.mfu)
-        if total is None:
+        if compute.total_flops is None:
             notes.append("time counts 6·N·D only: a size-only model has no attention term")
     elif work is not None and steps is not None:
         train_s = job.tokens / steps.tokens_per_s
     elif work is not None and peak is not None:
         notes.append("time needs an MFU: give --mfu (e.g. 0.4; published runs reach 0.2-0.55)")
+    return TimePart(
+        dtype=dtype, peak_flops_per_device=peak, mfu=job.mfu if job.mfu is not None else step.get("mfu_modelled"),
+        mfu_source="given" if job.mfu is not None else ("step-time model" if steps is not None else None),
+        train_s=train_s, train_days=None if train_s is None else train_s / 86400,
+        device_hours=None if train_s is None else train_s * devices / 3600, **step), steps
 
-    # ---- cost ----------------------------------------------------------------------------------
-    cost = {"offer": job.cost.offer, "spot": job.cost.spot, "instances": None, "price_per_hour": None,
-            "amount": None, "amount_spot_low": None, "currency": None, "amount_usd": None, "spot_run": None}
+
+def _cost_part(job: Job, catalog: Catalog, train_s, states, accelerator, notes: list[str]) -> CostPart:
+    """The offer's price for the run (and, on spot instances, the interruptions' cost), and the energy."""
+    cost = {"offer": job.cost.offer, "spot": job.cost.spot}
     if job.cost.offer:
         offer = catalog.offer(job.cost.offer)
-        oc = offer_cost(offer, devices, train_s, job.cost.spot)
+        oc = offer_cost(offer, job.cluster.count, train_s, job.cost.spot)
         cost.update(offer=offer.name, instances=oc.instances, price_per_hour=oc.price_per_hour,
                     amount=oc.amount, amount_spot_low=oc.amount_spot_low, currency=oc.currency,
                     amount_usd=catalog.to_usd(oc.amount, oc.currency))
@@ -108,86 +148,29 @@ def estimate(job: Job, catalog: Catalog | None = None) -> dict:
         if oc.idle_devices:
             notes.append(f"{oc.idle_devices} device(s) of the last {offer.name} instance are paid for but idle")
         if job.cost.spot and train_s is not None and oc.price_per_hour is not None:
-            run = spot_run(train_s, oc.instances, job.cost.interruptions_per_month,
-                           states.params_bytes + states.optimizer_bytes + states.host_bytes,
-                           job.cost.checkpoint_write_bytes_per_s, job.cost.restart_s)
-            cost["spot_run"] = {"interval_s": run.interval_s, "checkpoint_write_s": run.checkpoint_write_s,
-                                "interruptions": run.interruptions, "overhead_fraction": run.overhead_fraction,
-                                "wall_s": run.wall_s,
-                                "amount": oc.instances * oc.price_per_hour * run.wall_s / 3600}
+            cost["spot_run"] = _spot_run(job, oc, train_s, states)
             notes.append(f"spot: {job.cost.interruptions_per_month:.0%} of instances reclaimed per month (an "
                          "assumption: set cost.interruptions_per_month to your instance's Spot Advisor band)")
-
-    # ---- energy: the accelerators at their TDP, times the facility's PUE (hosts and network not counted)
-    energy = None
-    if train_s is not None and accelerator is not None and accelerator.tdp_w:
-        kwh = devices * accelerator.tdp_w * train_s / 3600 * job.cost.pue / 1000
-        price, intensity = job.cost.energy_price_per_kwh, job.cost.grid_kg_co2_per_kwh
-        energy = {"kwh": kwh, "pue": job.cost.pue, "amount": None if price is None else kwh * price,
-                  "co2_kg": None if intensity is None else kwh * intensity}
-    cost["energy"] = energy
-
-    return _plain({
-        "job": job.to_dict(),
-        "notes": notes,
-        "model": {
-            "name": model.name,
-            "params": params.total,
-            "params_non_embedding": params.non_embedding,
-            "params_per_device": params_per_device(model, par.tp, par.pp, None, job_stage_layers(job)),
-        },
-        "memory": {
-            "params_bytes": states.params_bytes,
-            "grads_bytes": states.grads_bytes,
-            "optimizer_bytes": states.optimizer_bytes,
-            "states_bytes": states.total_bytes,
-            "activations_bytes": mem.activations_bytes if mem else None,
-            "peak_bytes": mem.peak_bytes if mem else None,
-            "peak_phase": mem.peak_phase if mem else None,
-            "reserved_peak_bytes": held.reserved_bytes if held else None,
-            "device_peak_bytes": held.device_bytes if held else None,
-            "device_terms": held.terms() if held else None,
-            "expandable_segments": job.memory.expandable_segments,
-            "program": job.memory.program,
-            "host_bytes": states.host_bytes,
-            "device_bytes": device_bytes,
-            "usable_bytes": usable,
-            "fits": fits,
-        },
-        "compute": {
-            "flops_6nd": flops.flops_6nd if flops else None,
-            "attention_flops": attention,
-            "total_flops": total,
-            "hardware_flops": hardware,
-            "model_flops_per_token": per_token.model if per_token else None,
-            "hardware_flops_per_token": per_token.hardware if per_token else None,
-            "pf_days": None if total is None else total / PF_DAY_FLOPS,
-            "pf_days_6nd": flops.flops_6nd / PF_DAY_FLOPS if flops else None,
-            "attention_convention": flops.convention if flops else None,
-        },
-        "time": {
-            "dtype": dtype,
-            "peak_flops_per_device": peak,
-            "mfu": job.mfu if job.mfu is not None else step["mfu_modelled"],
-            "mfu_source": "given" if job.mfu is not None else ("step-time model" if steps is not None else None),
-            "train_s": train_s,
-            "train_days": None if train_s is None else train_s / 86400,
-            "device_hours": None if train_s is None else train_s * devices / 3600,
-            **step,
-        },
-        "cost": cost,
-    })
+    return CostPart(**cost, energy=_energy(job, train_s, accelerator))
 
 
-def _plain(value):
-    """Numpy scalars and 0-d arrays (the array-capable model's results for one job) as Python numbers."""
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    if isinstance(value, (np.ndarray, np.generic)):
-        return value.item()
-    return value
+def _spot_run(job: Job, oc, train_s: float, states) -> dict:
+    run = spot_run(train_s, oc.instances, job.cost.interruptions_per_month,
+                   states.params_bytes + states.optimizer_bytes + states.host_bytes,
+                   job.cost.checkpoint_write_bytes_per_s, job.cost.restart_s)
+    return {"interval_s": run.interval_s, "checkpoint_write_s": run.checkpoint_write_s,
+            "interruptions": run.interruptions, "overhead_fraction": run.overhead_fraction, "wall_s": run.wall_s,
+            "amount": oc.instances * oc.price_per_hour * run.wall_s / 3600}
+
+
+def _energy(job: Job, train_s, accelerator) -> dict | None:
+    """The accelerators at their TDP, times the facility's PUE (hosts and network not counted)."""
+    if train_s is None or accelerator is None or not accelerator.tdp_w:
+        return None
+    kwh = job.cluster.count * accelerator.tdp_w * train_s / 3600 * job.cost.pue / 1000
+    price, intensity = job.cost.energy_price_per_kwh, job.cost.grid_kg_co2_per_kwh
+    return {"kwh": kwh, "pue": job.cost.pue, "amount": None if price is None else kwh * price,
+            "co2_kg": None if intensity is None else kwh * intensity}
 
 
 def _device_note(held, job: Job) -> str:
