@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from typing import Literal, get_args, get_origin, get_type_hints
@@ -166,6 +167,12 @@ def build_parser() -> argparse.ArgumentParser:
     prep.add_argument("--demo", action="store_true", help="the demo corpus: the Python reference manual")
     prep.add_argument("--out", metavar="DIR", required=True)
     prep.add_argument("--val-fraction", metavar="F", type=float, default=0.05)
+
+    claims = sub.add_parser("claims", help="the seed article's numeric claims, recomputed, each with a verdict and a "
+                                           "source")
+    claims.add_argument("--catalog", metavar="FILE", action="append", default=[])
+    claims.add_argument("--json", action="store_true", help='print {"claims": [{"claim", "computed", "verdict", '
+                                                             '"source", ...}]}')
 
     cat = sub.add_parser("catalog", help="list or show accelerators, offers, presets")
     cat.add_argument("kind", metavar="{accelerators,offers,presets}")
@@ -353,6 +360,18 @@ def cmd_data(args) -> int:
     return 0
 
 
+def cmd_claims(args) -> int:
+    from .claims import claims_json
+    result = claims_json(load_catalog(*args.catalog))
+    if args.json:
+        print(json.dumps(result, indent=2, ensure_ascii=False))
+        return 0
+    for c in result["claims"]:
+        print(f"{c['verdict'].upper():<12} {c['claim']}\n{'':<13}computed: {c['computed'] or 'not modelled'}\n"
+              f"{'':<13}source: {c['source']}")
+    return 0
+
+
 def cmd_catalog(args) -> int:
     catalog = load_catalog(*args.catalog)
     kinds = ("accelerators", "offers", "presets")
@@ -410,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         commands = {"estimate": cmd_estimate, "trace": cmd_trace, "compare": cmd_compare, "catalog": cmd_catalog,
                     "train": cmd_train, "data": cmd_data, "plan": cmd_plan, "doctor": cmd_doctor,
-                    "pipeline": cmd_pipeline, "calibrate": cmd_calibrate}
+                    "pipeline": cmd_pipeline, "calibrate": cmd_calibrate, "claims": cmd_claims}
         return commands[args.command](args)
     except SpecError as err:
         print(f"toolkit {args.command}: error: {_flag_hint(err)}", file=sys.stderr)
@@ -420,6 +439,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:                  # `toolkit ... | head`: the reader left; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":
