@@ -241,7 +241,7 @@ def run_training(job: Job, out_dir: str | Path, *, peak_tflops: float | None = N
     metrics = MetricsLog(out / "metrics.jsonl", start_step) if accelerator.is_main_process else None
     recorder = MemoryRecorder(prog, job, device, rank, out, start_step, t.steps, stage=prog.pp_rank)
     if t.trackers:
-        accelerator.init_trackers("toolkit", config=job.to_dict())
+        accelerator.init_trackers("toolkit", config=tracker_config(job))
 
     pruned: list[dict] = []                  # the tensors the masks act on, looked up once per set of masks
 
@@ -393,6 +393,21 @@ def run_training(job: Job, out_dir: str | Path, *, peak_tflops: float | None = N
             accelerator.end_training()
     return RunResult(steps_done=done, resumed_from=start_step, stopped_by_signal=stopped_by_signal,
                      final_loss=final_loss, out_dir=out)
+
+
+def tracker_config(job: Job) -> dict:
+    """The job as the flat scalars trackers take (TensorBoard's hparams refuse nested dicts, lists and None):
+    dotted keys, lists and None as text."""
+    flat = {}
+
+    def walk(prefix: str, value) -> None:
+        if isinstance(value, dict):
+            for key, inner in value.items():
+                walk(f"{prefix}.{key}" if prefix else key, inner)
+        else:
+            flat[prefix] = value if isinstance(value, (bool, int, float, str)) else str(value)
+    walk("", job.to_dict())
+    return flat
 
 
 def _mean_loss(loss_sum: torch.Tensor, world: int, pp: int) -> float:
