@@ -168,6 +168,14 @@ def build_parser() -> argparse.ArgumentParser:
     prep.add_argument("--out", metavar="DIR", required=True)
     prep.add_argument("--val-fraction", metavar="F", type=float, default=0.05)
 
+    export = sub.add_parser("export", help="write the job as one file a cluster launches: an accelerate config, a "
+                                           "torchrun or SLURM script, or DeepSpeed's JSON")
+    _add_job_args(export, TRAIN_OVERRIDES)
+    export.add_argument("--to", required=True, metavar="{accelerate,torchrun,slurm,deepspeed}")
+    export.add_argument("--nodes", type=int, metavar="N", help="machines (default: the job's devices / per node; "
+                                                                "--gpus-per-node G sets the machines' size)")
+    export.add_argument("--out", required=True, metavar="DIR", help="folder to write the one file into")
+
     claims = sub.add_parser("claims", help="the seed article's numeric claims, recomputed, each with a verdict and a "
                                            "source")
     claims.add_argument("--catalog", metavar="FILE", action="append", default=[])
@@ -360,6 +368,16 @@ def cmd_data(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    from .export import export_job
+    catalog = load_catalog(*args.catalog)
+    done = export_job(job_from_args(args, catalog), args.to.lower(), args.out, args.nodes)
+    for warning in done.warnings:
+        print(f"toolkit export: warning: {warning}", file=sys.stderr)
+    print(f"wrote {done.path}\n{done.command}")
+    return 0
+
+
 def cmd_claims(args) -> int:
     from .claims import claims_json
     result = claims_json(load_catalog(*args.catalog))
@@ -429,7 +447,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         commands = {"estimate": cmd_estimate, "trace": cmd_trace, "compare": cmd_compare, "catalog": cmd_catalog,
                     "train": cmd_train, "data": cmd_data, "plan": cmd_plan, "doctor": cmd_doctor,
-                    "pipeline": cmd_pipeline, "calibrate": cmd_calibrate, "claims": cmd_claims}
+                    "pipeline": cmd_pipeline, "calibrate": cmd_calibrate, "claims": cmd_claims,
+                    "export": cmd_export}
         return commands[args.command](args)
     except SpecError as err:
         print(f"toolkit {args.command}: error: {_flag_hint(err)}", file=sys.stderr)
