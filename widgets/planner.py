@@ -62,7 +62,9 @@ class PlannerPanel(W.VBox):
             control.observe(self._changed, names="value")
         grid = W.GridBox(list(c.values()), layout=W.Layout(grid_template_columns="repeat(3, 300px)"))
         buttons = W.HBox([self.export_path, self.export_button, self.suggest_button, self.best_button])
-        super().__init__([grid, self.error, self.memory_fig, self.step_fig, self.summary, buttons,
+        defaults = W.HTML("<small>* 0 means the preset's own: its sequence length, its published global batch "
+                          "and token budget</small>")
+        super().__init__([grid, defaults, self.error, self.memory_fig, self.step_fig, self.summary, buttons,
                           self.fixes_box, self.best_box])
         self.refresh()
 
@@ -75,9 +77,9 @@ class PlannerPanel(W.VBox):
             "preset": W.Dropdown(options=sorted(p.name for p in cat.presets.values()
                                                 if p.model.has_shape and not p.model.encoder),
                                  value=preset, description="model", style=style),
-            "seq_len": W.IntText(value=0, description="sequence (0 = preset)", style=style),
+            "seq_len": W.IntText(value=0, description="sequence *", style=style),
             "micro_batch": W.IntSlider(value=1, min=1, max=64, description="micro-batch", style=style),
-            "global_batch": W.IntText(value=0, description="global batch (0 = published)", style=style),
+            "global_batch": W.IntText(value=0, description="global batch *", style=style),
             "precision": W.Dropdown(options=["auto", *PRECISIONS], value="auto", description="precision", style=style),
             "optimizer": W.Dropdown(options=["adamw", "adam", "sgd", "adamw-8bit"], description="optimizer",
                                     style=style),
@@ -92,7 +94,7 @@ class PlannerPanel(W.VBox):
                                       description="accelerator", style=style),
             "count": W.IntText(value=count, description="devices", style=style),
             "tokens_b": W.FloatText(value=0.0 if tokens is None else tokens / 1e9,
-                                    description="tokens, B (0 = published)", style=style),
+                                    description="tokens, B *", style=style),
             "offer": W.Dropdown(options=offers, value="none", description="cloud offer", style=style),
             "spot": W.Checkbox(value=False, description="spot prices"),
         }

@@ -75,3 +75,12 @@ def test_best_layouts_fill_a_table_and_a_pareto_plot():
     assert result["plans"] and "layouts fit" in panel.best_box.children[0].value
     pareto = panel.best_box.children[1]
     assert len(pareto.data[1].x) == len(result["pareto"])
+
+
+def test_every_label_fits_its_column_and_defaults_are_spelled_out(panel):
+    """The 110 px labels hold about 15 characters (checkboxes put theirs beside the box); the fields where 0 means
+    "the preset's" say so below the grid instead of in a label cut off at "sequence (0 = ..."."""
+    import ipywidgets as W
+    labelled = [c for c in panel.controls.values() if not isinstance(c, W.Checkbox)]
+    assert all(len(c.description) <= 15 for c in labelled), [c.description for c in labelled]
+    assert any("0 means the preset's own" in getattr(child, "value", "") for child in panel.children)
