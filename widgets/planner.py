@@ -241,7 +241,8 @@ def _summary_html(result: Estimate) -> str:
     t, cost = result.time, result.cost
     lines = []
     if t.train_days is not None:
-        lines.append(f"<b>time to train:</b> {t.train_days:,.1f} days ({t.device_hours:,.0f} device-hours)")
+        mfu = f"MFU {t.mfu:.1%} {'given' if t.mfu_source == 'given' else 'modelled'}" if t.mfu is not None else ""
+        lines.append(f"<b>time to train:</b> {t.train_days:,.1f} days ({t.device_hours:,.0f} device-hours; {mfu})")
     if cost.amount is not None:
         line = f"<b>cost:</b> {cost.amount:,.0f} {cost.currency} on {cost.instances} × {cost.offer}"
         if cost.spot_run:

@@ -84,3 +84,10 @@ def test_every_label_fits_its_column_and_defaults_are_spelled_out(panel):
     labelled = [c for c in panel.controls.values() if not isinstance(c, W.Checkbox)]
     assert all(len(c.description) <= 15 for c in labelled), [c.description for c in labelled]
     assert any("0 means the preset's own" in getattr(child, "value", "") for child in panel.children)
+
+
+def test_the_panel_says_which_mfu_its_time_to_train_used(panel):
+    """The same days as `toolkit estimate` for the same job, and whether the MFU was given or modelled."""
+    from toolkit.estimate import estimate
+    days = estimate(panel.job)["time"]["train_days"]
+    assert f"{days:,.1f} days" in panel.summary.value and "modelled" in panel.summary.value
