@@ -34,7 +34,7 @@ from memory_accuracy import matrix  # noqa: E402
 from toolkit.cli import main as cli  # noqa: E402
 from toolkit.estimate.grid import layout_grid  # noqa: E402
 from toolkit.estimate.memory import memory_estimate, stage_memory_estimate  # noqa: E402
-from toolkit.specs import Job, SpecError, load_catalog  # noqa: E402
+from toolkit.specs import Job, load_catalog  # noqa: E402
 
 CATALOG = load_catalog()
 README = [

@@ -9,7 +9,7 @@ import pytest
 
 from benchmarks.gpu_memory_published import bloom, embedding_slots
 from benchmarks.gpu_memory_published import _catalog as published_catalog
-from toolkit.estimate.device import comm_groups, device_memory
+from toolkit.estimate.device import comm_groups
 from toolkit.estimate.report import estimate
 from toolkit.plan import search
 from toolkit.plan.doctor import diagnose_job

@@ -6,7 +6,7 @@ import torch
 
 from toolkit.specs import Job, ModelSpec
 from toolkit.train.model import GPT
-from toolkit.train.techniques import Int8Activations, Pruner, block_matrices
+from toolkit.train.techniques import Int8Activations, Pruner
 
 
 def _block_weights(state):
