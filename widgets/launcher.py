@@ -48,13 +48,16 @@ class LauncherPanel(W.VBox):
         self._watcher: threading.Thread | None = None
         self._estimate = self._estimate_of(job, nproc)
         self.figure = go.FigureWidget(metrics_figure([], self._estimate))
+        self.state = "ready"
+        """ready, starting (no step yet), running, stopping, stopped, finished or failed; the buttons follow it."""
+        self._stop_requested = False
         self.status = W.HTML("ready")
         self.launch_button = W.Button(description="Launch", icon="play", button_style="success")
         self.stop_button = W.Button(description="Stop", icon="stop", button_style="danger", disabled=True)
         self.resume_button = W.Button(description="Resume", icon="redo", disabled=True)
         self.launch_button.on_click(lambda _b: self.launch())
         self.stop_button.on_click(lambda _b: self.stop())
-        self.resume_button.on_click(lambda _b: self.launch())
+        self.resume_button.on_click(lambda _b: self.resume())
         super().__init__([W.HBox([self.launch_button, self.stop_button, self.resume_button]), self.status,
                           self.figure])
 
@@ -76,9 +79,28 @@ class LauncherPanel(W.VBox):
         return self.process is not None and self.process.poll() is None
 
     def launch(self) -> None:
-        """Start (or resume: the same folder continues from its newest checkpoint) the run."""
+        """Start the run. After a finished or failed run, Launch starts afresh in a new folder (run-2, run-3, ...)
+        so that nothing of the last one is overwritten; Resume continues in the same folder."""
         if self.running:
             return
+        if self.state in ("finished", "failed"):
+            self.out = _fresh_folder(self.out)
+            self.records, self.rank_memory = [], []
+        self._start()
+
+    def resume(self) -> None:
+        """Continue from the folder's newest checkpoint (a finished run only if the job now asks for more steps)."""
+        if self.running:
+            return
+        done = self.records[-1]["step"] if self.records else 0
+        if self.state == "finished" and self.job.training.steps <= done:
+            self.status.value = (f"finished at step {done}: nothing to resume (raise training.steps to continue, "
+                                 "or Launch a new run)")
+            return
+        self._start()
+
+    def _start(self) -> None:
+        self._stop_requested = False
         self.out.mkdir(parents=True, exist_ok=True)
         request = self.out / "launch.yaml"
         self.job.to_yaml(request)
@@ -86,15 +108,17 @@ class LauncherPanel(W.VBox):
                    "--nproc", str(self.nproc), "--no-progress", *self.extra_args]
         self._log = open(self.out / "launcher.log", "w")
         self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.PIPE, text=True)
-        self.status.value = f"running: {html.escape(' '.join(command[2:]))}"
-        self.launch_button.disabled, self.stop_button.disabled, self.resume_button.disabled = True, False, True
+        self.status.value = f"starting: {html.escape(' '.join(command[2:]))}"
+        self._set_state("starting")
         self._watcher = threading.Thread(target=self._watch, daemon=True)
         self._watcher.start()
 
     def stop(self) -> None:
         """Ask the run to stop: every rank finishes its step, saves a checkpoint and exits."""
         if self.running:
+            self._stop_requested = True
             self.process.send_signal(signal.SIGTERM)
+            self._set_state("stopping")
             self.status.value = "stopping: the ranks finish their step and checkpoint"
 
     def wait(self, timeout_s: float = 300) -> int | None:
@@ -134,7 +158,9 @@ class LauncherPanel(W.VBox):
                     old.update(x=new.x, y=new.y)
         self.redraws += 1
         last = self.records[-1] if self.records else None
-        if last and self.running:
+        if last and self.state == "starting":
+            self._set_state("running")
+        if last and self.running and self.state == "running":
             self.status.value = (f"running: step {last['step']}, loss {last['loss'] if last['loss'] is None else round(last['loss'], 4)}, "
                                  f"{last.get('tokens_per_s') or 0:,.0f} tokens/s")
 
@@ -144,10 +170,30 @@ class LauncherPanel(W.VBox):
         self._log.close()
         lines = [line for line in stderr.splitlines() if line.strip()]
         steps = self.records[-1]["step"] if self.records else 0
-        if code == 0:
-            message = f"finished or stopped cleanly at step {steps}; checkpoint saved (Resume continues)"
+        if code == 0 and steps >= self.job.training.steps:
+            state, message = "finished", f"finished: all {steps} steps; checkpoint saved (Launch starts a new run)"
+        elif code == 0:
+            state, message = "stopped", f"stopped cleanly at step {steps}; checkpoint saved (Resume continues)"
         else:
             shown = "<br>".join(html.escape(line) for line in lines[-5:]) or f"exit code {code}"
+            state = "failed"
             message = f"<span style='color:#d62728'><b>failed (exit {code}) after step {steps}:</b><br>{shown}</span>"
         self.status.value = message
-        self.launch_button.disabled, self.stop_button.disabled, self.resume_button.disabled = True, True, False
+        self._set_state(state)
+
+    def _set_state(self, state: str) -> None:
+        """The buttons a state offers: Launch when nothing runs and nothing waits to resume, Stop while it runs,
+        Resume after a stop (or a failure that left a checkpoint)."""
+        self.state = state
+        resumable = state == "stopped" or (state == "failed" and any((self.out / "checkpoints").glob("step_*")))
+        self.launch_button.disabled = state not in ("ready", "finished", "failed")
+        self.stop_button.disabled = state not in ("starting", "running")
+        self.resume_button.disabled = not resumable
+
+
+def _fresh_folder(out: Path) -> Path:
+    """The first of out-2, out-3, ... that does not exist: a new run never writes into an old one."""
+    n = 2
+    while out.with_name(f"{out.name}-{n}").exists():
+        n += 1
+    return out.with_name(f"{out.name}-{n}")

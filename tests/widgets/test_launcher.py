@@ -28,6 +28,7 @@ def test_stop_during_a_run_checkpoints_and_the_kernel_stays_responsive(tmp_path)
     step = panel.records[-1]["step"]
     assert (tmp_path / "run" / "checkpoints" / f"step_{step:08d}.pt").exists()
     assert "stopped cleanly" in panel.status.value and not panel.resume_button.disabled
+    assert panel.state == "stopped" and panel.launch_button.disabled and panel.stop_button.disabled
     assert len(panel.figure.data[0].x) == step            # every line drawn
     assert panel.redraws <= 4 * 60                         # rate-limited, not one redraw per line
     # each rank's tensor peak (what the estimate measures, unlike the process's RSS) beside the estimated peak
@@ -41,9 +42,16 @@ def test_stop_during_a_run_checkpoints_and_the_kernel_stays_responsive(tmp_path)
 
 def test_resume_continues_where_it_stopped(tmp_path):
     panel = LauncherPanel(_job(steps=6), tmp_path / "run")
+    assert panel.state == "ready" and not panel.launch_button.disabled and panel.resume_button.disabled
     panel.launch()
+    assert panel.state in ("starting", "running") and panel.launch_button.disabled and not panel.stop_button.disabled
     assert panel.wait(120) == 0
     assert [r["step"] for r in panel.records] == list(range(1, 7))
+    # finished: Launch again (a new folder), no Resume; resuming anyway starts nothing
+    assert panel.state == "finished" and not panel.launch_button.disabled and panel.resume_button.disabled
+    process = panel.process
+    panel.resume()
+    assert panel.process is process and "nothing to resume" in panel.status.value
     panel.job = _job(steps=8)
     panel.resume_button.click()
     assert panel.wait(120) == 0
@@ -58,3 +66,11 @@ def test_a_failed_run_shows_its_error(tmp_path):
     panel.launch()
     assert panel.wait(120) == 2
     assert "failed (exit 2)" in panel.status.value and "must be a multiple of tp × pp = 2" in panel.status.value
+    assert panel.state == "failed" and not panel.launch_button.disabled and panel.resume_button.disabled
+
+
+def test_a_new_launch_after_a_run_never_writes_into_it(tmp_path):
+    from widgets.launcher import _fresh_folder
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run-2").mkdir()
+    assert _fresh_folder(tmp_path / "run") == tmp_path / "run-3"
