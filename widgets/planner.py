@@ -58,6 +58,7 @@ class PlannerPanel(W.VBox):
         self.export_button.on_click(lambda _b: self.export())
         self.suggest_button.on_click(lambda _b: self.suggest())
         self.best_button.on_click(lambda _b: self.best_layouts())
+        c["accelerator"].observe(self._accelerator_changed, names="value")
         for control in c.values():
             control.observe(self._changed, names="value")
         grid = W.GridBox(list(c.values()), layout=W.Layout(grid_template_columns="repeat(3, 300px)"))
@@ -72,7 +73,7 @@ class PlannerPanel(W.VBox):
     def _make_controls(self, preset, accelerator, count, tokens) -> dict:
         cat = self.catalog
         style = {"description_width": "110px"}
-        offers = ["none"] + sorted(o.name for o in cat.offers.values())
+        offers = self._offers_for(accelerator)
         return {
             "preset": W.Dropdown(options=sorted(p.name for p in cat.presets.values()
                                                 if p.model.has_shape and not p.model.encoder),
@@ -136,6 +137,22 @@ class PlannerPanel(W.VBox):
         self.refresh()
 
     # ---- updating ------------------------------------------------------------------------------------
+    def _offers_for(self, accelerator: str) -> list[str]:
+        """The offers that carry the chosen accelerator (a job on one device cannot be priced on another's)."""
+        name = self.catalog.accelerator(accelerator).name
+        return ["none"] + sorted(o.name for o in self.catalog.offers.values()
+                                 if self.catalog.accelerator(o.accelerator).name == name)
+
+    def _accelerator_changed(self, change) -> None:
+        offer = self.controls["offer"]
+        quiet, self._quiet = self._quiet, True          # (one redraw, by the accelerator's own observer)
+        try:
+            kept = offer.value
+            offer.options = self._offers_for(change["new"])
+            offer.value = kept if kept in offer.options else "none"
+        finally:
+            self._quiet = quiet
+
     def _changed(self, _change) -> None:
         if not self._quiet:
             self.refresh()

@@ -91,3 +91,16 @@ def test_the_panel_says_which_mfu_its_time_to_train_used(panel):
     from toolkit.estimate import estimate
     days = estimate(panel.job)["time"]["train_days"]
     assert f"{days:,.1f} days" in panel.summary.value and "modelled" in panel.summary.value
+
+
+def test_offers_follow_the_chosen_accelerator(panel):
+    """Only offers that carry the chosen accelerator are listed; a kept offer that no longer fits is dropped."""
+    from toolkit.specs import load_catalog
+    cat = load_catalog()
+    panel.controls["accelerator"].value = "A100-80GB"
+    listed = set(panel.controls["offer"].options) - {"none"}
+    assert listed == {o.name for o in cat.offers.values() if cat.accelerator(o.accelerator).name == "A100-80GB"}
+    panel.controls["offer"].value = "p4de.24xlarge"
+    panel.controls["accelerator"].value = "H100-SXM"
+    assert panel.controls["offer"].value == "none" and "p5.48xlarge" in panel.controls["offer"].options
+    assert panel.error.value == ""                                     # no mismatched offer was ever estimated
