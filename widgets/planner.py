@@ -182,6 +182,12 @@ class PlannerPanel(W.VBox):
             self.controls[name].layout.border = "2px solid #d62728"
         where = f" (control: {', '.join(names)})" if names else ""
         self.error.value = f"<div style='color:#d62728'><b>not valid{where}:</b> {html.escape(str(err))}</div>"
+        for fig in (self.memory_fig, self.step_fig):          # the last valid view stays, marked as such
+            title = fig.layout.title.text or ""
+            if not title.startswith(STALE):
+                fig.layout.title = STALE + title
+        self.summary.value = f"<div style='opacity:0.5'>{self.summary.value}</div>" \
+            if not self.summary.value.startswith("<div style='opacity:0.5'>") else self.summary.value
 
     # ---- buttons -------------------------------------------------------------------------------------
     def export(self) -> Path | None:
@@ -271,3 +277,4 @@ def _summary_html(result: Estimate) -> str:
 
 
 _EMPTY = Estimate()
+STALE = "stale (the controls are not valid): "

@@ -43,9 +43,13 @@ def test_an_invalid_combination_is_shown_beside_its_control_not_raised(panel):
     panel.controls["tp"].value = 16                      # 16 does not divide 8 devices
     assert "not valid (control: tp)" in panel.error.value and "parallel.tp = 16" in panel.error.value
     assert panel.controls["tp"].layout.border.startswith("2px solid")
-    assert _bar_total(panel.memory_fig) == pytest.approx(shown)     # the last valid view stays up
+    assert _bar_total(panel.memory_fig) == pytest.approx(shown)     # the last valid view stays up, marked stale
+    assert panel.memory_fig.layout.title.text.startswith("stale") and panel.step_fig.layout.title.text.startswith("stale")
+    panel.controls["tp"].value = 32                      # a second invalid value: marked once, not twice
+    assert panel.memory_fig.layout.title.text.count("stale") == 1
     panel.controls["tp"].value = 2
     assert panel.error.value == "" and panel.controls["tp"].layout.border is None
+    assert not panel.memory_fig.layout.title.text.startswith("stale")
 
 
 def test_suggest_lists_fixes_and_one_click_applies_one():
