@@ -42,6 +42,7 @@ class PlannerPanel(W.VBox):
         self.result: Estimate | None = None
         self.last_update_s = 0.0
         self._quiet = False
+        self._fixes_for: dict | None = None     # the job the fix list was made for
         c = self.controls = self._make_controls(preset, accelerator, count, tokens)
         for name, value in layout.items():
             c[name].value = value
@@ -170,6 +171,8 @@ class PlannerPanel(W.VBox):
             self.last_update_s = time.perf_counter() - began
             return
         self.job, self.result = job, result
+        if self._fixes_for is not None and job.to_dict() != self._fixes_for:   # a fix list is for one job
+            self.fixes_box.children, self._fixes_for = [], None
         self.error.value = ""
         copy_into(self.memory_fig, memory_figure(result))
         copy_into(self.step_fig, step_figure(result))
@@ -212,18 +215,29 @@ class PlannerPanel(W.VBox):
                                                                                          " (still over)")
             button = W.Button(description=label, layout=W.Layout(width="auto"),
                               button_style="success" if fix["fits"] else "")
-            button.on_click(lambda _b, job=fix["job"]: self.set_job(job))
+            button.on_click(lambda _b, job=fix["job"]: self.apply_fix(job))
             rows.append(button)
         if report.get("combined") and report["combined"]["fits"]:
             combined = report["combined"]
             button = W.Button(description="together: " + " + ".join(combined["changes"]),
                               layout=W.Layout(width="auto"), button_style="success")
-            button.on_click(lambda _b, job=combined["job"]: self.set_job(job))
+            button.on_click(lambda _b, job=combined["job"]: self.apply_fix(job))
             rows.append(button)
         if not report["fixes"]:
-            rows.append(W.HTML("no single change helps"))
+            fits = self.result is not None and self.result.memory.fits
+            rows.append(W.HTML("fits: no change needed for memory" if fits else "no single change helps"))
         self.fixes_box.children = rows
+        self._fixes_for = self.job.to_dict()
         return report["fixes"]
+
+    def apply_fix(self, fixed: dict) -> None:
+        """Apply what a fix changes (only that: fixes compose), then list the fixes for the job it leaves."""
+        base = self._fixes_for or {}
+        changed = {section: {k: v for k, v in (fixed.get(section) or {}).items()
+                             if (base.get(section) or {}).get(k) != v}
+                   for section in ("parallel", "memory", "batch", "optimizer")}
+        self.set_job(changed)
+        self.suggest()
 
     def best_layouts(self, top: int = 8) -> dict | None:
         """The planner's best layouts on this cluster (or on the chosen offer): a table and the Pareto plot."""
