@@ -1,7 +1,7 @@
 """Human-readable text for estimates and catalog rows (the CLI's non-JSON output)."""
 from __future__ import annotations
 
-__all__ = ["gib", "count", "sci", "money", "render_estimate", "render_pipeline"]
+__all__ = ["gib", "count", "sci", "money", "render_estimate", "render_pipeline", "layout_text"]
 
 
 def gib(n_bytes: float | None) -> str:
@@ -169,7 +169,7 @@ def render_run_comparison(cmp: dict) -> str:
     return "\n".join(out)
 
 
-def _layout_text(layout: dict) -> str:
+def layout_text(layout: dict) -> str:
     parts = [f"dp {layout['dp']}", f"tp {layout['tp']}", f"pp {layout['pp']}"]
     if layout.get("vpp", 1) > 1:
         parts.append(f"vpp {layout['vpp']}")
@@ -194,7 +194,7 @@ def render_plan(result: dict) -> str:
     rows = [head]
     for i, p in enumerate(result["plans"], 1):
         where = f"{p['devices']}x{p['accelerator']}" + (f" ({p['instances']}x {p['offer']})" if p["offer"] else "")
-        rows.append((str(i), where, _layout_text(p["layout"]), f"{gib(p['device_peak_bytes'])}/{gib(p['usable_bytes'])}",
+        rows.append((str(i), where, layout_text(p["layout"]), f"{gib(p['device_peak_bytes'])}/{gib(p['usable_bytes'])}",
                      f"{p['step_s']:.2f} s", f"{p['mfu']:.0%}", f"{p['train_days']:,.1f}",
                      money(p["cost"], p["currency"]) if p["cost"] is not None else "—"))
     widths = [max(len(r[c]) for r in rows) for c in range(len(head))]
@@ -208,7 +208,7 @@ def render_plan(result: dict) -> str:
     if result["pareto"]:
         out += ["", "Pareto front (no plan is both faster and cheaper):"]
         out += [f"  {p['train_days']:,.1f} days, {money(p['cost'], p['currency'])}: {p['devices']}x{p['accelerator']}, "
-                f"{_layout_text(p['layout'])}" for p in result["pareto"]]
+                f"{layout_text(p['layout'])}" for p in result["pareto"]]
     if result["refused_clusters"]:
         out += ["", "not tried:"] + [f"  - {r}" for r in result["refused_clusters"]]
     return "\n".join(out)

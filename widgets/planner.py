@@ -20,6 +20,7 @@ import ipywidgets as W
 import plotly.graph_objects as go
 
 from toolkit.estimate import Estimate, estimate_result
+from toolkit.format import layout_text
 from toolkit.plots import copy_into, memory_figure, pareto_figure, step_figure
 from toolkit.specs import PRECISIONS, Job, SpecError, load_catalog
 
@@ -230,6 +231,19 @@ class PlannerPanel(W.VBox):
         self._fixes_for = self.job.to_dict()
         return report["fixes"]
 
+    def apply_plan(self, plan: dict) -> None:
+        """Set the controls to one of the best layouts: devices, accelerator and the layout."""
+        from toolkit.plan.search import plan_job
+        job = plan_job(self.job, plan)
+        quiet, self._quiet = self._quiet, True
+        try:
+            self.controls["accelerator"].value = job.cluster.accelerator
+            self.controls["count"].value = job.cluster.count
+            self.controls["global_batch"].value = plan["global_batch"]     # (the default follows dp: keep the plan's)
+        finally:
+            self._quiet = quiet
+        self.set_job(job.to_dict())
+
     def apply_fix(self, fixed: dict) -> None:
         """Apply what a fix changes (only that: fixes compose), then list the fixes for the job it leaves."""
         base = self._fixes_for or {}
@@ -249,14 +263,17 @@ class PlannerPanel(W.VBox):
         gpus = None if offers else (v["count"].value, v["accelerator"].value)
         result = search(self.job, self.catalog, gpus=gpus, offers=offers, max_gpus=v["count"].value,
                         objective="cost" if offers else "time", top=top)
-        rows = "".join(
-            f"<tr><td>{p['devices']}x{p['accelerator']}</td><td>{_layout(p['layout'])}</td>"
-            f"<td>{p['device_peak_bytes'] / 2**30:.1f} GiB</td><td>{p['step_s']:.3g} s</td><td>{p['mfu']:.0%}</td>"
-            f"<td>{p['train_days']:,.1f}</td><td>{_money(p['cost'], p['currency'])}</td></tr>"
-            for p in result["plans"])
-        table = W.HTML(f"<p>{result['fitting']:,} of {result['evaluated']:,} layouts fit</p><table>"
-                       "<tr><th>devices</th><th>layout</th><th>device peak</th><th>step</th><th>MFU</th><th>days</th>"
-                       f"<th>cost</th></tr>{rows}</table>")
+        rows = []
+        for plan in result["plans"]:
+            apply = W.Button(description="apply", icon="check", layout=W.Layout(width="80px"))
+            apply.on_click(lambda _b, plan=plan: self.apply_plan(plan))
+            rows.append(W.HBox([apply, W.HTML(
+                f"{plan['devices']}x{plan['accelerator']} · {html.escape(layout_text(plan['layout']))} · "
+                f"{plan['device_peak_bytes'] / 2**30:.1f} GiB · step {plan['step_s']:.3g} s · MFU {plan['mfu']:.0%} · "
+                f"{plan['train_days']:,.1f} days {_money(plan['cost'], plan['currency'])}")]))
+        table = W.VBox([W.HTML(f"<p>{result['fitting']:,} of {result['evaluated']:,} layouts fit (apply sets the "
+                               "controls; vpp and cp, which have none, go with the exported job)</p>"), *rows])
+        self._plans = result["plans"]
         children = [table]
         if result["pareto"]:
             children.append(go.FigureWidget(pareto_figure(result)))
@@ -266,12 +283,6 @@ class PlannerPanel(W.VBox):
 
 def _money(amount: float | None, currency: str | None) -> str:
     return "" if amount is None else f"{amount:,.0f} {currency}"
-
-
-def _layout(lay: dict) -> str:
-    return (f"dp {lay['dp']} · tp {lay['tp']} · pp {lay['pp']}{' · sp' if lay['sp'] else ''} · ZeRO-{lay['zero']}"
-            f"{'' if lay['offload'] == 'none' else ' · offload ' + lay['offload']} · mb {lay['micro_batch']}"
-            f"{'' if lay['recompute'] == 'none' else ' · ' + lay['recompute'] + ' recompute'}")
 
 
 def _summary_html(result: Estimate) -> str:

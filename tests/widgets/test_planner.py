@@ -95,9 +95,24 @@ def test_best_layouts_fill_a_table_and_a_pareto_plot():
     panel = PlannerPanel(preset="llama2-7b", accelerator="H100-SXM", count=16, precision="mixed-bf16",
                          offer="p5.48xlarge")
     result = panel.best_layouts()
-    assert result["plans"] and "layouts fit" in panel.best_box.children[0].value
+    table = panel.best_box.children[0]
+    assert result["plans"] and "layouts fit" in table.children[0].value
     pareto = panel.best_box.children[1]
     assert len(pareto.data[1].x) == len(result["pareto"])
+    texts = [row.children[1].value for row in table.children[1:]]
+    assert len(set(texts)) == len(texts)                         # rows that differ say how
+
+
+def test_a_best_layout_applies_with_one_click():
+    """The applied layout's estimate is the plan's: the same device peak, to rounding."""
+    panel = PlannerPanel(preset="llama2-7b", accelerator="H100-SXM", count=16, precision="amp-bf16")
+    result = panel.best_layouts()
+    plan = next(p for p in result["plans"] if p["layout"]["vpp"] == 1 and p["layout"]["cp"] == 1)
+    row = panel.best_box.children[0].children[1 + result["plans"].index(plan)]
+    row.children[0].click()
+    for name in ("tp", "pp", "zero", "offload", "sp", "micro_batch", "recompute"):
+        assert panel.controls[name].value == plan["layout"][name], name
+    assert panel.result.memory.device_peak_bytes == pytest.approx(plan["device_peak_bytes"], rel=1e-9)
 
 
 def test_every_label_fits_its_column_and_defaults_are_spelled_out(panel):
