@@ -21,8 +21,17 @@ def refresh(path: Path) -> int:
                     str(path)], check=True, cwd=HERE.parent)
     nb = nbformat.read(path, as_version=4)
     nb.metadata.pop("widgets", None)
+    for cell in nb.cells:
+        for output in cell.get("outputs", []):
+            data = output.get("data", {})
+            if WIDGET in data:       # without the dropped state the view cannot draw, and the repr would show instead
+                data["text/plain"] = PLACEHOLDER
     nbformat.write(nb, path)
     return path.stat().st_size
+
+
+WIDGET = "application/vnd.jupyter.widget-view+json"
+PLACEHOLDER = "(an interactive panel: run this cell to show it)"
 
 
 def main() -> None:

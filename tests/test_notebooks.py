@@ -17,6 +17,9 @@ def test_notebook_is_small_and_carries_no_widget_state(path):
     for cell in nb.cells:
         if cell.cell_type == "code" and any("widget-view" in str(o.get("data", {})) for o in cell.get("outputs", [])):
             assert "NBVAL_IGNORE_OUTPUT" in cell.source     # widget ids change every run
+            for output in cell.outputs:                     # a fresh notebook shows no raw `PlannerPanel(children=...`
+                text = output.get("data", {}).get("text/plain", "")
+                assert "children=" not in text, text[:80]
 
 
 def test_there_are_tutorials():
