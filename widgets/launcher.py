@@ -58,8 +58,9 @@ class LauncherPanel(W.VBox):
         self.launch_button.on_click(lambda _b: self.launch())
         self.stop_button.on_click(lambda _b: self.stop())
         self.resume_button.on_click(lambda _b: self.resume())
+        self.folder = W.HTML()
         super().__init__([W.HBox([self.launch_button, self.stop_button, self.resume_button]), self.status,
-                          self.figure])
+                          self.folder, self.figure])
 
     @staticmethod
     def _estimate_of(job: Job, nproc: int) -> Estimate | None:
@@ -109,6 +110,7 @@ class LauncherPanel(W.VBox):
         self._log = open(self.out / "launcher.log", "w")
         self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.PIPE, text=True)
         self.status.value = f"starting: {html.escape(' '.join(command[2:]))}"
+        self.folder.value = _folder_html(self.out, self.job)
         self._set_state("starting")
         self._watcher = threading.Thread(target=self._watch, daemon=True)
         self._watcher.start()
@@ -197,3 +199,13 @@ def _fresh_folder(out: Path) -> Path:
     while out.with_name(f"{out.name}-{n}").exists():
         n += 1
     return out.with_name(f"{out.name}-{n}")
+
+
+def _folder_html(out: Path, job: Job) -> str:
+    """Where the run writes: its log, metrics and checkpoints, and how to open a tracker's logs."""
+    where = html.escape(str(out.resolve()))
+    line = (f"<small>run folder <code>{where}</code>: launcher.log, metrics.jsonl, checkpoints/, "
+            "memory/")
+    if "tensorboard" in job.training.trackers:
+        line += f"; TensorBoard: <code>tensorboard --logdir {where}</code>"
+    return line + "</small>"

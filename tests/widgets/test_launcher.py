@@ -67,6 +67,7 @@ def test_a_failed_run_shows_its_error(tmp_path):
     assert panel.wait(120) == 2
     assert "failed (exit 2)" in panel.status.value and "must be a multiple of tp × pp = 2" in panel.status.value
     assert panel.state == "failed" and not panel.launch_button.disabled and panel.resume_button.disabled
+    assert str((tmp_path / "run").resolve()) in panel.folder.value and "launcher.log" in panel.folder.value
 
 
 def test_a_new_launch_after_a_run_never_writes_into_it(tmp_path):
