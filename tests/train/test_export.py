@@ -54,11 +54,12 @@ def test_deepspeed_json_loads_in_deepspeed_for_its_data_parallel_world(capsys, t
     code, files, _, _ = export(capsys, tmp_path, *ZERO3, "--to", "deepspeed")
     assert code == 0 and len(files) == 1
     script = (
-        "import os, sys\n"
-        "os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT='29561', RANK='0', WORLD_SIZE='1', LOCAL_RANK='0')\n"
-        "import deepspeed\n"
-        "deepspeed.comm.init_distributed(dist_backend='gloo', verbose=False)\n"
-        "from deepspeed.runtime.config import DeepSpeedConfig\n"
+        "import sys\n"
+        "import deepspeed.runtime.config as config\n"
+        # the config asks the process group for this rank only; a real one on CPU first JIT-builds DeepSpeed's
+        # shared-memory op (~50 s in a fresh environment), which a config check does not need
+        "config.dist.get_rank = lambda: 0\n"
+        "DeepSpeedConfig = config.DeepSpeedConfig\n"
         "class DataParallel16:\n"
         "    def get_data_parallel_world_size(self): return 16\n"
         "    def get_data_parallel_rank(self): return 0\n"
