@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from .specs.job import Job, backend_masks
+from .specs.rules import interleaved_rounds_fit
 from .specs.stages import uneven_fits
 
 __all__ = ["run_refusal", "runnable_mask", "RUN_LAYOUTS", "CAPABILITIES", "capability_markdown"]
@@ -146,7 +147,7 @@ def runnable_mask(job: Job) -> np.ndarray:
         ok &= inferred == par.backend
     ok &= np.asarray(par.cp) == 1
     stages_ok = ((tp == 1) & (zero == 0) & uneven_fits(job.model.layers, pp, vpp)
-                 & ~((vpp > 1) & (schedule == "gpipe")) & np.where(vpp == 1, m >= pp, m % np.maximum(1, m // pp) == 0))
+                 & ~((vpp > 1) & (schedule == "gpipe")) & np.where(vpp == 1, m >= pp, interleaved_rounds_fit(m, pp)))
     ok &= (pp == 1) | stages_ok
     if job.precision.grad_dtype == "fp32" or job.finetune.adapters or job.optimizer.name == "adamw-8bit":
         ok &= replicas

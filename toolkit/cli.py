@@ -371,7 +371,7 @@ def cmd_data(args) -> int:
 def cmd_export(args) -> int:
     from .export import export_job
     catalog = load_catalog(*args.catalog)
-    done = export_job(job_from_args(args, catalog), args.to.lower(), args.out, args.nodes)
+    done = export_job(job_from_args(args, catalog), args.to.lower(), args.out, args.nodes, catalog=catalog)
     for warning in done.warnings:
         print(f"toolkit export: warning: {warning}", file=sys.stderr)
     print(f"wrote {done.path}\n{done.command}")

@@ -37,12 +37,12 @@ class Exported:
     """How to use the file (printed by the CLI)."""
 
 
-def _sized(job: Job, nodes: int | None, gpus_per_node: int | None, warnings: list[str]) -> Job:
+def _sized(job: Job, catalog, nodes: int | None, gpus_per_node: int | None, warnings: list[str]) -> Job:
     """The resolved job on nodes × gpus-per-node devices (the job's own when no flag is given), dp following."""
     for name, value in (("--nodes", nodes), ("--gpus-per-node", gpus_per_node)):
         if value is not None and value < 1:
             raise SpecError(name, value, "must be 1 or more")
-    resolved, _ = job.resolve(load_catalog())
+    resolved, _ = job.resolve(catalog)
     per_node = gpus_per_node or resolved.cluster.gpus_per_node
     if nodes is None:                        # the job's devices: one node may be partly used
         per_node = min(per_node, resolved.cluster.count)
@@ -53,15 +53,16 @@ def _sized(job: Job, nodes: int | None, gpus_per_node: int | None, warnings: lis
                         f"({count // per_node} node(s) × {per_node}), dp following")
     par = dataclasses.replace(job.parallel, dp=None)
     cluster = dataclasses.replace(job.cluster, count=count, gpus_per_node=per_node)
-    return job.replace(parallel=par, cluster=cluster).resolve(load_catalog())[0]
+    return job.replace(parallel=par, cluster=cluster).resolve(catalog)[0]
 
 
 def export_job(job: Job, target: str, out_dir: str | Path, nodes: int | None = None,
-               gpus_per_node: int | None = None) -> Exported:
+               gpus_per_node: int | None = None, catalog=None) -> Exported:
+    """Write the job as TARGETS[target] into out_dir (the user's catalog rows, if any, in `catalog`)."""
     if target not in TARGETS:
         raise SpecError("--to", target, f"allowed: {', '.join(TARGETS)}")
     warnings: list[str] = []
-    job = _sized(job, nodes, gpus_per_node, warnings)
+    job = _sized(job, catalog or load_catalog(), nodes, gpus_per_node, warnings)
     if target == "deepspeed":
         text, command = _deepspeed(job)
     else:

@@ -96,3 +96,16 @@ def test_the_exported_torchrun_script_trains_on_two_gloo_ranks(capsys, tmp_path,
     assert done.returncode == 0, done.stderr[-2000:]
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [1, 2, 3]
+
+
+def test_export_reads_the_users_catalog(capsys, tmp_path):
+    """An accelerator from --catalog resolves in the export as it does in estimate (it used the built-in only)."""
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("accelerators:\n  - name: MyGPU\n    vendor: Me\n    memory_bytes: 85899345920\n"
+                    "    memory_bw_bytes_per_s: 2.0e12\n    link_bw_bytes_per_s: 4.0e11\n    tdp_w: 500\n"
+                    "    peak_tflops: {fp32: 50, tf32: n/a, fp16: 400, bf16: 400, fp8: n/a, int8: unknown}\n"
+                    "    source: a test\n    as_of: 2026-12-02\n")
+    code, files, _, err = export(capsys, tmp_path, "--model", "gpt2", "--gpus", "2xMyGPU", "--catalog", str(mine),
+                                 "--to", "torchrun")
+    assert code == 0, err
+    assert embedded_job(files[0]).cluster.accelerator == "MyGPU"
