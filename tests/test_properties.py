@@ -101,3 +101,74 @@ def test_plan_answers_or_refuses_in_one_line(flags, offers, max_gpus, objective,
         del flags[i:i + 2]
     _answers_or_refuses(["plan", *flags, "--offers", ",".join(offers), "--max-gpus", str(max_gpus),
                          "--objective", objective, *runnable], capsys)
+
+
+# ---- the planner's grid against the single-job estimate, for generated jobs -------------------------------------
+
+GRID_JOB = st.fixed_dictionaries({
+    "model": st.one_of(
+        st.sampled_from(["llama2-7b", "gpt3-2.7b", "gpt2", "llama3-70b"]).map(lambda p: {"preset": p}),
+        st.tuples(st.sampled_from([4, 12, 24]), st.sampled_from([256, 1024, 4096]), st.sampled_from([8, 16, 32]),
+                  st.sampled_from(["gelu", "swiglu"]), st.sampled_from([512, 2048])).map(
+            lambda t: {"layers": t[0], "hidden": t[1], "heads": t[2], "mlp": t[3], "seq_len": t[4],
+                       "vocab": 32000})),
+    "precision": st.sampled_from([("fp32", "param", "torch"), ("amp-bf16", "param", "torch"),
+                                  ("amp-fp16", "param", "torch"), ("pure-bf16", "param", "torch"),
+                                  ("mixed-bf16", "param", "torch"), ("mixed-bf16", "fp32", "torch"),
+                                  ("mixed-bf16", "param", "deepspeed"), ("mixed-fp16", "param", "deepspeed"),
+                                  ("mixed-bf16", "fp32", "megatron")]),         # (mode, main gradients, backend)
+    "optimizer": st.sampled_from(["adamw", "sgd", "adamw-8bit"]).map(lambda n: {"name": n}),
+    "finetune": st.one_of(st.just({}), st.tuples(st.sampled_from(["lora", "qlora"]), st.sampled_from([4, 16, 64]),
+                                                 st.sampled_from([["q", "v"], ["q", "k", "v", "o", "up", "down"]])).map(
+        lambda t: {"method": t[0], "rank": t[1], "targets": t[2]})),
+    "memory": st.tuples(st.sampled_from(["flash", "eager"]), st.sampled_from(["none", "int8"])).map(
+        lambda t: {"attention": t[0], "act_compress": t[1]}),
+    "devices": st.sampled_from([8, 16, 64]),
+    "global_batch": st.sampled_from([64, 96, 512]),
+})
+
+
+@settings(max_examples=12)
+@given(spec=GRID_JOB)
+def test_the_grid_estimates_every_generated_job_as_the_job_itself_does(spec):
+    """The planner ranks layouts from `layout_grid` over arrays; for every generated job (LoRA and QLoRA, 8-bit
+    optimizers and int8 activations included) each layout's peak, activations and host bytes equal the estimate of
+    that layout's own Job to the byte, and the grid refuses exactly what Job.resolve refuses."""
+    import numpy as np
+
+    from toolkit.estimate.grid import layout_grid
+    from toolkit.estimate.memory import memory_estimate
+    from toolkit.specs import Job, SpecError
+    mode, grads, backend = spec["precision"]
+    if spec["finetune"].get("method") == "qlora":       # (QLoRA computes in 16 bits: amp-bf16 on the torch backend)
+        mode, grads, backend = "amp-bf16", "param", "torch"
+    data = {"model": spec["model"], "precision": {"mode": mode, "grad_dtype": grads}, "optimizer": spec["optimizer"],
+            "finetune": spec["finetune"], "memory": spec["memory"], "parallel": {"backend": backend},
+            "batch": {"micro_batch": 1, "global_batch": spec["global_batch"]},
+            "cluster": {"accelerator": "H100-SXM", "count": spec["devices"]}}
+    try:
+        job, _ = Job.from_dict(data).resolve()
+    except SpecError:
+        return                                          # (the job itself is refused: nothing to lay out)
+    grid = layout_grid(job, tp=[1, 2, 4], pp=[1, 2], zero=[0, 1, 3], micro_batch=[1, 2],
+                       recompute=["none", "selective", "full"], sp=[False, True], offload=["none", "optimizer"])
+    mem = memory_estimate(grid.job)
+    checked = 0
+    for i in range(len(grid)):
+        layout = grid.layout(i)
+        single = {**data, "parallel": {**data["parallel"], **{k: layout[k] for k in
+                                                             ("tp", "pp", "vpp", "sp", "zero", "offload", "dp")}},
+                  "batch": {"micro_batch": layout["micro_batch"], "global_batch": spec["global_batch"]},
+                  "memory": {**data["memory"], "recompute": layout["recompute"]}}
+        try:
+            one_job, _ = Job.from_dict(single).resolve()
+        except SpecError:
+            assert not grid.valid[i], layout
+            continue
+        assert grid.valid[i], layout
+        one = memory_estimate(one_job)
+        for name in ("peak_bytes", "activations_bytes", "host_bytes"):
+            assert np.asarray(getattr(mem, name))[i] == float(getattr(one, name)), (name, layout, spec)
+        checked += 1
+    assert checked >= 1                                 # (the job's own layout, tp = pp = 1, is in the grid)
+    print(f"checked {checked} of {len(grid)}")

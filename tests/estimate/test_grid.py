@@ -80,14 +80,17 @@ def test_grid_speed_is_planner_class():
     assert np.isfinite(mem.peak_bytes[grid.valid]).all()
 
 
-@pytest.mark.parametrize("mode, finetune", [("amp-bf16", None), ("mixed-bf16", None), ("amp-bf16", LORA)],
-                         ids=["torch", "deepspeed", "lora"])
-def test_grid_and_resolve_agree_on_every_layout_rule(mode, finetune):
+@pytest.mark.parametrize("mode, finetune, backend", [
+    ("amp-bf16", None, None), ("mixed-bf16", None, None), ("amp-bf16", LORA, None), ("mixed-bf16", None, "deepspeed")],
+    ids=["torch", "deepspeed", "lora", "named-backend"])
+def test_grid_and_resolve_agree_on_every_layout_rule(mode, finetune, backend):
     """Every layout of a grid that breaks each rule in turn (heads, devices, sequence, stages, vpp, rounds, sp,
-    batch, offload, adapters): valid in the grid exactly when Job.resolve accepts it."""
+    batch, offload, adapters, a named backend that another layout's program is not): valid in the grid exactly when
+    Job.resolve accepts it."""
     model = {"layers": 6, "hidden": 96, "heads": 6, "kv_heads": 2, "mlp": "swiglu", "norm": "rmsnorm",
              "position": "rope", "vocab": 128, "seq_len": 24}
     base = {"model": model, "precision": {"mode": mode}, "batch": {"micro_batch": 1, "global_batch": 36},
+            "parallel": {"backend": backend, "zero": 1 if backend else 0},
             "finetune": finetune or {}, "cluster": {"accelerator": "H100-SXM", "count": 12, "gpus_per_node": 12}}
     job = Job.from_dict(base).resolve()[0]
     grid = layout_grid(job, tp=[1, 2, 3, 4], pp=[1, 2, 4], vpp=[1, 2], cp=[1, 2, 5], sp=[False, True],
@@ -95,7 +98,8 @@ def test_grid_and_resolve_agree_on_every_layout_rule(mode, finetune):
     refused_by = set()
     for i in range(len(grid)):
         layout = grid.layout(i)
-        data = {**base, "parallel": {k: layout[k] for k in ("tp", "pp", "vpp", "cp", "sp", "zero", "offload")},
+        data = {**base, "parallel": {**{k: layout[k] for k in ("tp", "pp", "vpp", "cp", "sp", "zero", "offload")},
+                                     "backend": backend},
                 "batch": {"micro_batch": layout["micro_batch"], "global_batch": 36}}
         try:
             Job.from_dict(data).resolve()
@@ -109,3 +113,5 @@ def test_grid_and_resolve_agree_on_every_layout_rule(mode, finetune):
             "parallel.offload"} <= refused_by
     if finetune:
         assert "finetune.method" in refused_by
+    if backend:
+        assert "parallel.backend" in refused_by

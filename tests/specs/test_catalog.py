@@ -77,3 +77,27 @@ def test_override_must_name_its_source(tmp_path):
     path.write_text("offers:\n  - {name: p5.48xlarge, on_demand_per_hour: 1.0, as_of: 2026-11-01}\n")
     with pytest.raises(SpecError, match="source"):
         load_catalog(path)
+
+
+NPU = ("accelerators:\n  - name: MY-NPU\n    vendor: Me\n    memory_bytes: {memory}\n"
+       "    memory_bw_bytes_per_s: 1.0e12\n    link_bw_bytes_per_s: unknown\n    tdp_w: 300\n"
+       "    peak_tflops: {{fp32: 20, tf32: n/a, fp16: {fp16}, bf16: 200, fp8: n/a, int8: unknown}}\n"
+       "    source: our benchmark\n    as_of: 2026-11-01\n")
+
+
+@pytest.mark.parametrize("text, field, fix", [
+    (NPU.format(memory=32, fp16=200), "accelerators[0].memory_bytes = 32", "write 80 GiB as 85899345920"),
+    (NPU.format(memory=34359738368, fp16=200e12), "accelerators[0].peak_tflops.fp16", "looks like FLOP/s"),
+    ("offers:\n  - {name: p5.48xlarge, network_bw_bytes_per_s: 3200, source: a quote, as_of: 2026-11-01}\n",
+     "offers[0].network_bw_bytes_per_s = 3200", "looks like Gb/s"),
+    ("offers:\n  - {name: p5.48xlarge, on_demand_per_hour: 1.0, source: '', as_of: 2026-11-01}\n",
+     "offers[0].source", "where it comes from"),
+])
+def test_a_row_in_the_wrong_unit_or_without_a_source_is_named_with_the_fix(tmp_path, text, field, fix):
+    """A unit slip (GB for bytes, FLOP/s for TFLOP/s, Gb/s for bytes per second) would change an answer a
+    billion-fold: the user's row is refused in one line naming the file, the field and the fix."""
+    path = tmp_path / "mine.yaml"
+    path.write_text(text)
+    with pytest.raises(SpecError) as refused:
+        load_catalog(path)
+    assert f"mine.yaml: {field}" in str(refused.value) and fix in str(refused.value)

@@ -97,6 +97,8 @@ FILE_CASES = [
     ("wrong-type-in-yaml", "job.yaml", "model: {preset: gpt2, layers: many}\n", "model.layers = 'many': expected a number"),
     ("yaml-not-a-mapping", "job.yaml", "- just\n- a list\n", "expected a mapping"),
     ("empty-yaml", "job.yaml", "", "no model given"),
+    ("truncated-yaml", "job.yaml", "model: {preset: gpt2}\nbatch: {micro_batch: 2, glob", "is not valid YAML at line 2"),
+    ("binary-yaml", "job.yaml", "\x00\x9f\xff\x00 garbage", "job.yaml': is not valid YAML"),
     ("bool-as-size", "job.yaml", "model: {preset: gpt2}\nbatch: {micro_batch: true}\n",
      "batch.micro_batch = True: expected a number, not true/false"),
 ]

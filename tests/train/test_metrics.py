@@ -61,3 +61,22 @@ def test_tail_notices_a_rewrite_that_grew_past_its_offset(tmp_path):
     log.close()
     tail.poll()
     assert [r["step"] for r in tail.records] == list(range(1, 10))
+
+
+def test_a_damaged_line_is_skipped_named_and_kept_aside_on_resume(tmp_path):
+    """A line overwritten in the middle (NUL bytes from a crash, as ext4 leaves them) and one cut mid-write at the
+    end: the readers keep every good record after the damage, name the bad line, and a resume's rewrite copies
+    the file aside first, so nothing that was on disk is lost."""
+    from toolkit.train.metrics import MetricsLog, damaged_lines_note
+    path = tmp_path / "metrics.jsonl"
+    good = [json.dumps({"step": s, "loss": 5.0 - s}) for s in (1, 2, 3)]
+    original = (good[0] + "\n" + "\0" * 17 + "\n" + good[1] + "\n" + good[2] + "\n" + '{"step": 4, "lo').encode()
+    path.write_bytes(original)
+    assert [r["step"] for r in read_metrics(path)] == [1, 2, 3]
+    note = damaged_lines_note(path)
+    assert str(path) in note and "line 2 " in note and "3 records" in note
+    log = MetricsLog(path, resume_step=2)
+    log.close()
+    assert [r["step"] for r in read_metrics(path)] == [1, 2]
+    assert (tmp_path / "metrics.jsonl.damaged").read_bytes() == original and "metrics.jsonl.damaged" in log.note
+    assert damaged_lines_note(path) is None

@@ -24,11 +24,12 @@ FLAGS = ["--layers", "2", "--hidden", "64", "--heads", "4", "--vocab", "256", "-
          "--precision", "fp32", "--warmup", "1", "--lr", "1e-3", "--no-progress", "--num-workers", "0"]
 
 
-def toolkit_train(out, *extra, wait=True):
+def toolkit_train(out, *extra, wait=True, env=None):
     command = [sys.executable, "-m", "toolkit.cli", "train", *FLAGS, "--out", str(out), *extra]
+    environ = {**os.environ, **(env or {})}
     if not wait:
-        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    return subprocess.run(command, capture_output=True, text=True, timeout=300)
+        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environ)
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, env=environ)
 
 
 def train_here(out, *extra):

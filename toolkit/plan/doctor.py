@@ -176,11 +176,11 @@ def _findings(job: Job, st, peak: float, usable: float) -> list[str]:
 
 def diagnose_run(run_dir: str | Path) -> dict:
     """What a run's metrics.jsonl shows: overflow, divergence, data-loading stalls, and how it compares."""
-    from ..train.metrics import read_metrics          # no torch: read_metrics is plain JSON
+    from ..train.metrics import damaged_lines_note, read_metrics   # no torch: plain JSON
     records = read_metrics(Path(run_dir) / "metrics.jsonl")
     if not records:
         raise SpecError("--run", str(run_dir), "holds no metrics.jsonl lines yet")
-    out = []
+    out = [note] if (note := damaged_lines_note(Path(run_dir) / "metrics.jsonl")) else []
     skipped = [r for r in records if r.get("skipped")]
     if skipped:
         scales = [r["loss_scale"] for r in records if r.get("loss_scale")]

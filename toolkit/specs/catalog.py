@@ -115,7 +115,36 @@ def _accelerator_row(row: dict, where: str) -> Accelerator:
     for d, v in acc.peak_tflops.items():
         if v is not None and v <= 0:
             raise SpecError(f"{where}.peak_tflops.{d}", v, "must be greater than zero")
+        if v is not None and v > 1e5:
+            raise SpecError(f"{where}.peak_tflops.{d}", v, "is in TFLOP/s, and this looks like FLOP/s: write "
+                                                           "989e12 FLOP/s as 989")
+    _check_units(acc, where)
     return acc
+
+
+_UNITS = {   # field: (lowest plausible, highest plausible, the fix when a figure is off by a unit's factor)
+    "memory_bytes": (2**30, 2**44, "is in bytes and this looks like GB or GiB: write 80 GiB as 85899345920"),
+    "memory_bw_bytes_per_s": (1e9, 1e14, "is in bytes per second and this looks like GB/s: write 3.35 TB/s as 3.35e12"),
+    "link_bw_bytes_per_s": (1e8, 1e14, "is in bytes per second and this looks like GB/s: write 900 GB/s as 900e9"),
+    "network_bw_bytes_per_s": (1e8, 1e14, "is in bytes per second per instance and this looks like Gb/s: write "
+                                          "3,200 Gb/s as 400e9"),
+    "tdp_w": (1, 1e4, "is in watts per device"),
+}
+"""A unit slip (GB for bytes, Gb/s for bytes per second) is off by 10^9 or more: outside these ranges a figure
+is refused with the fix, instead of a 1,000,000,000-fold answer."""
+
+
+def _check_units(item, where: str) -> None:
+    for name, (low, high, fix) in _UNITS.items():
+        value = getattr(item, name, None)
+        if value is not None and not low <= value <= high:
+            raise SpecError(f"{where}.{name}", value, fix)
+
+
+def _offer_row(row: dict, where: str) -> Offer:
+    offer = from_dict(Offer, row, where)
+    _check_units(offer, where)
+    return offer
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,7 +158,7 @@ class ExchangeRate:
 
 
 _KINDS = {"accelerators": _accelerator_row,
-          "offers": lambda row, where: from_dict(Offer, row, where),
+          "offers": _offer_row,
           "presets": lambda row, where: from_dict(Preset, row, where),
           "exchange_rates": lambda row, where: from_dict(ExchangeRate, row, where)}
 

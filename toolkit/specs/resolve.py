@@ -16,7 +16,7 @@ from .fields import check_positive, check_range
 from .model import LORA_TARGETS, nf4_shapes_ok
 from .precision import TORCH_SEMANTICS, compute_dtype
 from .rules import (batch_split, devices_split, heads_split, interleaved_rounds_fit, optimizer_offload_fits,
-                    params_offload_fits, sequence_split, sp_has_tp, vpp_has_pp, adapters_fit)
+                    named_backend_fits, params_offload_fits, sequence_split, sp_has_tp, vpp_has_pp, adapters_fit)
 from .stages import check_stage_layers, rank_layers
 
 if TYPE_CHECKING:            # (job.py imports this module: the Job type is for annotations only)
@@ -85,9 +85,8 @@ def _check_backend(par, mode: str) -> None:
     """A named parallel.backend must be the one the layout is modelled with (Job.backend infers it when unset): the
     estimate models each framework for its own layouts, so another would make the numbers describe another program.
     (Left as given, not filled in: jobs derived from this one with another layout infer theirs afresh.)"""
-    inferred = infer_backend(mode, par.zero, par.tp, par.pp)
-    megatron_deepspeed = par.backend == "deepspeed" and inferred == "megatron" and par.zero <= 1
-    if par.backend is not None and par.backend != inferred and not megatron_deepspeed:
+    if not named_backend_fits(par.backend, mode, par.zero, par.tp, par.pp):
+        inferred = infer_backend(mode, par.zero, par.tp, par.pp)
         raise SpecError("parallel.backend", par.backend,
                         f"{_BACKEND_PROGRAMS[par.backend]}; precision.mode = {mode} with zero {par.zero}, tp {par.tp}, "
                         f"pp {par.pp} is {inferred}'s (leave backend unset, or change the mode or layout)")

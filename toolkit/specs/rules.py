@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .backends import backend_masks
 from .precision import TORCH_SEMANTICS
 from .stages import uneven_fits
 
@@ -67,6 +68,19 @@ def adapters_fit(tp, pp, zero):
     return (np.asarray(tp) == 1) & (np.asarray(pp) == 1) & (np.asarray(zero) <= 1)
 
 
+def named_backend_fits(backend: str | None, mode: str, zero, tp, pp):
+    """A backend the job names must be the one each layout's program follows (`backend_masks`); DeepSpeed also
+    runs Megatron's layouts at zero 0 or 1 (Megatron-DeepSpeed). Unnamed, every layout infers its own."""
+    if backend is None:
+        return np.asarray(True)
+    megatron, deepspeed = backend_masks(mode, zero, tp, pp)
+    if backend == "megatron":
+        return megatron
+    if backend == "deepspeed":
+        return deepspeed | (megatron & (np.asarray(zero) <= 1))
+    return ~megatron & ~deepspeed
+
+
 def layout_valid(job, devices: int):
     """Every layout rule at once, for a job whose layout fields are arrays over layouts (dp = devices / tp·pp·cp)."""
     m, par, micro = job.model, job.parallel, job.batch.micro_batch
@@ -78,7 +92,8 @@ def layout_valid(job, devices: int):
              batch_split(job.batch.global_batch, micro, par.dp),
              (np.asarray(par.vpp) == 1) | interleaved_rounds_fit(micro_batches, par.pp),
              optimizer_offload_fits(par.offload, par.zero, torch_semantics),
-             params_offload_fits(par.offload, par.zero, torch_semantics)]
+             params_offload_fits(par.offload, par.zero, torch_semantics),
+             named_backend_fits(par.backend, job.precision.mode, par.zero, par.tp, par.pp)]
     if job.finetune.adapters:
         rules.append(adapters_fit(par.tp, par.pp, par.zero))
     return np.logical_and.reduce(np.broadcast_arrays(*rules))

@@ -15,18 +15,53 @@ import shutil
 from pathlib import Path
 
 
-__all__ = ["save_checkpoint", "latest_checkpoint", "list_checkpoints", "resume_key"]
+__all__ = ["save_checkpoint", "latest_checkpoint", "list_checkpoints", "resume_key", "unwritable_checkpoint"]
 
 _NAME = re.compile(r"step_(\d{8})\.pt$")
 
 
 def _fsync_write(path: Path, write) -> None:
+    """Write under a temporary name and rename: a reader sees the whole file or none. A write that fails (a full
+    disk) removes its temporary file, so the space it took is free again and nothing half-written remains."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+class _KeepsWriteErrors:
+    """A file torch.save writes through, keeping the OS's error: torch reports a failed write (a full disk) as
+    `RuntimeError: ... unexpected pos`, which names neither the cause nor the fix."""
+
+    def __init__(self, file):
+        self.file, self.error = file, None
+
+    def write(self, data) -> int:
+        try:
+            return self.file.write(data)
+        except OSError as err:
+            self.error = err
+            raise
+
+    def flush(self) -> None:
+        self.file.flush()
+
+
+def _torch_save(state: dict, file) -> None:
+    import torch
+    keeper = _KeepsWriteErrors(file)
+    try:
+        torch.save(state, keeper)
+    except RuntimeError:
+        if keeper.error is not None:
+            raise keeper.error from None
+        raise
 
 
 def _sha256(path: Path) -> str:
@@ -43,9 +78,13 @@ def save_checkpoint(folder: str | Path, step: int, state: dict, keep: int) -> Pa
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"step_{step:08d}.pt"
     import torch                       # here, not at the top: a job is checked before torch is imported
-    _fsync_write(path, lambda f: torch.save(state, f))
-    digest = _sha256(path)
-    _fsync_write(path.with_name(path.name + ".sha256"), lambda f: f.write(digest.encode()))
+    try:
+        _fsync_write(path, lambda f: _torch_save(state, f))
+        digest = _sha256(path)
+        _fsync_write(path.with_name(path.name + ".sha256"), lambda f: f.write(digest.encode()))
+    except BaseException:                          # no checksum, no checkpoint: drop the unverifiable file
+        path.unlink(missing_ok=True)
+        raise
     dir_fd = os.open(folder, os.O_RDONLY)          # make the renames themselves durable
     try:
         os.fsync(dir_fd)
@@ -56,6 +95,17 @@ def save_checkpoint(folder: str | Path, step: int, state: dict, keep: int) -> Pa
         old.with_name(old.name + ".sha256").unlink(missing_ok=True)
         shutil.rmtree(old.with_suffix(".ds"), ignore_errors=True)      # the DeepSpeed backend's partitions
     return path
+
+
+def unwritable_checkpoint(folder: Path, step: int, error: OSError | None) -> str:
+    """The one line every rank stops with when the checkpoint of `step` could not be written (on rank 0 the
+    error; the other ranks only learn that it failed). Its partial files are removed; older ones stay."""
+    shutil.rmtree(folder / f"step_{step:08d}.ds", ignore_errors=True)     # DeepSpeed's partitions, if any
+    valid = [p for p in list_checkpoints(folder) if p.with_name(p.name + ".sha256").exists()]
+    kept = f"the newest checkpoint, {valid[-1].name}, is intact and resumes" if valid else "no earlier checkpoint exists"
+    why = f"{error.strerror or error}" if error is not None else "it failed on another rank"
+    return (f"the checkpoint of step {step} could not be written to {folder} ({why}); {kept}. Fix: free space "
+            "(or point --out at a disk with room), then run the same command again")
 
 
 def list_checkpoints(folder: str | Path) -> list[Path]:

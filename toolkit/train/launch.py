@@ -135,6 +135,8 @@ def _supervise(workers: list[subprocess.Popen], out: Path) -> int:
             failed = [e for e in exits.order if e["code"] != 0]
             if failed:
                 first = failed[0]
+                if first["code"] in (2, 3):      # a stop every rank agreed on (e.g. a full disk): let them finish
+                    _wait_all(workers, 10.0)
                 for w in workers:
                     if w.poll() is None:
                         w.terminate()
@@ -164,6 +166,15 @@ def _supervise(workers: list[subprocess.Popen], out: Path) -> int:
         exits.close()
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+def _wait_all(workers: list[subprocess.Popen], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    for w in workers:
+        try:
+            w.wait(timeout=max(deadline - time.monotonic(), 0.01))
+        except subprocess.TimeoutExpired:
+            return
 
 
 class ExitOrder:

@@ -31,7 +31,7 @@ from ..estimate.flops import flops_per_token
 from ..runs import write_stage_timeline
 from ..specs import Job, SpecError, load_catalog
 from ..specs.job import compute_dtype
-from .checkpoint import latest_checkpoint, resume_key, save_checkpoint
+from .checkpoint import latest_checkpoint, resume_key, save_checkpoint, unwritable_checkpoint
 from .checks import refuse_accelerate_overrides, runner_checks
 from .data import StepSampler, TokenShards, ensure_demo_corpus, make_loader
 from .memory_record import MemoryRecorder
@@ -239,6 +239,8 @@ def run_training(job: Job, out_dir: str | Path, *, peak_tflops: float | None = N
     del state
 
     metrics = MetricsLog(out / "metrics.jsonl", start_step) if accelerator.is_main_process else None
+    if metrics and metrics.note:
+        accelerator.print(f"metrics: {metrics.note}")
     recorder = MemoryRecorder(prog, job, device, rank, out, start_step, t.steps, stage=prog.pp_rank)
     if t.trackers:
         accelerator.init_trackers("toolkit", config=tracker_config(job))
@@ -274,18 +276,22 @@ def run_training(job: Job, out_dir: str | Path, *, peak_tflops: float | None = N
 
     def save(step: int) -> None:
         model_sd, optim_sd, all_rng = _checkpoint_state(prog, device, world)
-        tag = None
-        if prog.engine is not None:         # every rank writes its partitions; the record below is written after
-            from .deepspeed_backend import save_engine
-            tag = save_engine(prog.engine, out / "checkpoints", step)
-            accelerator.wait_for_everyone()
-        if accelerator.is_main_process:
-            save_checkpoint(out / "checkpoints", step, {
-                "step": step, "skipped_total": skipped_total, "job": job.to_dict(), "deepspeed": tag,
-                "model": model_sd, "optimizer": optim_sd,
-                "master": master.state_dict() if master else None, "scaler": scaler.state_dict(),
-                "masks": pruner.state_dict() if pruner else None, "rng": all_rng}, t.keep_checkpoints)
-        accelerator.wait_for_everyone()
+        tag, failed = None, None
+        try:
+            if prog.engine is not None:     # every rank writes its partitions; the record below is written after
+                from .deepspeed_backend import save_engine
+                tag = save_engine(prog.engine, out / "checkpoints", step)
+                accelerator.wait_for_everyone()
+            if accelerator.is_main_process:
+                save_checkpoint(out / "checkpoints", step, {
+                    "step": step, "skipped_total": skipped_total, "job": job.to_dict(), "deepspeed": tag,
+                    "model": model_sd, "optimizer": optim_sd,
+                    "master": master.state_dict() if master else None, "scaler": scaler.state_dict(),
+                    "masks": pruner.state_dict() if pruner else None, "rng": all_rng}, t.keep_checkpoints)
+        except OSError as err:              # a full disk, a read-only or vanished folder
+            failed = err
+        if _agree(failed is not None, device, world):      # (also the ranks' meeting after the write)
+            raise TrainingStopped(unwritable_checkpoint(out / "checkpoints", step, _first_error(failed, world)))
 
     bar = _progress(progress and accelerator.is_main_process, start_step, t.steps)
     loop_began = time.perf_counter()
@@ -427,6 +433,16 @@ def _agree(flag: bool, device, world: int) -> bool:
     value = torch.tensor([1.0 if flag else 0.0], device=device)
     torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX)
     return bool(value.item())
+
+
+def _first_error(error: OSError | None, world: int) -> OSError | None:
+    """The error of the lowest rank that had one, on every rank: each stops with the same line."""
+    if world == 1:
+        return error
+    found = [None] * world
+    torch.distributed.all_gather_object(found, None if error is None else (error.errno, error.strerror, str(error)))
+    errno_, strerror, text = next(e for e in found if e is not None)
+    return OSError(errno_, strerror or text)
 
 
 @torch.no_grad()

@@ -10,7 +10,7 @@ import json
 import os
 from pathlib import Path
 
-__all__ = ["MetricsLog", "MetricsTail", "read_metrics", "memory_reading"]
+__all__ = ["MetricsLog", "MetricsTail", "read_metrics", "memory_reading", "damaged_lines_note"]
 
 KEYS = ("step", "loss", "lr", "tokens_per_s", "tflops", "mfu", "mem_bytes", "mem_kind", "grad_norm",
         "loss_scale", "skipped", "time_s", "wall_s")
@@ -34,7 +34,10 @@ class MetricsTail:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.records: list[dict] = []
+        self.damaged: list[int] = []
+        """Line numbers (from 1) of complete lines that are not JSON records: skipped, never the end of reading."""
         self._offset = 0
+        self._lines = 0
         self._inode = None
 
     def poll(self) -> int:
@@ -44,7 +47,7 @@ class MetricsTail:
         stat = self.path.stat()
         size = stat.st_size
         if stat.st_ino != self._inode or size < self._offset:    # replaced by a resume's rewrite: start over
-            self.records, self._offset, self._inode = [], 0, stat.st_ino
+            self.records, self.damaged, self._offset, self._lines, self._inode = [], [], 0, 0, stat.st_ino
         if size == self._offset:
             return 0
         with open(self.path, "rb") as f:
@@ -53,17 +56,41 @@ class MetricsTail:
         complete = chunk[:chunk.rfind(b"\n") + 1]        # a line still being written waits for the next poll
         before = len(self.records)
         for line in complete.splitlines():
+            self._lines += 1
             try:
-                self.records.append(json.loads(line))
-            except json.JSONDecodeError:
-                break
+                record = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                record = None
+            if isinstance(record, dict) and "step" in record:
+                self.records.append(record)
+            else:                           # a line cut or overwritten: the lines after it still count
+                self.damaged.append(self._lines)
         self._offset += len(complete)
         return len(self.records) - before
 
 
+def damaged_lines_note(path: str | Path) -> str | None:
+    """One line when a metrics file has damaged lines (which the readers skip), naming them and the fix."""
+    tail = MetricsTail(path)
+    tail.poll()
+    if not tail.damaged:
+        return None
+    shown = ", ".join(map(str, tail.damaged[:5])) + (" …" if len(tail.damaged) > 5 else "")
+    return (f"{path}: line {shown} is not a JSON record (cut or overwritten); skipped, the other "
+            f"{len(tail.records)} records are read")
+
+
 class MetricsLog:
+    """Rank 0's writer. On a resume it keeps the records up to the checkpoint's step; a file with damaged lines
+    is first copied aside (`metrics.jsonl.damaged`), so that rewriting it loses nothing."""
+
     def __init__(self, path: str | Path, resume_step: int):
         self.path = Path(path)
+        self.note = damaged_lines_note(self.path) if self.path.exists() else None
+        if self.note:
+            backup = self.path.with_name(self.path.name + ".damaged")
+            backup.write_bytes(self.path.read_bytes())
+            self.note += f"; the file as it was is kept in {backup.name}"
         kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= resume_step]
         tmp = self.path.with_name(self.path.name + ".tmp")
         tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))

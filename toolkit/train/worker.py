@@ -29,8 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     except SpecError as err:
         print(f"toolkit train: error: {err}", file=sys.stderr)
         return 2
-    except TrainingStopped as stop:
-        print(f"toolkit train: stopped: {stop}", file=sys.stderr)
+    except TrainingStopped as stop:                 # every rank stops with the same line: rank 0 prints it
+        if os.environ.get("RANK", "0") == "0":
+            print(f"toolkit train: stopped: {stop}", file=sys.stderr)
         return 3
     except Exception as err:
         _record_error(args.out, err)
