@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
 
 import pytest
 
@@ -45,3 +47,14 @@ def train(tmp_path, corpus):
         state, _, _ = latest_checkpoint(tmp_path / name / "checkpoints")
         return read_metrics(tmp_path / name / "metrics.jsonl"), state
     return run
+
+
+@pytest.fixture
+def cpu_hog():
+    """A process multiplying matrices for the whole test, contending with the runs for the cores: the load under
+    which a run once differed from its rerun in the last bits (toolkit/train/determinism.py)."""
+    hog = subprocess.Popen([sys.executable, "-c", "import torch\nx = torch.randn(384, 384)\n"
+                                                  "while True:\n    x = (x @ x).tanh()\n"])
+    yield hog
+    hog.kill()
+    hog.wait()

@@ -25,6 +25,7 @@ from pathlib import Path
 from ..specs import Job, SpecError, load_catalog
 from .checkpoint import latest_checkpoint, list_checkpoints, resume_key
 from .checks import refuse_accelerate_overrides, runner_checks
+from .determinism import pin_environment
 
 __all__ = ["prepare_run", "launch"]
 
@@ -97,11 +98,9 @@ def launch(job: Job, out_dir: str | Path, nproc: int = 1, peak_tflops: float | N
     shutil.rmtree(out / "errors", ignore_errors=True)     # (a rank records its exception there: none yet)
     workers = []
     for rank in range(nproc):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc),
-                   LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc))),
-                   TOOLKIT_LAUNCHER_PID=str(os.getpid()),
-                   **allocator)
+        env = dict(pin_environment(dict(os.environ), nproc), RANK=str(rank), LOCAL_RANK=str(rank),
+                   WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   TOOLKIT_LAUNCHER_PID=str(os.getpid()), **allocator)
         command = [sys.executable, "-m", "toolkit.train.worker", str(out / "job.yaml"), str(out)]
         if peak_tflops is not None:
             command += ["--peak-tflops", str(peak_tflops)]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import signal
 import time
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from ..specs.job import compute_dtype
 from .checkpoint import latest_checkpoint, resume_key, save_checkpoint, unwritable_checkpoint
 from .checks import refuse_accelerate_overrides, runner_checks
 from .data import StepSampler, TokenShards, ensure_demo_corpus, make_loader
+from .determinism import pinned, rank_threads, threads_note
 from .memory_record import MemoryRecorder
 from .metrics import MetricsLog, memory_reading
 from .optim import clip_grad_norm
@@ -184,7 +186,15 @@ def _local(loss: torch.Tensor) -> torch.Tensor:
 
 def run_training(job: Job, out_dir: str | Path, *, peak_tflops: float | None = None, cache_dir: str | Path | None = None,
                  progress: bool = True) -> RunResult:
-    """Train `job` (already validated or not) and write checkpoints and metrics under `out_dir`."""
+    """Train `job` (already validated or not) and write checkpoints and metrics under `out_dir`, with this rank's
+    threads pinned and deterministic CPU kernels (toolkit.train.determinism)."""
+    threads = rank_threads(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    with pinned(threads, "cuda" if torch.cuda.is_available() else "cpu"):
+        return _train(job, out_dir, threads, peak_tflops=peak_tflops, cache_dir=cache_dir, progress=progress)
+
+
+def _train(job: Job, out_dir: str | Path, threads: int, *, peak_tflops: float | None, cache_dir, progress: bool
+           ) -> RunResult:
     from accelerate import Accelerator
 
     job, _notes = job.resolve(load_catalog())
@@ -234,6 +244,8 @@ def run_training(job: Job, out_dir: str | Path, *, peak_tflops: float | None = N
                                               "folder, or delete the checkpoints to start over")
         start_step, skipped_total = _load_checkpoint(job, prog, state, scaler, pruner, rank, world, out)
         accelerator.print(f"resumed from {path.name} (step {start_step})")
+        if note := threads_note(state.get("threads"), threads):
+            accelerator.print(f"note: {note}")
     else:
         torch.manual_seed(t.seed + 1 + dp_rank)        # dropout differs between replicas, repeatably
     del state
@@ -285,6 +297,7 @@ def run_training(job: Job, out_dir: str | Path, *, peak_tflops: float | None = N
             if accelerator.is_main_process:
                 save_checkpoint(out / "checkpoints", step, {
                     "step": step, "skipped_total": skipped_total, "job": job.to_dict(), "deepspeed": tag,
+                    "threads": threads,
                     "model": model_sd, "optimizer": optim_sd,
                     "master": master.state_dict() if master else None, "scaler": scaler.state_dict(),
                     "masks": pruner.state_dict() if pruner else None, "rng": all_rng}, t.keep_checkpoints)

@@ -10,8 +10,13 @@ import threading
 import time
 from pathlib import Path
 
-from ..specs import Job, SpecError
-from .loop import TrainingStopped, run_training
+from .determinism import PINNED_ENV
+
+for _name, _value in PINNED_ENV.items():         # before torch loads oneMKL and OpenMP (see determinism.py)
+    os.environ.setdefault(_name, _value)
+
+from ..specs import Job, SpecError                # noqa: E402
+from .loop import TrainingStopped, run_training   # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
