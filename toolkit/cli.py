@@ -99,10 +99,14 @@ class _Parser(argparse.ArgumentParser):
 
 def _allowed(cls, name) -> str:
     """The choices of a Literal field (also inside `Literal[...] | None`), as argparse shows them."""
-    values = []
-    for arg in get_args(get_type_hints(cls)[name]):
+    values, hint = [], get_type_hints(cls)[name]
+    if get_origin(hint) is tuple:
+        return "A,B,..."
+    for arg in get_args(hint):
         if get_origin(arg) is Literal:
             values.extend(get_args(arg))
+        elif get_origin(arg) is tuple:          # (stage_layers, lora targets: comma-separated)
+            return "A,B,..."
         elif arg is not type(None):
             values.append(arg)
     return "{" + ",".join(str(v) for v in values) + "}" if values and not isinstance(values[0], type) else ""

@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+from ..specs.rules import interleaved_rounds_fit
+
 __all__ = ["SCHEDULES", "Action", "Span", "Timeline", "rank_orders", "simulate", "replay", "peak_in_flight"]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
@@ -91,8 +93,8 @@ def _check(schedule: str, stages: int, microbatches: int, vpp: int) -> None:
         raise ValueError("stages, micro-batches and vpp must be at least 1")
     if vpp > 1 and schedule != "interleaved":
         raise ValueError(f"vpp {vpp} needs the interleaved schedule; {schedule} holds one stage per rank")
-    rounds = max(1, microbatches // stages)
-    if schedule in ("interleaved", "zb-h1") and microbatches % rounds:
+    if schedule in ("interleaved", "zb-h1") and not interleaved_rounds_fit(microbatches, stages):
+        rounds = max(1, microbatches // stages)
         raise ValueError(f"{schedule} needs micro-batches ({microbatches}) to be a multiple of "
                          f"max(1, micro-batches // stages) = {rounds}, as torch's schedule does")
 

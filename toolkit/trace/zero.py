@@ -19,7 +19,6 @@ import warnings
 import torch
 
 from ..estimate.memory import memory_estimate
-from ..estimate.params import count_params
 from ..specs.errors import SpecError
 from ..compat import require_internals
 from ..specs.job import TORCH_SEMANTICS, Job
@@ -31,42 +30,12 @@ from .memory import (
     _snapshot,
 )
 from .ranks import trace_on_ranks
+from ..deepspeed_config import deepspeed_config   # (re-exported: the runner and the tracer share it)
 
 __all__ = ["MAX_ZERO_TRACE_BYTES", "deepspeed_config", "trace_zero", "trace_zero_ranks", "offload_host_bytes"]
 
 MAX_ZERO_TRACE_BYTES = 4 * 2**30
 """The estimated peak of all ranks together must fit in this much real memory."""
-
-
-def deepspeed_config(job: Job) -> dict:
-    """DeepSpeed's configuration for a mixed-* job with ZeRO: its micro-batch, accumulation, 16-bit mode and
-    ZeRO stage, with the reduce and all-gather buckets set from training.bucket_cap_mb (in 16-bit elements;
-    DeepSpeed's own default, 5e8 elements, is a 1 GB bucket)."""
-    bucket = int(job.training.bucket_cap_mb * 2**20 / 2)
-    half = job.precision.plan.half
-    zero = {"stage": job.parallel.zero, "reduce_bucket_size": bucket, "allgather_bucket_size": bucket,
-            "contiguous_gradients": True, "overlap_comm": job.overlap.grad_reduce is True}   # (estimate: the same)
-    if job.parallel.offload == "optimizer":     # ZeRO-Offload: fp32 states, gradients and the step on the host
-        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
-    if job.parallel.zero == 3:
-        # one block gathered at a time and the next one prefetched (FSDP's unit), released after each use; only
-        # vectors as small as the hidden size (norms) stay whole on every rank
-        block = count_params(job.model).per_layer
-        zero.update(stage3_prefetch_bucket_size=block, stage3_max_live_parameters=2 * block,
-                    stage3_max_reuse_distance=0, stage3_param_persistence_threshold=job.model.hidden)
-    extra = {}
-    if job.precision.grad_dtype == "fp32":    # fp32 accumulation: DeepSpeed's BF16 optimizer at ZeRO 0/1 (estimate)
-        extra["data_types"] = {"grad_accum_dtype": "fp32"}
-    return {
-        **extra,
-        "train_micro_batch_size_per_gpu": job.batch.micro_batch,
-        "gradient_accumulation_steps": job.grad_accum or 1,
-        half: {"enabled": True},
-        "zero_optimization": zero,
-        "gradient_clipping": job.training.grad_clip or 0.0,
-        "zero_allow_untested_optimizer": True,    # the job's torch optimizer, as the runner builds it
-        "zero_force_ds_cpu_optimizer": False,     # (offload: the same torch optimizer, not DeepSpeed's CPU Adam)
-    }
 
 
 def check_zero_traceable(job: Job, estimated_total_bytes: float) -> None:
