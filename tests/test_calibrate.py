@@ -31,7 +31,7 @@ def test_a_calibrated_profile_models_a_real_run(tmp_path, capsys):
     hw = hardware_for(job.replace(cluster=job.cluster.__class__(accelerator=row["name"], count=1)), catalog)
     assert hw.assumptions.gemm_fraction == 1.0 and hw.assumptions.comm_overlaps_compute is False
     assert 1e6 < hw.peak_flops < 1e13 and hw.assumptions.op_overhead_s > 0, row     # (a loaded CPU measures low)
-    step = compare_run(run, [profile])["time"]["step_s"]
+    step = compare_run(run, [profile], trace=False)["time"]["step_s"]
     modelled = estimate(job.replace(cluster=job.cluster.__class__(accelerator=row["name"], count=1)), catalog)
     assert step["measured"] > 0 and step["estimate"] == pytest.approx(modelled["time"]["step_s"]), (step, row)
     assert step["error"] == pytest.approx((step["estimate"] - step["measured"]) / step["measured"])

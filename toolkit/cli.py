@@ -130,6 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_job_args(compare)
     compare.add_argument("--run", metavar="DIR", help="a `toolkit train` folder: estimate, trace and measured "
                                                       "memory per rank, and modelled against measured step time")
+    compare.add_argument("--no-trace", action="store_true", help="with --run: measured against the estimate only "
+                                                                 "(the trace takes seconds to a minute)")
 
     plan = sub.add_parser("plan", help="search layouts (and offers) for the fastest or cheapest run that fits",
                           description="Evaluate every layout on the given cluster, or on whole instances of each "
@@ -296,7 +298,7 @@ def cmd_compare(args) -> int:
     from .trace.report import compare_memory, compare_run
     if args.run:
         from .format import render_run_comparison
-        result = compare_run(args.run, args.catalog)
+        result = compare_run(args.run, args.catalog, trace=not args.no_trace)
         print(json.dumps(result, indent=2, ensure_ascii=False) if args.json else render_run_comparison(result))
         return 0
     catalog = load_catalog(*args.catalog)

@@ -74,10 +74,10 @@ def _traced_peak(traced, stage: int):
     return stages[stage] if stages and stage < len(stages) else traced.peak_bytes
 
 
-def compare_run(out_dir, catalog_files=()) -> dict:
+def compare_run(out_dir, catalog_files=(), trace: bool = True) -> dict:
     """A finished (or running) `toolkit train` folder: estimate, trace and measured memory per rank, and modelled
     against measured step time. error = (estimate − measured) / measured. The trace is None where the tracer
-    does not cover the layout (`trace_note` says why). `catalog_files` (a `toolkit calibrate` profile) give the
+    does not cover the layout or `trace` is False (`trace_note` says why). `catalog_files` (a `toolkit calibrate` profile) give the
     step-time model this machine's figures: a run on no catalog accelerator is modelled on the profile's."""
     import statistics
     from pathlib import Path
@@ -95,8 +95,10 @@ def compare_run(out_dir, catalog_files=()) -> dict:
     if job.cluster.accelerator is None and len(profiled) == 1:      # the run's own program, this machine's figures
         job = job.replace(cluster=dataclasses.replace(job.cluster, accelerator=profiled[0]))
         job, _notes = job.resolve(catalog)
+    traced, trace_note = None, "not traced (--no-trace)"
     try:
-        traced, trace_note = trace_memory(job), None
+        if trace:
+            traced, trace_note = trace_memory(job), None
     except SpecError as err:
         traced, trace_note = None, str(err)
     ranks = []
