@@ -42,8 +42,8 @@ from .optim import clip_grad_norm
 from .parallel import loss_parallel
 from .parallelize import device_mesh, dp_rank_and_size
 from .precision import torch_precision
+from .run_state import checkpoint_state, first_error, load_checkpoint
 from .program import _backward, _build_program, _optimizer_step, _Program
-from .state import gather_state, restore_state
 from .techniques import Int8Activations, Pruner, block_matrices
 
 __all__ = ["run_training", "RunResult", "TrainingStopped", "lr_at", "runner_checks"]
@@ -116,55 +116,6 @@ def _timeline_of(job: Job, prog: _Program, mesh, dp_rank: int, step: int) -> dic
     schedule = "interleaved" if job.parallel.vpp > 1 else job.parallel.schedule
     return {"step": step + 1, "schedule": schedule, "stages": job.parallel.pp, "microbatches": job.grad_accum,
             "vpp": job.parallel.vpp}
-
-
-def _load_checkpoint(job: Job, prog: _Program, state: dict, scaler, pruner, rank: int, world: int,
-                     out: Path) -> tuple[int, int]:
-    """Restore a checkpoint into this rank; returns (step, skipped steps so far). A checkpoint written on another
-    number of ranks loads too (states are kept by parameter name): only the per-rank RNG starts afresh. DeepSpeed's
-    checkpoints hold its own partitions and load into its engine only, on as many ranks as wrote them."""
-    written_by_deepspeed = bool(state.get("deepspeed"))
-    if written_by_deepspeed != (prog.engine is not None):
-        wrote, runs = ("deepspeed", "torch") if written_by_deepspeed else ("torch", "deepspeed")
-        raise SpecError("parallel.backend", runs, f"the checkpoint was written by the {wrote} backend, whose states "
-                                                  f"the {runs} backend does not load; resume with the layout that wrote "
-                                                  "it, or start a new --out folder")
-    if prog.engine is not None:
-        from .deepspeed_backend import load_engine
-        load_engine(prog.engine, out / "checkpoints", state["deepspeed"], len(state["rng"]), world)
-    elif prog.master:
-        prog.raw.load_state_dict(state["model"])
-        prog.optimizer.load_state_dict(state["optimizer"])
-        prog.master.load_state_dict(state["master"])
-    else:
-        restore_state(prog.raw, prog.optimizer, state["model"], state["optimizer"], prog.layout)
-    scaler.load_state_dict(state["scaler"])
-    if pruner and state.get("masks"):
-        pruner.load_state_dict(state["masks"])
-    if len(state["rng"]) == world:
-        torch.set_rng_state(state["rng"][rank]["cpu"])
-        if torch.cuda.is_available() and "cuda" in state["rng"][rank]:
-            torch.cuda.set_rng_state(state["rng"][rank]["cuda"])
-    else:
-        torch.manual_seed(job.training.seed + 1 + rank + state["step"] * 7919)
-    return state["step"], state["skipped_total"]
-
-
-def _checkpoint_state(prog: _Program, device: torch.device, world: int) -> tuple[dict, dict, list]:
-    """(model state, optimizer state, every rank's RNG): collectives, so every rank calls it; complete on rank 0."""
-    rng = {"cpu": torch.get_rng_state()}
-    if device.type == "cuda":
-        rng["cuda"] = torch.cuda.get_rng_state()
-    all_rng = [rng]
-    if world > 1:
-        all_rng = [None] * world
-        torch.distributed.all_gather_object(all_rng, rng)
-    if prog.engine is not None:
-        return None, None, all_rng                  # (DeepSpeed writes its own partitions: deepspeed_backend.save_engine)
-    if prog.master:
-        return prog.raw.state_dict(), prog.optimizer.state_dict(), all_rng
-    model_sd, optim_sd = gather_state(prog.raw, prog.optimizer, prog.layout)
-    return model_sd, optim_sd, all_rng
 
 
 def _micro_batch_context(prog: _Program, job: Job, last: bool):
@@ -242,7 +193,7 @@ def _train(job: Job, out_dir: str | Path, threads: int, *, peak_tflops: float | 
         if resume_key(Job.from_dict(state["job"]).resolve(load_catalog())[0]) != resume_key(job):
             raise SpecError("job", str(path), f"{out} holds checkpoints of a different job; use a new --out "
                                               "folder, or delete the checkpoints to start over")
-        start_step, skipped_total = _load_checkpoint(job, prog, state, scaler, pruner, rank, world, out)
+        start_step, skipped_total = load_checkpoint(job, prog, state, scaler, pruner, rank, world, out)
         accelerator.print(f"resumed from {path.name} (step {start_step})")
         if note := threads_note(state.get("threads"), threads):
             accelerator.print(f"note: {note}")
@@ -287,7 +238,7 @@ def _train(job: Job, out_dir: str | Path, threads: int, *, peak_tflops: float | 
         if _main_thread() else None
 
     def save(step: int) -> None:
-        model_sd, optim_sd, all_rng = _checkpoint_state(prog, device, world)
+        model_sd, optim_sd, all_rng = checkpoint_state(prog, device, world)
         tag, failed = None, None
         try:
             if prog.engine is not None:     # every rank writes its partitions; the record below is written after
@@ -304,7 +255,7 @@ def _train(job: Job, out_dir: str | Path, threads: int, *, peak_tflops: float | 
         except OSError as err:              # a full disk, a read-only or vanished folder
             failed = err
         if _agree(failed is not None, device, world):      # (also the ranks' meeting after the write)
-            raise TrainingStopped(unwritable_checkpoint(out / "checkpoints", step, _first_error(failed, world)))
+            raise TrainingStopped(unwritable_checkpoint(out / "checkpoints", step, first_error(failed, world)))
 
     bar = _progress(progress and accelerator.is_main_process, start_step, t.steps)
     loop_began = time.perf_counter()
@@ -446,16 +397,6 @@ def _agree(flag: bool, device, world: int) -> bool:
     value = torch.tensor([1.0 if flag else 0.0], device=device)
     torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX)
     return bool(value.item())
-
-
-def _first_error(error: OSError | None, world: int) -> OSError | None:
-    """The error of the lowest rank that had one, on every rank: each stops with the same line."""
-    if world == 1:
-        return error
-    found = [None] * world
-    torch.distributed.all_gather_object(found, None if error is None else (error.errno, error.strerror, str(error)))
-    errno_, strerror, text = next(e for e in found if e is not None)
-    return OSError(errno_, strerror or text)
 
 
 @torch.no_grad()
