@@ -25,6 +25,7 @@ from pathlib import Path
 
 import ipywidgets as W
 import plotly.graph_objects as go
+import traitlets
 
 from toolkit.estimate import Estimate, estimate_result
 from toolkit.plots import metrics_figure
@@ -32,10 +33,13 @@ from toolkit.runs import read_rank_memory
 from toolkit.specs import Job, SpecError
 from toolkit.train.metrics import MetricsTail
 
-__all__ = ["LauncherPanel"]
+__all__ = ["LauncherPanel", "fresh_folder"]
 
 
 class LauncherPanel(W.VBox):
+    state = traitlets.Unicode("ready")
+    """ready, starting (no step yet), running, stopping, stopped, finished or failed; the buttons follow it."""
+
     def __init__(self, job: Job, out_dir: str | Path, nproc: int = 1, extra_args: tuple[str, ...] = (),
                  max_redraws_per_s: float = 4.0):
         self.job, self.out, self.nproc = job, Path(out_dir), nproc
@@ -48,8 +52,6 @@ class LauncherPanel(W.VBox):
         self._watcher: threading.Thread | None = None
         self._estimate = self._estimate_of(job, nproc)
         self.figure = go.FigureWidget(metrics_figure([], self._estimate))
-        self.state = "ready"
-        """ready, starting (no step yet), running, stopping, stopped, finished or failed; the buttons follow it."""
         self._stop_requested = False
         self.status = W.HTML("ready")
         self.launch_button = W.Button(description="Launch", icon="play", button_style="success")
@@ -85,7 +87,7 @@ class LauncherPanel(W.VBox):
         if self.running:
             return
         if self.state in ("finished", "failed"):
-            self.out = _fresh_folder(self.out)
+            self.out = fresh_folder(self.out)
             self.records, self.rank_memory = [], []
         self._start()
 
@@ -193,7 +195,7 @@ class LauncherPanel(W.VBox):
         self.resume_button.disabled = not resumable
 
 
-def _fresh_folder(out: Path) -> Path:
+def fresh_folder(out: Path) -> Path:
     """The first of out-2, out-3, ... that does not exist: a new run never writes into an old one."""
     n = 2
     while out.with_name(f"{out.name}-{n}").exists():

@@ -8,10 +8,13 @@ Every control change builds a new Job and calls `toolkit.estimate.estimate_resul
 copies the result into figures and text (no maths here). A combination the Job rejects shows the
 message beside the panel, the control it names highlighted, and leaves the last valid view up.
 Buttons: export the job as YAML, ask the doctor for fixes (one click applies a fix), and search
-the best layouts (the planner's top plans and their Pareto front).
+the best layouts (the planner's top plans and their Pareto front). Run trains the job for real, or, where
+this machine cannot hold it, a scaled-down proxy with the same kinds of parallelism (toolkit.proxy); what Run
+will start is said in words before anyone presses it, and the launcher panel appears under the planner.
 """
 from __future__ import annotations
 
+import dataclasses
 import html
 import time
 from pathlib import Path
@@ -22,6 +25,7 @@ import plotly.graph_objects as go
 from toolkit.estimate import Estimate, estimate_result
 from toolkit.format import layout_text
 from toolkit.plots import copy_into, memory_figure, pareto_figure, step_figure
+from toolkit.proxy import RunPlan, local_devices, run_plan
 from toolkit.specs import PRECISIONS, Job, SpecError, load_catalog
 
 __all__ = ["PlannerPanel"]
@@ -37,10 +41,14 @@ _FIELD_OF_CONTROL = {
 
 class PlannerPanel(W.VBox):
     def __init__(self, preset: str = "llama2-7b", accelerator: str = "H100-SXM", count: int = 8,
-                 tokens: float | None = None, catalog=None, **layout):
+                 tokens: float | None = None, catalog=None, run_dir: str | Path = "runs/planner", here=None,
+                 **layout):
         self.catalog = catalog or load_catalog()
         self.job: Job | None = None
         self.result: Estimate | None = None
+        self.run_dir, self.here = Path(run_dir), here or local_devices()
+        self.run_plan: RunPlan | None = None
+        self.launcher = None            # the LauncherPanel of the last Run
         self.last_update_s = 0.0
         self._quiet = False
         self._fixes_for: dict | None = None     # the job the fix list was made for
@@ -57,6 +65,12 @@ class PlannerPanel(W.VBox):
         self.best_button = W.Button(description="best layouts", icon="search")
         self.fixes_box = W.VBox()
         self.best_box = W.VBox()
+        self.run_note = W.HTML()
+        self.run_steps = W.BoundedIntText(value=30, min=1, max=100_000, description="steps",
+                                          layout=W.Layout(width="160px"), style={"description_width": "40px"})
+        self.run_button = W.Button(description="Run", icon="play", button_style="success")
+        self.run_button.on_click(lambda _b: self.run())
+        self.run_area = W.VBox()
         self.export_button.on_click(lambda _b: self.export())
         self.suggest_button.on_click(lambda _b: self.suggest())
         self.best_button.on_click(lambda _b: self.best_layouts())
@@ -67,8 +81,9 @@ class PlannerPanel(W.VBox):
         buttons = W.HBox([self.export_path, self.export_button, self.suggest_button, self.best_button])
         defaults = W.HTML("<small>* 0 means the preset's own: its sequence length, its published global batch "
                           "and token budget</small>")
+        run_row = W.HBox([self.run_button, self.run_steps])
         super().__init__([grid, defaults, self.error, self.memory_fig, self.step_fig, self.summary, buttons,
-                          self.fixes_box, self.best_box])
+                          self.fixes_box, self.best_box, run_row, self.run_note, self.run_area])
         self.refresh()
 
     # ---- controls --------------------------------------------------------------------------------
@@ -178,7 +193,17 @@ class PlannerPanel(W.VBox):
         copy_into(self.memory_fig, memory_figure(result))
         copy_into(self.step_fig, step_figure(result))
         self.summary.value = _summary_html(result)
+        self._show_run_plan(run_plan(job, self.here))
         self.last_update_s = time.perf_counter() - began
+
+    def _show_run_plan(self, plan: RunPlan | None) -> None:
+        """Say what Run will start (the job, a proxy and what it scaled, or nothing and why) before it is pressed."""
+        self.run_plan = plan
+        busy = self.launcher is not None and self.launcher.running
+        self.run_button.disabled = plan is None or plan.job is None or busy
+        self.run_steps.disabled = plan is None or not plan.proxy
+        lines = ["Run: the controls are not valid"] if plan is None else plan.lines()
+        self.run_note.value = "<small>" + "<br>".join(html.escape(line) for line in lines) + "</small>"
 
     def _show_error(self, err: SpecError) -> None:
         names = [n for n, f in _FIELD_OF_CONTROL.items() if err.field == f or err.field.startswith(f + ".")]
@@ -192,8 +217,27 @@ class PlannerPanel(W.VBox):
                 fig.layout.title = STALE + title
         self.summary.value = f"<div style='opacity:0.5'>{self.summary.value}</div>" \
             if not self.summary.value.startswith("<div style='opacity:0.5'>") else self.summary.value
+        self._show_run_plan(None)
 
     # ---- buttons -------------------------------------------------------------------------------------
+    def run(self, nproc: int | None = None):
+        """Train what `run_plan` says (the job, or its proxy for `steps` steps) in a new folder under run_dir,
+        through a LauncherPanel shown under the planner; returns it (Stop and Resume are its buttons)."""
+        from widgets.launcher import LauncherPanel, fresh_folder
+        plan = self.run_plan
+        if plan is None or plan.job is None or (self.launcher is not None and self.launcher.running):
+            return self.launcher
+        job = plan.job
+        if plan.proxy:
+            job = job.replace(training=dataclasses.replace(job.training, steps=self.run_steps.value))
+        out = fresh_folder(self.run_dir) if self.run_dir.exists() else self.run_dir
+        self.launcher = LauncherPanel(job, out, nproc=nproc or plan.nproc)
+        self.launcher.observe(lambda _c: self._show_run_plan(self.run_plan), names="state")
+        what = "a proxy of the job" if plan.proxy else "the job"
+        self.run_area.children = [W.HTML(f"<b>Running {what}</b> in <code>{html.escape(str(out))}</code>"),
+                                  self.launcher]
+        self.launcher.launch()
+        return self.launcher
     def export(self) -> Path | None:
         """Write the current (resolved) job as YAML to the path in the text box."""
         if self.result is None:

@@ -71,7 +71,7 @@ def test_a_failed_run_shows_its_error(tmp_path):
 
 
 def test_a_new_launch_after_a_run_never_writes_into_it(tmp_path):
-    from widgets.launcher import _fresh_folder
+    from widgets.launcher import fresh_folder
     (tmp_path / "run").mkdir()
     (tmp_path / "run-2").mkdir()
-    assert _fresh_folder(tmp_path / "run") == tmp_path / "run-3"
+    assert fresh_folder(tmp_path / "run") == tmp_path / "run-3"

@@ -142,3 +142,20 @@ def test_offers_follow_the_chosen_accelerator(panel):
     panel.controls["accelerator"].value = "H100-SXM"
     assert panel.controls["offer"].value == "none" and "p5.48xlarge" in panel.controls["offer"].options
     assert panel.error.value == ""                                     # no mismatched offer was ever estimated
+
+
+def test_before_run_the_panel_says_in_words_what_run_will_start():
+    from toolkit.proxy import LocalDevices
+    panel = PlannerPanel(preset="llama2-7b", accelerator="H100-SXM", count=8, precision="amp-bf16", zero=3,
+                         here=LocalDevices("cpu", 2))
+    note = panel.run_note.value
+    assert "no GPU here" in note and "proxy on 2 rank(s)" in note and "Kept: dp 2, ZeRO-3, amp-bf16" in note
+    assert "32 layers, hidden 4096" in note and not panel.run_button.disabled
+    panel.controls["pp"].value, panel.controls["tp"].value = 2, 2       # tp × pp: estimated, not run
+    assert panel.run_button.disabled and "not available here" in panel.run_note.value
+    assert panel.run() is None                                          # the button is off, and so is the call
+    panel.controls["tp"].value = 16                                     # not valid at all
+    assert panel.run_button.disabled and "not valid" in panel.run_note.value
+    on_gpus = PlannerPanel(preset="llama2-7b", accelerator="H100-SXM", count=8, precision="amp-bf16", zero=3,
+                           here=LocalDevices("cuda", 8, 80 * 2**30, "H100"))
+    assert "the job itself, on 8 rank(s)" in on_gpus.run_note.value and on_gpus.run_steps.disabled
