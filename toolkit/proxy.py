@@ -55,6 +55,13 @@ class RunPlan:
     def text(self) -> str:
         return " ".join(self.lines())
 
+    def with_steps(self, steps: int) -> "RunPlan":
+        """The same proxy trained for `steps` steps (the job itself keeps its own)."""
+        if self.job is None or not self.proxy:
+            return self
+        job = self.job.replace(training=dataclasses.replace(self.job.training, steps=steps))
+        return dataclasses.replace(self, job=job, changes=(*self.changes[:-1], _steps_change(steps)))
+
 
 def local_devices() -> LocalDevices:
     """The GPUs nvidia-smi lists (name, count, memory), or this machine's CPU cores when there are none."""
@@ -193,5 +200,9 @@ def _changes(job: Job, proxy: Job, here: LocalDevices, mode_note: str | None) ->
                    f"{proxy.batch.micro_batch}, {proxy.grad_accum})")
     if mode_note:
         changes.append(mode_note)
-    changes.append(f"{proxy.training.steps} steps on the demo corpus, random weights")
+    changes.append(_steps_change(proxy.training.steps))
     return tuple(changes)
+
+
+def _steps_change(steps: int) -> str:
+    return f"{steps} steps on the demo corpus, from random weights"

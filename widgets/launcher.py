@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 
 import ipywidgets as W
-import plotly.graph_objects as go
 import traitlets
 
 from toolkit.estimate import Estimate, estimate_result
@@ -32,11 +31,15 @@ from toolkit.plots import metrics_figure
 from toolkit.runs import read_rank_memory
 from toolkit.specs import Job, SpecError
 from toolkit.train.metrics import MetricsTail
+from widgets.fallback import PanelText
+from widgets.live_figure import LiveFigure
 
 __all__ = ["LauncherPanel", "fresh_folder"]
 
 
-class LauncherPanel(W.VBox):
+class LauncherPanel(PanelText, W.VBox):
+    panel_name = "the run launcher"
+
     state = traitlets.Unicode("ready")
     """ready, starting (no step yet), running, stopping, stopped, finished or failed; the buttons follow it."""
 
@@ -51,7 +54,7 @@ class LauncherPanel(W.VBox):
         self.redraws = 0
         self._watcher: threading.Thread | None = None
         self._estimate = self._estimate_of(job, nproc)
-        self.figure = go.FigureWidget(metrics_figure([], self._estimate))
+        self.figure = LiveFigure(metrics_figure([], self._estimate))
         self._stop_requested = False
         self.status = W.HTML("ready")
         self.launch_button = W.Button(description="Launch", icon="play", button_style="success")

@@ -14,15 +14,18 @@ from __future__ import annotations
 import html
 
 import ipywidgets as W
-import plotly.graph_objects as go
 
 from toolkit.estimate.pipeline import SCHEDULES, simulate
 from toolkit.plots import pipeline_figure
+from widgets.fallback import PanelText
+from widgets.live_figure import LiveFigure
 
 __all__ = ["PipelinePanel"]
 
 
-class PipelinePanel(W.VBox):
+class PipelinePanel(PanelText, W.VBox):
+    panel_name = "the pipeline schedule panel"
+
     def __init__(self, stages: int = 4, microbatches: int = 8, schedule: str = "1f1b", vpp: int = 1):
         style = {"description_width": "110px"}
         self.controls = {
@@ -34,7 +37,7 @@ class PipelinePanel(W.VBox):
         self.timeline = None
         self.error = W.HTML()
         self.summary = W.HTML()
-        self.figure = go.FigureWidget()
+        self.figure = LiveFigure()
         for control in self.controls.values():
             control.observe(lambda _change: self.refresh(), names="value")
         super().__init__([W.HBox(list(self.controls.values())[:2]), W.HBox(list(self.controls.values())[2:]),

@@ -14,19 +14,19 @@ will start is said in words before anyone presses it, and the launcher panel app
 """
 from __future__ import annotations
 
-import dataclasses
 import html
 import time
 from pathlib import Path
 
 import ipywidgets as W
-import plotly.graph_objects as go
 
 from toolkit.estimate import Estimate, estimate_result
 from toolkit.format import layout_text
 from toolkit.plots import copy_into, memory_figure, pareto_figure, step_figure
 from toolkit.proxy import RunPlan, local_devices, run_plan
 from toolkit.specs import PRECISIONS, Job, SpecError, load_catalog
+from widgets.fallback import PanelText
+from widgets.live_figure import LiveFigure
 
 __all__ = ["PlannerPanel"]
 
@@ -39,7 +39,9 @@ _FIELD_OF_CONTROL = {
 }
 
 
-class PlannerPanel(W.VBox):
+class PlannerPanel(PanelText, W.VBox):
+    panel_name = "the planner"
+
     def __init__(self, preset: str = "llama2-7b", accelerator: str = "H100-SXM", count: int = 8,
                  tokens: float | None = None, catalog=None, run_dir: str | Path = "runs/planner", here=None,
                  **layout):
@@ -55,8 +57,8 @@ class PlannerPanel(W.VBox):
         c = self.controls = self._make_controls(preset, accelerator, count, tokens)
         for name, value in layout.items():
             c[name].value = value
-        self.memory_fig = go.FigureWidget(memory_figure(_EMPTY))
-        self.step_fig = go.FigureWidget(step_figure(_EMPTY))
+        self.memory_fig = LiveFigure(memory_figure(_EMPTY))
+        self.step_fig = LiveFigure(step_figure(_EMPTY))
         self.summary = W.HTML()
         self.error = W.HTML()
         self.export_path = W.Text(value="job.yaml", description="file", layout=W.Layout(width="240px"))
@@ -70,6 +72,7 @@ class PlannerPanel(W.VBox):
                                           layout=W.Layout(width="160px"), style={"description_width": "40px"})
         self.run_button = W.Button(description="Run", icon="play", button_style="success")
         self.run_button.on_click(lambda _b: self.run())
+        self.run_steps.observe(lambda _c: self._show_run_plan(self.run_plan), names="value")
         self.run_area = W.VBox()
         self.export_button.on_click(lambda _b: self.export())
         self.suggest_button.on_click(lambda _b: self.suggest())
@@ -198,7 +201,7 @@ class PlannerPanel(W.VBox):
 
     def _show_run_plan(self, plan: RunPlan | None) -> None:
         """Say what Run will start (the job, a proxy and what it scaled, or nothing and why) before it is pressed."""
-        self.run_plan = plan
+        self.run_plan = plan = plan and plan.with_steps(self.run_steps.value)
         busy = self.launcher is not None and self.launcher.running
         self.run_button.disabled = plan is None or plan.job is None or busy
         self.run_steps.disabled = plan is None or not plan.proxy
@@ -228,8 +231,6 @@ class PlannerPanel(W.VBox):
         if plan is None or plan.job is None or (self.launcher is not None and self.launcher.running):
             return self.launcher
         job = plan.job
-        if plan.proxy:
-            job = job.replace(training=dataclasses.replace(job.training, steps=self.run_steps.value))
         out = fresh_folder(self.run_dir) if self.run_dir.exists() else self.run_dir
         self.launcher = LauncherPanel(job, out, nproc=nproc or plan.nproc)
         self.launcher.observe(lambda _c: self._show_run_plan(self.run_plan), names="state")
@@ -320,7 +321,7 @@ class PlannerPanel(W.VBox):
         self._plans = result["plans"]
         children = [table]
         if result["pareto"]:
-            children.append(go.FigureWidget(pareto_figure(result)))
+            children.append(LiveFigure(pareto_figure(result)))
         self.best_box.children = children
         return result
 

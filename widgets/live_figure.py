@@ -1,0 +1,49 @@
+"""A plotly FigureWidget that a reloaded browser tab draws as it is now, not as it was first shown.
+
+plotly sends each change to the page as a message (restyle, relayout, update, added or deleted traces) and
+leaves the widget's synced state, `_widget_data` and `_widget_layout`, at the figure it was created with. A
+page that connects later (a reloaded tab, a second view) builds its view from that state, so every chart
+came back empty or stale after a reload. After each message this class copies the figure into that state.
+The page's code does not redraw on a change of it (plotly's `do_data`/`do_layout` do nothing), so a change
+is still drawn once.
+"""
+from copy import deepcopy
+
+import plotly.graph_objects as go
+
+__all__ = ["LiveFigure"]
+
+
+class LiveFigure(go.FigureWidget):
+    def _keep_state(self) -> None:
+        with self.hold_sync():                  # (both in one message)
+            self._widget_data = deepcopy(self._data)
+            self._widget_layout = deepcopy(self._layout_obj._props)
+
+    def _send_relayout_msg(self, *args, **kwargs):
+        super()._send_relayout_msg(*args, **kwargs)
+        self._keep_state()
+
+    def _send_restyle_msg(self, *args, **kwargs):
+        super()._send_restyle_msg(*args, **kwargs)
+        self._keep_state()
+
+    def _send_addTraces_msg(self, *args, **kwargs):
+        super()._send_addTraces_msg(*args, **kwargs)
+        self._keep_state()
+
+    def _send_moveTraces_msg(self, *args, **kwargs):
+        super()._send_moveTraces_msg(*args, **kwargs)
+        self._keep_state()
+
+    def _send_update_msg(self, *args, **kwargs):
+        super()._send_update_msg(*args, **kwargs)
+        self._keep_state()
+
+    def _send_animate_msg(self, *args, **kwargs):
+        super()._send_animate_msg(*args, **kwargs)
+        self._keep_state()
+
+    def _send_deleteTraces_msg(self, *args, **kwargs):
+        super()._send_deleteTraces_msg(*args, **kwargs)
+        self._keep_state()
