@@ -1,113 +1,133 @@
-"""A real browser: JupyterLab on localhost, headless Chromium (Debian's) driven by Playwright.
-
-Opens notebooks/00_start_here.ipynb, runs every cell, and checks that the planner panel (an
-ipywidgets panel with plotly FigureWidgets) and the run's plotly chart render. The screenshot is
-kept in test-artifacts/ for people to look at. `make test` installs Chromium when it is missing.
-"""
+"""A new user's path through 00_start_here in a real browser (JupyterLab, headless Chromium via Playwright):
+the planner panel renders; a control change redraws its figure; Run trains the proxy and its chart updates
+live; Stop leaves a checkpoint and no process; Resume continues from it; a reload of the saved tab still shows
+every chart. Screenshots go to test-artifacts/ (kept by CI). `make test` installs Chromium when it is missing.
+The redraw latency in the browser is benchmarks/browser_latency.py, not a test."""
 import json
-import os
-import secrets
-import socket
-import subprocess
-import sys
+import re
 import time
-import urllib.request
-from pathlib import Path
 
 import pytest
-from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from playwright.sync_api import sync_playwright
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.browser.jupyter_lab import (REPO, jupyter_lab, launch_chromium, kill_processes_under, open_notebook,
+                                       processes_under, run_menu, wait_idle)
+
 ARTIFACTS = REPO / "test-artifacts"
-CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+NOTEBOOK = REPO / "notebooks" / "00_start_here.ipynb"
+PANEL_CELL = "panel = PlannerPanel("
+STEPS = 400          # long enough to stop mid-run; the test stops it twice and never waits for the end
+
+_DATA = "gd => JSON.stringify(gd.data.map(t => [t.x, t.y]))"
+_LOSS_POINTS = "gd => (gd.data && gd.data[0] && gd.data[0].x) ? gd.data[0].x.length : 0"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _panel(page):
+    return page.locator(".jp-Cell", has_text=PANEL_CELL).first.locator(".jp-OutputArea")
+
+
+def _exactly(label):
+    """A button's own text (its accessible name also holds the icon font's glyph)."""
+    return re.compile(rf"^\s*{label}\s*$")
+
+
+def _steps(run_dir):
+    return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+            if '"loss"' in line]
+
+
+def _wait_for(predicate, timeout_s, what):
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
 
 
 @pytest.fixture
-def lab(tmp_path):
-    port, token = _free_port(), secrets.token_hex(12)
-    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp_path / "config"), JUPYTER_RUNTIME_DIR=str(tmp_path / "rt"))
-    server = subprocess.Popen(
-        [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-         f"--ServerApp.token={token}", f"--ServerApp.root_dir={REPO}", "--allow-root",
-         "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
-        cwd=REPO, env=env, stdout=open(tmp_path / "lab.log", "w"), stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
-            break
-        except OSError:
-            assert server.poll() is None and time.monotonic() < deadline, (tmp_path / "lab.log").read_text()
-            time.sleep(0.3)
-    try:
-        yield base, token
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-
-
-def _create_session(base: str, token: str, path: str) -> dict:
-    """A kernel attached to the notebook through the server's REST API, as the UI would."""
-    body = json.dumps({"path": path, "name": Path(path).name, "type": "notebook", "kernel": {"name": "python3"}})
-    request = urllib.request.Request(f"{base}/api/sessions?token={token}", data=body.encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.loads(response.read())
-
-
-
-def run_all_cells(page) -> None:
-    """Run All; first answer JupyterLab's "Select Kernel" dialog, which it sometimes raises although the
-    session already has a kernel (it blocked Run All once in CI)."""
-    try:
-        page.get_by_role("button", name="Select", exact=True).click(timeout=5_000)
-    except PlaywrightTimeout:
-        pass
-    page.get_by_role("menuitem", name="Run", exact=True).click()
-    page.get_by_text("Run All Cells", exact=True).click()
-
-def test_start_here_renders_the_planner_panel_and_a_chart(lab):
-    base, token = lab
-    session = _create_session(base, token, "notebooks/00_start_here.ipynb")
-    assert session["kernel"]["id"]
+def page(tmp_path):
     ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    with jupyter_lab(tmp_path, [NOTEBOOK]) as (base, token), sync_playwright() as p:
+        browser = launch_chromium(p)
+        page = open_notebook(browser, base, token, NOTEBOOK.name)
+        page.root = tmp_path
         try:
-            page.goto(f"{base}/lab/tree/notebooks/00_start_here.ipynb?token={token}")
-            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
-            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
-            run_all_cells(page)
-            first_done = page.locator(".jp-InputArea-prompt", has_text="[1]").first
-            try:
-                first_done.wait_for(timeout=90_000)
-            except PlaywrightTimeout:      # a kernel dialog raised after the first click: once more
-                run_all_cells(page)
-                first_done.wait_for(timeout=90_000)
-            page.get_by_role("button", name="suggest fixes").wait_for(timeout=240_000)      # the planner panel
-            panel_plot = page.locator(".jp-OutputArea .js-plotly-plot").first
-            panel_plot.wait_for(timeout=60_000)                                             # its FigureWidget
-            page.get_by_text("steps on 2 rank(s)").wait_for(timeout=180_000)                # the real run finished
-            page.wait_for_function("document.querySelectorAll('.jp-OutputArea .js-plotly-plot').length >= 3",
-                                   timeout=60_000)                                          # the metrics chart too
-            page.get_by_role("button", name="suggest fixes").scroll_into_view_if_needed()
-            page.screenshot(path=str(ARTIFACTS / "jupyterlab_start_here.png"))
-            bars = page.locator(".jp-OutputArea .js-plotly-plot").first.locator(".bars .point")
-            assert bars.count() >= 4                      # the stacked memory bar drew its parts
-            errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
-            assert "Traceback" not in " ".join(errors.all_inner_texts())
-        except Exception:
-            page.screenshot(path=str(ARTIFACTS / "jupyterlab_failure.png"))   # what the browser showed
-            raise
-        browser.close()
+            yield page
+        finally:
+            browser.close()
+            kill_processes_under(tmp_path)          # (a failed test's run outlives the kernel: stop it)
+
+
+def test_plan_run_stop_resume_and_reload_in_the_browser(page):
+    try:
+        _plan_run_stop_resume_reload(page)
+    except Exception:
+        page.screenshot(path=str(ARTIFACTS / "jupyterlab_failure.png"))         # what the browser showed
+        raise
+
+
+def _plan_run_stop_resume_reload(page):
+    root = page.root
+    run_menu(page, "Run All Cells")          # as a new user would (it also makes the notebook trusted: see 5.)
+    panel = _panel(page)
+    panel.get_by_role("button", name="suggest fixes").wait_for(timeout=240_000)
+    panel.get_by_text("Run trains a proxy on 2 rank(s)").wait_for(timeout=30_000)     # said before Run
+    page.get_by_text("30 steps on 2 rank(s)").wait_for(timeout=240_000)                # the notebook's own run
+    memory = panel.locator(".js-plotly-plot").first
+    memory.wait_for(timeout=60_000)
+    assert memory.locator(".bars .point").count() >= 4                 # the stacked memory bar drew its parts
+
+    # 1. a control change redraws the figure (the estimate of the new job, drawn by plotly in the page)
+    before = memory.evaluate(_DATA)
+    panel.locator(".widget-dropdown", has_text="recompute").locator("select").select_option("full")
+    page.wait_for_function("([gd, old]) => JSON.stringify(gd.data.map(t => [t.x, t.y])) !== old",
+                           arg=[memory.element_handle(), before], timeout=30_000)
+
+    # 2. Run: the proxy trains and the launcher's chart updates live, at least three times
+    steps = panel.locator(".widget-text", has_text="steps").locator("input")
+    steps.fill(str(STEPS))
+    steps.press("Enter")
+    panel.locator("button", has_text=_exactly("Run")).click()
+    run_dir = root / "runs" / "start_here-2"                           # (a new folder: the notebook's run stays)
+    live = panel.locator(".js-plotly-plot").last
+    live.wait_for(timeout=60_000)
+    seen = set()
+    _wait_for(lambda: seen.add(live.evaluate(_LOSS_POINTS)) or len(seen - {0}) >= 3, 180, "three live updates")
+    page.screenshot(path=str(ARTIFACTS / "jupyterlab_run_live.png"))
+
+    # 3. Stop: every rank checkpoints and exits; no process is left
+    panel.locator("button", has_text=_exactly("Stop")).click()
+    stopped = panel.get_by_text(re.compile(r"stopped cleanly at step \d+"))
+    stopped.wait_for(timeout=120_000)
+    at = int(re.search(r"step (\d+)", stopped.inner_text()).group(1))
+    assert 0 < at < STEPS and (run_dir / "checkpoints" / f"step_{at:08d}.pt").exists()
+    assert processes_under(root) == []
+
+    # 4. Resume continues from that checkpoint (step at + 1 follows, nothing is retrained), then stop again
+    panel.locator("button", has_text=_exactly("Resume")).click()
+    _wait_for(lambda: max(_steps(run_dir)) >= at + 2, 180, "steps after the resume")
+    panel.locator("button", has_text=_exactly("Stop")).click()
+    panel.get_by_text(re.compile(rf"stopped cleanly at step (?!{at}\b)\d+")).wait_for(timeout=120_000)
+    steps_run = _steps(run_dir)
+    assert steps_run == list(range(1, max(steps_run) + 1))           # one record a step: resumed, not restarted
+    assert "resum" in (run_dir / "launcher.log").read_text().lower()
+    assert processes_under(root) == []
+    _wait_for(lambda: live.evaluate(_LOSS_POINTS) == len(steps_run), 30, "the chart to show every step")
+
+    # 5. a reload of the saved tab still shows the charts (the kernel and its widgets live on). JupyterLab draws
+    # widgets only in a trusted notebook: one whose every output this browser made (Run All above), else the
+    # panel's plain-text stand-in shows
+    page.locator(".jp-Notebook").first.click()
+    page.keyboard.press("Control+s")
+    page.wait_for_selector(".jp-mod-dirty", state="detached", timeout=30_000)
+    page.reload()
+    wait_idle(page)
+    panel = _panel(page)
+    panel.scroll_into_view_if_needed()
+    panel.locator("button", has_text=_exactly("Resume")).wait_for(timeout=60_000)
+    live = panel.locator(".js-plotly-plot").last
+    _wait_for(lambda: live.count() and live.evaluate(_LOSS_POINTS) == len(steps_run), 60, "the chart after reload")
+    assert panel.locator(".js-plotly-plot").count() >= 3               # memory, step time and the run
+    live.scroll_into_view_if_needed()
+    page.screenshot(path=str(ARTIFACTS / "jupyterlab_after_reload.png"))
+    errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
+    assert "Traceback" not in " ".join(errors.all_inner_texts())
