@@ -11,6 +11,9 @@ bitsandbytes' public APIs are used as they are; the versions they were checked o
 """
 from __future__ import annotations
 
+import importlib.util
+import sys
+
 import torch
 
 from .specs.errors import SpecError
@@ -29,6 +32,25 @@ class _Missing:
         require_internals("this measurement")
 
 
+def _tools_without_their_index() -> None:
+    """Register torch.distributed._tools without running its __init__, which imports every tool in the package:
+    its runtime estimator pulls in torch._inductor and torch._dynamo, 0.6 s of each training rank's start that
+    MemTracker and FSDPMemTracker never use. Submodules still import (the package keeps its path); nothing in
+    torch imports names from the package itself (checked on 2.13). Any failure leaves the normal import."""
+    name = "torch.distributed._tools"
+    if name in sys.modules:
+        return
+    try:
+        import torch.distributed
+        spec = importlib.util.find_spec(name)
+        package = importlib.util.module_from_spec(spec)
+    except (ImportError, AttributeError, ValueError):
+        return
+    sys.modules[name] = package
+    torch.distributed._tools = package
+
+
+_tools_without_their_index()
 try:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker

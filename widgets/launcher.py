@@ -112,7 +112,7 @@ class LauncherPanel(PanelText, W.VBox):
         self.job.to_yaml(request)
         command = [sys.executable, "-m", "toolkit.cli", "train", "--config", str(request), "--out", str(self.out),
                    "--nproc", str(self.nproc), "--no-progress", *self.extra_args]
-        self._log = open(self.out / "launcher.log", "w")
+        self._log = open(self.out / "launcher.log", "a")      # (a resume adds to the log of the run)
         self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.PIPE, text=True)
         self.status.value = f"starting: {html.escape(' '.join(command[2:]))}"
         self.folder.value = _folder_html(self.out, self.job)

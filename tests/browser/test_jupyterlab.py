@@ -109,7 +109,8 @@ def _plan_run_stop_resume_reload(page):
     panel.get_by_text(re.compile(rf"stopped cleanly at step (?!{at}\b)\d+")).wait_for(timeout=120_000)
     steps_run = _steps(run_dir)
     assert steps_run == list(range(1, max(steps_run) + 1))           # one record a step: resumed, not restarted
-    assert "resum" in (run_dir / "launcher.log").read_text().lower()
+    log = (run_dir / "launcher.log").read_text()                      # the stop and the resume, both kept
+    assert f"stopped by SIGTERM after step {at};" in log and f"resumed from step_{at:08d}.pt (step {at})" in log
     assert processes_under(root) == []
     _wait_for(lambda: live.evaluate(_LOSS_POINTS) == len(steps_run), 30, "the chart to show every step")
 
