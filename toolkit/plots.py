@@ -5,6 +5,7 @@
     fig = metrics_figure(read_metrics(path), estimate(job))   # a run, measured beside the estimate
     fig = pareto_figure(search(...))            # plans: days against cost, the front highlighted
     fig = pipeline_figure(simulate(...).to_dict())   # a pipeline schedule's Gantt chart, rank by rank
+    fig = comparison_figure({row: {part: value}}, unit, title)   # the notebooks' side-by-side comparisons
 
 Nothing here displays a figure or computes a model figure; an absent value draws nothing.
 """
@@ -16,7 +17,7 @@ from plotly.subplots import make_subplots
 from .estimate.result import Estimate, MemoryPart, as_estimate
 
 __all__ = ["memory_figure", "step_figure", "metrics_figure", "pareto_figure", "pipeline_figure", "write_html", "copy_into",
-           "MEMORY_PARTS", "STEP_PARTS", "PIPELINE_KINDS"]
+           "comparison_figure", "steps_figure", "MEMORY_PARTS", "STEP_PARTS", "PIPELINE_KINDS"]
 
 GIB = 2**30
 MEMORY_PARTS = (("params_bytes", "parameters", "#4C78A8"), ("grads_bytes", "gradients", "#F58518"),
@@ -141,6 +142,49 @@ def pareto_figure(result: dict) -> go.Figure:
                       xaxis_title="days to train", yaxis_title=f"cost ({unit})", height=360,
                       margin=dict(l=10, r=10, t=40, b=30))
     return fig
+
+
+def comparison_figure(rows: dict[str, dict[str, float | None]], unit: str, title: str, stacked: bool = True,
+                      limits: dict[str, float] | None = None, markers: dict[str, dict[str, float]] | None = None,
+                      log: bool = False) -> go.Figure:
+    """Rows side by side, one horizontal bar each ({row: {part: value}}): parts stacked (a technique's memory
+    by kind) or grouped (a cost on demand and on spot). `limits` draws named vertical lines (a device's usable
+    memory), `markers` one point per row for each name (a traced peak beside the estimated bar). A None value
+    draws nothing. For the notebooks' comparisons; the numbers behind them are asserted where computed."""
+    labels = list(rows)
+    parts = list(dict.fromkeys(part for values in rows.values() for part in values))
+    data = [dict(type="bar", orientation="h", y=labels, x=[rows[r].get(part) for r in labels], name=part,
+                 hovertemplate=f"{part}: %{{x:,.4g}} {unit}<extra>%{{y}}</extra>") for part in parts]
+    for name, points in (markers or {}).items():
+        data.append(dict(type="scatter", mode="markers", y=list(points), x=list(points.values()), name=name,
+                         marker=dict(symbol="diamond", size=10, color="black"),
+                         hovertemplate=f"{name}: %{{x:,.4g}} {unit}<extra>%{{y}}</extra>"))
+    shapes = [_vline(x, "dash") for x in (limits or {}).values()]
+    notes = [dict(x=x, y=1, xref="x", yref="paper", text=name, showarrow=False, yanchor="bottom")
+             for name, x in (limits or {}).items()]
+    plot_px = 34 * len(labels) * (1 if stacked else max(1, len(parts)) * 0.6)
+    return go.Figure(dict(data=data, layout=dict(
+        barmode="stack" if stacked else "group", title=dict(text=title), shapes=shapes, annotations=notes,
+        xaxis=dict(title=dict(text=unit), type="log" if log else "linear"), yaxis=dict(autorange="reversed"),
+        height=plot_px + 150, margin=dict(l=10, r=10, t=50, b=90),
+        legend=dict(orientation="h", yanchor="top", y=-55 / plot_px))))   # (below the axis title, in pixels)
+
+
+def steps_figure(series: dict[str, list[tuple[int, float | None]]], title: str, unit: str, log: bool = False,
+                 marked: dict[str, list[int]] | None = None) -> go.Figure:
+    """Lines over steps ({name: [(step, value)]}), e.g. a run's loss scale and loss; `marked` names steps to
+    flag on the first line (skipped steps)."""
+    data = [dict(type="scatter", mode="lines+markers", x=[s for s, _ in points], y=[v for _, v in points], name=name)
+            for name, points in series.items()]
+    first = next(iter(series.values()), [])
+    for name, steps in (marked or {}).items():
+        where = dict(first)
+        data.append(dict(type="scatter", mode="markers", x=steps, y=[where.get(s) for s in steps], name=name,
+                         marker=dict(symbol="x", size=11, color="#d62728")))
+    return go.Figure(dict(data=data, layout=dict(
+        title=dict(text=title), xaxis=dict(title=dict(text="step")),
+        yaxis=dict(title=dict(text=unit), type="log" if log else "linear"), height=320,
+        margin=dict(l=10, r=10, t=40, b=30), legend=dict(orientation="h", y=-0.25))))
 
 
 PIPELINE_KINDS = (("F", "forward", "#4C78A8"), ("B", "backward", "#F58518"), ("W", "weight gradients", "#54A24B"))
