@@ -22,7 +22,7 @@ import yaml
 from .capability import run_refusal
 from .specs import Job, SpecError, load_catalog
 
-__all__ = ["TARGETS", "export_job"]
+__all__ = ["TARGETS", "export_job", "accelerate_config"]
 
 TARGETS = {"accelerate": "accelerate_config.yaml", "torchrun": "run_torchrun.sh", "slurm": "run_slurm.sbatch",
            "deepspeed": "deepspeed_config.json"}
@@ -88,6 +88,11 @@ def _describe(job: Job) -> str:
     p = job.parallel
     return (f"{job.model.name or 'model'} on {job.cluster.count} × {job.cluster.accelerator or 'GPU'} "
             f"[dp {p.dp} · tp {p.tp} · pp {p.pp}{' · ZeRO-' + str(p.zero) if p.zero else ''}] {job.precision.mode}")
+
+
+def accelerate_config(job: Job) -> str:
+    """The accelerate config for a resolved job's world (what `--to accelerate` writes, without the command)."""
+    return _accelerate(job)[0]
 
 
 def _accelerate(job: Job) -> tuple[str, str]:

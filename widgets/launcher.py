@@ -139,10 +139,12 @@ class LauncherPanel(PanelText, W.VBox):
     # ---- watching ----------------------------------------------------------------------------------
     def _watch(self) -> None:
         tail = MetricsTail(self.out / "metrics.jsonl")
-        last_draw, seen = 0.0, -1
+        last_draw, seen, shown = 0.0, -1, False
         while True:
             alive = self.running
             tail.poll()
+            if not shown and self.state == "starting":
+                shown = self._show_rank_command()
             now = time.monotonic()
             if len(tail.records) != seen and (now - last_draw >= self.min_redraw_s or not alive):
                 self.records, seen, last_draw = list(tail.records), len(tail.records), now
@@ -151,6 +153,15 @@ class LauncherPanel(PanelText, W.VBox):
                 break
             time.sleep(0.05)
         self._finished()
+
+    def _show_rank_command(self) -> bool:
+        """Where `toolkit train` starts the ranks through `accelerate launch` (CUDA GPUs), show its command."""
+        log = self.out / "launcher.log"
+        lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+        command = next((line for line in reversed(lines) if line.startswith("starting: accelerate launch")), None)
+        if command:
+            self.folder.value += f"<br><small>ranks: <code>{html.escape(command[len('starting: '):])}</code></small>"
+        return command is not None
 
     def _redraw(self) -> None:
         if len(self.rank_memory) < self.nproc:          # (written once, after each rank's second step)

@@ -85,7 +85,10 @@ def test_refusals_are_one_line(capsys, tmp_path):
     assert code == 2 and len(err.strip().splitlines()) == 1
 
 
-def test_the_exported_torchrun_script_trains_on_two_gloo_ranks(capsys, tmp_path, corpus):
+def test_the_torchrun_script_and_accelerate_launch_train_the_same_steps_on_two_gloo_ranks(capsys, tmp_path, corpus):
+    """The exported torchrun script, and `toolkit train --launcher accelerate` (the path `auto` takes where CUDA
+    GPUs are: accelerate launch with a config written from the job), train the same job to the same bits."""
+    from accelerate.commands.config.config_args import load_config_from_file
     code, files, _, _ = export(capsys, tmp_path, "--config", TINY, "--steps", "3", "--data", str(corpus),
                                "--nodes", "1", "--gpus-per-node", "2", "--to", "torchrun")
     assert code == 0
@@ -94,8 +97,19 @@ def test_the_exported_torchrun_script_trains_on_two_gloo_ranks(capsys, tmp_path,
     done = subprocess.run(["bash", str(files[0]), str(tmp_path / "run")], capture_output=True, text=True,
                           timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
-    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(line)["step"] for line in lines] == [1, 2, 3]
+    torchrun = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in torchrun] == [1, 2, 3]
+    out = tmp_path / "accelerate"
+    done = subprocess.run([sys.executable, "-m", "toolkit.cli", "train", "--config", TINY, "--steps", "3", "--data",
+                           str(corpus), "--nproc", "2", "--launcher", "accelerate", "--out", str(out), "--no-progress"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "starting: accelerate launch --config_file" in done.stdout               # the command is shown
+    config = load_config_from_file(str(out / "accelerate_config.yaml"))
+    assert (config.num_processes, str(config.mixed_precision)) == (2, "no")
+    launched = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["loss"], r["grad_norm"]) for r in launched] == \
+        [(r["step"], r["loss"], r["grad_norm"]) for r in torchrun]
 
 
 def test_export_reads_the_users_catalog(capsys, tmp_path):

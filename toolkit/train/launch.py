@@ -6,6 +6,10 @@ rather than through `accelerate launch`, whose `--cpu --num_processes N` silentl
 so that we can (1) refuse a bad job before any process starts, (2) pass a SIGTERM (a spot
 interruption notice, a Stop button) to every rank so that they checkpoint together, and (3) say
 clearly which rank died and how, stop the others, and name the checkpoint a rerun resumes from.
+With CUDA GPUs (launcher "auto", the default) N ranks start through `accelerate launch` with a config
+written from the job (OUT/accelerate_config.yaml: processes only, `mixed_precision: no`, the program stays
+the toolkit's), and the command is printed; SIGTERM still reaches every rank (torch's elastic agent forwards
+it) and they checkpoint. `launcher="accelerate"` takes that path on CPU too (gloo ranks, ACCELERATE_USE_CPU).
 For several nodes, start `python -m toolkit.train.worker JOB OUT` with torchrun or accelerate.
 """
 from __future__ import annotations
@@ -79,9 +83,16 @@ def _describe(code: int) -> str:
     return f"exited with code {code}"
 
 
+LAUNCHERS = ("auto", "own", "accelerate")
+
+
 def launch(job: Job, out_dir: str | Path, nproc: int = 1, peak_tflops: float | None = None,
-           progress: bool = True) -> int:
-    """Run the job; returns the exit code (0 done or stopped cleanly, 1 a rank failed, 3 stopped by diagnosis)."""
+           progress: bool = True, launcher: str = "auto") -> int:
+    """Run the job; returns the exit code (0 done or stopped cleanly, 1 a rank failed, 3 stopped by diagnosis).
+    launcher: "own" starts and supervises the ranks here, "accelerate" through `accelerate launch`, "auto" the
+    latter where CUDA GPUs are (the design's multi-GPU path), the former elsewhere."""
+    if launcher not in LAUNCHERS:
+        raise SpecError("--launcher", launcher, f"must be one of {', '.join(LAUNCHERS)}")
     job = prepare_run(job, out_dir, nproc)
     out = Path(out_dir)
     allocator = _allocator_env(job)
@@ -96,18 +107,68 @@ def launch(job: Job, out_dir: str | Path, nproc: int = 1, peak_tflops: float | N
         return 0
     port = _free_port()
     shutil.rmtree(out / "errors", ignore_errors=True)     # (a rank records its exception there: none yet)
+    flags = (["--peak-tflops", str(peak_tflops)] if peak_tflops is not None else []) + \
+        ([] if progress else ["--no-progress"])
+    if launcher == "accelerate" or (launcher == "auto" and _cuda_gpus() > 0):
+        return _accelerate_launch(job, out, nproc, port, flags, allocator)
     workers = []
     for rank in range(nproc):
         env = dict(pin_environment(dict(os.environ), nproc), RANK=str(rank), LOCAL_RANK=str(rank),
                    WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                    TOOLKIT_LAUNCHER_PID=str(os.getpid()), **allocator)
-        command = [sys.executable, "-m", "toolkit.train.worker", str(out / "job.yaml"), str(out)]
-        if peak_tflops is not None:
-            command += ["--peak-tflops", str(peak_tflops)]
-        if not progress:
-            command += ["--no-progress"]
+        command = [sys.executable, "-m", "toolkit.train.worker", str(out / "job.yaml"), str(out), *flags]
         workers.append(subprocess.Popen(command, env=env))
     return _supervise(workers, out)
+
+
+def _cuda_gpus() -> int:
+    from ..proxy import local_devices
+    here = local_devices()
+    return here.count if here.kind == "cuda" else 0
+
+
+def _accelerate_launch(job: Job, out: Path, nproc: int, port: int, flags: list[str], allocator: dict) -> int:
+    """`accelerate launch` with a config written from the job; the command is printed. A SIGTERM to this process
+    goes to accelerate, whose elastic agent passes it to every rank (they checkpoint and exit)."""
+    from ..export import accelerate_config
+    config = out / "accelerate_config.yaml"
+    config.write_text(accelerate_config(job.replace(cluster=dataclasses.replace(job.cluster, count=nproc,
+                                                                                 gpus_per_node=nproc))))
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
+               "--main_process_port", str(port), "-m", "toolkit.train.worker", str(out / "job.yaml"), str(out), *flags]
+    env = dict(pin_environment(dict(os.environ), nproc), **allocator)
+    if _cuda_gpus() == 0:
+        env["ACCELERATE_USE_CPU"] = "1"                  # gloo ranks (accelerate's --cpu would start only one)
+    print("starting: accelerate launch " + " ".join(command[3:]), flush=True)
+    process = subprocess.Popen(command, env=env)
+    stopping = []
+
+    def forward(signum, _frame):
+        stopping.append(signum)
+        process.send_signal(signal.SIGTERM)
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        code = process.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if code != 0 and stopping and _stopped_at_checkpoint(out):
+        return 0                                     # the ranks checkpointed on the forwarded SIGTERM
+    if code != 0:
+        _, path, _ = latest_checkpoint(out / "checkpoints")
+        where = f"the newest valid checkpoint is {path.name}" if path else "no checkpoint was saved yet"
+        print(f"toolkit train: accelerate launch exited with code {code}; {where}; run the same command again to "
+              "resume from it", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _stopped_at_checkpoint(out: Path) -> bool:
+    """Whether the newest checkpoint holds the last logged step (a clean stop, not a crash)."""
+    from .metrics import read_metrics
+    saved = list_checkpoints(out / "checkpoints")
+    records = read_metrics(out / "metrics.jsonl") if (out / "metrics.jsonl").exists() else []
+    return bool(saved and records) and saved[-1].name == f"step_{records[-1]['step']:08d}.pt"
 
 
 def _allocator_env(job: Job) -> dict:
