@@ -31,11 +31,19 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def jupyter_lab(root: Path, notebooks: list[Path]):
-    """Serve `root` (the notebooks copied into it) on a free port; yields (base URL, token)."""
+def jupyter_lab(root: Path, notebooks: list[Path], clear_outputs: bool = False):
+    """Serve `root` (the notebooks copied into it, their stored outputs cleared if asked) on a free port; yields
+    (base URL, token)."""
     root.mkdir(parents=True, exist_ok=True)
     for notebook in notebooks:
         shutil.copy(notebook, root / notebook.name)
+        if clear_outputs:
+            import nbformat
+            nb = nbformat.read(root / notebook.name, as_version=4)
+            for cell in nb.cells:
+                if cell.cell_type == "code":
+                    cell.outputs, cell.execution_count = [], None
+            nbformat.write(nb, root / notebook.name)
     port, token = _free_port(), secrets.token_hex(12)
     env = dict(os.environ, JUPYTER_CONFIG_DIR=str(root / ".config"), JUPYTER_RUNTIME_DIR=str(root / ".rt"))
     log = root / "lab.log"

@@ -1,8 +1,8 @@
 """A new user's path through 00_start_here in a real browser (JupyterLab, headless Chromium via Playwright):
-the planner panel renders; a control change redraws its figure; Run trains the proxy and its chart updates
-live; Stop leaves a checkpoint and no process; Resume continues from it; a reload of the saved tab still shows
-every chart. Screenshots go to test-artifacts/ (kept by CI). `make test` installs Chromium when it is missing.
-The redraw latency in the browser is benchmarks/browser_latency.py, not a test."""
+the cells up to the planner run and the panel renders; a control change redraws its figure; Run trains the
+proxy and its chart updates live; Stop leaves a checkpoint and no process; Resume continues from it; a
+reload of the saved tab still shows every chart. Screenshots go to test-artifacts/ (kept by CI). `make test`
+installs Chromium when it is missing. The redraw latency in the browser is benchmarks/browser_latency.py, not a test."""
 import json
 import re
 import time
@@ -11,7 +11,7 @@ import pytest
 from playwright.sync_api import sync_playwright
 
 from tests.browser.jupyter_lab import (REPO, jupyter_lab, launch_chromium, kill_processes_under, open_notebook,
-                                       processes_under, run_menu, wait_idle)
+                                       processes_under, run_through, wait_idle)
 
 ARTIFACTS = REPO / "test-artifacts"
 NOTEBOOK = REPO / "notebooks" / "00_start_here.ipynb"
@@ -46,7 +46,7 @@ def _wait_for(predicate, timeout_s, what):
 @pytest.fixture
 def page(tmp_path):
     ARTIFACTS.mkdir(exist_ok=True)
-    with jupyter_lab(tmp_path, [NOTEBOOK]) as (base, token), sync_playwright() as p:
+    with jupyter_lab(tmp_path, [NOTEBOOK], clear_outputs=True) as (base, token), sync_playwright() as p:
         browser = launch_chromium(p)
         page = open_notebook(browser, base, token, NOTEBOOK.name)
         page.root = tmp_path
@@ -67,11 +67,10 @@ def test_plan_run_stop_resume_and_reload_in_the_browser(page):
 
 def _plan_run_stop_resume_reload(page):
     root = page.root
-    run_menu(page, "Run All Cells")          # as a new user would (it also makes the notebook trusted: see 5.)
+    run_through(page, PANEL_CELL)            # the cells up to the planner (nbval runs the notebook's own run)
     panel = _panel(page)
     panel.get_by_role("button", name="suggest fixes").wait_for(timeout=240_000)
     panel.get_by_text("Run trains a proxy on 2 rank(s)").wait_for(timeout=30_000)     # said before Run
-    page.get_by_text("30 steps on 2 rank(s)").wait_for(timeout=240_000)                # the notebook's own run
     memory = panel.locator(".js-plotly-plot").first
     memory.wait_for(timeout=60_000)
     assert memory.locator(".bars .point").count() >= 4                 # the stacked memory bar drew its parts
@@ -87,7 +86,7 @@ def _plan_run_stop_resume_reload(page):
     steps.fill(str(STEPS))
     steps.press("Enter")
     panel.locator("button", has_text=_exactly("Run")).click()
-    run_dir = root / "runs" / "start_here-2"                           # (a new folder: the notebook's run stays)
+    run_dir = root / "runs" / "start_here"
     live = panel.locator(".js-plotly-plot").last
     live.wait_for(timeout=60_000)
     seen = set()
@@ -115,8 +114,8 @@ def _plan_run_stop_resume_reload(page):
     _wait_for(lambda: live.evaluate(_LOSS_POINTS) == len(steps_run), 30, "the chart to show every step")
 
     # 5. a reload of the saved tab still shows the charts (the kernel and its widgets live on). JupyterLab draws
-    # widgets only in a trusted notebook: one whose every output this browser made (Run All above), else the
-    # panel's plain-text stand-in shows
+    # widgets only in a trusted notebook: one whose every output this browser made (here: the stored outputs
+    # were cleared, as after Edit > Clear Outputs of All Cells, or Run All), else the panel's one-line stand-in
     page.locator(".jp-Notebook").first.click()
     page.keyboard.press("Control+s")
     page.wait_for_selector(".jp-mod-dirty", state="detached", timeout=30_000)
