@@ -1,4 +1,5 @@
-"""training.trackers: a TensorBoard run writes what metrics.jsonl holds, read back with TensorBoard's own reader."""
+"""training.trackers: TensorBoard and wandb (offline) runs write what metrics.jsonl holds, each read back with its
+own reader (both in the test extra)."""
 from pathlib import Path
 
 import pytest
@@ -23,3 +24,45 @@ def test_tracker_config_is_flat_scalars():
     flat = tracker_config(tiny_job(training={"trackers": ["tensorboard"]}))
     assert flat["model.hidden"] == 64 and flat["precision.mode"] == "fp32"
     assert all(isinstance(v, (bool, int, float, str)) for v in flat.values())
+
+
+def _wandb_history(path: Path) -> list[dict]:
+    """The history rows of a .wandb file, read with wandb's own protobuf: the file is a LevelDB-style log (7-byte
+    header, 32 KiB blocks of records: checksum, length, kind FULL/FIRST/MIDDLE/LAST, data)."""
+    import json
+    from wandb.proto import wandb_internal_pb2
+    buf, pos, chunks, pending = path.read_bytes(), 7, [], b""
+    while pos + 7 <= len(buf):
+        left = 32768 - pos % 32768
+        length, kind = int.from_bytes(buf[pos + 4:pos + 6], "little"), buf[pos + 6]
+        if left < 7 or kind == 0:                      # block trailer or padding
+            pos += left
+            continue
+        chunk, pos = buf[pos + 7:pos + 7 + length], pos + 7 + length
+        if kind in (1, 2):
+            pending = chunk
+        else:
+            pending += chunk
+        if kind in (1, 4):
+            chunks.append(pending)
+    rows = []
+    for data in chunks:
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(data)
+        if record.WhichOneof("record_type") == "history":
+            rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                         for item in record.history.item})
+    return rows
+
+
+def test_wandb_logs_offline_into_the_run_folder_what_metrics_jsonl_holds(train, tmp_path, monkeypatch):
+    """No login here: the run logs offline (wandb's login prompt would hang every rank) into the run folder,
+    and wandb's own record of the run, read back, holds every step's loss."""
+    for name in ("WANDB_API_KEY", "WANDB_MODE"):
+        monkeypatch.delenv(name, raising=False)
+    records, _ = train(name="wb", training={"trackers": ["wandb"], "steps": 3})
+    logs = list(Path(tmp_path / "wb" / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(logs) == 1, "no offline wandb run in the run folder"
+    history = _wandb_history(logs[0])
+    assert {r["_step"]: r["loss"] for r in history} == pytest.approx({r["step"]: r["loss"] for r in records},
+                                                                      rel=1e-6)

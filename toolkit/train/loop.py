@@ -206,7 +206,7 @@ def _train(job: Job, out_dir: str | Path, threads: int, *, peak_tflops: float | 
         accelerator.print(f"metrics: {metrics.note}")
     recorder = MemoryRecorder(prog, job, device, rank, out, start_step, t.steps, stage=prog.pp_rank)
     if t.trackers:
-        accelerator.init_trackers("toolkit", config=tracker_config(job))
+        accelerator.init_trackers("toolkit", config=tracker_config(job), init_kwargs=tracker_kwargs(t.trackers, out))
 
     pruned: list[dict] = []                  # the tensors the masks act on, looked up once per set of masks
 
@@ -363,6 +363,17 @@ def _train(job: Job, out_dir: str | Path, threads: int, *, peak_tflops: float | 
             accelerator.end_training()
     return RunResult(steps_done=done, resumed_from=start_step, stopped_by_signal=stopped_by_signal,
                      final_loss=final_loss, out_dir=out)
+
+
+def tracker_kwargs(trackers, out: Path) -> dict:
+    """Where each tracker writes: into the run folder. wandb without a login (no WANDB_API_KEY, no WANDB_MODE)
+    would stop the run at an interactive prompt on every rank, so it logs offline there (`wandb sync` uploads
+    later); trackio logs locally to its own folder by default."""
+    kwargs = {}
+    if "wandb" in trackers:
+        offline = not os.environ.get("WANDB_API_KEY") and not os.environ.get("WANDB_MODE")
+        kwargs["wandb"] = {"dir": str(out), **({"mode": "offline"} if offline else {})}
+    return kwargs
 
 
 def tracker_config(job: Job) -> dict:
