@@ -29,7 +29,7 @@ demo: $(STAMP)
 # the slowest tests are listed at the end. TEST_WORKERS=0 runs everything in this process.
 TEST_WORKERS ?= 2
 test: $(STAMP) browser
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
 
 # The browser test drives Debian's Chromium; install it when missing (as root, through apt).
 browser:
