@@ -20,30 +20,19 @@ class LiveFigure(go.FigureWidget):
             self._widget_data = deepcopy(self._data)
             self._widget_layout = deepcopy(self._layout_obj._props)
 
-    def _send_relayout_msg(self, *args, **kwargs):
-        super()._send_relayout_msg(*args, **kwargs)
-        self._keep_state()
 
-    def _send_restyle_msg(self, *args, **kwargs):
-        super()._send_restyle_msg(*args, **kwargs)
-        self._keep_state()
+_MESSAGES = ("_send_relayout_msg", "_send_restyle_msg", "_send_addTraces_msg", "_send_moveTraces_msg",
+             "_send_update_msg", "_send_animate_msg", "_send_deleteTraces_msg")
+"""plotly.basewidget's senders: every change to the page goes through one of them."""
 
-    def _send_addTraces_msg(self, *args, **kwargs):
-        super()._send_addTraces_msg(*args, **kwargs)
-        self._keep_state()
 
-    def _send_moveTraces_msg(self, *args, **kwargs):
-        super()._send_moveTraces_msg(*args, **kwargs)
+def _then_keep_state(name: str):
+    def send(self, *args, **kwargs):
+        getattr(go.FigureWidget, name)(self, *args, **kwargs)
         self._keep_state()
+    send.__name__ = name
+    return send
 
-    def _send_update_msg(self, *args, **kwargs):
-        super()._send_update_msg(*args, **kwargs)
-        self._keep_state()
 
-    def _send_animate_msg(self, *args, **kwargs):
-        super()._send_animate_msg(*args, **kwargs)
-        self._keep_state()
-
-    def _send_deleteTraces_msg(self, *args, **kwargs):
-        super()._send_deleteTraces_msg(*args, **kwargs)
-        self._keep_state()
+for _name in _MESSAGES:
+    setattr(LiveFigure, _name, _then_keep_state(_name))
