@@ -1,5 +1,5 @@
-"""training.trackers: TensorBoard and wandb (offline) runs write what metrics.jsonl holds, each read back with its
-own reader (both in the test extra)."""
+"""training.trackers: TensorBoard, wandb (offline) and trackio runs write what metrics.jsonl holds, each read
+back with its own reader (all three are in the test extra)."""
 from pathlib import Path
 
 import pytest
@@ -66,3 +66,22 @@ def test_wandb_logs_offline_into_the_run_folder_what_metrics_jsonl_holds(train, 
     history = _wandb_history(logs[0])
     assert {r["_step"]: r["loss"] for r in history} == pytest.approx({r["step"]: r["loss"] for r in records},
                                                                       rel=1e-6)
+
+
+def test_trackio_logs_into_the_run_folder_what_metrics_jsonl_holds(train, tmp_path, monkeypatch):
+    """trackio keeps its runs in a SQLite database; by default the runner puts it in OUT/trackio. Read back
+    with sqlite3: every step's loss."""
+    import json
+    import os
+    import sqlite3
+    monkeypatch.delenv("TRACKIO_DIR", raising=False)
+    try:
+        records, _ = train(name="tio", training={"trackers": ["trackio"], "steps": 3})
+    finally:
+        os.environ.pop("TRACKIO_DIR", None)          # (the runner set it for this process)
+    databases = list((tmp_path / "tio" / "trackio").glob("*.db"))
+    assert databases, "no trackio database in the run folder"
+    with sqlite3.connect(databases[0]) as db:
+        rows = db.execute("SELECT step, metrics FROM metrics").fetchall()
+    logged = {step: json.loads(metrics)["loss"] for step, metrics in rows if "loss" in json.loads(metrics)}
+    assert logged == pytest.approx({r["step"]: r["loss"] for r in records}, rel=1e-6)

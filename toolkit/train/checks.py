@@ -34,12 +34,10 @@ def runner_checks(job: Job) -> None:
         except ImportError:
             raise SpecError("optimizer.name", "adamw-8bit", "needs the bitsandbytes package "
                                                              "(pip install bitsandbytes); or use adamw") from None
-    for tracker in job.training.trackers:
-        module = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio"}[tracker]
-        try:
-            __import__(module)
-        except ImportError:
-            raise SpecError("training.trackers", tracker, f"is not installed (pip install {module})") from None
+    import importlib.util
+    for tracker in job.training.trackers:         # found, not imported: trackio reads TRACKIO_DIR at import
+        if importlib.util.find_spec(tracker) is None:
+            raise SpecError("training.trackers", tracker, f"is not installed (pip install {tracker})")
 
 
 _ACCELERATE_SWITCHES = ("ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED", "ACCELERATE_USE_MEGATRON_LM",

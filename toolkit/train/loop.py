@@ -155,6 +155,8 @@ def _train(job: Job, out_dir: str | Path, threads: int, *, peak_tflops: float | 
     t, spec = job.training, job.model
     plan = torch_precision(job.precision.mode)
 
+    if "trackio" in t.trackers:                # (before accelerate imports it: trackio reads it then)
+        os.environ.setdefault("TRACKIO_DIR", str(out / "trackio"))
     # precision and layout are the job's: accelerate starts the processes and the trackers, nothing more
     accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision="no", dynamo_backend="no",
                               log_with=list(t.trackers) or None, project_dir=str(out))
@@ -368,7 +370,7 @@ def _train(job: Job, out_dir: str | Path, threads: int, *, peak_tflops: float | 
 def tracker_kwargs(trackers, out: Path) -> dict:
     """Where each tracker writes: into the run folder. wandb without a login (no WANDB_API_KEY, no WANDB_MODE)
     would stop the run at an interactive prompt on every rank, so it logs offline there (`wandb sync` uploads
-    later); trackio logs locally to its own folder by default."""
+    later). trackio logs into OUT/trackio (run_training sets TRACKIO_DIR, unless given, before it is imported)."""
     kwargs = {}
     if "wandb" in trackers:
         offline = not os.environ.get("WANDB_API_KEY") and not os.environ.get("WANDB_MODE")
