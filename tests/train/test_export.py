@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from toolkit.cli import main
+from toolkit.runs import read_rank_memory
 from toolkit.specs import Job
 
 TINY = str(Path(__file__).parents[2] / "examples" / "tiny.yaml")
@@ -107,6 +108,7 @@ def test_the_torchrun_script_and_accelerate_launch_train_the_same_steps_on_two_g
     assert "starting: accelerate launch --config_file" in done.stdout               # the command is shown
     config = load_config_from_file(str(out / "accelerate_config.yaml"))
     assert (config.num_processes, str(config.mixed_precision)) == (2, "no")
+    assert [r["rank"] for r in read_rank_memory(out)] == [0, 1]          # two ranks, each measured
     launched = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [(r["step"], r["loss"], r["grad_norm"]) for r in launched] == \
         [(r["step"], r["loss"], r["grad_norm"]) for r in torchrun]

@@ -2,26 +2,21 @@
 parallelism, dp × tp, a pipeline and DeepSpeed: a slice here, every family in benchmarks/layouts.py. Each must
 train as one process does with the same global batch (fp32: the same sums in another order, ~1e-7), and its
 checkpoints must resume on another layout (bitwise on the same one after a SIGKILL: benchmarks/soak.py --extra).
+`accelerate launch` starting the ranks: tests/train/test_export.py (to the same bits as torchrun).
 
 The reference is an independent program: one process, no parallelism, no sharded state."""
 import json
-import os
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from toolkit.cli import main
 from toolkit.estimate.pipeline import rank_orders
-from toolkit.runs import read_pipeline_timeline, read_rank_memory
+from toolkit.runs import read_pipeline_timeline
 from toolkit.specs import Job
-from toolkit.train.launch import prepare_run
 from toolkit.train.loop import refuse_accelerate_overrides
 from toolkit.train.metrics import read_metrics
 
-from .conftest import tiny_job
 from .test_runner import toolkit_train, train_here
 
 STEPS = ("--steps", "6", "--global-batch", "8", "--eval-every", "3", "--checkpoint-every", "3")
@@ -145,15 +140,3 @@ def test_a_conflicting_accelerate_setting_is_refused_before_any_process_starts(t
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "ACCELERATE_MIXED_PRECISION = 'bf16': conflicts with precision.mode = fp32" in result.stderr
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
-
-
-def test_accelerate_launch_starts_the_ranks_and_the_job_keeps_the_program(tmp_path, corpus):
-    """`accelerate launch` (real gloo ranks on CPU) runs a worker per rank; its defaults change nothing."""
-    prepare_run(tiny_job(parallel={"zero": 2}, training={"steps": 3, "data": str(corpus)}), tmp_path, 2)
-    accelerate = Path(sys.executable).with_name("accelerate")
-    done = subprocess.run([str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "-m",
-                           "toolkit.train.worker", str(tmp_path / "job.yaml"), str(tmp_path), "--no-progress"],
-                          env=dict(os.environ, ACCELERATE_USE_CPU="1"), capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2, 3]
-    assert [r["rank"] for r in read_rank_memory(tmp_path)] == [0, 1]        # two ranks, each measured its FSDP2 shard
