@@ -77,29 +77,32 @@ def local_devices() -> LocalDevices:
     return LocalDevices("cpu", os.cpu_count() or 1)
 
 
-def run_plan(job: Job, here: LocalDevices | None = None, max_ranks: int = 4) -> RunPlan:
+def run_plan(job: Job, here: LocalDevices | None = None, max_ranks: int = 4,
+             device_peak_bytes: float | None = None) -> RunPlan:
     """The job itself when this machine's GPUs hold it (enough of them, enough memory, a layout the runner runs);
-    otherwise a proxy of at most `max_ranks` ranks. `job` is resolved here (the planner's job need not be)."""
+    otherwise a proxy of at most `max_ranks` ranks. `job` is resolved here (the planner's job need not be);
+    `device_peak_bytes`, where the caller has estimated it already, spares estimating it again."""
     here = here or local_devices()
     try:
         full, _ = job.resolve()
     except SpecError as err:
         return RunPlan(None, 0, False, refusal=f"The job is not valid: {err}")
     refusal = run_refusal(full)
-    why = _why_not_here(full, here)
+    why = _why_not_here(full, here, device_peak_bytes)
     if why is None and refusal is None:
         return RunPlan(full, full.devices, False)
     return _proxy(full, here, max_ranks, why or f"the runner does not train it as planned: {refusal[2]}")
 
 
-def _why_not_here(job: Job, here: LocalDevices) -> str | None:
+def _why_not_here(job: Job, here: LocalDevices, need: float | None) -> str | None:
     if here.kind != "cuda":
         return f"no GPU here; the job needs {job.devices} × {job.cluster.accelerator or 'GPU'}"
     if here.count < job.devices:
         return f"{here.count} GPU(s) here; the job needs {job.devices}"
-    from .estimate import estimate_result
-    memory = estimate_result(job).memory
-    need = memory.device_peak_bytes or memory.peak_bytes
+    if need is None:
+        from .estimate import estimate_result
+        memory = estimate_result(job).memory
+        need = memory.device_peak_bytes or memory.peak_bytes
     if here.memory_bytes is not None and need > here.memory_bytes:
         return f"it needs {need / 2**30:.1f} GiB per device; the {here.name} has {here.memory_bytes / 2**30:.1f} GiB"
     return None

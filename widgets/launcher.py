@@ -210,7 +210,9 @@ class LauncherPanel(PanelText, W.VBox):
 
 
 def fresh_folder(out: Path) -> Path:
-    """The first of out-2, out-3, ... that does not exist: a new run never writes into an old one."""
+    """The first of out, out-2, out-3, ... that does not exist: a new run never writes into an old one."""
+    if not out.exists():
+        return out
     n = 2
     while out.with_name(f"{out.name}-{n}").exists():
         n += 1

@@ -196,7 +196,8 @@ class PlannerPanel(PanelText, W.VBox):
         copy_into(self.memory_fig, memory_figure(result))
         copy_into(self.step_fig, step_figure(result))
         self.summary.value = _summary_html(result)
-        self._show_run_plan(run_plan(job, self.here))
+        peak = result.memory.device_peak_bytes or result.memory.peak_bytes     # (estimated once, above)
+        self._show_run_plan(run_plan(job, self.here, device_peak_bytes=peak))
         self.last_update_s = time.perf_counter() - began
 
     def _show_run_plan(self, plan: RunPlan | None) -> None:
@@ -231,7 +232,7 @@ class PlannerPanel(PanelText, W.VBox):
         if plan is None or plan.job is None or (self.launcher is not None and self.launcher.running):
             return self.launcher
         job = plan.job
-        out = fresh_folder(self.run_dir) if self.run_dir.exists() else self.run_dir
+        out = fresh_folder(self.run_dir)
         self.launcher = LauncherPanel(job, out, nproc=nproc or plan.nproc)
         self.launcher.observe(lambda _c: self._show_run_plan(self.run_plan), names="state")
         what = "a proxy of the job" if plan.proxy else "the job"

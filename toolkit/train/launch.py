@@ -109,8 +109,9 @@ def launch(job: Job, out_dir: str | Path, nproc: int = 1, peak_tflops: float | N
     shutil.rmtree(out / "errors", ignore_errors=True)     # (a rank records its exception there: none yet)
     flags = (["--peak-tflops", str(peak_tflops)] if peak_tflops is not None else []) + \
         ([] if progress else ["--no-progress"])
-    if launcher == "accelerate" or (launcher == "auto" and _cuda_gpus() > 0):
-        return _accelerate_launch(job, out, nproc, port, flags, allocator)
+    gpus = _cuda_gpus() if launcher != "own" else 0
+    if launcher == "accelerate" or (launcher == "auto" and gpus > 0):
+        return _accelerate_launch(job, out, nproc, port, flags, allocator, on_cpu=gpus == 0)
     workers = []
     for rank in range(nproc):
         env = dict(pin_environment(dict(os.environ), nproc), RANK=str(rank), LOCAL_RANK=str(rank),
@@ -127,7 +128,8 @@ def _cuda_gpus() -> int:
     return here.count if here.kind == "cuda" else 0
 
 
-def _accelerate_launch(job: Job, out: Path, nproc: int, port: int, flags: list[str], allocator: dict) -> int:
+def _accelerate_launch(job: Job, out: Path, nproc: int, port: int, flags: list[str], allocator: dict,
+                       on_cpu: bool) -> int:
     """`accelerate launch` with a config written from the job; the command is printed. A SIGTERM to this process
     goes to accelerate, whose elastic agent passes it to every rank (they checkpoint and exit)."""
     from ..export import accelerate_config
@@ -137,7 +139,7 @@ def _accelerate_launch(job: Job, out: Path, nproc: int, port: int, flags: list[s
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
                "--main_process_port", str(port), "-m", "toolkit.train.worker", str(out / "job.yaml"), str(out), *flags]
     env = dict(pin_environment(dict(os.environ), nproc), **allocator)
-    if _cuda_gpus() == 0:
+    if on_cpu:
         env["ACCELERATE_USE_CPU"] = "1"                  # gloo ranks (accelerate's --cpu would start only one)
     print("starting: accelerate launch " + " ".join(command[3:]), flush=True)
     process = subprocess.Popen(command, env=env)

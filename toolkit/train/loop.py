@@ -155,8 +155,7 @@ def _train(job: Job, out_dir: str | Path, threads: int, *, peak_tflops: float | 
     t, spec = job.training, job.model
     plan = torch_precision(job.precision.mode)
 
-    if "trackio" in t.trackers:                # (before accelerate imports it: trackio reads it then)
-        os.environ.setdefault("TRACKIO_DIR", str(out / "trackio"))
+    tracker_kwargs = tracker_setup(t.trackers, out)     # (before accelerate imports the trackers)
     # precision and layout are the job's: accelerate starts the processes and the trackers, nothing more
     accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision="no", dynamo_backend="no",
                               log_with=list(t.trackers) or None, project_dir=str(out))
@@ -208,7 +207,7 @@ def _train(job: Job, out_dir: str | Path, threads: int, *, peak_tflops: float | 
         accelerator.print(f"metrics: {metrics.note}")
     recorder = MemoryRecorder(prog, job, device, rank, out, start_step, t.steps, stage=prog.pp_rank)
     if t.trackers:
-        accelerator.init_trackers("toolkit", config=tracker_config(job), init_kwargs=tracker_kwargs(t.trackers, out))
+        accelerator.init_trackers("toolkit", config=tracker_config(job), init_kwargs=tracker_kwargs)
 
     pruned: list[dict] = []                  # the tensors the masks act on, looked up once per set of masks
 
@@ -367,10 +366,13 @@ def _train(job: Job, out_dir: str | Path, threads: int, *, peak_tflops: float | 
                      final_loss=final_loss, out_dir=out)
 
 
-def tracker_kwargs(trackers, out: Path) -> dict:
-    """Where each tracker writes: into the run folder. wandb without a login (no WANDB_API_KEY, no WANDB_MODE)
-    would stop the run at an interactive prompt on every rank, so it logs offline there (`wandb sync` uploads
-    later). trackio logs into OUT/trackio (run_training sets TRACKIO_DIR, unless given, before it is imported)."""
+def tracker_setup(trackers, out: Path) -> dict:
+    """Where each tracker writes: into the run folder; returns accelerate's init_kwargs. Called before the
+    Accelerator imports the trackers: trackio reads TRACKIO_DIR at import (set to OUT/trackio unless given).
+    wandb without a login (no WANDB_API_KEY, no WANDB_MODE) would stop the run at an interactive prompt on
+    every rank, so it logs offline there (`wandb sync` uploads later)."""
+    if "trackio" in trackers:
+        os.environ.setdefault("TRACKIO_DIR", str(out / "trackio"))
     kwargs = {}
     if "wandb" in trackers:
         offline = not os.environ.get("WANDB_API_KEY") and not os.environ.get("WANDB_MODE")
