@@ -50,9 +50,12 @@ def page(tmp_path):
         browser = launch_chromium(p)
         page = open_notebook(browser, base, token, NOTEBOOK.name)
         page.root = tmp_path
+        console = []                                 # the page's console, kept beside the screenshots
+        page.on("console", lambda message: console.append(f"{time.monotonic():.1f} {message.type}: {message.text}"))
         try:
             yield page
         finally:
+            (ARTIFACTS / "jupyterlab_console.log").write_text("\n".join(console) + "\n")
             browser.close()
             kill_processes_under(tmp_path)          # (a failed test's run outlives the kernel: stop it)
 

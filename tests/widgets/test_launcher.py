@@ -20,9 +20,16 @@ def test_stop_during_a_run_checkpoints_and_the_kernel_stays_responsive(tmp_path)
     while len(panel.records) < 3:
         assert time.monotonic() < deadline and panel.running, panel.status.value
         time.sleep(0.05)
-    planner = PlannerPanel()                         # the kernel's thread is free while training runs
+    # the kernel's thread is free while training runs: a planner redraw answers within seconds (it shares 2 cores
+    # with two training ranks and, under make test, another test file: 0.78 s seen), not at the end of a
+    # 2000-step run, and the watcher draws new steps meanwhile
+    drawn = len(panel.records)
+    planner = PlannerPanel()
     planner.controls["micro_batch"].value = 4
-    assert planner.last_update_s < 0.5
+    assert planner.last_update_s < 2.0 and panel.running
+    while len(panel.records) <= drawn:
+        assert time.monotonic() < deadline and panel.running, panel.status.value
+        time.sleep(0.05)
     panel.stop()
     assert panel.wait(120) == 0
     step = panel.records[-1]["step"]

@@ -159,3 +159,24 @@ def test_before_run_the_panel_says_in_words_what_run_will_start():
     on_gpus = PlannerPanel(preset="llama2-7b", accelerator="H100-SXM", count=8, precision="amp-bf16", zero=3,
                            here=LocalDevices("cuda", 8, 80 * 2**30, "H100"))
     assert "the job itself, on 8 rank(s)" in on_gpus.run_note.value and on_gpus.run_steps.disabled
+
+
+def test_the_state_a_reloaded_tab_asks_for_stays_small(panel):
+    """A reloaded tab asks the kernel for every widget's state at once and gives the reply 4 s (ipywidgets'
+    `request_states`); with plotly's 5 MB page code in each figure's state it passed 15 MB and, on a loaded machine,
+    came too late ("model not found"). Measured as ipywidgets serializes it: the figures' page code is a loader
+    of a few KB, and the bundle it fetches once is plotly's own."""
+    import json
+
+    from ipywidgets.widgets.widget import _remove_buffers
+    state_bytes = 0
+    for widget in [panel, panel.memory_fig, panel.step_fig, *panel.children]:
+        state, _paths, buffers = _remove_buffers(widget.get_state())
+        state_bytes += len(json.dumps(state, default=str)) + sum(len(b) for b in buffers)
+    assert state_bytes < 200_000
+    sent = []
+    panel.memory_fig.send = lambda content, buffers=None: sent.append((content, buffers))
+    panel.memory_fig._handle_custom_msg({"id": "1", "kind": "anywidget-command", "name": "_plotly_bundle",
+                                         "msg": None}, [])
+    (content, buffers), = sent
+    assert content["id"] == "1" and len(buffers[0]) > 1_000_000 and b"FigureView" in buffers[0]
