@@ -167,18 +167,33 @@ def collective_fit(world: int) -> tuple[float | None, float | None]:
 
 def measure_rank(job: Job, rank: int, world: int) -> dict:
     """One rank's figures, measured while every other rank measures the same."""
+    import gc
+    import importlib
+    importlib.import_module("toolkit.train.loop")     # what a training rank loads (accelerate, the runner)
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))      # as the launcher gives a training rank
     mode = job.precision.mode or "fp32"
     dtype = TORCH_DTYPES[compute_dtype(mode)]
-    shapes = job_shapes(job) if job.model.has_shape else [(n, n, n) for n in SWEEP]
-    rates = matmul_flops(shapes, dtype)
-    bandwidth, latency = collective_fit(world)
     shaped = job.model.has_shape
-    return {"rank": rank, "dtype": compute_dtype(mode), "shapes": [list(s) for s in shapes], "matmul_flops": rates,
-            "attention_flops": attention_flops(job, dtype) if shaped else None,
-            "memory_bw_bytes_per_s": elementwise_bw_bytes_per_s(job, dtype) if shaped else memory_bw_bytes_per_s(),
-            "optimizer_params_per_s": optimizer_params_per_s(job), "op_overhead_s": op_overhead_s(),
-            "bus_bw_bytes_per_s": bandwidth, "latency_s": latency}
+    shapes = job_shapes(job) if shaped else [(n, n, n) for n in SWEEP]
+    bandwidth, latency = collective_fit(world)
+    figures = {"rank": rank, "dtype": compute_dtype(mode), "shapes": [list(s) for s in shapes],
+               "matmul_flops": matmul_flops(shapes, dtype),
+               "attention_flops": attention_flops(job, dtype) if shaped else None,
+               "memory_bw_bytes_per_s": elementwise_bw_bytes_per_s(job, dtype) if shaped else memory_bw_bytes_per_s(),
+               "optimizer_params_per_s": optimizer_params_per_s(job), "op_overhead_s": op_overhead_s(),
+               "bus_bw_bytes_per_s": bandwidth, "latency_s": latency}
+    gc.collect()
+    figures["baseline_bytes"] = _resident_bytes()   # the rank with its code, threads and gloo buffers, tensors freed
+    return figures
+
+
+def _resident_bytes() -> int | None:
+    """This process's resident memory (Linux), or None."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def profile_row(ranks: list[dict], world: int) -> dict:
@@ -196,20 +211,27 @@ def profile_row(ranks: list[dict], world: int) -> dict:
         assumptions["attention_fraction"] = min(r["attention_flops"] for r in ranks) / peak
     if ranks[0]["latency_s"] is not None:
         assumptions["latency_intra_s"] = ranks[0]["latency_s"]
-    row = {"name": f"measured-{host}", "vendor": "measured", "memory_bytes": _memory_bytes(),
+    baselines = [r["baseline_bytes"] for r in ranks if r.get("baseline_bytes")]
+    row = {"name": f"measured-{host}", "vendor": "measured", "memory_bytes": _memory_bytes(world),
            "memory_bw_bytes_per_s": min(r["memory_bw_bytes_per_s"] for r in ranks),
            "link_bw_bytes_per_s": 2 * bus if bus else "unknown", "tdp_w": "unknown",
            "peak_tflops": {**{d: "unknown" for d in DTYPE_NAMES}, dtype: peak / 1e12}, "assumptions": assumptions,
+           # what a CPU rank holds beyond its tensors: the process itself (interpreter, torch's code and data, the
+           # gloo group), measured; no CUDA context, cuBLAS workspace, caching allocator or NCCL buffers
+           **({"device_memory": {"context_bytes": max(baselines), "workspace_bytes": 0, "fragmentation": 0.0,
+                                 "fragmentation_expandable": 0.0, "communicator_bytes": 0}}
+              if baselines and not torch.cuda.is_available() else {}),
            "source": f"measured on {host}, {today} by toolkit calibrate ({world} rank(s) busy at once, "
                      f"{len(ranks[0]['shapes'])} matmul shapes in {dtype}, forward and backward)",
            "as_of": today}
     return {"accelerators": [row]}
 
 
-def _memory_bytes() -> int | str:
-    """This machine's memory (what a CPU 'device' holds), or unknown."""
+def _memory_bytes(world: int) -> int | str:
+    """What one CPU 'device' holds: this machine's memory shared by the ranks that train on it at once (the planner
+    fits each rank's tensors in it), or unknown."""
     try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // world
     except (ValueError, OSError, AttributeError):
         return "unknown"
 

@@ -361,7 +361,7 @@ def cmd_train(args) -> int:
     catalog = load_catalog(*args.catalog)
     job = job_from_args(args, catalog)
     code = launch(job, args.out, nproc=args.nproc, peak_tflops=args.peak_tflops, progress=not args.no_progress,
-                  launcher=args.launcher)
+                  launcher=args.launcher, catalog_files=args.catalog)
     if code == 0:
         print(render_run_summary(args.out))
     return code

@@ -44,22 +44,35 @@ def test_the_planners_mask_agrees_with_the_runners_refusal_on_every_layout(extra
     assert checked > (5 if base.finetune.adapters else 300) and 0 < runnable <= checked
 
 
-def test_a_runnable_plan_trains_as_written_on_four_ranks(tmp_path, corpus):
-    job_file = tmp_path / "plan.yaml"
-    toolkit = [sys.executable, "-m", "toolkit.cli"]
-    assert main(["plan", "--layers", "2", "--hidden", "64", "--heads", "4", "--vocab", "256", "--seq", "32",
-                 "--global-batch", "8", "--precision", "fp32", "--gpus", "4xH100-SXM", "--tokens", "1e6",
-                 "--runnable", "--write-job", str(job_file)]) == 0
-    written = Job.from_yaml(job_file)
-    assert run_refusal(written.resolve(load_catalog())[0]) is None
-    train = subprocess.run([*toolkit, "train", "--config", str(job_file), "--nproc", "4", "--steps", "3",
-                            "--warmup", "1", "--num-workers", "0", "--no-progress", "--data", str(corpus),
-                            "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=300)
+def test_a_plan_for_this_machine_trains_as_written_on_four_ranks(tmp_path, corpus):
+    """This machine as a catalog row (toolkit calibrate on 4 busy ranks), the planner's best runnable layout on 4 of
+    its CPU 'devices', and that plan trained as written: the run resolves the row from its own folder, and its MFU is
+    against the measured peak."""
+    import yaml
+    profile, job_file, run = tmp_path / "profile.yaml", tmp_path / "plan.yaml", tmp_path / "run"
+    shape = ["--layers", "2", "--hidden", "64", "--heads", "4", "--vocab", "256", "--seq", "32", "--precision", "fp32"]
+    (tmp_path / "small.yaml").write_text(yaml.safe_dump({"model": {"layers": 2, "hidden": 64, "heads": 4,
+                                                                   "vocab": 256, "seq_len": 32},
+                                                         "batch": {"micro_batch": 2, "global_batch": 8},
+                                                         "precision": {"mode": "fp32"}}))
+    assert main(["calibrate", "--nproc", "4", "--config", str(tmp_path / "small.yaml"), "--out", str(profile)]) == 0
+    row = yaml.safe_load(profile.read_text())["accelerators"][0]
+    assert row["device_memory"]["context_bytes"] > 100 * 2**20          # the process itself, not a CUDA context
+    assert main(["plan", *shape, "--global-batch", "8", "--catalog", str(profile), "--gpus", f"4x{row['name']}",
+                 "--tokens", "1e6", "--runnable", "--write-job", str(job_file)]) == 0
+    written = Job.from_yaml(job_file, load_catalog(profile))
+    assert written.cluster.accelerator == row["name"]
+    train = subprocess.run([sys.executable, "-m", "toolkit.cli", "train", "--config", str(job_file), "--catalog",
+                            str(profile), "--nproc", "4", "--steps", "3", "--warmup", "1", "--num-workers", "0",
+                            "--no-progress", "--data", str(corpus), "--out", str(run)],
+                           capture_output=True, text=True, timeout=300)
     assert train.returncode == 0, train.stderr
-    assert [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")] == [1, 2, 3]
-    trained = Job.from_yaml(tmp_path / "run" / "job.yaml").parallel
-    assert (trained.tp, trained.zero, trained.offload) == (written.parallel.tp, written.parallel.zero,
-                                                           written.parallel.offload)
+    records = read_metrics(run / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2, 3] and all(0 < r["mfu"] < 1 for r in records[1:]), records
+    trained = Job.from_yaml(run / "job.yaml", load_catalog(run / "catalog.yaml")).parallel
+    assert (trained.dp, trained.tp, trained.pp, trained.zero) == (written.parallel.dp, written.parallel.tp,
+                                                                  written.parallel.pp, written.parallel.zero)
+    assert main(["compare", "--run", str(run), "--no-trace", "--json"]) == 0      # (no --catalog: the run's own)
 
 
 def test_the_readme_renders_the_capability_table():

@@ -89,7 +89,8 @@ def compare_run(out_dir, catalog_files=(), trace: bool = True) -> dict:
     out = Path(out_dir)
     if not (out / "job.yaml").is_file():
         raise SpecError("--run", str(out), "holds no job.yaml: give the --out folder of a `toolkit train` run")
-    catalog = load_catalog(*catalog_files)
+    from ..runs import run_catalog_files
+    catalog = load_catalog(*run_catalog_files(out), *catalog_files)     # the run's own rows, then the user's
     job, _notes = Job.from_yaml(out / "job.yaml", catalog).resolve(catalog)
     profiled = _profile_accelerators(catalog_files)
     if job.cluster.accelerator is None and len(profiled) == 1:      # the run's own program, this machine's figures

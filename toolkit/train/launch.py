@@ -26,6 +26,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..runs import write_run_catalog
 from ..specs import Job, SpecError, load_catalog
 from .checkpoint import latest_checkpoint, list_checkpoints, resume_key
 from .checks import refuse_accelerate_overrides, runner_checks
@@ -34,8 +35,9 @@ from .determinism import pin_environment
 __all__ = ["prepare_run", "launch"]
 
 
-def prepare_run(job: Job, out_dir: str | Path, nproc: int) -> Job:
-    """Fix the data-parallel degree to nproc / (tp × pp), check everything the runner needs, write OUT/job.yaml."""
+def prepare_run(job: Job, out_dir: str | Path, nproc: int, catalog_files=()) -> Job:
+    """Fix the data-parallel degree to nproc / (tp × pp), check everything the runner needs, write OUT/job.yaml
+    (and OUT/catalog.yaml: the user's catalog rows, so a job on a calibrated or custom device resolves in the run)."""
     if nproc < 1:
         raise SpecError("--nproc", nproc, "must be 1 or more")
     par = job.parallel
@@ -47,7 +49,7 @@ def prepare_run(job: Job, out_dir: str | Path, nproc: int) -> Job:
         raise SpecError("--nproc", nproc, f"must be a multiple of tp × pp = {model_parallel}")
     job = job.replace(parallel=dataclasses.replace(par, dp=nproc // model_parallel),
                       cluster=dataclasses.replace(job.cluster, count=nproc))
-    resolved, _notes = job.resolve(load_catalog())
+    resolved, _notes = job.resolve(load_catalog(*catalog_files))
     runner_checks(resolved)
     refuse_accelerate_overrides(resolved)
     from .data import BYTE_VOCAB, TokenShards
@@ -64,6 +66,7 @@ def prepare_run(job: Job, out_dir: str | Path, nproc: int) -> Job:
                                                "schedule, not the model, layout, data or seed); use a new --out "
                                                "folder, or delete its checkpoints")
     out.mkdir(parents=True, exist_ok=True)
+    write_run_catalog(out, catalog_files)
     job.to_yaml(out / "job.yaml")
     return job
 
@@ -87,13 +90,13 @@ LAUNCHERS = ("auto", "own", "accelerate")
 
 
 def launch(job: Job, out_dir: str | Path, nproc: int = 1, peak_tflops: float | None = None,
-           progress: bool = True, launcher: str = "auto") -> int:
+           progress: bool = True, launcher: str = "auto", catalog_files=()) -> int:
     """Run the job; returns the exit code (0 done or stopped cleanly, 1 a rank failed, 3 stopped by diagnosis).
     launcher: "own" starts and supervises the ranks here, "accelerate" through `accelerate launch`, "auto" the
     latter where CUDA GPUs are (the design's multi-GPU path), the former elsewhere."""
     if launcher not in LAUNCHERS:
         raise SpecError("--launcher", launcher, f"must be one of {', '.join(LAUNCHERS)}")
-    job = prepare_run(job, out_dir, nproc)
+    job = prepare_run(job, out_dir, nproc, catalog_files)
     out = Path(out_dir)
     allocator = _allocator_env(job)
     if nproc == 1:

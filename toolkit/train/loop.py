@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from ..estimate.flops import flops_per_token
-from ..runs import write_stage_timeline
+from ..runs import run_catalog_files, write_stage_timeline
 from ..specs import Job, SpecError, load_catalog
 from ..specs.job import compute_dtype
 from .checkpoint import latest_checkpoint, resume_key, save_checkpoint, unwritable_checkpoint
@@ -148,10 +148,11 @@ def _train(job: Job, out_dir: str | Path, threads: int, *, peak_tflops: float | 
            ) -> RunResult:
     from accelerate import Accelerator
 
-    job, _notes = job.resolve(load_catalog())
+    out = Path(out_dir)
+    catalog = load_catalog(*run_catalog_files(out))       # (a job on the user's own rows: OUT/catalog.yaml)
+    job, _notes = job.resolve(catalog)
     runner_checks(job)
     refuse_accelerate_overrides(job)
-    out = Path(out_dir)
     t, spec = job.training, job.model
     plan = torch_precision(job.precision.mode)
 
@@ -191,7 +192,7 @@ def _train(job: Job, out_dir: str | Path, threads: int, *, peak_tflops: float | 
     for line in problems:
         accelerator.print(f"checkpoint: {line}")
     if state is not None:
-        if resume_key(Job.from_dict(state["job"]).resolve(load_catalog())[0]) != resume_key(job):
+        if resume_key(Job.from_dict(state["job"], catalog).resolve(catalog)[0]) != resume_key(job):
             raise SpecError("job", str(path), f"{out} holds checkpoints of a different job; use a new --out "
                                               "folder, or delete the checkpoints to start over")
         start_step, skipped_total = load_checkpoint(job, prog, state, scaler, pruner, rank, world, out)
@@ -230,8 +231,9 @@ def _train(job: Job, out_dir: str | Path, threads: int, *, peak_tflops: float | 
     batches = iter(make_loader(train_set, sampler, t.num_workers, t.prefetch))
     tokens_per_step = job.batch.global_batch * spec.seq_len
     flops_per_step = flops_per_token(job).model * tokens_per_step
-    if peak_tflops is None and job.cluster.accelerator and device.type == "cuda":
-        peak = load_catalog().accelerator(job.cluster.accelerator).peak_flops(compute_dtype(job.precision.mode))
+    row = catalog.accelerator(job.cluster.accelerator) if job.cluster.accelerator else None
+    if peak_tflops is None and row and (device.type == "cuda" or row.vendor == "measured"):   # (a GPU's peak is
+        peak = row.peak_flops(compute_dtype(job.precision.mode))                               # no CPU run's MFU)
         peak_tflops = peak / 1e12 if peak else None
     int8 = Int8Activations(raw_model) if job.memory.act_compress == "int8" else None
     stop_requested = {"flag": False}

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ..estimate.memory import memory_estimate
 from ..format import gib
-from ..runs import read_rank_memory
+from ..runs import read_rank_memory, run_catalog_files
 from ..specs import Job, load_catalog
 from .metrics import read_metrics
 
@@ -16,7 +16,8 @@ __all__ = ["run_summary", "render_run_summary"]
 def run_summary(out_dir: str | Path) -> dict:
     """Measured figures of the run in `out_dir` and the estimate of the same job (per rank)."""
     out = Path(out_dir)
-    job, _ = Job.from_yaml(out / "job.yaml").resolve(load_catalog())
+    catalog = load_catalog(*run_catalog_files(out))
+    job, _ = Job.from_yaml(out / "job.yaml", catalog).resolve(catalog)
     records = [r for r in read_metrics(out / "metrics.jsonl") if r.get("loss") is not None]
     steady = records[1:] or records                       # the first step pays for start-up
     losses = [r["loss"] for r in records]
