@@ -67,6 +67,11 @@ def restore_state(model: nn.Module, optimizer: torch.optim.Optimizer, model_sd: 
         return
     model.load_state_dict(model_sd)
     optimizer.load_state_dict(_by_index(optim_sd, _names_in_order(model, optimizer)))
+    for param in [p for p, value in optimizer.state.items() if value is None]:
+        # torch's ZeroRedundancyOptimizer leaves None for each parameter another rank owns (its own states live in
+        # its local optimizer); code that walks optimizer.state (MemTracker, when the resumed run records its memory)
+        # expects a dict per entry, and a fresh run has no entry at all
+        del optimizer.state[param]
 
 
 def _names_in_order(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
