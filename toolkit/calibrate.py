@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import gc
+import importlib
 import os
 import platform
 import statistics
@@ -167,8 +169,6 @@ def collective_fit(world: int) -> tuple[float | None, float | None]:
 
 def measure_rank(job: Job, rank: int, world: int) -> dict:
     """One rank's figures, measured while every other rank measures the same."""
-    import gc
-    import importlib
     importlib.import_module("toolkit.train.loop")     # what a training rank loads (accelerate, the runner)
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))      # as the launcher gives a training rank
     mode = job.precision.mode or "fp32"

@@ -1,7 +1,7 @@
 """A run folder, written by the runner and read by the CLI and the widgets (no torch).
 
     OUT/job.yaml                  the job as trained (resolved layout: dp, tp, zero, ...)
-    OUT/catalog.yaml              the catalog rows the job names beyond the built-in ones (--catalog), if any
+    OUT/catalogs/NN-*.yaml        copies of the catalog files the run was started with (--catalog), if any
     OUT/metrics.jsonl             one line per optimizer step (toolkit.train.metrics)
     OUT/checkpoints/step_*.pt     (toolkit.train.checkpoint)
     OUT/memory/rank{r}.json       each rank's measured tensor memory over its first two steps
@@ -24,31 +24,27 @@ from .specs.errors import SpecError
 __all__ = ["MEMORY_KEYS", "memory_file", "write_rank_memory", "read_rank_memory", "PIPELINE_KEYS",
            "write_stage_timeline", "read_pipeline_timeline", "run_catalog_files", "write_run_catalog"]
 
-RUN_CATALOG = "catalog.yaml"
+RUN_CATALOGS = "catalogs"
 
 
 def run_catalog_files(out_dir: str | Path) -> list[Path]:
-    """The run's own catalog file, for `load_catalog(*...)`: a job on a `toolkit calibrate` row (this machine)
-    or another row of the user's resolves wherever the run is read (ranks, summary, compare, a resume)."""
-    path = Path(out_dir) / RUN_CATALOG
-    return [path] if path.is_file() else []
+    """The run's own catalog files, in order, for `load_catalog(*...)`: a job on a `toolkit calibrate` row (this
+    machine) or another row of the user's resolves wherever the run is read (ranks, summary, compare, a rerun)."""
+    return sorted((Path(out_dir) / RUN_CATALOGS).glob("*.yaml"))
 
 
 def write_run_catalog(out_dir: str | Path, catalog_files) -> None:
-    """Copy the user's catalog files into the run folder as one (rows of later files first, as load_catalog
-    merges them: the later file wins)."""
-    import yaml
-    merged: dict[str, list] = {}
-    for path in reversed([Path(p) for p in catalog_files]):
-        for kind, rows in (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).items():
-            names = {row.get("name") for row in merged.get(kind, [])}
-            merged.setdefault(kind, []).extend(r for r in rows if r.get("name") not in names)
-    target = Path(out_dir) / RUN_CATALOG
-    if merged:
-        target.write_text("# catalog rows this run was started with (toolkit train --catalog)\n"
-                          + yaml.safe_dump(merged, sort_keys=False), encoding="utf-8")
-    else:
-        target.unlink(missing_ok=True)
+    """Keep verbatim copies of the user's catalog files in the run folder (load_catalog merges them as it
+    merged the originals)."""
+    texts = [(Path(p).name, Path(p).read_text(encoding="utf-8")) for p in catalog_files]   # (before the folder goes)
+    folder = Path(out_dir) / RUN_CATALOGS
+    for old in run_catalog_files(out_dir):
+        old.unlink()
+    if texts:
+        folder.mkdir(parents=True, exist_ok=True)
+    for n, (name, text) in enumerate(texts):
+        (folder / f"{n:02d}-{name}").write_text(text, encoding="utf-8")
+
 
 MEMORY_KEYS = ("rank", "stage", "instrument", "steps", "peak_bytes", "categories")
 

@@ -8,16 +8,14 @@ Two things plotly's FigureWidget does not do:
   or stale after a reload. After each message this class copies the figure into that state. The page's code does
   not redraw on a change of it (plotly's `do_data`/`do_layout` do nothing), so a change is still drawn once.
 - Its page code (`_esm`: plotly.js and the widget, 5 MB) is a synced trait of every figure, so each figure sends
-  it on display and again in the state a reloaded tab asks the kernel for. With three figures that reply is over
-  15 MB; ipywidgets gives it 4 s ("Control comm did not respond in time"), and on a loaded machine a reloaded tab
-  showed "Error displaying widget: model not found". Here `_esm` is a 2 KB loader; the page asks the kernel for
+  it on display and again in the state a reloaded tab asks the kernel for. With the planner's figures that reply was
+  20 MB; ipywidgets gives it 4 s ("Control comm did not respond in time"), and on a loaded machine a reloaded tab
+  showed "Error displaying widget: model not found". Here `_esm` is a 1 KB loader; the page asks the kernel for
   the bundle once (an anywidget command, as one binary buffer) and every figure on the page shares it.
 """
 from copy import deepcopy
 from functools import cache
-from pathlib import Path
 
-import plotly
 import plotly.graph_objects as go
 from anywidget.experimental import command
 
@@ -58,7 +56,7 @@ export default () => {
 
 @cache
 def _bundle_bytes() -> bytes:
-    return (Path(plotly.__file__).parent / "package_data" / "widgetbundle.js").read_bytes()
+    return str(go.FigureWidget._esm).encode()      # (anywidget read plotly's bundle file when plotly loaded)
 
 
 class LiveFigure(go.FigureWidget):

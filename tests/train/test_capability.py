@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from toolkit.capability import run_refusal, runnable_mask
+from toolkit.runs import run_catalog_files
 from toolkit.cli import main
 from toolkit.estimate.grid import layout_grid
 from toolkit.plan.search import AXIS_VALUES
@@ -69,10 +70,14 @@ def test_a_plan_for_this_machine_trains_as_written_on_four_ranks(tmp_path, corpu
     assert train.returncode == 0, train.stderr
     records = read_metrics(run / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2, 3] and all(0 < r["mfu"] < 1 for r in records[1:]), records
-    trained = Job.from_yaml(run / "job.yaml", load_catalog(run / "catalog.yaml")).parallel
+    trained = Job.from_yaml(run / "job.yaml", load_catalog(*run_catalog_files(run))).parallel
     assert (trained.dp, trained.tp, trained.pp, trained.zero) == (written.parallel.dp, written.parallel.tp,
                                                                   written.parallel.pp, written.parallel.zero)
     assert main(["compare", "--run", str(run), "--no-trace", "--json"]) == 0      # (no --catalog: the run's own)
+    again = subprocess.run([sys.executable, "-m", "toolkit.cli", "train", "--config", str(run / "job.yaml"), "--nproc",
+                            "4", "--steps", "4", "--no-progress", "--out", str(run)],     # a rerun, no --catalog
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and "resumed from step_00000003.pt" in again.stdout + again.stderr, again.stderr
 
 
 def test_the_readme_renders_the_capability_table():

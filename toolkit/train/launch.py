@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..runs import write_run_catalog
+from ..runs import run_catalog_files, write_run_catalog
 from ..specs import Job, SpecError, load_catalog
 from .checkpoint import latest_checkpoint, list_checkpoints, resume_key
 from .checks import refuse_accelerate_overrides, runner_checks
@@ -37,7 +37,10 @@ __all__ = ["prepare_run", "launch"]
 
 def prepare_run(job: Job, out_dir: str | Path, nproc: int, catalog_files=()) -> Job:
     """Fix the data-parallel degree to nproc / (tp × pp), check everything the runner needs, write OUT/job.yaml
-    (and OUT/catalog.yaml: the user's catalog rows, so a job on a calibrated or custom device resolves in the run)."""
+    (and copies of the user's catalog files in OUT/catalogs, so a job on a calibrated or custom device resolves in
+    the run; a rerun without --catalog uses the run's copies)."""
+    out = Path(out_dir)
+    given = list(catalog_files)
     if nproc < 1:
         raise SpecError("--nproc", nproc, "must be 1 or more")
     par = job.parallel
@@ -49,7 +52,7 @@ def prepare_run(job: Job, out_dir: str | Path, nproc: int, catalog_files=()) -> 
         raise SpecError("--nproc", nproc, f"must be a multiple of tp × pp = {model_parallel}")
     job = job.replace(parallel=dataclasses.replace(par, dp=nproc // model_parallel),
                       cluster=dataclasses.replace(job.cluster, count=nproc))
-    resolved, _notes = job.resolve(load_catalog(*catalog_files))
+    resolved, _notes = job.resolve(load_catalog(*(given or run_catalog_files(out))))
     runner_checks(resolved)
     refuse_accelerate_overrides(resolved)
     from .data import BYTE_VOCAB, TokenShards
@@ -59,14 +62,14 @@ def prepare_run(job: Job, out_dir: str | Path, nproc: int, catalog_files=()) -> 
         raise SpecError("model.vocab", resolved.model.vocab, f"is smaller than the data's vocabulary ({vocab})")
     if resolved.training.init_from and not Path(resolved.training.init_from).is_dir():
         raise SpecError("training.init_from", resolved.training.init_from, "no such folder")
-    out = Path(out_dir)
     if (out / "job.yaml").exists() and list_checkpoints(out / "checkpoints"):
         if resume_key(Job.from_yaml(out / "job.yaml")) != resume_key(job):
             raise SpecError("--out", str(out), "holds checkpoints of a different job (a resume may change the "
                                                "schedule, not the model, layout, data or seed); use a new --out "
                                                "folder, or delete its checkpoints")
     out.mkdir(parents=True, exist_ok=True)
-    write_run_catalog(out, catalog_files)
+    if given:
+        write_run_catalog(out, given)
     job.to_yaml(out / "job.yaml")
     return job
 

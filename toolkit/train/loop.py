@@ -149,7 +149,7 @@ def _train(job: Job, out_dir: str | Path, threads: int, *, peak_tflops: float | 
     from accelerate import Accelerator
 
     out = Path(out_dir)
-    catalog = load_catalog(*run_catalog_files(out))       # (a job on the user's own rows: OUT/catalog.yaml)
+    catalog = load_catalog(*run_catalog_files(out))       # (a job on the user's own rows: OUT/catalogs)
     job, _notes = job.resolve(catalog)
     runner_checks(job)
     refuse_accelerate_overrides(job)
