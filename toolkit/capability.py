@@ -5,8 +5,8 @@
 The torch backend (toolkit.train.parallelize, toolkit.train.pipeline) trains fp32, amp-* and pure-bf16:
 data-parallel replicas (DDP), torch's ZeRO-1 (ZeroRedundancyOptimizer over DDP), ZeRO-2/3 (FSDP2, with or
 without parameter offload), tensor and sequence parallelism (DTensor), dp × tp meshes (DDP or FSDP2 over
-dp), and pipelines (torch's GPipe, 1F1B and interleaved 1F1B schedules, equal or uneven stages) alone or
-replicated over dp; the mixed-* modes as replicas with fp32 master weights. The DeepSpeed backend
+dp), and pipelines (torch's GPipe, 1F1B and interleaved 1F1B schedules, equal or uneven stages) alone,
+replicated over dp, tensor-parallel within each stage (tp × pp, dp × tp × pp); the mixed-* modes as replicas with fp32 master weights. The DeepSpeed backend
 (toolkit.train.deepspeed_backend) trains the mixed-* modes with ZeRO-1/2/3 over dp, ZeRO-Offload included.
 Megatron's program (mixed-* with tp or pp) and context parallelism are estimated only. Rules are checked in
 order; the first that applies is the reason given. Everything refused here is still estimated (and mostly
@@ -23,7 +23,7 @@ from .specs.stages import uneven_fits
 __all__ = ["run_refusal", "runnable_mask", "RUN_LAYOUTS", "CAPABILITIES", "capability_markdown"]
 
 RUN_LAYOUTS = ("dp", "zero1", "zero2", "zero3", "zero2/3 + offload params", "tp", "tp + sp", "dp x tp",
-               "dp x tp + zero2/3", "pp (GPipe, 1F1B, interleaved 1F1B)", "dp x pp",
+               "dp x tp + zero2/3", "pp (GPipe, 1F1B, interleaved 1F1B)", "dp x pp", "tp x pp", "dp x tp x pp",
                "DeepSpeed zero1/2/3 (+ offload optimizer)")
 """Layout families the runner trains."""
 
@@ -34,7 +34,8 @@ CAPABILITIES = (   # (backend, layout, precision modes, estimated, traced, run)
     ("torch", "tp, tp + sp, dp x tp (+ ZeRO-2/3)", "fp32, amp-bf16, pure-bf16", True, True, True),
     ("torch", "pp: GPipe, 1F1B, interleaved 1F1B, equal or uneven stages; dp x pp", "fp32, amp-bf16, pure-bf16",
      True, True, True),
-    ("torch", "tp x pp, pp with ZeRO", "fp32, amp-*, pure-bf16", True, False, False),
+    ("torch", "tp x pp, dp x tp x pp (tp + sp included)", "fp32, amp-bf16, pure-bf16", True, False, True),
+    ("torch", "pp with ZeRO", "fp32, amp-*, pure-bf16", True, False, False),
     ("deepspeed", "ZeRO-1/2/3 over dp, + offload optimizer (ZeRO-Offload)", "mixed-bf16 (mixed-fp16 on GPUs)",
      True, True, True),
     ("deepspeed", "offload params (ZeRO-Infinity)", "mixed-*", True, False, False),
@@ -76,9 +77,9 @@ def _pipeline_rules(job: Job):
     par, m = job.parallel, job.grad_accum or 1
     if par.pp == 1:
         return
-    yield par.tp > 1 or par.zero > 0, (
-        "parallel.pp", par.pp, "pipelines train with replicated stages so far (tp 1, zero 0; dp any); tp × pp and "
-                               "ZeRO under pipelines are estimated and not run")
+    yield par.zero > 0, (
+        "parallel.zero", par.zero, "pipeline stages train as replicas over dp (zero 0; tp any); ZeRO under pipelines "
+                                   "is estimated and not run: use zero 0")
     yield par.vpp > 1 and par.schedule == "gpipe", (
         "parallel.schedule", "gpipe", "interleaved stages (vpp > 1) run the interleaved 1F1B schedule; set "
                                       "schedule: 1f1b or vpp: 1")
@@ -146,7 +147,7 @@ def runnable_mask(job: Job) -> np.ndarray:
     if par.backend is not None:
         ok &= inferred == par.backend
     ok &= np.asarray(par.cp) == 1
-    stages_ok = ((tp == 1) & (zero == 0) & uneven_fits(job.model.layers, pp, vpp)
+    stages_ok = ((zero == 0) & uneven_fits(job.model.layers, pp, vpp)
                  & ~((vpp > 1) & (schedule == "gpipe")) & np.where(vpp == 1, m >= pp, interleaved_rounds_fit(m, pp)))
     ok &= (pp == 1) | stages_ok
     if job.precision.grad_dtype == "fp32" or job.finetune.adapters or job.optimizer.name == "adamw-8bit":

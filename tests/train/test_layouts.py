@@ -1,5 +1,5 @@
 """The layouts the planner recommends, trained for real on gloo ranks: ZeRO-1/3, tensor and sequence
-parallelism, dp × tp, a pipeline and DeepSpeed: a slice here, every family in benchmarks/layouts.py. Each must
+parallelism, dp × tp, a pipeline, tp × pp and DeepSpeed: a slice here, every family in benchmarks/layouts.py. Each must
 train as one process does with the same global batch (fp32: the same sums in another order, ~1e-7), and its
 checkpoints must resume on another layout (bitwise on the same one after a SIGKILL: benchmarks/soak.py --extra).
 `accelerate launch` starting the ranks: tests/train/test_export.py (to the same bits as torchrun).
@@ -109,6 +109,25 @@ def test_a_sharded_checkpoint_resumes_in_one_process(tmp_path, corpus, one_proce
     _check_rank_memory(ref, 2, capsys, pipeline="--pp" in layout)
     if "--pp" in layout:
         _check_stage_timeline(ref, capsys)
+    shutil.copytree(ref, moved)
+    for stale in (moved / "checkpoints").glob("step_00000006*"):
+        stale.unlink()
+    again = train_here(moved, *STEPS, "--data", str(corpus))
+    assert again.returncode == 0 and "resumed from step_00000003.pt" in again.stdout + again.stderr
+    _assert_close(_records(moved), one_process, rel=1e-5)
+
+
+def test_tp_x_pp_trains_as_one_process_and_its_checkpoint_resumes_in_one(tmp_path, corpus, one_process, capsys):
+    """tp 2 × pp 2 with sequence parallelism on 4 ranks: each pipeline stage is sharded by the DTensor plan, stages
+    send their ranks' tokens of the residual stream, the last computes the vocabulary-parallel loss on its columns of
+    the logits, and the tied embedding's two copies add their sharded gradients. It trains as one process does; each
+    rank's tensors are its stage's estimate; the checkpoint (shards gathered, blocks renamed) goes on in one process.
+    (dp 2 × tp 2 × pp 2 on 8 ranks, GPipe and interleaved with tp: benchmarks/layouts.py.)"""
+    ref, moved = tmp_path / "ref", tmp_path / "moved"
+    result = toolkit_train(ref, *STEPS, "--tp", "2", "--pp", "2", "--sp", "--nproc", "4", "--data", str(corpus))
+    assert result.returncode == 0, result.stderr
+    _assert_close(_records(ref), one_process, rel=1e-5)
+    _check_rank_memory(ref, 4, capsys, pipeline=True)
     shutil.copytree(ref, moved)
     for stale in (moved / "checkpoints").glob("step_00000006*"):
         stale.unlink()

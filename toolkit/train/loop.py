@@ -451,7 +451,8 @@ def _forward_loss(prog: _Program, job: Job, plan, tokens: torch.Tensor, targets:
     if prog.schedule is None:
         return prog.raw(tokens, targets)
     from .pipeline import pipeline_forward
-    return pipeline_forward(prog.raw, job, prog.pp_rank, prog.stage_group, tokens, targets, plan.param_dtype)
+    return pipeline_forward(prog.raw, job, prog.pp_rank, prog.stage_group, tokens, targets, plan.param_dtype,
+                            prog.tp_mesh)
 
 
 def _main_thread() -> bool:

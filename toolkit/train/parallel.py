@@ -27,11 +27,15 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
 
 from .model import run_blocks
 
-__all__ = ["tensor_parallel", "shard_embedding_grad", "loss_parallel", "PipelineStage"]
+__all__ = ["tensor_parallel", "vocab_parallel_loss", "shard_embedding_grad", "loss_parallel", "PipelineStage"]
 
 
-def tensor_parallel(model: nn.Module, mesh: DeviceMesh, sequence_parallel: bool = False) -> nn.Module:
-    """Shard a toolkit.train.model.GPT over `mesh` (one dimension: the tensor-parallel group), in place."""
+def tensor_parallel(model: nn.Module, mesh: DeviceMesh, sequence_parallel: bool = False,
+                    local_logits: bool = False) -> nn.Module:
+    """Shard a toolkit.train.model.GPT, or one PipelineStage of it, over `mesh` (one dimension: the
+    tensor-parallel group), in place. A stage shards what it holds (the embeddings on the first, the norm and
+    head on the last). `local_logits`: the head returns this rank's vocabulary columns as a plain tensor (what a
+    pipeline stage sends to its loss, `vocab_parallel_loss`); otherwise a DTensor for the model's own loss."""
     heads, kv_heads, tp = model.spec.heads, model.spec.kv_heads_, mesh.size()
     if heads % tp or kv_heads % tp:
         raise ValueError(f"tensor parallelism over {tp} ranks needs heads ({heads}) and kv heads ({kv_heads}) "
@@ -50,19 +54,37 @@ def tensor_parallel(model: nn.Module, mesh: DeviceMesh, sequence_parallel: bool 
                                                     desired_input_layouts=(Replicate(), None, None)),
                          "mlp": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),))})
         parallelize_module(block, mesh, plan)
-    learned = model.pos is not None
-    plan = {"tok": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate() if learned else stream),
-            "head": ColwiseParallel(input_layouts=stream, output_layouts=Shard(-1), use_local_output=False)}
-    if sequence_parallel:
-        plan["norm"] = SequenceParallel()
-        if learned:     # the position table is added to whole sequences, then each rank keeps its tokens
+    learned, plan = model.pos is not None, {}
+    if model.tok is not None:
+        plan["tok"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate() if learned else stream)
+        if sequence_parallel and learned:   # the position table is added to whole sequences, then each rank keeps its tokens
             plan["drop"] = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=seq)
-    parallelize_module(model, mesh, plan)
-    if model.spec.tie_embeddings:   # both keep vocabulary rows (Shard(0)): one matrix again
-        model.head.weight = model.tok.weight
-    if not model.tok.weight.is_meta:
+    if model.head is not None:
+        plan["head"] = ColwiseParallel(input_layouts=stream, output_layouts=Shard(-1), use_local_output=local_logits)
+        if sequence_parallel:
+            plan["norm"] = SequenceParallel()
+    if plan:
+        parallelize_module(model, mesh, plan)
+    if model.spec.tie_embeddings and model.tok is not None and model.head is not None:
+        model.head.weight = model.tok.weight       # both keep vocabulary rows (Shard(0)): one matrix again
+    if model.tok is not None and not model.tok.weight.is_meta:
         shard_embedding_grad(model)
     return model
+
+
+def vocab_parallel_loss(mesh: DeviceMesh, vocab: int):
+    """A pipeline's last-stage loss over logits sharded by vocabulary: `loss_fn(local_logits, targets)` is the
+    GPT's mean cross-entropy, computed under `loss_parallel()` (no rank gathers the vocabulary), as a plain
+    tensor (every rank of the group holds the same value)."""
+    from torch.distributed.tensor import DTensor
+    import torch.nn.functional as F
+
+    def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        shape = (*logits.shape[:-1], vocab)
+        whole = DTensor.from_local(logits, mesh, [Shard(-1)], run_check=False, shape=shape,
+                                   stride=torch.empty(shape, device="meta").stride())
+        return F.cross_entropy(whole.float().view(-1, vocab), targets.reshape(-1)).to_local()
+    return loss_fn
 
 
 def shard_embedding_grad(model: nn.Module) -> None:
@@ -94,6 +116,7 @@ class PipelineStage(nn.Module):
         self.norm = model.norm if self.last else None
         self.head = model.head if self.last else None
         self.recompute = model.recompute
+        self.spec = model.spec
         self.register_buffer("cos", model.cos, persistent=False)
         self.register_buffer("sin", model.sin, persistent=False)
 

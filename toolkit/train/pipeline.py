@@ -13,6 +13,7 @@ group). `pipeline_forward` runs one forward through the stages without a schedul
 """
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
@@ -22,10 +23,11 @@ from torch import nn
 
 from ..specs.job import Job
 from ..specs.stages import chunk_layers
-from .parallel import PipelineStage
+from .parallel import PipelineStage, loss_parallel, vocab_parallel_loss
 from .precision import TORCH_DTYPES
 
-__all__ = ["stage_chunks", "split_stages", "stage_state_keys", "loss_fn", "stage_examples", "build_schedule", "run_schedule",
+__all__ = ["stage_chunks", "split_stages", "stage_state_keys", "loss_fn", "stage_loss", "stream_tokens", "stage_examples",
+           "build_schedule", "run_schedule",
            "embedding_group", "sum_tied_grads", "pipeline_forward", "counted_params"]
 
 
@@ -67,19 +69,36 @@ def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-def stage_examples(job: Job, chunk: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def _shard_size(size: int, parts: int, index: int) -> int:
+    """The length of part `index` when `size` is cut into `parts` as torch.chunk (and DTensor's Shard) cut it."""
+    step = -(-size // parts)
+    return max(0, min(step, size - index * step))
+
+
+def stream_tokens(job: Job, tp_rank: int = 0) -> int:
+    """Tokens per sequence in the residual stream a stage sends: all of them, or under sequence parallelism this
+    tensor-parallel rank's share."""
+    seq, tp = job.model.seq_len, job.parallel.tp
+    return _shard_size(seq, tp, tp_rank) if job.parallel.sp and tp > 1 else seq
+
+
+def stage_examples(job: Job, chunk: int, device: torch.device, tp_rank: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """(input, output) of one micro-batch through `chunk`: token ids or the residual stream in, the residual stream
-    or the logits out. Given to torch's stages, they replace its shape inference, whose backward pass MemTracker's
-    module hooks break. Under autocast the residual stream stays fp32 and the logits are 16-bit."""
-    plan, spec, b = job.precision.plan, job.model, job.batch.micro_batch
+    or the logits out, as this tensor-parallel rank holds them (its tokens under sequence parallelism, its
+    vocabulary columns of the logits). Given to torch's stages, they replace its shape inference, whose backward
+    pass MemTracker's module hooks break. Under autocast the residual stream stays fp32 and the logits are 16-bit."""
+    plan, spec, b, tp = job.precision.plan, job.model, job.batch.micro_batch, job.parallel.tp
     chunks = job.parallel.pp * job.parallel.vpp
     stream = TORCH_DTYPES[plan.weights]                      # (mixed-* is not run under pipelines)
     logits = TORCH_DTYPES[plan.autocast] if plan.autocast else stream
+    tokens = stream_tokens(job, tp_rank)
     example_in = (torch.zeros(b, spec.seq_len, dtype=torch.long, device=device) if chunk == 0 else
-                  torch.zeros(b, spec.seq_len, spec.hidden, dtype=stream, device=device, requires_grad=True))
-    last = chunk == chunks - 1
-    example_out = torch.zeros(b, spec.seq_len, spec.vocab if last else spec.hidden, dtype=logits if last else stream,
-                              device=device, requires_grad=True)     # (the schedule sends gradients back for these)
+                  torch.zeros(b, tokens, spec.hidden, dtype=stream, device=device, requires_grad=True))
+    if chunk == chunks - 1:
+        shape, dtype = (b, spec.seq_len, _shard_size(spec.vocab, tp, tp_rank)), logits
+    else:
+        shape, dtype = (b, tokens, spec.hidden), stream
+    example_out = torch.zeros(*shape, dtype=dtype, device=device, requires_grad=True)   # (gradients come back for these)
     return example_in, example_out
 
 
@@ -118,22 +137,32 @@ class StageClock:
         return spans, time.perf_counter() - self.started_s
 
 
-def build_schedule(stages: nn.ModuleList, job: Job, device: torch.device, group=None, clock: StageClock | None = None):
-    """torch's schedule for this rank's chunks, over `group` (the pipeline ranks); `clock` times their chunks."""
+def stage_loss(job: Job, tp_mesh=None):
+    """The last stage's loss: the GPT's own, or under tensor parallelism the vocabulary-parallel one over this
+    rank's columns of the logits (run it under `loss_parallel()`, as `run_schedule` does)."""
+    return vocab_parallel_loss(tp_mesh, job.model.vocab) if tp_mesh is not None else loss_fn
+
+
+def build_schedule(stages: nn.ModuleList, job: Job, device: torch.device, group=None, clock: StageClock | None = None,
+                   tp_mesh=None):
+    """torch's schedule for this rank's chunks, over `group` (the pipeline ranks); `clock` times their chunks;
+    `tp_mesh`: the stages are tensor-parallel over it (toolkit.train.parallel.tensor_parallel)."""
     from torch.distributed.pipelining import PipelineStage as TorchStage
     from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
     chunks, m = job.parallel.pp * job.parallel.vpp, job.grad_accum or 1
+    tp_rank = tp_mesh.get_local_rank() if tp_mesh is not None else 0
+    loss = stage_loss(job, tp_mesh)
     torch_stages = []
     for module, chunk in zip(stages, stage_chunks(job, _rank_in(group))):
-        example_in, example_out = stage_examples(job, chunk, device)
+        example_in, example_out = stage_examples(job, chunk, device, tp_rank)
         torch_stages.append(TorchStage(module, chunk, chunks, device, input_args=(example_in,),
                                        output_args=(example_out,), group=group))
         if clock is not None:
             clock.attach(torch_stages[-1])
     if job.parallel.vpp > 1:
-        return ScheduleInterleaved1F1B(torch_stages, m, loss_fn=loss_fn)
+        return ScheduleInterleaved1F1B(torch_stages, m, loss_fn=loss)
     schedule = ScheduleGPipe if job.parallel.schedule == "gpipe" else Schedule1F1B
-    return schedule(torch_stages[0], m, loss_fn=loss_fn)
+    return schedule(torch_stages[0], m, loss_fn=loss)
 
 
 def _rank_in(group) -> int:
@@ -146,10 +175,11 @@ def run_schedule(schedule, job: Job, pp_rank: int, tokens: torch.Tensor, targets
     appends each micro-batch's loss to `losses`; gradients are left on the stages' parameters."""
     first, last = pp_rank == 0, pp_rank == job.parallel.pp - 1
     args = (tokens,) if first else ()
-    if last:
-        schedule.step(*args, target=targets, losses=losses, return_outputs=False)
-    else:
-        schedule.step(*args)
+    with loss_parallel() if job.parallel.tp > 1 else contextlib.nullcontext():   # (the loss's backward too)
+        if last:
+            schedule.step(*args, target=targets, losses=losses, return_outputs=False)
+        else:
+            schedule.step(*args)
 
 
 def embedding_group(job: Job, mesh):
@@ -186,8 +216,9 @@ def sum_tied_grads(stages: nn.ModuleList, group) -> None:
     if group is None:
         return
     for weight in tied_weights(stages):
-        if weight.grad is not None:
-            dist.all_reduce(weight.grad, group=group)
+        if weight.grad is not None:       # (under tensor parallelism, this rank's rows of the matrix)
+            grad = weight.grad
+            dist.all_reduce(grad.to_local() if hasattr(grad, "to_local") else grad, group=group)
 
 
 def counted_params(stages: nn.ModuleList, job: Job) -> list[torch.nn.Parameter]:
@@ -199,20 +230,22 @@ def counted_params(stages: nn.ModuleList, job: Job) -> list[torch.nn.Parameter]:
 
 
 def pipeline_forward(stages: nn.ModuleList, job: Job, pp_rank: int, group, tokens: torch.Tensor,
-                     targets: torch.Tensor, act_dtype: torch.dtype) -> torch.Tensor | None:
+                     targets: torch.Tensor, act_dtype: torch.dtype, tp_mesh=None) -> torch.Tensor | None:
     """One forward of a batch through every chunk, in order, passing hidden states rank to rank (no schedule:
-    evaluation, whatever the batch size). The loss on the rank holding the last chunk, None elsewhere."""
+    evaluation, whatever the batch size). The loss on the rank holding the last chunk, None elsewhere. Under
+    tensor parallelism (`tp_mesh`), call it inside `loss_parallel()`."""
     pp = job.parallel.pp
+    tokens_here = stream_tokens(job, tp_mesh.get_local_rank() if tp_mesh is not None else 0)
     chunks = pp * job.parallel.vpp
-    rows, seq = tokens.shape
+    rows = tokens.shape[0]
     x = tokens
     for chunk in range(chunks):
         if chunk % pp != pp_rank:
             continue
         if chunk > 0:
-            x = torch.empty(rows, seq, job.model.hidden, dtype=act_dtype, device=tokens.device)
+            x = torch.empty(rows, tokens_here, job.model.hidden, dtype=act_dtype, device=tokens.device)
             dist.recv(x, src=dist.get_global_rank(group, (chunk - 1) % pp), group=group)
         x = stages[chunk // pp](x)
         if chunk < chunks - 1:
             dist.send(x.to(act_dtype).contiguous(), dst=dist.get_global_rank(group, (chunk + 1) % pp), group=group)
-    return loss_fn(x, targets) if (chunks - 1) % pp == pp_rank else None
+    return stage_loss(job, tp_mesh)(x, targets) if (chunks - 1) % pp == pp_rank else None

@@ -16,6 +16,7 @@ from .init_weights import load_initial_weights
 from .lora import apply_lora
 from .model import GPT
 from .optim import build_optimizer
+from .parallel import tensor_parallel
 from .parallelize import all_reduce_mean, is_sharded, needs_grad_all_reduce, parallelize
 from .precision import MasterWeights, use_fp32_norms
 from .qlora import apply_qlora
@@ -62,6 +63,8 @@ class _Program:
     """The DeepSpeed backend's engine (`model` is the engine, `optimizer` DeepSpeed's): it runs backward and step."""
     clock: object | None = None
     """Pipelines: toolkit.train.pipeline.StageClock over this rank's stages (times one step's chunks)."""
+    tp_mesh: object | None = None
+    """Pipelines: the tensor-parallel mesh their stages are sharded over (tp × pp), else None."""
 
 
 def _build_program(job: Job, plan, device: torch.device, mesh) -> _Program:
@@ -101,20 +104,27 @@ def _build_deepspeed(job: Job, plan) -> _Program:
 
 def _build_pipeline(job: Job, plan, device: torch.device, mesh) -> _Program:
     """This rank's pipeline chunks of the whole model (built in full with the run's seed, so the weights are
-    one process's), their optimizer and schedule; replicas over dp average gradients by hand."""
+    one process's), tensor-parallel over the mesh's tp dimension when tp > 1, their optimizer and schedule;
+    replicas over dp average gradients by hand."""
     from . import pipeline
     torch.manual_seed(job.training.seed)
     whole = _build_model(job, plan.param_dtype)
     pp_rank = mesh["pp"].get_local_rank()
     stages = pipeline.split_stages(whole, job, pp_rank).to(device)
-    layout = Layout(stage_keys=pipeline.stage_state_keys(stages, job, pp_rank),
-                    stage_params={id(p): n for n, p in whole.named_parameters()})
+    name_of = {id(p): n for n, p in whole.named_parameters()}          # a tied head is the embedding's name
+    whole_names = {name: name_of[id(p)] for name, p in stages.named_parameters()}
+    keys = pipeline.stage_state_keys(stages, job, pp_rank)
     del whole                                   # the other stages' weights go with it
+    tp_mesh = mesh["tp"] if job.parallel.tp > 1 else None
+    if tp_mesh is not None:                     # (replaces the parameters: names, not identities, carry over)
+        for stage in stages:
+            tensor_parallel(stage, tp_mesh, sequence_parallel=job.parallel.sp, local_logits=True)
+    layout = Layout(stage_keys=keys, stage_params={id(p): whole_names[n] for n, p in stages.named_parameters()})
     params = [p for p in stages.parameters() if p.requires_grad]
     optimizer = build_optimizer(job, params)
     pp_group = mesh["pp"].get_group()
     clock = pipeline.StageClock()
-    schedule = pipeline.build_schedule(stages, job, device, pp_group, clock)
+    schedule = pipeline.build_schedule(stages, job, device, pp_group, clock, tp_mesh)
     tied = pipeline.embedding_group(job, mesh)
     dp_group = mesh["dp"].get_group() if mesh["dp"].size() > 1 else None
 
@@ -123,7 +133,8 @@ def _build_pipeline(job: Job, plan, device: torch.device, mesh) -> _Program:
         if dp_group is not None:
             all_reduce_mean([p.grad for p in params], dp_group)
     return _Program(stages, stages, optimizer, None, params, layout, reduce_grads, schedule=schedule,
-                    pp_rank=pp_rank, stage_group=pp_group, counted=pipeline.counted_params(stages, job), clock=clock)
+                    pp_rank=pp_rank, stage_group=pp_group, counted=pipeline.counted_params(stages, job), clock=clock,
+                    tp_mesh=tp_mesh)
 
 
 def _backward(prog: _Program, scaler, loss: torch.Tensor, accum: int, last: bool) -> None:

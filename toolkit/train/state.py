@@ -8,7 +8,7 @@ state-dict API: `{"state": {name: {...}}, "param_groups": [{..., "params": [name
 Sharded layouts (FSDP2, tensor parallelism) go through that API (`get_state_dict` / `set_state_dict` with
 full state dicts: rank 0 gathers, every rank takes its shard back); torch's ZeRO-1 consolidates its
 partitions on rank 0 first; replicas rename their optimizer's indices; pipeline stages rename their
-renumbered blocks back and rank 0 collects every stage's part. A dp-4 checkpoint therefore loads on 2 ranks,
+renumbered blocks back (tensor-parallel stages gather their shards) and rank 0 collects every stage's part. A dp-4 checkpoint therefore loads on 2 ranks,
 or on one process, a ZeRO-3 one into a replica, and a pipeline's into one process.
 """
 from __future__ import annotations
@@ -56,9 +56,17 @@ def restore_state(model: nn.Module, optimizer: torch.optim.Optimizer, model_sd: 
                   layout: Layout) -> None:
     """Load a gathered state into this rank's model and optimizer (each keeps its own shard)."""
     if layout.stage_keys is not None:
-        model.load_state_dict({local: model_sd[whole] for local, whole in layout.stage_keys.items()})
-        names = [layout.stage_params[id(p)] for group in optimizer.param_groups for p in group["params"]]
-        optimizer.load_state_dict(_by_index(_only(optim_sd, set(names)), names))
+        current = model.state_dict()
+        model.load_state_dict({local: _placed_like(model_sd[whole], current[local])
+                               for local, whole in layout.stage_keys.items()})
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        names = [layout.stage_params[id(p)] for p in params]
+        mine = _only(optim_sd, set(names))
+        for name, param in zip(names, params):      # tensor-parallel stages: each rank keeps its shard of the states
+            values = mine["state"].get(name, {})
+            mine["state"][name] = {k: _placed_like(v, param) if torch.is_tensor(v) and v.dim() else v
+                                   for k, v in values.items()}
+        optimizer.load_state_dict(_by_index(mine, names))
         return
     if layout.sharded:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
@@ -107,9 +115,12 @@ def _gather_stages(model: nn.Module, optimizer: torch.optim.Optimizer, layout: L
     same entries; a tied embedding comes from both ends, equal)."""
     import torch.distributed as dist
     from torch.utils._pytree import tree_map_only
+    from torch.distributed.tensor import DTensor
     names = [layout.stage_params[id(p)] for group in optimizer.param_groups for p in group["params"]]
     mine = ({layout.stage_keys[k]: v for k, v in model.state_dict().items()},
             _by_name(optimizer.state_dict(), names))
+    # tensor-parallel stages: whole tensors (the ranks of one tp group gather them in the same order)
+    mine = tree_map_only(DTensor, lambda t: t.full_tensor(), mine)
     mine = tree_map_only(torch.Tensor, lambda t: t.detach().cpu(), mine)
     parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object(mine, parts, dst=0)
@@ -123,6 +134,14 @@ def _gather_stages(model: nn.Module, optimizer: torch.optim.Optimizer, layout: L
         for group, part in zip(groups, part_optim["param_groups"]):
             group["params"] += [n for n in part["params"] if n not in group["params"]]
     return model_sd, {"state": state, "param_groups": groups}
+
+
+def _placed_like(whole: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """`whole` laid out as `like` is: this rank's shard where `like` is a DTensor (tensor-parallel stages)."""
+    if not hasattr(like, "device_mesh"):
+        return whole
+    from torch.distributed.tensor import distribute_tensor
+    return distribute_tensor(whole.to(like.device), like.device_mesh, like.placements)
 
 
 def _only(osd: dict, names: set[str]) -> dict:
