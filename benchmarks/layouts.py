@@ -1,4 +1,4 @@
-"""Every layout family the runner trains, on 2 and 4 gloo ranks, against one process: `python benchmarks/layouts.py`
+"""Every layout family the runner trains, on 2, 4 and 8 gloo ranks, against one process: `python benchmarks/layouts.py`
 
 The README's small GPT (4 layers, hidden 256, 8 heads, byte vocabulary, 128 tokens, tied embeddings, learned
 positions), 10 steps, global batch 16 (accumulation differs with dp; pipelines run it as micro-batches). fp32 rows are compared with one fp32 process: the same sums in another order,
@@ -45,8 +45,13 @@ LAYOUTS = [   # (name, flags, ranks)
     ("pp 4 (1F1B)", ["--pp", "4"], 4),
     ("pp 3 (1F1B), uneven: 1, 2, 1 layers", ["--pp", "3"], 3),
     ("dp 2 x pp 2 (1F1B)", ["--pp", "2"], 4),
+    ("tp 2 x pp 2 (1F1B)", ["--tp", "2", "--pp", "2"], 4),
+    ("tp 2 x pp 2 + sp (GPipe)", ["--tp", "2", "--pp", "2", "--sp", "--schedule", "gpipe"], 4),
+    ("tp 2 x pp 2 x vpp 2 + sp (interleaved)", ["--tp", "2", "--pp", "2", "--vpp", "2", "--sp"], 4),
+    ("dp 2 x tp 2 x pp 2 + sp (1F1B)", ["--tp", "2", "--pp", "2", "--sp"], 8),
 ]
 BF16_LAYOUTS = [("ZeRO-2 (FSDP2) amp-bf16", ["--zero", "2"], 2), ("tp 2 + sp amp-bf16", ["--tp", "2", "--sp"], 2),
+                ("tp 2 x pp 2 + sp amp-bf16", ["--tp", "2", "--pp", "2", "--sp"], 4),
                 ("pp 2 (1F1B) amp-bf16", ["--pp", "2"], 2)]
 MIXED_LAYOUTS = [   # the DeepSpeed backend (mixed-bf16 with ZeRO), against one torch process with fp32 masters
     ("DeepSpeed ZeRO-1 mixed-bf16", ["--zero", "1"], 2),

@@ -76,18 +76,21 @@ def test_untraceable_pipelines_are_refused_before_any_process_starts():
         trace_memory(pipeline_job("1f1b", model={"preset": "llama2-7b", "layers": 4}))
 
 
-@pytest.mark.parametrize("mode, rec, vocab", [("amp-bf16", "none", 4000), ("pure-bf16", "full", 1000)])
-def test_interleaved_stages_match_the_model(mode, rec, vocab):
+@pytest.mark.parametrize("mode, rec, vocab, m", [("amp-bf16", "none", 4000, 4), ("pure-bf16", "full", 1000, 4),
+                                                 ("fp32", "none", 4000, 8)])
+def test_interleaved_stages_match_the_model(mode, rec, vocab, m):
     """Two chunks a rank: more micro-batches in flight on the first rank, and (full recompute, small vocabulary)
-    a peak at the step's end, when the schedule still holds everything it sent."""
-    job = pipeline_job("1f1b", mode, rec, m=4, model=dict(LLAMA, vocab=vocab), vpp=2)
+    a peak at the step's end, when the schedule still holds everything it sent. With four rounds of micro-batches
+    (m = 8) the peak is the steady phase's last backward, holding what the schedule sent and already
+    differentiated (the estimate missed it by 6-9 % before it counted those)."""
+    job = pipeline_job("1f1b", mode, rec, m=m, model=dict(LLAMA, vocab=vocab), vpp=2)
     stages = trace_pipeline_stages(job)
     for traced, stage in zip(stages, ("first", "last")):
         est = _stage_memory(job, stage)
         assert est.params_bytes == traced.params_bytes          # a pair of rope tables per chunk
         assert est.grads_bytes == traced.grads_bytes
         assert est.peak_bytes == pytest.approx(traced.peak_bytes, rel=0.03)
-    plain = trace_pipeline_stages(pipeline_job("1f1b", mode, rec, m=4, model=dict(LLAMA, vocab=vocab)))
+    plain = trace_pipeline_stages(pipeline_job("1f1b", mode, rec, m=m, model=dict(LLAMA, vocab=vocab)))
     assert stages[0].peak_bytes > plain[0].peak_bytes
 
 

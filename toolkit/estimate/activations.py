@@ -287,7 +287,14 @@ def _on_stage(job: Job, stage, stages_after, block: _Block) -> ActivationBytes:
     buffers = np.where(torch_pipeline & ~gpipe, micro_batches * receiving * block.stream, 0.0)
     kept_output = kept_output + buffers
     # torch's interleaved schedule waits for its sends only when the step ends: every output and input gradient
-    # a chunk sent stays until then, as many as the receive buffers by the last backward
+    # a chunk sent stays until then, as many as the receive buffers by the last backward. Its peak is the last
+    # backward of the steady phase: every forward has run, and beside the outputs still in flight (above) it holds
+    # the ones it sent and already differentiated, and the input gradients those backwards sent (measured per
+    # chunk on ScheduleInterleaved1F1B: the held bytes grow by these through the steady phase)
+    differentiated = np.maximum(micro_batches * vpp - chunk_forwards, 0)
+    sent_held = (micro_batches * (vpp - owns_head) - (chunk_forwards - heads)
+                 + differentiated * (vpp - owns_embedding) / vpp)
+    kept_output = kept_output + np.where(torch_pipeline & (vpp > 1), np.maximum(sent_held, 0) * block.stream, 0.0)
     step_end_buffers = np.where(vpp > 1, 2 * buffers, 0.0)
     per_layer = block.per_layer
     return ActivationBytes(per_layer=per_layer,
