@@ -84,4 +84,11 @@ def _shut_down_process_group(finished: bool) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Leave without running C++ static destructors: after the group is destroyed, objects that still hold it (FSDP2's
+    # states, DeviceMesh's sub-groups) can be torn down in an order that aborts the process ("terminate called
+    # without an active exception", seen about once in five 2-rank FSDP2 amp-bf16 runs) after a good run. Everything
+    # the run writes is closed and fsync'd by now; only the standard streams need flushing.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
