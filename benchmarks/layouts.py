@@ -144,8 +144,8 @@ def main() -> None:
     # spot instances lost: the dp-4 ZeRO-3 run's step-5 checkpoint resumes on 2 ranks
     source, moved = work / f"row{[n for n, *_ in LAYOUTS].index('ZeRO-3 on 4')}", work / "moved"
     shutil.copytree(source, moved)
-    for late in (moved / "checkpoints").glob("step_00000010*"):
-        late.unlink()
+    for late in (moved / "checkpoints").glob("step_00000010*"):      # (its record, checksum and shards)
+        shutil.rmtree(late) if late.is_dir() else late.unlink()
     resumed, _ = train(moved, ["--zero", "3"], 2, data)
     uninterrupted = [{"step": i + 1, "loss": loss} for i, loss in enumerate(
         next(r["losses"] for r in stored["rows"] if r["layout"] == "ZeRO-3 on 4"))]

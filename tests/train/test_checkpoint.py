@@ -42,9 +42,9 @@ def test_empty_folder_means_a_fresh_start(tmp_path):
 
 
 def test_a_disk_that_fills_while_saving_stops_every_rank_and_loses_no_checkpoint(tmp_path, corpus):
-    """ENOSPC at the writer (rank 0 writes the torch backend's checkpoint) on 2 gloo ranks: both ranks stop with
-    one line naming the folder and the fix, no partial file stays, the previous checkpoint is intact, and the
-    same command, once there is room, resumes from it and redoes the lost steps bit for bit."""
+    """ENOSPC while rank 1 writes its shard of the step-4 checkpoint (each rank writes its own: DCP) on 2 gloo ranks:
+    both ranks stop with one line naming the folder and the fix, no partial file stays, the previous checkpoint is
+    intact, and the same command, once there is room, resumes from it and redoes the lost steps bit for bit."""
     import os
     from pathlib import Path
 
@@ -55,13 +55,14 @@ def test_a_disk_that_fills_while_saving_stops_every_rank_and_loses_no_checkpoint
     args = ("--steps", "4", "--global-batch", "4", "--checkpoint-every", "2", "--nproc", "2", "--data", str(corpus))
     faults = str(Path(__file__).parent / "faults")
     env = {"PYTHONPATH": os.pathsep.join([faults, os.environ.get("PYTHONPATH", "")]),
-           "TOOLKIT_TEST_FULL_DISK": "step_00000004.pt.tmp"}
+           "TOOLKIT_TEST_FULL_DISK": "step_00000004.dcp.tmp/__1_0.distcp"}
     full = toolkit_train(out, *args, env=env)
     assert full.returncode == 3, full.stderr
     lines = [line for line in full.stderr.splitlines() if line.startswith("toolkit train:")]
     assert len(lines) == 1 and "step 4 could not be written" in lines[0] and "No space left on device" in lines[0]
     assert "step_00000002.pt, is intact" in lines[0] and "free space" in lines[0]
-    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_00000002.pt", "step_00000002.pt.sha256"]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [
+        "step_00000002.dcp", "step_00000002.pt", "step_00000002.pt.sha256"]
     before = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in before] == [1, 2, 3, 4]
     again = toolkit_train(out, *args)

@@ -9,6 +9,7 @@ import json
 import shutil
 
 import pytest
+import torch
 
 from toolkit.cli import main
 from toolkit.estimate.pipeline import rank_orders
@@ -47,6 +48,12 @@ def _compare(out, capsys) -> dict:
     capsys.readouterr()
     assert main(["compare", "--run", str(out), "--json", "--no-trace"]) == 0
     return json.loads(capsys.readouterr().out)
+
+
+def _drop_checkpoint(out, step):
+    """Remove the checkpoint of `step`: its record, checksum and shards, as if the run had stopped before it."""
+    for part in (out / "checkpoints").glob(f"step_{step:08d}*"):
+        shutil.rmtree(part) if part.is_dir() else part.unlink()
 
 
 def _check_rank_memory(out, nproc, capsys, pipeline=False):
@@ -97,9 +104,10 @@ def test_a_sharded_layout_trains_as_one_process(tmp_path, corpus, one_process, c
 @pytest.mark.parametrize("layout", [("--zero", "3"), ("--pp", "2")], ids=["zero3", "pp2"])
 def test_a_sharded_checkpoint_resumes_in_one_process(tmp_path, corpus, one_process, capsys, layout):
     """FSDP2 (ZeRO-3; with offload in benchmarks/layouts.py), and a 1F1B pipeline with the tied embedding on both
-    ends, train as one process does. States are kept by the whole model's parameter names (FSDP2 shards gathered;
-    pipeline stages' renumbered blocks mapped back), so either checkpoint loads in one process and goes on as the
-    one-process run does. (A SIGKILL of a rank and the same command again, bit for bit, for these layouts:
+    ends, train as one process does. Each rank writes its own shards (DCP), under the whole model's parameter names
+    (pipeline stages' renumbered blocks mapped back), so either checkpoint loads in one process and goes on as the
+    one-process run does; a damaged shard file fails the manifest's checksum and the checkpoint before it resumes.
+    (A SIGKILL of a rank and the same command again, bit for bit, for these layouts:
     `benchmarks/soak.py --extra "--zero 3"` and `--extra "--pp 2"`; benchmarks/layouts.py resumes a dp-4 ZeRO-3
     checkpoint on 2 ranks.)"""
     ref, moved = tmp_path / "ref", tmp_path / "moved"
@@ -109,11 +117,18 @@ def test_a_sharded_checkpoint_resumes_in_one_process(tmp_path, corpus, one_proce
     _check_rank_memory(ref, 2, capsys, pipeline="--pp" in layout)
     if "--pp" in layout:
         _check_stage_timeline(ref, capsys)
+    record = torch.load(ref / "checkpoints" / "step_00000006.pt", weights_only=True)
+    shards = sorted(p.name for p in (ref / "checkpoints" / "step_00000006.dcp").iterdir())
+    assert record["model"] is None and record["optimizer"] is None                 # nothing gathered on rank 0
+    assert sorted(record["dcp"]["files"]) == shards == [".metadata", "__0_0.distcp", "__1_0.distcp"]
     shutil.copytree(ref, moved)
-    for stale in (moved / "checkpoints").glob("step_00000006*"):
-        stale.unlink()
+    damaged = moved / "checkpoints" / "step_00000006.dcp" / "__1_0.distcp"
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    damaged.write_bytes(bytes(data))
     again = train_here(moved, *STEPS, "--data", str(corpus))
     assert again.returncode == 0 and "resumed from step_00000003.pt" in again.stdout + again.stderr
+    assert "step_00000006.pt: step_00000006.dcp/__1_0.distcp: checksum mismatch" in again.stdout + again.stderr
     _assert_close(_records(moved), one_process, rel=1e-5)
 
 
@@ -129,8 +144,7 @@ def test_tp_x_pp_trains_as_one_process_and_its_checkpoint_resumes_in_one(tmp_pat
     _assert_close(_records(ref), one_process, rel=1e-5)
     _check_rank_memory(ref, 4, capsys, pipeline=True)
     shutil.copytree(ref, moved)
-    for stale in (moved / "checkpoints").glob("step_00000006*"):
-        stale.unlink()
+    _drop_checkpoint(moved, 6)
     again = train_here(moved, *STEPS, "--data", str(corpus))
     assert again.returncode == 0 and "resumed from step_00000003.pt" in again.stdout + again.stderr
     _assert_close(_records(moved), one_process, rel=1e-5)
@@ -145,8 +159,7 @@ def test_a_zero1_run_resumes_on_its_own_ranks_bit_for_bit(tmp_path, corpus):
     args = (*STEPS, "--zero", "1", "--nproc", "2", "--data", str(corpus))
     assert toolkit_train(ref, *args).returncode == 0
     shutil.copytree(ref, moved)
-    for stale in (moved / "checkpoints").glob("step_00000006*"):
-        stale.unlink()
+    _drop_checkpoint(moved, 6)
     shutil.rmtree(moved / "memory")                      # (recorded again by the resumed run: the failing path)
     again = toolkit_train(moved, *args)
     assert again.returncode == 0, again.stderr

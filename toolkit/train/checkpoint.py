@@ -3,8 +3,9 @@
 A checkpoint is `step_NNNNNNNN.pt` (torch.save of a dict) plus `step_NNNNNNNN.pt.sha256`. Each file
 is written under a temporary name, fsync'd and renamed, the checksum last: a checkpoint without its
 checksum file, or whose bytes do not match it, was interrupted or damaged, and is reported and skipped.
-Files are loaded with `weights_only=True`: tensors, numbers, strings and containers only. The DeepSpeed
-backend writes its partitions into `step_NNNNNNNN.ds/` first; the .pt (naming that directory) is its record.
+Files are loaded with `weights_only=True`: tensors, numbers, strings and containers only. Runs on several ranks
+write their shards into `step_NNNNNNNN.dcp/` first (toolkit.train.sharded_checkpoint), the DeepSpeed backend its
+partitions into `step_NNNNNNNN.ds/`; the .pt (naming that directory, with the shards' checksums) is their record.
 """
 from __future__ import annotations
 
@@ -93,14 +94,20 @@ def save_checkpoint(folder: str | Path, step: int, state: dict, keep: int) -> Pa
     for old in list_checkpoints(folder)[:-keep]:
         old.unlink(missing_ok=True)
         old.with_name(old.name + ".sha256").unlink(missing_ok=True)
-        shutil.rmtree(old.with_suffix(".ds"), ignore_errors=True)      # the DeepSpeed backend's partitions
+        _remove_parts(old)
     return path
+
+
+def _remove_parts(record: Path) -> None:
+    """The folders a checkpoint's record names: sharded states (and their unfinished write), DeepSpeed's partitions."""
+    for suffix in (".dcp", ".dcp.tmp", ".ds"):
+        shutil.rmtree(record.with_suffix(suffix), ignore_errors=True)
 
 
 def unwritable_checkpoint(folder: Path, step: int, error: OSError | None) -> str:
     """The one line every rank stops with when the checkpoint of `step` could not be written (on rank 0 the
     error; the other ranks only learn that it failed). Its partial files are removed; older ones stay."""
-    shutil.rmtree(folder / f"step_{step:08d}.ds", ignore_errors=True)     # DeepSpeed's partitions, if any
+    _remove_parts(folder / f"step_{step:08d}.pt")                         # its shards or partitions, if any
     valid = [p for p in list_checkpoints(folder) if p.with_name(p.name + ".sha256").exists()]
     kept = f"the newest checkpoint, {valid[-1].name}, is intact and resumes" if valid else "no earlier checkpoint exists"
     why = f"{error.strerror or error}" if error is not None else "it failed on another rank"
@@ -121,9 +128,13 @@ def latest_checkpoint(folder: str | Path) -> tuple[dict | None, Path | None, lis
     newer one that was skipped (interrupted write, damaged file)."""
     import torch
     problems = []
+    from .sharded_checkpoint import sharded_problem
     for stale in Path(folder).glob("*.tmp") if Path(folder).is_dir() else []:
         problems.append(f"{stale.name}: unfinished write (the run stopped while saving); removed")
-        stale.unlink(missing_ok=True)
+        if stale.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)      # (every rank looks: another may have removed it first)
+        else:
+            stale.unlink(missing_ok=True)
     for path in reversed(list_checkpoints(folder)):
         sidecar = path.with_name(path.name + ".sha256")
         if not sidecar.exists():
@@ -133,9 +144,14 @@ def latest_checkpoint(folder: str | Path) -> tuple[dict | None, Path | None, lis
             problems.append(f"{path.name}: checksum mismatch, the file is damaged; skipped")
             continue
         try:
-            return torch.load(path, map_location="cpu", weights_only=True), path, problems
+            state = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as exc:  # a file that hashes right but does not load: report, keep looking
             problems.append(f"{path.name}: does not load ({type(exc).__name__}: {exc}); skipped")
+            continue
+        if state.get("dcp") and (problem := sharded_problem(Path(folder), state["dcp"])):
+            problems.append(f"{path.name}: {problem}; skipped")
+            continue
+        return state, path, problems
     return None, None, problems
 
 

@@ -33,6 +33,7 @@ from ..runs import run_catalog_files, write_stage_timeline
 from ..specs import Job, SpecError, load_catalog
 from ..specs.job import compute_dtype
 from .checkpoint import latest_checkpoint, resume_key, save_checkpoint, unwritable_checkpoint
+from .sharded_checkpoint import save_sharded, uses_sharded_checkpoint
 from .checks import refuse_accelerate_overrides, runner_checks
 from .data import StepSampler, TokenShards, ensure_demo_corpus, make_loader
 from .determinism import pinned, rank_threads, threads_note
@@ -242,15 +243,18 @@ def _train(job: Job, out_dir: str | Path, threads: int, *, peak_tflops: float | 
 
     def save(step: int) -> None:
         model_sd, optim_sd, all_rng = checkpoint_state(prog, device, world)
-        tag, failed = None, None
+        tag, sharded, failed = None, None, None
         try:
             if prog.engine is not None:     # every rank writes its partitions; the record below is written after
                 from .deepspeed_backend import save_engine
                 tag = save_engine(prog.engine, out / "checkpoints", step)
                 accelerator.wait_for_everyone()
+            elif uses_sharded_checkpoint(prog, world):      # every rank its shards; rank 0 gets their checksums
+                sharded = save_sharded(prog, out / "checkpoints", step, rank)
             if accelerator.is_main_process:
                 save_checkpoint(out / "checkpoints", step, {
                     "step": step, "skipped_total": skipped_total, "job": job.to_dict(), "deepspeed": tag,
+                    "dcp": sharded,
                     "threads": threads,
                     "model": model_sd, "optimizer": optim_sd,
                     "master": master.state_dict() if master else None, "scaler": scaler.state_dict(),

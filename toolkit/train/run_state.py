@@ -8,6 +8,7 @@ import torch
 
 from ..specs import Job, SpecError
 from .program import _Program
+from .sharded_checkpoint import load_sharded, uses_sharded_checkpoint
 from .state import gather_state, restore_state
 
 __all__ = ["load_checkpoint", "checkpoint_state", "first_error"]
@@ -16,7 +17,8 @@ __all__ = ["load_checkpoint", "checkpoint_state", "first_error"]
 def load_checkpoint(job: Job, prog: _Program, state: dict, scaler, pruner, rank: int, world: int,
                      out: Path) -> tuple[int, int]:
     """Restore a checkpoint into this rank; returns (step, skipped steps so far). A checkpoint written on another
-    number of ranks loads too (states are kept by parameter name): only the per-rank RNG starts afresh. DeepSpeed's
+    number of ranks loads too (states are kept by parameter name, shards re-cut by DCP): only the per-rank RNG
+    starts afresh. DeepSpeed's
     checkpoints hold its own partitions and load into its engine only, on as many ranks as wrote them."""
     written_by_deepspeed = bool(state.get("deepspeed"))
     if written_by_deepspeed != (prog.engine is not None):
@@ -27,6 +29,8 @@ def load_checkpoint(job: Job, prog: _Program, state: dict, scaler, pruner, rank:
     if prog.engine is not None:
         from .deepspeed_backend import load_engine
         load_engine(prog.engine, out / "checkpoints", state["deepspeed"], len(state["rng"]), world)
+    elif state.get("dcp"):
+        load_sharded(prog, out / "checkpoints" / state["dcp"]["dir"])
     elif prog.master:
         prog.raw.load_state_dict(state["model"])
         prog.optimizer.load_state_dict(state["optimizer"])
@@ -54,8 +58,8 @@ def checkpoint_state(prog: _Program, device: torch.device, world: int) -> tuple[
     if world > 1:
         all_rng = [None] * world
         torch.distributed.all_gather_object(all_rng, rng)
-    if prog.engine is not None:
-        return None, None, all_rng                  # (DeepSpeed writes its own partitions: deepspeed_backend.save_engine)
+    if prog.engine is not None or uses_sharded_checkpoint(prog, world):
+        return None, None, all_rng      # (each rank writes its shards, or DeepSpeed its partitions: loop's save)
     if prog.master:
         return prog.raw.state_dict(), prog.optimizer.state_dict(), all_rng
     model_sd, optim_sd = gather_state(prog.raw, prog.optimizer, prog.layout)

@@ -1,5 +1,5 @@
 """A full disk, injected at the writer: a process started with this folder on PYTHONPATH and
-TOOLKIT_TEST_FULL_DISK=NAME gets ENOSPC from `write` once 4 KiB of any file whose name ends in NAME have been
+TOOLKIT_TEST_FULL_DISK=NAME gets ENOSPC from `write` once 4 KiB of any file whose path ends in NAME have been
 written, as a filling disk gives it. (Python imports `sitecustomize` at start-up, so every rank a launcher
 starts with this environment has it; nothing in the toolkit knows about it.)"""
 import builtins
@@ -30,6 +30,7 @@ class _FillingFile:
 
 
 if _TARGET:
+    import io
     _open = builtins.open
 
     def _open_filling(file, mode="r", *args, **kwargs):
@@ -37,3 +38,4 @@ if _TARGET:
         return _FillingFile(opened) if "w" in mode and str(file).endswith(_TARGET) else opened
 
     builtins.open = _open_filling
+    io.open = _open_filling             # (pathlib's Path.open, which torch.distributed.checkpoint writes through)
