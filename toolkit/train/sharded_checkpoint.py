@@ -1,5 +1,6 @@
 """Sharded checkpoints: every rank writes its own shards with torch.distributed.checkpoint (DCP); no rank gathers
-the model or the optimizer (a 7B model's states are about 112 GB: gathered on rank 0 they would not fit).
+the model or the optimizer (a 7B model's fp32 weights and AdamW moments are 12 bytes a parameter, 84 GB: gathered
+on rank 0 they would not fit).
 
     record = save_sharded(prog, folder, step, rank)     # every rank; rank 0 gets {"dir", "files"} for the .pt
     load_sharded(prog, folder / record["dir"])          # every rank, on any layout and number of ranks
