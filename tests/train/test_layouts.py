@@ -150,14 +150,29 @@ def test_tp_x_pp_trains_as_one_process_and_its_checkpoint_resumes_in_one(tmp_pat
     _assert_close(_records(moved), one_process, rel=1e-5)
 
 
-def test_a_zero1_run_resumes_on_its_own_ranks_bit_for_bit(tmp_path, corpus):
+def test_a_zero1_run_resumes_on_its_own_ranks_bit_for_bit(tmp_path, corpus, one_process):
     """ZeRO-1 (ZeroRedundancyOptimizer over DDP) stopped after its step-3 checkpoint and run again on the same 2 ranks
     ends where the uninterrupted run does, to the bit. torch leaves None in the optimizer's state for each parameter
     another rank owns after a load, and the resumed run's memory recording (MemTracker walks that state) failed on it:
-    found by `benchmarks/soak.py --extra "--zero 1"`, which this test keeps in the suite."""
-    ref, moved = tmp_path / "ref", tmp_path / "moved"
+    found by `benchmarks/soak.py --extra "--zero 1"`, which this test keeps in the suite. Each rank wrote only its own
+    partition's optimizer states, under parameter names (DCP's optimizer state dict refuses an unconsolidated ZeRO-1),
+    so the checkpoint also resumes in one process, which needs all of them."""
+    from torch.distributed.checkpoint import FileSystemReader
+    ref, moved, alone = tmp_path / "ref", tmp_path / "moved", tmp_path / "alone"
     args = (*STEPS, "--zero", "1", "--nproc", "2", "--data", str(corpus))
     assert toolkit_train(ref, *args).returncode == 0
+    metadata = FileSystemReader(ref / "checkpoints" / "step_00000006.dcp").read_metadata()
+    written_by: dict = {}
+    for index, where in metadata.storage_data.items():
+        if index.fqn.startswith("optim/"):
+            written_by.setdefault(where.relative_path, set()).add(index.fqn.split("/")[1])
+    assert sorted(written_by) == ["__0_0.distcp", "__1_0.distcp"]               # both ranks wrote states ...
+    assert not written_by["__0_0.distcp"] & written_by["__1_0.distcp"]          # ... of different parameters
+    shutil.copytree(ref, alone)
+    _drop_checkpoint(alone, 6)
+    resumed = train_here(alone, *STEPS, "--data", str(corpus))
+    assert resumed.returncode == 0 and "resumed from step_00000003.pt" in resumed.stdout + resumed.stderr
+    _assert_close(_records(alone), one_process, rel=1e-5)
     shutil.copytree(ref, moved)
     _drop_checkpoint(moved, 6)
     shutil.rmtree(moved / "memory")                      # (recorded again by the resumed run: the failing path)

@@ -1,7 +1,10 @@
 """The training loop: one Job, trained for real on accelerate (one process, or one of N ranks).
 
-    run_training(job, "runs/demo")            # in this process (world of 1)
+    run_training(job, "runs/demo")            # in this process (world of 1): Trainer(job, out, threads).fit()
     toolkit train job.yaml --out runs/demo --nproc 2    # N ranks through toolkit.train.launch
+
+`Trainer` holds the run's state (program, scaler, pruner, data position, metrics) and does one step, one
+evaluation and one checkpoint as methods; `fit` runs them in order.
 
 The layout (DDP, ZeRO-1/2/3, offload, tp, sp, dp × tp) is applied by toolkit.train.parallelize, the function
 the tracer uses too; accelerate only starts the processes and trackers. What a step does, in order: set the
@@ -47,7 +50,7 @@ from .run_state import checkpoint_state, first_error, load_checkpoint
 from .program import _backward, _build_program, _optimizer_step, _Program
 from .techniques import Int8Activations, Pruner, block_matrices
 
-__all__ = ["run_training", "RunResult", "TrainingStopped", "lr_at", "runner_checks"]
+__all__ = ["run_training", "Trainer", "RunResult", "TrainingStopped", "lr_at", "runner_checks"]
 
 
 class TrainingStopped(Exception):
@@ -142,234 +145,287 @@ def run_training(job: Job, out_dir: str | Path, *, peak_tflops: float | None = N
     threads pinned and deterministic CPU kernels (toolkit.train.determinism)."""
     threads = rank_threads(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     with pinned(threads, "cuda" if torch.cuda.is_available() else "cpu"):
-        return _train(job, out_dir, threads, peak_tflops=peak_tflops, cache_dir=cache_dir, progress=progress)
+        return Trainer(job, out_dir, threads, peak_tflops=peak_tflops, cache_dir=cache_dir, progress=progress).fit()
 
 
-def _train(job: Job, out_dir: str | Path, threads: int, *, peak_tflops: float | None, cache_dir, progress: bool
-           ) -> RunResult:
-    from accelerate import Accelerator
+class Trainer:
+    """One rank's run, torchtitan's shape: the constructor sets everything up (job, ranks, data, program, resume);
+    `train_step`, `evaluate` and `save` are one step, one evaluation and one checkpoint; `fit` runs them in order
+    and `close` releases what the run holds.
 
-    out = Path(out_dir)
-    catalog = load_catalog(*run_catalog_files(out))       # (a job on the user's own rows: OUT/catalogs)
-    job, _notes = job.resolve(catalog)
-    runner_checks(job)
-    refuse_accelerate_overrides(job)
-    t, spec = job.training, job.model
-    plan = torch_precision(job.precision.mode)
+        trainer = Trainer(job, "runs/demo", threads=1)
+        result = trainer.fit()
+    """
 
-    tracker_kwargs = tracker_setup(t.trackers, out)     # (before accelerate imports the trackers)
-    # precision and layout are the job's: accelerate starts the processes and the trackers, nothing more
-    accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision="no", dynamo_backend="no",
-                              log_with=list(t.trackers) or None, project_dir=str(out))
-    device, rank, world = accelerator.device, accelerator.process_index, accelerator.num_processes
-    ranks = job.parallel.dp * job.parallel.tp * job.parallel.pp
-    if world != ranks:
-        raise SpecError("parallel.dp", job.parallel.dp, f"the layout needs {ranks} processes but the run has {world}; "
-                                                        f"launch with --nproc {ranks}")
-    mesh = device_mesh(job, device.type)
-    dp_rank, dp_world = dp_rank_and_size(mesh)
-    accum = job.grad_accum
+    def __init__(self, job: Job, out_dir: str | Path, threads: int, *, peak_tflops: float | None = None,
+                 cache_dir=None, progress: bool = True):
+        from accelerate import Accelerator
+        self.out = out = Path(out_dir)
+        self.catalog = load_catalog(*run_catalog_files(out))       # (a job on the user's own rows: OUT/catalogs)
+        job, _notes = job.resolve(self.catalog)
+        runner_checks(job)
+        refuse_accelerate_overrides(job)
+        self.job, self.threads, self.t, self.plan = job, threads, job.training, torch_precision(job.precision.mode)
+        tracker_kwargs = tracker_setup(self.t.trackers, out)      # (before accelerate imports the trackers)
+        # precision and layout are the job's: accelerate starts the processes and the trackers, nothing more
+        self.accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision="no", dynamo_backend="no",
+                                       log_with=list(self.t.trackers) or None, project_dir=str(out))
+        acc = self.accelerator
+        self.device, self.rank, self.world = acc.device, acc.process_index, acc.num_processes
+        ranks = job.parallel.dp * job.parallel.tp * job.parallel.pp
+        if self.world != ranks:
+            raise SpecError("parallel.dp", job.parallel.dp, f"the layout needs {ranks} processes but the run has "
+                                                            f"{self.world}; launch with --nproc {ranks}")
+        self.mesh = device_mesh(job, self.device.type)
+        self.dp_rank, self.dp_world = dp_rank_and_size(self.mesh)
+        self._set_up_data(cache_dir)
+        self.base_mem_bytes, _ = memory_reading(self.device)     # before any weight exists: the summary's baseline
+        self.prog = _build_program(job, self.plan, self.device, self.mesh)
+        self.scaler = torch.amp.GradScaler(self.device.type, init_scale=self.t.loss_scale,   # (DeepSpeed scales fp16)
+                                           enabled=self.plan.loss_scaling and self.prog.engine is None)
+        self.pruner = Pruner(self.t.pruning.method, self.t.pruning.sparsity) if self.t.pruning.method != "none" \
+            else None
+        self._pruned: list[dict] = []          # the tensors the masks act on, looked up once per set of masks
+        self.start_step, self.skipped_total = self.resume()
+        self.metrics = MetricsLog(out / "metrics.jsonl", self.start_step) if acc.is_main_process else None
+        if self.metrics and self.metrics.note:
+            acc.print(f"metrics: {self.metrics.note}")
+        self.recorder = MemoryRecorder(self.prog, job, self.device, self.rank, out, self.start_step, self.t.steps,
+                                       stage=self.prog.pp_rank)
+        if self.t.trackers:
+            acc.init_trackers("toolkit", config=tracker_config(job), init_kwargs=tracker_kwargs)
+        if self.pruner and self.t.pruning.at_step == 0 and self.start_step == 0:
+            self.pruner.compute(block_matrices(self.prog.raw))
+        if self.pruner and self.pruner.masks:
+            self._prune()
+        self._set_up_steps(peak_tflops)
+        self.bar = _progress(progress and acc.is_main_process, self.start_step, self.t.steps)
+        self._stop_requested = False
+        self._previous_handler = signal.signal(signal.SIGTERM, lambda *_: setattr(self, "_stop_requested", True)) \
+            if _main_thread() else None
 
-    # ---- data ---------------------------------------------------------------------------------
-    data_dir = Path(t.data) if t.data else ensure_demo_corpus(cache_dir or out / "cache")
-    train_set = TokenShards(data_dir, "train", spec.seq_len)
-    if train_set.vocab > spec.vocab:
-        raise SpecError("model.vocab", spec.vocab, f"is smaller than the data's vocabulary ({train_set.vocab})")
-    val_set = TokenShards(data_dir, "val", spec.seq_len) if t.eval_every else None
+    def _set_up_data(self, cache_dir) -> None:
+        t, spec = self.t, self.job.model
+        data_dir = Path(t.data) if t.data else ensure_demo_corpus(cache_dir or self.out / "cache")
+        self.train_set = TokenShards(data_dir, "train", spec.seq_len)
+        if self.train_set.vocab > spec.vocab:
+            raise SpecError("model.vocab", spec.vocab, f"is smaller than the data's vocabulary ({self.train_set.vocab})")
+        self.val_set = TokenShards(data_dir, "val", spec.seq_len) if t.eval_every else None
 
-    # ---- model, optimizer, scaler -----------------------------------------------------------
-    base_mem_bytes, _ = memory_reading(device)              # before any weight exists: the summary's baseline
-    prog = _build_program(job, plan, device, mesh)
-    model, raw_model, optimizer, master = prog.model, prog.raw, prog.optimizer, prog.master
-    scaler = torch.amp.GradScaler(device.type, init_scale=t.loss_scale,       # (DeepSpeed scales fp16 itself)
-                                  enabled=plan.loss_scaling and prog.engine is None)
-    pruner = Pruner(t.pruning.method, t.pruning.sparsity) if t.pruning.method != "none" else None
-    names = {id(p): n for n, p in raw_model.named_parameters()}
-    master_of = {names[id(p)]: m for p, m in master.pairs} if master else {}
+    def _set_up_steps(self, peak_tflops: float | None) -> None:
+        """The batches from the resumed step on, the step's tokens and FLOPs, the peak MFU is taken against."""
+        job, t = self.job, self.t
+        sampler = StepSampler(len(self.train_set), job.batch.global_batch, job.batch.micro_batch, self.dp_rank,
+                              self.dp_world, t.seed, self.start_step, t.steps)
+        self.batches = iter(make_loader(self.train_set, sampler, t.num_workers, t.prefetch))
+        self.tokens_per_step = job.batch.global_batch * job.model.seq_len
+        self.flops_per_step = flops_per_token(job).model * self.tokens_per_step
+        row = self.catalog.accelerator(job.cluster.accelerator) if job.cluster.accelerator else None
+        if peak_tflops is None and row and (self.device.type == "cuda" or row.vendor == "measured"):   # (a GPU's
+            peak = row.peak_flops(compute_dtype(job.precision.mode))                        # peak is no CPU run's MFU)
+            peak_tflops = peak / 1e12 if peak else None
+        self.peak_tflops = peak_tflops
+        self.int8 = Int8Activations(self.prog.raw) if job.memory.act_compress == "int8" else None
 
-    # ---- resume --------------------------------------------------------------------------------
-    start_step, skipped_total = 0, 0
-    state, path, problems = latest_checkpoint(out / "checkpoints")
-    for line in problems:
-        accelerator.print(f"checkpoint: {line}")
-    if state is not None:
-        if resume_key(Job.from_dict(state["job"], catalog).resolve(catalog)[0]) != resume_key(job):
+    def resume(self) -> tuple[int, int]:
+        """Load the newest valid checkpoint, if any: (step to start from, fp16 steps skipped so far)."""
+        acc, out, job = self.accelerator, self.out, self.job
+        state, path, problems = latest_checkpoint(out / "checkpoints")
+        for line in problems:
+            acc.print(f"checkpoint: {line}")
+        if state is None:
+            torch.manual_seed(self.t.seed + 1 + self.dp_rank)        # dropout differs between replicas, repeatably
+            return 0, 0
+        if resume_key(Job.from_dict(state["job"], self.catalog).resolve(self.catalog)[0]) != resume_key(job):
             raise SpecError("job", str(path), f"{out} holds checkpoints of a different job; use a new --out "
                                               "folder, or delete the checkpoints to start over")
-        start_step, skipped_total = load_checkpoint(job, prog, state, scaler, pruner, rank, world, out)
-        accelerator.print(f"resumed from {path.name} (step {start_step})")
-        if note := threads_note(state.get("threads"), threads):
-            accelerator.print(f"note: {note}")
-    else:
-        torch.manual_seed(t.seed + 1 + dp_rank)        # dropout differs between replicas, repeatably
-    del state
+        start = load_checkpoint(job, self.prog, state, self.scaler, self.pruner, self.rank, self.world, out)
+        acc.print(f"resumed from {path.name} (step {start[0]})")
+        if note := threads_note(state.get("threads"), self.threads):
+            acc.print(f"note: {note}")
+        return start
 
-    metrics = MetricsLog(out / "metrics.jsonl", start_step) if accelerator.is_main_process else None
-    if metrics and metrics.note:
-        accelerator.print(f"metrics: {metrics.note}")
-    recorder = MemoryRecorder(prog, job, device, rank, out, start_step, t.steps, stage=prog.pp_rank)
-    if t.trackers:
-        accelerator.init_trackers("toolkit", config=tracker_config(job), init_kwargs=tracker_kwargs)
+    def _prune(self) -> None:
+        """Zero the pruned weights (and their fp32 masters) again."""
+        if not self._pruned:
+            named = dict(self.prog.raw.named_parameters())
+            master_of = self._master_by_name()
+            self._pruned.append({n: named[n] for n in self.pruner.masks})
+            self._pruned.append({n: master_of[n] for n in self.pruner.masks if n in master_of})
+        for tensors in self._pruned:
+            self.pruner.apply(tensors)
 
-    pruned: list[dict] = []                  # the tensors the masks act on, looked up once per set of masks
+    def _master_by_name(self) -> dict:
+        master = self.prog.master
+        if not master:
+            return {}
+        names = {id(p): n for n, p in self.prog.raw.named_parameters()}
+        return {names[id(p)]: m for p, m in master.pairs}
 
-    def prune_apply():
-        if not pruned:
-            named = dict(raw_model.named_parameters())
-            pruned.append({n: named[n] for n in pruner.masks})
-            pruned.append({n: master_of[n] for n in pruner.masks if n in master_of})
-        for tensors in pruned:
-            pruner.apply(tensors)
-
-    if pruner and t.pruning.at_step == 0 and start_step == 0:
-        pruner.compute(block_matrices(raw_model))
-    if pruner and pruner.masks:
-        prune_apply()
-
-    # ---- the step --------------------------------------------------------------------------------
-    sampler = StepSampler(len(train_set), job.batch.global_batch, job.batch.micro_batch, dp_rank, dp_world,
-                          t.seed, start_step, t.steps)
-    batches = iter(make_loader(train_set, sampler, t.num_workers, t.prefetch))
-    tokens_per_step = job.batch.global_batch * spec.seq_len
-    flops_per_step = flops_per_token(job).model * tokens_per_step
-    row = catalog.accelerator(job.cluster.accelerator) if job.cluster.accelerator else None
-    if peak_tflops is None and row and (device.type == "cuda" or row.vendor == "measured"):   # (a GPU's peak is
-        peak = row.peak_flops(compute_dtype(job.precision.mode))                               # no CPU run's MFU)
-        peak_tflops = peak / 1e12 if peak else None
-    int8 = Int8Activations(raw_model) if job.memory.act_compress == "int8" else None
-    stop_requested = {"flag": False}
-    previous_handler = signal.signal(signal.SIGTERM, lambda *_: stop_requested.update(flag=True)) \
-        if _main_thread() else None
-
-    def save(step: int) -> None:
-        model_sd, optim_sd, all_rng = checkpoint_state(prog, device, world)
+    def save(self, step: int) -> None:
+        """The checkpoint of `step` (every rank calls it). A write that fails on any rank stops every rank with one
+        line; the newest valid checkpoint stays."""
+        prog, out, acc, world = self.prog, self.out, self.accelerator, self.world
+        model_sd, optim_sd, all_rng = checkpoint_state(prog, self.device, world)
         tag, sharded, failed = None, None, None
         try:
             if prog.engine is not None:     # every rank writes its partitions; the record below is written after
                 from .deepspeed_backend import save_engine
                 tag = save_engine(prog.engine, out / "checkpoints", step)
-                accelerator.wait_for_everyone()
+                acc.wait_for_everyone()
             elif uses_sharded_checkpoint(prog, world):      # every rank its shards; rank 0 gets their checksums
-                sharded = save_sharded(prog, out / "checkpoints", step, rank)
-            if accelerator.is_main_process:
+                sharded = save_sharded(prog, out / "checkpoints", step, self.rank)
+            if acc.is_main_process:
                 save_checkpoint(out / "checkpoints", step, {
-                    "step": step, "skipped_total": skipped_total, "job": job.to_dict(), "deepspeed": tag,
-                    "dcp": sharded,
-                    "threads": threads,
+                    "step": step, "skipped_total": self.skipped_total, "job": self.job.to_dict(), "deepspeed": tag,
+                    "dcp": sharded, "threads": self.threads,
                     "model": model_sd, "optimizer": optim_sd,
-                    "master": master.state_dict() if master else None, "scaler": scaler.state_dict(),
-                    "masks": pruner.state_dict() if pruner else None, "rng": all_rng}, t.keep_checkpoints)
+                    "master": prog.master.state_dict() if prog.master else None, "scaler": self.scaler.state_dict(),
+                    "masks": self.pruner.state_dict() if self.pruner else None, "rng": all_rng},
+                    self.t.keep_checkpoints)
         except OSError as err:              # a full disk, a read-only or vanished folder
             failed = err
-        if _agree(failed is not None, device, world):      # (also the ranks' meeting after the write)
+        if _agree(failed is not None, self.device, world):      # (also the ranks' meeting after the write)
             raise TrainingStopped(unwritable_checkpoint(out / "checkpoints", step, first_error(failed, world)))
 
-    bar = _progress(progress and accelerator.is_main_process, start_step, t.steps)
-    loop_began = time.perf_counter()
-    final_loss, stopped_by_signal, done = None, False, start_step
-    model.train()
-    try:
-        for step in range(start_step, t.steps):
-            began = time.perf_counter()
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
-            recorder.begin_step(step)
-            lr = lr_at(step, t)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            loss_sum = torch.zeros((), device=device)
-            if prog.schedule is not None:
-                recorder.micro_batch()
-                loss_sum = _pipeline_micro_batches(prog, job, plan, batches, device,
-                                                   _timeline_of(job, prog, mesh, dp_rank, step), out)
-            for micro in range(accum if prog.schedule is None else 0):
-                inputs, targets = next(batches)
-                inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
-                recorder.micro_batch()
-                with _micro_batch_context(prog, job, last=micro == accum - 1):
-                    with plan.autocast(device.type), (int8 or contextlib.nullcontext()):
-                        loss = model(inputs, targets)
-                    _backward(prog, scaler, loss, accum, last=micro == accum - 1)
-                loss_sum += _local(loss.detach()).float()
-            if master:
-                master.grads_to_master()
-            if prog.reduce_grads:
-                prog.reduce_grads()
-            scaler.unscale_(optimizer)
-            grad_norm = (clip_grad_norm(prog.params, t.grad_clip or float("inf"), prog.stage_group, prog.counted)
-                         if prog.engine is None else 0.0)             # (DeepSpeed clips inside its step)
-            mean_loss = _mean_loss(loss_sum, world, job.parallel.pp) / accum
-            scale_before = scaler.get_scale() if scaler.is_enabled() else None
-            if not plan.loss_scaling and not (math.isfinite(mean_loss) and math.isfinite(grad_norm)):
-                if metrics:
-                    metrics.write({"step": step + 1, "loss": None, "lr": lr, "grad_norm": None, "stopped": "diverged"})
-                raise TrainingStopped(_diagnose_nonfinite(job, step, lr, mean_loss, grad_norm))
-            with recorder.optimizer_step(step):
-                skipped = _optimizer_step(prog, scaler, scale_before)
-            if prog.engine is not None:
-                grad_norm = float(prog.engine.get_global_grad_norm())
-            if master:
-                master.zero_grad()
-            skipped_total += int(skipped)
-            if master and not skipped:
-                master.master_to_model()
-            if pruner and t.pruning.at_step and step + 1 == t.pruning.at_step:
-                pruner.compute(block_matrices(raw_model))
-                pruned.clear()
-            if pruner and pruner.masks:
-                prune_apply()
-            recorder.end_step(step)
-            if plan.loss_scaling and scaler.get_scale() < 1.0:
-                raise TrainingStopped(
-                    f"the fp16 loss scale fell to {scaler.get_scale():g} at step {step + 1}: gradients overflow fp16 "
-                    "at every scale, so the loss diverged or activations exceed fp16's range (65504). Fix: lower "
-                    "training.lr, or train in a bf16 mode (amp-bf16, mixed-bf16), whose range is fp32's.")
-            elapsed = time.perf_counter() - began
-            mem_bytes, mem_kind = memory_reading(device)
-            tflops = flops_per_step / elapsed / world / 1e12
-            record = {"step": step + 1, "loss": mean_loss if not skipped else None, "lr": lr,
-                      "tokens_per_s": tokens_per_step / elapsed, "tflops": tflops,
-                      "mfu": tflops / peak_tflops if peak_tflops else None,
-                      "mem_bytes": mem_bytes, "mem_kind": mem_kind,
-                      "grad_norm": grad_norm if math.isfinite(grad_norm) else None,
-                      "loss_scale": scale_before, "skipped": bool(skipped), "time_s": elapsed,
-                      "wall_s": time.perf_counter() - loop_began}
-            if skipped:
-                record["skipped_total"] = skipped_total
-            if step == start_step:
-                record["mem_base_bytes"] = base_mem_bytes
-            final_loss = mean_loss if not skipped else final_loss
-            last = step + 1 == t.steps
-            if val_set is not None and ((step + 1) % t.eval_every == 0 or last):
-                record["eval_loss"] = _evaluate(prog, val_set, job, plan, device, dp_rank, dp_world,
-                                                before_forward=recorder.micro_batch)
-            if metrics:
-                metrics.write(record)
-            if t.trackers:
-                accelerator.log({k: v for k, v in record.items() if isinstance(v, (int, float))}, step=step + 1)
-            if bar:
-                bar.update(1)
-                bar.set_postfix(loss=f"{mean_loss:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
-            stop = _agree(stop_requested["flag"], device, world)
-            if last or stop or (t.checkpoint_every and (step + 1) % t.checkpoint_every == 0):
-                save(step + 1)
-            done = step + 1
-            if stop:
-                stopped_by_signal = True
-                accelerator.print(f"stopped by SIGTERM after step {step + 1}; checkpoint saved, run again to resume")
-                break
-    finally:
-        recorder.close()
-        if bar:
-            bar.close()
-        if metrics:
-            metrics.close()
-        if previous_handler is not None:
-            signal.signal(signal.SIGTERM, previous_handler)
-        if t.trackers:
-            accelerator.end_training()
-    return RunResult(steps_done=done, resumed_from=start_step, stopped_by_signal=stopped_by_signal,
-                     final_loss=final_loss, out_dir=out)
+    def _forward_backward(self, step: int) -> torch.Tensor:
+        """This step's micro-batches, forward and backward; the sum of their losses on this rank."""
+        prog, job, device, accum = self.prog, self.job, self.device, self.job.grad_accum
+        if prog.schedule is not None:
+            self.recorder.micro_batch()
+            return _pipeline_micro_batches(prog, job, self.plan, self.batches, device,
+                                           _timeline_of(job, prog, self.mesh, self.dp_rank, step), self.out)
+        loss_sum = torch.zeros((), device=device)
+        for micro in range(accum):
+            inputs, targets = next(self.batches)
+            inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+            self.recorder.micro_batch()
+            with _micro_batch_context(prog, job, last=micro == accum - 1):
+                with self.plan.autocast(device.type), (self.int8 or contextlib.nullcontext()):
+                    loss = prog.model(inputs, targets)
+                _backward(prog, self.scaler, loss, accum, last=micro == accum - 1)
+            loss_sum += _local(loss.detach()).float()
+        return loss_sum
+
+    def train_step(self, step: int) -> dict:
+        """One optimizer step: micro-batches, gradient reduction, clipping, the update (or an fp16 skip), masks.
+        Returns the step's metrics record (without evaluation)."""
+        prog, job, t, plan, scaler, master = self.prog, self.job, self.t, self.plan, self.scaler, self.prog.master
+        began = time.perf_counter()
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self.recorder.begin_step(step)
+        lr = lr_at(step, t)
+        for group in prog.optimizer.param_groups:
+            group["lr"] = lr
+        loss_sum = self._forward_backward(step)
+        if master:
+            master.grads_to_master()
+        if prog.reduce_grads:
+            prog.reduce_grads()
+        scaler.unscale_(prog.optimizer)
+        grad_norm = (clip_grad_norm(prog.params, t.grad_clip or float("inf"), prog.stage_group, prog.counted)
+                     if prog.engine is None else 0.0)             # (DeepSpeed clips inside its step)
+        mean_loss = _mean_loss(loss_sum, self.world, job.parallel.pp) / job.grad_accum
+        scale_before = scaler.get_scale() if scaler.is_enabled() else None
+        if not plan.loss_scaling and not (math.isfinite(mean_loss) and math.isfinite(grad_norm)):
+            if self.metrics:
+                self.metrics.write({"step": step + 1, "loss": None, "lr": lr, "grad_norm": None, "stopped": "diverged"})
+            raise TrainingStopped(_diagnose_nonfinite(job, step, lr, mean_loss, grad_norm))
+        with self.recorder.optimizer_step(step):
+            skipped = _optimizer_step(prog, scaler, scale_before)
+        if prog.engine is not None:
+            grad_norm = float(prog.engine.get_global_grad_norm())
+        if master:
+            master.zero_grad()
+        self.skipped_total += int(skipped)
+        if master and not skipped:
+            master.master_to_model()
+        self._prune_after(step)
+        self.recorder.end_step(step)
+        if plan.loss_scaling and scaler.get_scale() < 1.0:
+            raise TrainingStopped(
+                f"the fp16 loss scale fell to {scaler.get_scale():g} at step {step + 1}: gradients overflow fp16 "
+                "at every scale, so the loss diverged or activations exceed fp16's range (65504). Fix: lower "
+                "training.lr, or train in a bf16 mode (amp-bf16, mixed-bf16), whose range is fp32's.")
+        return self._record(step, began, lr, mean_loss, grad_norm, scale_before, skipped)
+
+    def _prune_after(self, step: int) -> None:
+        pruner, at = self.pruner, self.t.pruning.at_step
+        if pruner and at and step + 1 == at:
+            pruner.compute(block_matrices(self.prog.raw))
+            self._pruned.clear()
+        if pruner and pruner.masks:
+            self._prune()
+
+    def _record(self, step: int, began: float, lr: float, mean_loss: float, grad_norm: float, scale_before,
+                skipped: bool) -> dict:
+        elapsed = time.perf_counter() - began
+        mem_bytes, mem_kind = memory_reading(self.device)
+        tflops = self.flops_per_step / elapsed / self.world / 1e12
+        record = {"step": step + 1, "loss": mean_loss if not skipped else None, "lr": lr,
+                  "tokens_per_s": self.tokens_per_step / elapsed, "tflops": tflops,
+                  "mfu": tflops / self.peak_tflops if self.peak_tflops else None,
+                  "mem_bytes": mem_bytes, "mem_kind": mem_kind,
+                  "grad_norm": grad_norm if math.isfinite(grad_norm) else None,
+                  "loss_scale": scale_before, "skipped": bool(skipped), "time_s": elapsed,
+                  "wall_s": time.perf_counter() - self.loop_began}
+        if skipped:
+            record["skipped_total"] = self.skipped_total
+        if step == self.start_step:
+            record["mem_base_bytes"] = self.base_mem_bytes
+        return record
+
+    def evaluate(self) -> float:
+        """Mean held-out loss (see _evaluate); every rank calls it."""
+        return _evaluate(self.prog, self.val_set, self.job, self.plan, self.device, self.dp_rank, self.dp_world,
+                         before_forward=self.recorder.micro_batch)
+
+    def fit(self) -> RunResult:
+        """Steps from the resumed one to training.steps: evaluation, metrics and checkpoints at their cadence, a
+        checkpoint and a stop when any rank got SIGTERM."""
+        t, acc = self.t, self.accelerator
+        self.loop_began = time.perf_counter()
+        final_loss, stopped_by_signal, done = None, False, self.start_step
+        self.prog.model.train()
+        try:
+            for step in range(self.start_step, t.steps):
+                record = self.train_step(step)
+                final_loss = record["loss"] if record["loss"] is not None else final_loss
+                last = step + 1 == t.steps
+                if self.val_set is not None and ((step + 1) % t.eval_every == 0 or last):
+                    record["eval_loss"] = self.evaluate()
+                if self.metrics:
+                    self.metrics.write(record)
+                if t.trackers:
+                    acc.log({k: v for k, v in record.items() if isinstance(v, (int, float))}, step=step + 1)
+                if self.bar:
+                    self.bar.update(1)
+                    shown = record["loss"] if record["loss"] is not None else float("nan")     # (an fp16 skip)
+                    self.bar.set_postfix(loss=f"{shown:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
+                stop = _agree(self._stop_requested, self.device, self.world)
+                if last or stop or (t.checkpoint_every and (step + 1) % t.checkpoint_every == 0):
+                    self.save(step + 1)
+                done = step + 1
+                if stop:
+                    stopped_by_signal = True
+                    acc.print(f"stopped by SIGTERM after step {step + 1}; checkpoint saved, run again to resume")
+                    break
+        finally:
+            self.close()
+        return RunResult(steps_done=done, resumed_from=self.start_step, stopped_by_signal=stopped_by_signal,
+                         final_loss=final_loss, out_dir=self.out)
+
+    def close(self) -> None:
+        self.recorder.close()
+        if self.bar:
+            self.bar.close()
+        if self.metrics:
+            self.metrics.close()
+        if self._previous_handler is not None:
+            signal.signal(signal.SIGTERM, self._previous_handler)
+        if self.t.trackers:
+            self.accelerator.end_training()
 
 
 def tracker_setup(trackers, out: Path) -> dict:
