@@ -34,7 +34,7 @@ CAPABILITIES = (   # (backend, layout, precision modes, estimated, traced, run)
     ("torch", "tp, tp + sp, dp x tp (+ ZeRO-2/3)", "fp32, amp-bf16, pure-bf16", True, True, True),
     ("torch", "pp: GPipe, 1F1B, interleaved 1F1B, equal or uneven stages; dp x pp", "fp32, amp-bf16, pure-bf16",
      True, True, True),
-    ("torch", "tp x pp, dp x tp x pp (tp + sp included)", "fp32, amp-bf16, pure-bf16", True, False, True),
+    ("torch", "tp x pp, dp x tp x pp (tp + sp included)", "fp32, amp-bf16, pure-bf16", True, True, True),
     ("torch", "pp with ZeRO", "fp32, amp-*, pure-bf16", True, False, False),
     ("deepspeed", "ZeRO-1/2/3 over dp, + offload optimizer (ZeRO-Offload)", "mixed-bf16 (mixed-fp16 on GPUs)",
      True, True, True),

@@ -1,5 +1,6 @@
 """Pipelines: torch's 1F1B, GPipe and interleaved 1F1B schedules run on real gloo ranks (one process per
-stage), each stage measured with MemTracker, against the analytic model of the first, second and last stage."""
+stage, and per tp rank under tp × pp), each stage measured with MemTracker, against the analytic model of the
+first, second and last stage."""
 import os
 import signal
 import threading
@@ -33,6 +34,24 @@ def test_each_stage_matches_the_model(schedule, mode, rec):
         est = _stage_memory(job, stage)
         assert est.params_bytes == traced.params_bytes          # stage 0: embedding; last: norm and head
         assert est.grads_bytes == traced.grads_bytes
+        assert est.peak_bytes == pytest.approx(traced.peak_bytes, rel=0.02)
+
+
+@pytest.mark.parametrize("mode, sp, vpp", [("fp32", True, 1), ("pure-bf16", True, 2), ("amp-bf16", False, 1)])
+def test_tensor_parallel_stages_match_the_model(mode, sp, vpp):
+    """tp 2 × pp 2 on 4 gloo ranks, each stage sharded by the runner's DTensor plan (RoPE, GQA, SwiGLU; with sequence
+    parallelism later stages receive half of each sequence's tokens, which RoPE and attention must not take for the
+    whole: the runner crashed on it until this trace ran it). Each stage's busiest tp rank against the estimate."""
+    data = {"model": LLAMA, "batch": {"micro_batch": 2, "global_batch": 8}, "precision": {"mode": mode},
+            "parallel": {"pp": 2, "tp": 2, "sp": sp, "vpp": vpp}, "cluster": {"count": 4},
+            "memory": {"program": "cpu"}}
+    job = Job.from_dict(data).resolve()[0]
+    stages = trace_pipeline_stages(job)
+    assert [s.program.split(", tp")[0] for s in stages] == [
+        f"cpu, {'interleaved ' if vpp > 1 else ''}1f1b stage {r} of 2" for r in range(2)]
+    for rank, traced in enumerate(stages):
+        est = stage_memory_estimate(job, rank)
+        assert est.params_bytes == traced.params_bytes                # this tp rank's shard of its stage
         assert est.peak_bytes == pytest.approx(traced.peak_bytes, rel=0.02)
 
 

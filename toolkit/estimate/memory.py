@@ -116,16 +116,16 @@ def memory_notes(job: Job, mem: MemoryEstimate | None) -> list[str]:
         notes.append("tensor parallelism follows torch's DTensor program (toolkit.train.parallel): with sp the "
                      "linears keep their all-gathered inputs, and the vocabulary-parallel loss and the embedding's "
                      "backward hold more than Megatron's fused kernels")
-    combined_pp = par.pp > 1 and (par.tp > 1 or par.zero > 0)
+    combined_pp = par.pp > 1 and par.zero > 0
     deepspeed = par.zero > 0 and job.precision.mode not in TORCH_SEMANTICS
     deepspeed_traced = deepspeed and par.tp == 1 and par.pp == 1 \
         and par.offload != "params"
     if combined_pp or (par.zero > 0 and not fsdp_traced and not deepspeed_traced) or (par.tp > 1 and par.zero == 1):
         notes.append("offload with tp, DeepSpeed's parameter offload (ZeRO-Infinity), tp with ZeRO-1 or with "
-                     "DeepSpeed's ZeRO, and pp combined with tp or ZeRO follow Megatron's and the frameworks' "
+                     "DeepSpeed's ZeRO, and pp combined with ZeRO follow Megatron's and the frameworks' "
                      "semantics and are not yet checked against a trace (replicas, torch's ZeRO-1/2/3 and FSDP2's "
                      "CPU offload, DeepSpeed's ZeRO-1/2/3 with or without ZeRO-Offload, tp alone or inside FSDP2, "
-                     "and pipelines alone or interleaved are)")
+                     "and pipelines alone, interleaved or with tp are)")
     if par.offload != "none" and fsdp_traced:
         notes.append("FSDP2's CPU offload: sharded parameters, gradients and optimizer states in host memory, the "
                      "step on the host; a GPU also copies each shard to the device before all-gathering it and "

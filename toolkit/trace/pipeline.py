@@ -1,5 +1,6 @@
 """Measure pipeline-parallel memory on real gloo ranks: torch's pipelining schedules (1F1B, GPipe, interleaved
-1F1B), one process per stage, with the runner's stages and schedule (toolkit.train.pipeline).
+1F1B), one process per stage (per stage and tp rank under tensor parallelism), with the runner's stages, DTensor
+plan and schedule (toolkit.train.pipeline, toolkit.train.parallel).
 
 torch.distributed.pipelining does not run on fake tensors (its start-up vote reads a tensor's
 value), so each stage runs for real, on the CPU, with uninitialised weights: the values do
@@ -30,9 +31,9 @@ MAX_PIPELINE_MICRO_BATCHES = 32
 
 def check_pipeline_traceable(job: Job, estimated_total_bytes: float) -> None:
     par, m = job.parallel, job.grad_accum or 1
-    if par.tp > 1 or par.zero > 0 or par.offload != "none":
-        raise SpecError("parallel", f"pp={par.pp} tp={par.tp} zero={par.zero}",
-                        "pipelines are traced alone (tp 1, zero 0, no offload) so far")
+    if par.zero > 0 or par.offload != "none":
+        raise SpecError("parallel", f"pp={par.pp} zero={par.zero}",
+                        "pipelines are traced with replicated or tensor-parallel stages (zero 0, no offload) so far")
     if par.vpp > 1 and par.schedule == "gpipe":
         raise SpecError("parallel.schedule", par.schedule, "interleaved stages (vpp > 1) run the interleaved 1F1B "
                                                            "schedule; set schedule: 1f1b or vpp: 1")
@@ -62,27 +63,49 @@ def trace_pipeline(job: Job) -> TraceResult:
 
 
 def trace_pipeline_stages(job: Job) -> list[TraceResult]:
-    """Every stage's memory, first to last. (The estimate only sizes the run: it refuses ones too large.)"""
+    """Every stage's memory, first to last: under tensor parallelism its busiest tp rank's. (The estimate only
+    sizes the run: it refuses ones too large.)"""
     require_internals("the trace")
-    check_pipeline_traceable(job, float(memory_estimate(job).peak_bytes) * job.parallel.pp)
-    return trace_on_ranks(_trace_stage, job, job.parallel.pp, "pipeline", "stage",
-                          "trace fewer layers, a narrower model or fewer micro-batches")
+    par = job.parallel
+    check_pipeline_traceable(job, float(memory_estimate(job).peak_bytes) * par.pp * par.tp)
+    ranks = trace_on_ranks(_trace_stage, job, par.pp * par.tp, "pipeline", "stage" if par.tp == 1 else "rank",
+                           "trace fewer layers, a narrower model or fewer micro-batches")
+    return [max(ranks[stage * par.tp:(stage + 1) * par.tp], key=lambda r: r.peak_bytes) for stage in range(par.pp)]
 
 
-def _trace_stage(job: Job, rank: int, stages: int) -> TraceResult:
-    """One rank's step: its stage, or under interleaving (vpp > 1) its chunks rank, rank + pp, ..."""
+def _stage_modules(job: Job, rank: int):
+    """(this rank's chunks, its pipeline group or None, its pipeline rank, the tp mesh or None): one pipeline's
+    ranks, (pp, tp) as the runner lays them out, the stages sharded by its DTensor plan when tp > 1."""
+    from torch.distributed.device_mesh import init_device_mesh
+
     from ..train.model import GPT
-    from ..train.pipeline import build_schedule, split_stages
+    from ..train.parallel import tensor_parallel
+    from ..train.pipeline import split_stages
+    par = job.parallel
+    mesh = init_device_mesh("cpu", (par.pp, par.tp), mesh_dim_names=("pp", "tp")) if par.tp > 1 else None
+    pp_rank = mesh["pp"].get_local_rank() if mesh is not None else rank
+    with torch.device("meta"):
+        model = GPT(job.model, attention=job.memory.attention, recompute=job.memory.recompute,
+                    dtype=TORCH_DTYPES[job.precision.plan.weights])         # (mixed-* is refused above)
+        stage_module = split_stages(model, job, pp_rank)
+    stage_module.to_empty(device="cpu")                  # uninitialised: only the bytes matter
+    if mesh is None:
+        return stage_module, None, pp_rank, None
+    for stage in stage_module:
+        tensor_parallel(stage, mesh["tp"], sequence_parallel=par.sp, local_logits=True)
+    return stage_module, mesh["pp"].get_group(), pp_rank, mesh["tp"]
+
+
+def _trace_stage(job: Job, rank: int, world: int) -> TraceResult:
+    """One rank's step: its stage, or under interleaving (vpp > 1) its chunks rank, rank + pp, ...; under tensor
+    parallelism its shard of them."""
+    from ..train.pipeline import build_schedule, run_schedule
 
     mode, m, vpp = job.precision.mode, job.grad_accum or 1, job.parallel.vpp
     spec, b, seq = job.model, job.batch.micro_batch, job.model.seq_len
-    weights_dtype = TORCH_DTYPES[job.precision.plan.weights]      # (mixed-* is refused above)
-    with torch.device("meta"):
-        model = GPT(spec, attention=job.memory.attention, recompute=job.memory.recompute, dtype=weights_dtype)
-        stage_module = split_stages(model, job, rank)
-    stage_module.to_empty(device="cpu")                  # uninitialised: only the bytes matter
-    del model
-    schedule = build_schedule(stage_module, job, torch.device("cpu"))   # the runner's stages and schedule
+    stage_module, group, pp_rank, tp_mesh = _stage_modules(job, rank)
+    stages = job.parallel.pp
+    schedule = build_schedule(stage_module, job, torch.device("cpu"), group, tp_mesh=tp_mesh)   # the runner's
     optimizer = _make_optimizer(job, stage_module.parameters())
     autocast = torch_precision(mode).autocast("cpu")
     tracker = StageTracker()
@@ -94,12 +117,8 @@ def _trace_stage(job: Job, rank: int, stages: int) -> TraceResult:
                 tracker.reset_peak()
             tracker.reset_mod_stats()
             with autocast:
-                if rank == 0:
-                    schedule.step(torch.randint(0, spec.vocab, (b * m, seq)))
-                elif rank == stages - 1:
-                    schedule.step(target=torch.randint(0, spec.vocab, (b * m, seq)), return_outputs=False)
-                else:
-                    schedule.step()
+                run_schedule(schedule, job, pp_rank, torch.randint(0, spec.vocab, (b * m, seq)),
+                             torch.randint(0, spec.vocab, (b * m, seq)))
             snaps["before_step"] = _snapshot(tracker, "current")
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -114,5 +133,6 @@ def _trace_stage(job: Job, rank: int, stages: int) -> TraceResult:
         peak_bytes=snaps["peak"].get("Total", 0),
         peak_breakdown=snaps["peak"],
         boundary_breakdown={},
-        program=f"cpu, {'interleaved ' if vpp > 1 else ''}{job.parallel.schedule} stage {rank} of {stages}",
+        program=f"cpu, {'interleaved ' if vpp > 1 else ''}{job.parallel.schedule} stage {pp_rank} of {stages}"
+                + (f", tp rank {tp_mesh.get_local_rank()} of {tp_mesh.size()}" if tp_mesh is not None else ""),
     )

@@ -65,6 +65,8 @@ def tensor_parallel(model: nn.Module, mesh: DeviceMesh, sequence_parallel: bool 
             plan["norm"] = SequenceParallel()
     if plan:
         parallelize_module(model, mesh, plan)
+    if isinstance(model, PipelineStage):
+        model.sequence_parallel = sequence_parallel
     if model.spec.tie_embeddings and model.tok is not None and model.head is not None:
         model.head.weight = model.tok.weight       # both keep vocabulary rows (Shard(0)): one matrix again
     if model.tok is not None and not model.tok.weight.is_meta:
@@ -117,11 +119,15 @@ class PipelineStage(nn.Module):
         self.head = model.head if self.last else None
         self.recompute = model.recompute
         self.spec = model.spec
+        self.sequence_parallel = False
+        """Set by tensor_parallel: later stages then receive one tp rank's share of each sequence's tokens."""
         self.register_buffer("cos", model.cos, persistent=False)
         self.register_buffer("sin", model.sin, persistent=False)
 
     def forward(self, x):
         seq = x.shape[1]
+        if self.sequence_parallel and not self.first:     # x holds this rank's tokens; attention (and RoPE) all
+            seq = self.spec.seq_len                        # of them
         if self.first:
             x = self.tok(x)
             if self.pos is not None:
