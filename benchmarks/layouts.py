@@ -4,7 +4,8 @@ The README's small GPT (4 layers, hidden 256, 8 heads, byte vocabulary, 128 toke
 positions), 10 steps, global batch 16 (accumulation differs with dp; pipelines run it as micro-batches). fp32 rows are compared with one fp32 process: the same sums in another order,
 so the losses agree to ~1e-7 (target <= 1e-4). amp-bf16 rows are compared with one amp-bf16 process: bf16
 matmuls over other shards round differently (tolerance 1e-2 stated, not a target); the DeepSpeed backend's
-mixed-bf16 rows against one torch process with fp32 master weights (the same tolerance). Then a dp-4 ZeRO-3
+mixed-bf16 rows against one torch process with fp32 master weights (the same tolerance; its fp32 rows, with
+--backend deepspeed, against the fp32 process like the others). Then a dp-4 ZeRO-3
 checkpoint resumes on 2 ranks. Each row's per-rank tensor peak, measured by the run over its first two steps
 (memory/rank*.json), is compared with the estimate (a pipeline rank with its stage's). Headline figures last.
 About 14 minutes on 2 cores.
@@ -49,6 +50,10 @@ LAYOUTS = [   # (name, flags, ranks)
     ("tp 2 x pp 2 + sp (GPipe)", ["--tp", "2", "--pp", "2", "--sp", "--schedule", "gpipe"], 4),
     ("tp 2 x pp 2 x vpp 2 + sp (interleaved)", ["--tp", "2", "--pp", "2", "--vpp", "2", "--sp"], 4),
     ("dp 2 x tp 2 x pp 2 + sp (1F1B)", ["--tp", "2", "--pp", "2", "--sp"], 8),
+    ("DeepSpeed ZeRO-1 fp32", ["--backend", "deepspeed", "--zero", "1"], 2),
+    ("DeepSpeed ZeRO-2 fp32", ["--backend", "deepspeed", "--zero", "2"], 2),
+    ("DeepSpeed ZeRO-3 fp32", ["--backend", "deepspeed", "--zero", "3"], 2),
+    ("DeepSpeed ZeRO-2 fp32 + offload optimizer", ["--backend", "deepspeed", "--zero", "2", "--offload", "optimizer"], 2),
 ]
 BF16_LAYOUTS = [("ZeRO-2 (FSDP2) amp-bf16", ["--zero", "2"], 2), ("tp 2 + sp amp-bf16", ["--tp", "2", "--sp"], 2),
                 ("tp 2 x pp 2 + sp amp-bf16", ["--tp", "2", "--pp", "2", "--sp"], 4),
@@ -97,7 +102,7 @@ def memory_error(out: Path) -> float:
 def uses_ddp(flags: list[str]) -> bool:
     """Replicas and ZeRO-1 wrap the model in DDP (dp x tp and pipeline rows average gradients without it)."""
     zero = int(flags[flags.index("--zero") + 1]) if "--zero" in flags else 0
-    return zero < 2 and "--tp" not in flags and "--pp" not in flags
+    return zero < 2 and "--tp" not in flags and "--pp" not in flags and "deepspeed" not in flags
 
 
 def tokens_per_s(records: list[dict]) -> float:

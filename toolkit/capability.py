@@ -6,9 +6,9 @@ The torch backend (toolkit.train.parallelize, toolkit.train.pipeline) trains fp3
 data-parallel replicas (DDP), torch's ZeRO-1 (ZeroRedundancyOptimizer over DDP), ZeRO-2/3 (FSDP2, with or
 without parameter offload), tensor and sequence parallelism (DTensor), dp × tp meshes (DDP or FSDP2 over
 dp), and pipelines (torch's GPipe, 1F1B and interleaved 1F1B schedules, equal or uneven stages) alone,
-replicated over dp, tensor-parallel within each stage (tp × pp, dp × tp × pp); the mixed-* modes as replicas with fp32 master weights. The DeepSpeed backend
-(toolkit.train.deepspeed_backend) trains the mixed-* modes with ZeRO-1/2/3 over dp, ZeRO-Offload included.
-Megatron's program (mixed-* with tp or pp) and context parallelism are estimated only. Rules are checked in
+replicated over dp, tensor-parallel within each stage (tp × pp, dp × tp × pp); the mixed-* modes as replicas
+with fp32 master weights. The DeepSpeed backend (toolkit.train.deepspeed_backend) trains the mixed-* modes, and
+fp32 where parallel.backend names it, with ZeRO-1/2/3 over dp, ZeRO-Offload included. Megatron's program (mixed-* with tp or pp) and context parallelism are estimated only. Rules are checked in
 order; the first that applies is the reason given. Everything refused here is still estimated (and mostly
 traced). CAPABILITIES is the same as a table, for the README.
 """
@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from .specs.backends import deepspeed_fp32
 from .specs.job import Job, backend_masks
-from .specs.rules import interleaved_rounds_fit
+from .specs.rules import interleaved_rounds_fit, named_backend_fits
 from .specs.stages import uneven_fits
 
 __all__ = ["run_refusal", "runnable_mask", "RUN_LAYOUTS", "CAPABILITIES", "capability_markdown"]
@@ -36,8 +37,8 @@ CAPABILITIES = (   # (backend, layout, precision modes, estimated, traced, run)
      True, True, True),
     ("torch", "tp x pp, dp x tp x pp (tp + sp included)", "fp32, amp-bf16, pure-bf16", True, True, True),
     ("torch", "pp with ZeRO", "fp32, amp-*, pure-bf16", True, False, False),
-    ("deepspeed", "ZeRO-1/2/3 over dp, + offload optimizer (ZeRO-Offload)", "mixed-bf16 (mixed-fp16 on GPUs)",
-     True, True, True),
+    ("deepspeed", "ZeRO-1/2/3 over dp, + offload optimizer (ZeRO-Offload)",
+     "mixed-bf16 (mixed-fp16 on GPUs); fp32 where backend: deepspeed", True, True, True),
     ("deepspeed", "offload params (ZeRO-Infinity)", "mixed-*", True, False, False),
     ("deepspeed", "tp, pp, dp x tp x pp at ZeRO 0/1 (Megatron-DeepSpeed; its BF16 optimizer with grad_dtype fp32)",
      "mixed-*", True, False, False),
@@ -138,14 +139,13 @@ def runnable_mask(job: Job) -> np.ndarray:
     m = np.maximum(np.asarray(job.grad_accum if job.grad_accum is not None else 1), 1)
     recompute = np.asarray(job.memory.recompute)
     megatron, deepspeed = backend_masks(mode, zero, tp, pp)
-    inferred = np.where(deepspeed, "deepspeed", np.where(megatron, "megatron", "torch"))
+    deepspeed = deepspeed | deepspeed_fp32(par.backend, mode, zero, tp, pp)
     sharded = (zero >= 2) | (tp > 1)
     split = sharded | (pp > 1) | deepspeed
     replicas = (zero == 0) & (tp == 1) & (pp == 1)
     ok = ~megatron & ~(deepspeed & (offload == "params")) & ((offload != "params") | (zero >= 2)) \
         & ~((tp > 1) & (zero == 1))
-    if par.backend is not None:
-        ok &= inferred == par.backend
+    ok &= named_backend_fits(par.backend, mode, zero, tp, pp)
     ok &= np.asarray(par.cp) == 1
     stages_ok = ((zero == 0) & uneven_fits(job.model.layers, pp, vpp)
                  & ~((vpp > 1) & (schedule == "gpipe")) & np.where(vpp == 1, m >= pp, interleaved_rounds_fit(m, pp)))

@@ -9,10 +9,10 @@ __all__ = ["deepspeed_config"]
 
 
 def deepspeed_config(job: Job) -> dict:
-    """DeepSpeed's configuration for a mixed-* job with ZeRO: its micro-batch, accumulation, 16-bit mode and
-    ZeRO stage, with the reduce and all-gather buckets set from training.bucket_cap_mb (in 16-bit elements;
-    DeepSpeed's own default, 5e8 elements, is a 1 GB bucket)."""
-    bucket = int(job.training.bucket_cap_mb * 2**20 / 2)
+    """DeepSpeed's configuration for a mixed-* (or fp32) job with ZeRO: its micro-batch, accumulation, 16-bit mode and
+    ZeRO stage, with the reduce and all-gather buckets set from training.bucket_cap_mb (as elements of the weights'
+    dtype; DeepSpeed's own default, 5e8 elements, is a 1 GB bucket in 16-bit)."""
+    bucket = int(job.training.bucket_cap_mb * 2**20 / job.precision.plan.weight_bytes)     # elements
     half = job.precision.plan.half
     zero = {"stage": job.parallel.zero, "reduce_bucket_size": bucket, "allgather_bucket_size": bucket,
             "contiguous_gradients": True, "overlap_comm": job.overlap.grad_reduce is True}   # (estimate: the same)
@@ -27,11 +27,12 @@ def deepspeed_config(job: Job) -> dict:
     extra = {}
     if job.precision.grad_dtype == "fp32":    # fp32 accumulation: DeepSpeed's BF16 optimizer at ZeRO 0/1 (estimate)
         extra["data_types"] = {"grad_accum_dtype": "fp32"}
+    if half:                                  # (fp32: no section, the engine keeps fp32 weights)
+        extra[half] = {"enabled": True}
     return {
         **extra,
         "train_micro_batch_size_per_gpu": job.batch.micro_batch,
         "gradient_accumulation_steps": job.grad_accum or 1,
-        half: {"enabled": True},
         "zero_optimization": zero,
         "gradient_clipping": job.training.grad_clip or 0.0,
         "zero_allow_untested_optimizer": True,    # the job's torch optimizer, as the runner builds it

@@ -1,5 +1,6 @@
-"""DeepSpeed's ZeRO (the mixed-* modes with zero 1/2/3): DeepSpeed itself on real gloo ranks, each rank measured
-with MemTracker, against the analytic model of its buckets, partitions and flat optimizer step."""
+"""DeepSpeed's ZeRO (the mixed-* modes, and fp32 where parallel.backend names it, with zero 1/2/3): DeepSpeed itself
+on real gloo ranks, each rank measured with MemTracker, against the analytic model of its buckets, partitions and
+flat optimizer step."""
 import pytest
 
 from toolkit.estimate.memory import memory_estimate
@@ -50,6 +51,23 @@ def test_zero2_peaks_reducing_its_last_bucket():
     busiest = [max(trace_zero_ranks(job), key=lambda r: r.peak_bytes) for _ in range(2)]
     est = assert_matches(job, min(busiest, key=lambda r: r.peak_bytes), rel=0.01)
     assert est.peak_phase == "gradient reduce"
+
+
+@pytest.mark.parametrize("zero, offload", [(1, "none"), (3, "none"), (2, "optimizer")])
+def test_deepspeed_in_fp32_keeps_fp32_weights_and_still_copies_its_partition(zero, offload):
+    """parallel.backend deepspeed with fp32: DeepSpeed's engine without a bf16 section keeps fp32 weights (whole at
+    ZeRO-1/2, where FSDP2 would shard them at 2) and, as in mixed precision, an fp32 copy of each rank's partition:
+    16 bytes a parameter at ZeRO-1 on 2 ranks are 4 + 4 + (4 + 8) / 2, not torch's 4 + 4 + 8 / 2. Its buckets hold
+    fp32 elements."""
+    job = zero_job(zero, model=dict(LLAMA, layers=2), mode="fp32", backend="deepspeed", offload=offload)
+    assert job.backend == "deepspeed" and "bf16" not in deepspeed_config(job)
+    traced = trace_memory(job)
+    assert traced.program.startswith("cpu, DeepSpeed")
+    est = assert_matches(job, traced)
+    assert est.host_bytes == pytest.approx(traced.host_bytes, rel=0.01)
+    if zero == 1:
+        params = traced.params_bytes / 4
+        assert traced.optimizer_bytes == pytest.approx(params * (4 + 8) / 2, rel=0.01)     # the copy and m, v
 
 
 def test_zero3_partitions_weights_and_keeps_its_gradient_buffers():

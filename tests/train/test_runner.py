@@ -153,8 +153,8 @@ def test_a_killed_launcher_leaves_no_rank_behind(tmp_path, corpus):
      "interleaved stages (vpp > 1) run the interleaved 1F1B schedule"),
     (["--tp", "2", "--precision", "mixed-bf16", "--nproc", "2"], "mixed-bf16 with tensor or pipeline parallelism is "
                                                                    "Megatron's program (estimated only)"),
-    (["--backend", "deepspeed", "--zero", "2", "--nproc", "2"], "--backend: parallel.backend = 'deepspeed': "
-                                                                "DeepSpeed's program is modelled for the mixed-* modes"),
+    (["--backend", "deepspeed", "--zero", "2", "--precision", "amp-bf16", "--nproc", "2"],
+     "--backend: parallel.backend = 'deepspeed': DeepSpeed's program is modelled for the mixed-* modes and fp32"),
     (["--zero", "2", "--precision", "mixed-fp16", "--nproc", "2"], "DeepSpeed runs fp16 on GPUs only"),
     (["--tp", "3", "--nproc", "3"], "--tp: parallel.tp = 3: must divide model.heads = 4"),
     (["--tp", "2", "--nproc", "3"], "--nproc = 3: must be a multiple of tp × pp = 2"),

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..specs.backends import job_deepspeed_fp32
 from ..specs.job import TORCH_SEMANTICS, Job
 from .activations import ActivationBytes, activation_bytes, element_bytes
 from .params import ParamCount, count_params
@@ -108,7 +109,8 @@ def ddp_buckets(job: Job):
     gradients too). Arrays in, arrays out (layout grids)."""
     par = job.parallel
     zero, dp = np.asarray(par.zero), np.asarray(1 if par.dp is None else par.dp)
-    torch_backend = (job.precision.mode in TORCH_SEMANTICS) | (zero == 0)    # (mixed-* with ZeRO: DeepSpeed's)
+    torch_backend = ((job.precision.mode in TORCH_SEMANTICS) & ~job_deepspeed_fp32(job)) | (zero == 0)  # (else
+    # DeepSpeed's: mixed-* with ZeRO, or fp32 where parallel.backend names it)
     return torch_backend & (dp > 1) & (zero <= 1) & (np.asarray(par.tp) == 1) & (np.asarray(par.pp) == 1)
 
 
@@ -449,7 +451,8 @@ def optimizer_step(t: StageTerms):
     if job.finetune.adapters:                              # only the adapters are stepped
         largest = job.finetune.rank * max(job.model.hidden, job.model.ffn_, job.model.heads * job.model.head_dim_)
     step = persistent + grads_full + _optimizer_temp_bytes(job, largest, t.stage)
-    if job.precision.plan.master_weights:
+    ds32, masters = job_deepspeed_fp32(job), job.precision.plan.master_weights
+    if masters or np.any(ds32):
         n = trainable_per_device(job, t.stage)
         dp = np.asarray(1 if par.dp is None else par.dp)
         # DeepSpeed steps one flat fp32 partition: its fp32 gradient replaces the 16-bit one, and the optimizer's
@@ -457,9 +460,8 @@ def optimizer_step(t: StageTerms):
         flat = {"for-loop": 2, "foreach": 1, "fused": 0}[optimizer_impl(job)] if job.optimizer.name != "sgd" else 0
         partition = np.where(held.ds.fixed > 0, 0.0, held.ds.partition)     # (ZeRO-3's: in persistent)
         deepspeed = persistent + 4 * n / dp + np.maximum(partition, flat * 4 * n / dp)
-        step = np.where(np.asarray(par.zero) == 0,
-                        np.where(held.main_grads, step, step + 4 * n - grads_full),   # fp32 copies replace 16-bit
-                        deepspeed)
+        replicas = np.where(held.main_grads, step, step + 4 * n - grads_full) if masters else step  # (fp32 copies
+        step = np.where(np.asarray(par.zero) == 0, replicas, np.where(masters | ds32, deepspeed, step))  # of 16-bit)
     return np.where(np.asarray(par.offload) != "none", persistent + grads_full, step)   # offload: step on the host
 
 

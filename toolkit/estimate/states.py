@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..specs.backends import job_deepspeed_fp32
 from ..specs.job import TORCH_SEMANTICS, Job
 from ..specs.model import ModelSpec
 from ..specs.stages import stage_layer_counts
@@ -66,7 +67,8 @@ def bytes_per_param(job: Job) -> tuple[float, float, float]:
         optimizer = ADAM8BIT_BYTES_PER_PARAM
     else:  # sgd: one momentum buffer, or none
         optimizer = state if job.optimizer.momentum > 0 else 0
-    master = 4 if plan.master_weights else 0
+    # DeepSpeed keeps an fp32 copy of each rank's partition, fp32 weights or not (job_deepspeed_fp32)
+    master = np.where(plan.master_weights | job_deepspeed_fp32(job), 4, 0)
     return weight, grad, optimizer + master
 
 
@@ -189,7 +191,8 @@ def model_state_bytes(job: Job, stage: str | None = None) -> StateBytes:
     # over both (Megatron's distributed optimizer uses the dp × cp group)
     dp = np.asarray(1 if par.dp is None else par.dp) * par.cp
     zero, offload = np.asarray(par.zero), np.asarray(par.offload)
-    torch_semantics = job.precision.mode in TORCH_SEMANTICS
+    ds32 = job_deepspeed_fp32(job)                 # DeepSpeed's program in fp32: its ZeRO-2 keeps whole weights
+    torch_semantics = (job.precision.mode in TORCH_SEMANTICS) & ~ds32
     shard_weights = np.where((zero == 3) | ((zero == 2) & torch_semantics), dp, 1)
     params_b = n * weight / shard_weights
     if job.finetune.method == "qlora":     # the blocks' frozen matrices in NF4 instead (LoRA layouts: replicas)
@@ -200,11 +203,11 @@ def model_state_bytes(job: Job, stage: str | None = None) -> StateBytes:
     grads_b = trainable * grad / np.where(zero >= 2, dp, 1)
     grads_b = grads_b + np.where(bf16_optimizer(job), trainable * 2, 0.0)     # its bf16 gradients beside the fp32
     optimizer_b = trainable * optimizer / np.where(zero >= 1, dp, 1)
-    if torch_semantics and not job.finetune.adapters and job.model.has_shape:
+    if np.any(torch_semantics) and not job.finetune.adapters and job.model.has_shape:
         # torch's ZeRO-1 (ZeroRedundancyOptimizer) gives whole tensors to ranks: no rank holds less than the
         # largest one (GPT-2's tied embedding is over half the model)
-        optimizer_b = np.where(zero == 1, np.maximum(optimizer_b, largest_tensor(job.model, par.tp) * optimizer),
-                               optimizer_b)
+        optimizer_b = np.where((zero == 1) & torch_semantics,
+                               np.maximum(optimizer_b, largest_tensor(job.model, par.tp) * optimizer), optimizer_b)
     offload_params = offload == "params"
     offload_optimizer = offload_params | (offload == "optimizer")
     host = np.where(offload_optimizer, optimizer_b, 0.0) + np.where(offload_params, params_b + grads_b, 0.0)
@@ -212,15 +215,15 @@ def model_state_bytes(job: Job, stage: str | None = None) -> StateBytes:
     # and 2 keep a 16-bit copy of the partition there (sent back after the step) and a 16-bit staging buffer the
     # size of the largest tensor, and ZeRO-2 accumulating sums each micro-batch's 16-bit gradients there as well
     # (ZeRO-1 sums them on the device); stage 3 keeps its 16-bit gradient partition there.
-    zero_offload = (not torch_semantics) & (offload == "optimizer") & (zero >= 1)
+    zero_offload = ~torch_semantics & (offload == "optimizer") & (zero >= 1)
     if np.any(zero_offload) and job.model.has_shape:
         accumulating = (np.asarray(1 if job.grad_accum is None else job.grad_accum) > 1) & (zero == 2)
         counts = count_params(job.model)
         whole = np.asarray(par.pp) == 1          # (pipelines: the stage's ends are not modelled here)
         ends = (np.where(whole, counts.embedding, 0) / par.tp, np.where(whole, counts.head, 0) / par.tp)
-        summed = np.where(accumulating, 2 * zero_partition_params(trainable, dp, ends), 0.0)   # whole tensors
-        staging = np.where(zero < 3, 2 * largest_tensor(job.model, par.tp), 0.0)
-        host = host + np.where(zero_offload, trainable * (4 + 2) / dp + summed + staging, 0.0)
+        summed = np.where(accumulating, weight * zero_partition_params(trainable, dp, ends), 0.0)   # whole tensors
+        staging = np.where(zero < 3, weight * largest_tensor(job.model, par.tp), 0.0)
+        host = host + np.where(zero_offload, trainable * (4 + weight) / dp + summed + staging, 0.0)
         grads_b = np.where(zero_offload, 0.0, grads_b)
     # rotary cos/sin tables: buffers in the weights' dtype, whole on every rank, one pair per model chunk
     m = job.model

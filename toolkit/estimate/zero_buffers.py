@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..specs.backends import job_deepspeed_fp32
 from ..specs.job import TORCH_SEMANTICS, Job
 from .states import bf16_optimizer, zero_partition_params
 
@@ -42,10 +43,10 @@ def gathered_params(job: Job, counts) -> Gathered:
     block = counts.per_layer / np.asarray(par.tp) * compute_bytes
     root = (counts.embedding + counts.positions + counts.head + counts.final) / np.asarray(par.tp) * compute_bytes
     reduce_scatter = counts.per_layer / np.asarray(par.tp) * job.precision.plan.weight_bytes   # (the grads' dtype)
-    torch_semantics = mode in TORCH_SEMANTICS
+    torch_semantics = (mode in TORCH_SEMANTICS) & ~job_deepspeed_fp32(job)      # (DeepSpeed's fp32: not FSDP2)
     zero2 = torch_semantics & (zero == 2)                             # every block stays gathered
     zero3 = torch_semantics & (zero == 3)
-    deepspeed3 = (not torch_semantics) & (zero == 3)
+    deepspeed3 = ~torch_semantics & (zero == 3)
     head = (counts.head or counts.embedding) / np.asarray(par.tp) * compute_bytes       # (tied: the embedding)
     fsdp = zero2 | zero3
     return Gathered(
@@ -88,8 +89,10 @@ def deepspeed_reduce(job: Job, params: float, grad_b: float, dp, ends=(0.0, 0.0)
     """`params`: the stage's trainable parameters on this rank, `ends`: its first and last tensors (the token
     embedding and the head, whose size decides how far past its range a ZeRO-1/2 partition reaches)."""
     par, zero = job.parallel, np.asarray(job.parallel.zero)
-    if job.precision.mode in TORCH_SEMANTICS or not np.any(zero > 0):
+    ds32 = job_deepspeed_fp32(job)
+    if (job.precision.mode in TORCH_SEMANTICS and not np.any(ds32)) or not np.any(zero > 0):
         return Reduce()
+    weight_b = job.precision.plan.weight_bytes          # DeepSpeed's buckets are in the weights' dtype
     grads_bytes = params * grad_b
     # ZeRO-1/2's gradient partition holds every parameter its range touches, whole (ZeRO-3 splits each parameter)
     partition_bytes = np.where(zero == 3, params / dp, zero_partition_params(params, dp, ends)) * grad_b
@@ -98,14 +101,17 @@ def deepspeed_reduce(job: Job, params: float, grad_b: float, dp, ends=(0.0, 0.0)
     offload = np.asarray(par.offload) == "optimizer"
     bf16_opt = bf16_optimizer(job)       # (it reduces its fp32 buffer at the step: no bucket, no 16-bit partition)
     partition_bytes = np.where(bf16_opt, 0.0, partition_bytes)
-    on = ((zero == 1) | (zero == 2)) & ~bf16_opt
+    program = (job.precision.mode not in TORCH_SEMANTICS) | ds32      # the layouts DeepSpeed's engine runs
+    on = ((zero == 1) | (zero == 2)) & ~bf16_opt & program
     partition_bytes = np.where(offload & on, 0.0, partition_bytes)
-    staging = np.where(offload & on, 2 * np.maximum(np.maximum(*ends), largest_matrix(job) / np.asarray(par.tp)), 0.0)
-    bucket_bytes = int(job.training.bucket_cap_mb * 2**20 / 2) * 2        # 16-bit elements, as configured
+    staging = np.where(offload & on,
+                       weight_b * np.maximum(np.maximum(*ends), largest_matrix(job) / np.asarray(par.tp)), 0.0)
+    bucket_bytes = int(job.training.bucket_cap_mb * 2**20 / weight_b) * weight_b     # as deepspeed_config sets it
     bucket = np.where(on, bucket_bytes, 0.0)
     # (ZeRO-3 with ZeRO-Offload: its gradient partition is on the host, its bucket still on the device)
-    fixed = np.select([(zero == 3) & (np.asarray(par.offload) == "none"), (zero == 3) & offload],
+    fixed = np.select([(zero == 3) & (np.asarray(par.offload) == "none") & program, (zero == 3) & offload & program],
                       [partition_bytes + bucket_bytes, bucket_bytes], 0.0)
+    partition_bytes = np.where(program, partition_bytes, 0.0)
     return Reduce(bucket=bucket, fixed=fixed, flat_copy=np.minimum(bucket, grads_bytes), partition=partition_bytes,
                    grads=np.where(on, grads_bytes, 0.0), stage1=on & (zero == 1), staging=staging)
 

@@ -6,7 +6,7 @@ import numpy as np
 
 from .precision import TORCH_SEMANTICS
 
-__all__ = ["backend_masks", "infer_backend"]
+__all__ = ["backend_masks", "infer_backend", "deepspeed_fp32", "job_deepspeed_fp32"]
 
 
 def backend_masks(mode: str, zero, tp, pp):
@@ -22,3 +22,17 @@ def infer_backend(mode: str, zero: int, tp: int, pp: int) -> str:
     """The framework one layout's program follows (`backend_masks`' rule)."""
     megatron, deepspeed = backend_masks(mode, zero, tp, pp)
     return "megatron" if megatron else "deepspeed" if deepspeed else "torch"
+
+
+def deepspeed_fp32(backend, mode: str, zero, tp, pp):
+    """DeepSpeed's engine in fp32 (no bf16 or fp16 section: fp32 weights, and still its fp32 copy of each rank's
+    partition), with ZeRO over dp alone: only where parallel.backend names deepspeed, since unnamed, fp32 with ZeRO
+    is torch's program (FSDP2, ZeroRedundancyOptimizer). Booleans over arrays of layouts, or one."""
+    return ((np.asarray(backend == "deepspeed")) & (mode == "fp32") & (np.asarray(zero) > 0)
+            & (np.asarray(tp) == 1) & (np.asarray(pp) == 1))
+
+
+def job_deepspeed_fp32(job):
+    """`deepspeed_fp32` of a resolved job (its layout fields may be arrays: the planner's grid)."""
+    par = job.parallel
+    return deepspeed_fp32(par.backend, job.precision.mode, par.zero, par.tp, par.pp)

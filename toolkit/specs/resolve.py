@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from .backends import infer_backend
+from .backends import deepspeed_fp32, infer_backend
 from .errors import SpecError
 from .fields import check_positive, check_range
 from .model import LORA_TARGETS, nf4_shapes_ok
@@ -73,9 +73,9 @@ def _resolve_training(job: Job, notes: list[str]):
 _BACKEND_PROGRAMS = {
     "torch": "torch's program (DDP, FSDP2, DTensor, pipelining) runs fp32, amp-* and pure-bf16, and mixed-* as "
              "replicas without ZeRO, tp or pp",
-    "deepspeed": "DeepSpeed's program is modelled for the mixed-* modes with zero 1, 2 or 3 over dp alone (16-bit "
-                 "weights, fp32 master partitions), and with tp or pp at zero 0 or 1 (Megatron-DeepSpeed: its "
-                 "engine and pipeline around Megatron's tensor parallelism)",
+    "deepspeed": "DeepSpeed's program is modelled for the mixed-* modes and fp32 with zero 1, 2 or 3 over dp alone "
+                 "(16-bit or fp32 weights, fp32 master partitions), and for mixed-* with tp or pp at zero 0 or 1 "
+                 "(Megatron-DeepSpeed: its engine and pipeline around Megatron's tensor parallelism)",
     "megatron": "Megatron's program is modelled for the mixed-* modes with tp or pp (ZeRO-1 as its distributed "
                 "optimizer)",
 }
@@ -271,7 +271,7 @@ def _resolve_precision(job: Job, accelerator, notes: list[str]):
 
 def _check_sharding(job: Job, par, mode: str, notes: list[str]) -> None:
     """Offload and the backend against the mode and ZeRO stage; notes on memory options that do little."""
-    torch_semantics = mode in TORCH_SEMANTICS
+    torch_semantics = mode in TORCH_SEMANTICS and not deepspeed_fp32(par.backend, mode, par.zero, par.tp, par.pp)
     if not optimizer_offload_fits(par.offload, par.zero, torch_semantics):
         if torch_semantics:
             raise SpecError("parallel.offload", "optimizer",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .backends import backend_masks
+from .backends import backend_masks, deepspeed_fp32
 from .precision import TORCH_SEMANTICS
 from .stages import uneven_fits
 
@@ -53,8 +53,8 @@ def interleaved_rounds_fit(micro_batches, pp):
 
 
 def optimizer_offload_fits(offload, zero, torch_semantics: bool):
-    """Optimizer-only offload is DeepSpeed's ZeRO-Offload (mixed-*, zero ≥ 1); FSDP2 offloads everything or nothing."""
-    return (np.asarray(offload) != "optimizer") | ((not torch_semantics) & (np.asarray(zero) >= 1))
+    """Optimizer-only offload is DeepSpeed's ZeRO-Offload (zero ≥ 1); FSDP2 offloads everything or nothing."""
+    return (np.asarray(offload) != "optimizer") | (~np.asarray(torch_semantics) & (np.asarray(zero) >= 1))
 
 
 def params_offload_fits(offload, zero, torch_semantics: bool):
@@ -70,21 +70,23 @@ def adapters_fit(tp, pp, zero):
 
 def named_backend_fits(backend: str | None, mode: str, zero, tp, pp):
     """A backend the job names must be the one each layout's program follows (`backend_masks`); DeepSpeed also
-    runs Megatron's layouts at zero 0 or 1 (Megatron-DeepSpeed). Unnamed, every layout infers its own."""
+    runs Megatron's layouts at zero 0 or 1 (Megatron-DeepSpeed), and fp32 with ZeRO over dp (`deepspeed_fp32`).
+    Unnamed, every layout infers its own."""
     if backend is None:
         return np.asarray(True)
     megatron, deepspeed = backend_masks(mode, zero, tp, pp)
     if backend == "megatron":
         return megatron
     if backend == "deepspeed":
-        return deepspeed | (megatron & (np.asarray(zero) <= 1))
+        return deepspeed | (megatron & (np.asarray(zero) <= 1)) | deepspeed_fp32(backend, mode, zero, tp, pp)
     return ~megatron & ~deepspeed
 
 
 def layout_valid(job, devices: int):
     """Every layout rule at once, for a job whose layout fields are arrays over layouts (dp = devices / tp·pp·cp)."""
     m, par, micro = job.model, job.parallel, job.batch.micro_batch
-    torch_semantics = job.precision.mode in TORCH_SEMANTICS
+    torch_semantics = (job.precision.mode in TORCH_SEMANTICS) & ~deepspeed_fp32(par.backend, job.precision.mode,
+                                                                                par.zero, par.tp, par.pp)
     micro_batches = job.batch.global_batch // (np.asarray(micro) * par.dp)
     rules = [devices_split(devices, par.tp, par.pp, par.cp), heads_split(m, par.tp), sequence_split(m, par.cp),
              uneven_fits(m.layers, par.pp, par.vpp),        # the first and last chunk may hold fewer (stages.py)

@@ -38,6 +38,7 @@ from ..compat import sharding_prop as _sharding_prop
 
 from ..estimate.phases import ddp_buckets
 from ..specs.errors import SpecError
+from ..specs.backends import job_deepspeed_fp32
 from ..specs.job import TORCH_SEMANTICS, Job
 from ..train.lora import apply_lora
 from ..train.qlora import apply_qlora
@@ -231,7 +232,7 @@ def trace_memory(job: Job) -> TraceResult:
     if job.parallel.pp > 1:
         from .pipeline import trace_pipeline
         return trace_pipeline(job)
-    if job.parallel.zero > 0 and job.precision.mode not in TORCH_SEMANTICS:
+    if (job.parallel.zero > 0 and job.precision.mode not in TORCH_SEMANTICS) or job_deepspeed_fp32(job):
         from .zero import trace_zero
         return trace_zero(job)
     _check_traceable(job)

@@ -21,6 +21,7 @@ import torch
 from ..estimate.memory import memory_estimate
 from ..specs.errors import SpecError
 from ..compat import require_internals
+from ..specs.backends import job_deepspeed_fp32
 from ..specs.job import TORCH_SEMANTICS, Job
 from .memory import (
     MAX_TRACED_MICRO_BATCHES,
@@ -40,10 +41,10 @@ MAX_ZERO_TRACE_BYTES = 4 * 2**30
 
 def check_zero_traceable(job: Job, estimated_total_bytes: float) -> None:
     par = job.parallel
-    if job.precision.mode in TORCH_SEMANTICS or par.zero == 0:
+    if (job.precision.mode in TORCH_SEMANTICS and not job_deepspeed_fp32(job)) or par.zero == 0:
         raise SpecError("precision.mode", job.precision.mode,
-                        "DeepSpeed's ZeRO is traced for the mixed-* modes with zero 1, 2 or 3 (torch's ZeRO runs "
-                        "for fp32, amp-* and pure-bf16)")
+                        "DeepSpeed's ZeRO is traced for the mixed-* modes, and fp32 with backend deepspeed, with zero "
+                        "1, 2 or 3 (torch's ZeRO runs for fp32, amp-* and pure-bf16)")
     if par.tp > 1 or par.pp > 1 or par.offload == "params":
         raise SpecError("parallel", f"tp={par.tp} pp={par.pp} zero={par.zero} offload={par.offload}",
                         "DeepSpeed's ZeRO is traced over data-parallel ranks alone (tp 1, pp 1), with ZeRO-Offload "
