@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..specs.backends import job_deepspeed_fp32
 from ..specs.job import TORCH_SEMANTICS, Job
 from .phases import optimizer_impl, stage_phases, stage_terms
 from .states import StateBytes
@@ -110,14 +111,15 @@ def memory_notes(job: Job, mem: MemoryEstimate | None) -> list[str]:
     notes = [f"memory follows the {job.memory.program} program of the runner's GPT "
              f"({job.memory.attention} attention, {optimizer_impl(job)} optimizer); peak at: {mem.peak_phase}"]
     par = job.parallel
-    fsdp_traced = job.precision.mode in TORCH_SEMANTICS and par.zero in (2, 3) \
+    ds32 = bool(job_deepspeed_fp32(job))
+    fsdp_traced = job.precision.mode in TORCH_SEMANTICS and not ds32 and par.zero in (2, 3) \
         and (par.offload == "none" or par.tp == 1)
     if par.tp > 1:
         notes.append("tensor parallelism follows torch's DTensor program (toolkit.train.parallel): with sp the "
                      "linears keep their all-gathered inputs, and the vocabulary-parallel loss and the embedding's "
                      "backward hold more than Megatron's fused kernels")
     combined_pp = par.pp > 1 and par.zero > 0
-    deepspeed = par.zero > 0 and job.precision.mode not in TORCH_SEMANTICS
+    deepspeed = (par.zero > 0 and job.precision.mode not in TORCH_SEMANTICS) or ds32
     deepspeed_traced = deepspeed and par.tp == 1 and par.pp == 1 \
         and par.offload != "params"
     if combined_pp or (par.zero > 0 and not fsdp_traced and not deepspeed_traced) or (par.tp > 1 and par.zero == 1):
@@ -133,8 +135,9 @@ def memory_notes(job: Job, mem: MemoryEstimate | None) -> list[str]:
                      "which the CPU program and this estimate leave out")
     if deepspeed:
         offload = ("; ZeRO-Offload keeps the fp32 partition, its gradient and the optimizer states on the host, "
-                   + ("the 16-bit gradient partition there too" if par.zero == 3 else
-                      "with a 16-bit copy of the partition, and a buffer the size of the largest tensor on each side")
+                   + ("the gradient partition there too" if par.zero == 3 else
+                      "with a copy of the partition in the weights' dtype, and a buffer the size of the largest "
+                      "tensor on each side")
                    if par.offload == "optimizer" else "")
         notes.append(f"DeepSpeed's ZeRO-{par.zero} as toolkit.trace.zero.deepspeed_config(job) sets it up: reduce "
                      f"bucket {job.training.bucket_cap_mb:g} MB (training.bucket_cap_mb; DeepSpeed's own default is "
