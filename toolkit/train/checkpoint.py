@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 
 
-__all__ = ["save_checkpoint", "latest_checkpoint", "list_checkpoints", "resume_key", "unwritable_checkpoint"]
+__all__ = ["save_checkpoint", "latest_checkpoint", "list_checkpoints", "resume_key", "unwritable_checkpoint", "file_sha256"]
 
 _NAME = re.compile(r"step_(\d{8})\.pt$")
 
@@ -65,7 +65,7 @@ def _torch_save(state: dict, file) -> None:
         raise
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -78,10 +78,9 @@ def save_checkpoint(folder: str | Path, step: int, state: dict, keep: int) -> Pa
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"step_{step:08d}.pt"
-    import torch                       # here, not at the top: a job is checked before torch is imported
     try:
         _fsync_write(path, lambda f: _torch_save(state, f))
-        digest = _sha256(path)
+        digest = file_sha256(path)
         _fsync_write(path.with_name(path.name + ".sha256"), lambda f: f.write(digest.encode()))
     except BaseException:                          # no checksum, no checkpoint: drop the unverifiable file
         path.unlink(missing_ok=True)
@@ -140,7 +139,7 @@ def latest_checkpoint(folder: str | Path) -> tuple[dict | None, Path | None, lis
         if not sidecar.exists():
             problems.append(f"{path.name}: no checksum file, the save was interrupted; skipped")
             continue
-        if sidecar.read_text().strip() != _sha256(path):
+        if sidecar.read_text().strip() != file_sha256(path):
             problems.append(f"{path.name}: checksum mismatch, the file is damaged; skipped")
             continue
         try:

@@ -17,13 +17,14 @@ match the manifest is reported and its checkpoint skipped.
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+
+from .checkpoint import file_sha256
 
 __all__ = ["uses_sharded_checkpoint", "save_sharded", "load_sharded", "sharded_problem"]
 
@@ -136,14 +137,6 @@ def _write_error(kept: list[OSError]) -> OSError | None:
     return kept[0] if kept else OSError(*first) if first else None
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def save_sharded(prog, folder: Path, step: int, rank: int) -> dict | None:
     """Write this rank's shards of `step` (every rank calls it); on rank 0 the record for the step's .pt:
     {"dir": folder name, "files": {file name: sha256}}."""
@@ -162,7 +155,7 @@ def save_sharded(prog, folder: Path, step: int, rank: int) -> dict | None:
         raise error from None
     if rank != 0:
         return None
-    files = {p.name: _sha256(p) for p in sorted(tmp.iterdir())}
+    files = {p.name: file_sha256(p) for p in sorted(tmp.iterdir())}
     shutil.rmtree(final, ignore_errors=True)          # (the same step written again by a resumed run)
     os.replace(tmp, final)
     return {"dir": final.name, "files": files}
@@ -176,7 +169,7 @@ def sharded_problem(folder: Path, record: dict) -> str | None:
         path = where / name
         if not path.is_file():
             return f"{record['dir']}/{name} is missing"
-        if _sha256(path) != digest:
+        if file_sha256(path) != digest:
             return f"{record['dir']}/{name}: checksum mismatch, the file is damaged"
     return None
 
