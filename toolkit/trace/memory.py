@@ -117,22 +117,14 @@ def _compute_dtype(job: Job) -> torch.dtype:
 
 
 def _make_optimizer(job: Job, params, zero_redundancy: bool = True):
-    """The job's optimizer; under torch's ZeRO-1 wrapped in ZeroRedundancyOptimizer (a process group must exist),
-    which steps this rank's share of whole tensors and broadcasts the updated ones (unless `zero_redundancy` is
-    off: DeepSpeed partitions by itself)."""
-    opt = job.optimizer
-    kwargs = {"for-loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}, None: {}}[opt.impl]
-    if opt.name == "adamw-8bit":                 # bitsandbytes' blockwise 8-bit AdamW, as the runner builds it
-        import bitsandbytes as bnb
-        return bnb.optim.AdamW8bit(params, lr=1e-3, betas=(0.9, 0.95))
-    if opt.name == "sgd":
-        cls, kwargs = torch.optim.SGD, dict(kwargs, momentum=opt.momentum)
-    else:
-        cls = torch.optim.AdamW if opt.name == "adamw" else torch.optim.Adam
-    if job.parallel.zero == 1 and zero_redundancy:
-        from torch.distributed.optim import ZeroRedundancyOptimizer   # (importing it warns about torch.jit)
-        return ZeroRedundancyOptimizer(list(params), optimizer_class=cls, lr=1e-3, **kwargs)
-    return cls(params, lr=1e-3, **kwargs)
+    """The runner's optimizer (toolkit.train.optim.build_optimizer: its two parameter groups, impl and lr); under
+    torch's ZeRO-1 wrapped in ZeroRedundancyOptimizer over the default group (a process group must exist), unless
+    `zero_redundancy` is off: DeepSpeed partitions by itself."""
+    import torch.distributed as dist
+
+    from ..train.optim import build_optimizer
+    zero1 = job.parallel.zero == 1 and zero_redundancy
+    return build_optimizer(job, list(params), zero1_group=dist.group.WORLD if zero1 else None)
 
 
 class _MasterStep:
