@@ -86,7 +86,8 @@ def _bar_figure(bars: list[dict], title: str, unit: str, lines: list[dict] = ())
 def metrics_figure(records: list[dict], est: Estimate | dict | None = None, rank_memory: list[dict] = ()) -> go.Figure:
     """Loss, throughput, MFU (or TFLOP/s) and memory of a run, step by step; the estimate as dashed lines. The
     process's memory (RSS on CPU, the allocator on GPUs) is one line; `rank_memory` (toolkit.runs.read_rank_memory:
-    each rank's tensor peak over its first steps, the estimate's own measure) adds one marker per rank."""
+    each rank's tensor peak over its first steps, the estimate's own measure) adds one marker per rank, on a log axis
+    where both show."""
     fig = make_subplots(rows=2, cols=2, subplot_titles=("loss", "tokens/s", "MFU" if any(
         r.get("mfu") is not None for r in records) else "TFLOP/s per device", "memory"))
     steps = [r["step"] for r in records]
@@ -117,7 +118,9 @@ def metrics_figure(records: list[dict], est: Estimate | dict | None = None, rank
         if est.memory.peak_bytes:
             fig.add_trace(go.Scatter(x=span, y=[est.memory.peak_bytes / GIB] * 2, name="estimated peak",
                                      mode="lines", line_dash="dash"), 2, 2)
-    fig.update_yaxes(title_text="GiB", row=2, col=2)
+    # a log axis: on CPU the process (interpreter, libraries) holds ~10-100x the tensors the markers and the
+    # estimate compare, which a linear axis flattens onto zero
+    fig.update_yaxes(title_text="GiB (log)", type="log", row=2, col=2)
     fig.update_xaxes(title_text="step", row=2)
     fig.update_layout(height=480, margin=dict(l=10, r=10, t=40, b=30), legend=dict(orientation="h", y=-0.15))
     return fig

@@ -45,6 +45,8 @@ def test_stop_during_a_run_checkpoints_and_the_kernel_stays_responsive(tmp_path)
     assert [r["rank"] for r in recorded] == [0, 1] and list(peaks.x) == [2, 2]
     assert list(peaks.y) == [r["peak_bytes"] / 2**30 for r in recorded]
     assert abs(peaks.y[0] - estimated.y[0]) / peaks.y[0] < 0.25     # like with like (RSS is ~8x the tensors)
+    rss = next(t for t in panel.figure.data if t.name.startswith("measured"))
+    assert max(rss.y) > 5 * max(peaks.y) and panel.figure.layout.yaxis4.type == "log"   # both visible on one axis
 
 
 def test_resume_continues_where_it_stopped(tmp_path):
