@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator   # (the test extra has it)
 
-from toolkit.train.loop import tracker_config
+from toolkit.train.trackers import tracker_config
 
 from .conftest import tiny_job
 

@@ -4,7 +4,8 @@
     toolkit train job.yaml --out runs/demo --nproc 2    # N ranks through toolkit.train.launch
 
 `Trainer` holds the run's state (program, scaler, pruner, data position, metrics) and does one step, one
-evaluation and one checkpoint as methods; `fit` runs them in order.
+evaluation and one checkpoint as methods; `fit` runs them in order. The step's layout-dependent pieces are
+toolkit.train.step's, the trackers' set-up toolkit.train.trackers'.
 
 The layout (DDP, ZeRO-1/2/3, offload, tp, sp, dp × tp) is applied by toolkit.train.parallelize, the function
 the tracer uses too; accelerate only starts the processes and trackers. What a step does, in order: set the
@@ -29,10 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from ..estimate.flops import flops_per_token
-from ..runs import run_catalog_files, write_stage_timeline
+from ..runs import run_catalog_files
 from ..specs import Job, SpecError, load_catalog
 from ..specs.job import compute_dtype
 from .checkpoint import latest_checkpoint, resume_key, save_checkpoint, unwritable_checkpoint
@@ -43,12 +43,14 @@ from .determinism import pinned, rank_threads, threads_note
 from .memory_record import MemoryRecorder
 from .metrics import MetricsLog, memory_reading
 from .optim import clip_grad_norm
-from .parallel import loss_parallel
 from .parallelize import device_mesh, dp_rank_and_size
 from .precision import torch_precision
 from .run_state import checkpoint_state, first_error, load_checkpoint
-from .program import _backward, _build_program, _optimizer_step, _Program
+from .program import _backward, _build_program, _optimizer_step
+from .step import (agree, evaluate, local_value, mean_step_loss, micro_batch_context, pipeline_micro_batches,
+                   timeline_of)
 from .techniques import Int8Activations, Pruner, block_matrices
+from .trackers import tracker_config, tracker_setup
 
 __all__ = ["run_training", "Trainer", "RunResult", "TrainingStopped", "lr_at", "runner_checks"]
 
@@ -87,56 +89,6 @@ def _diagnose_nonfinite(job: Job, step: int, lr: float, loss: float, grad_norm: 
         hints.append("or use a bf16 mode, whose range is fp32's")
     return (f"{what} became {loss if what == 'loss' else grad_norm} at step {step + 1} (lr {lr:.3g}): the run diverged "
             f"and was stopped before the update. Fix: {'; '.join(hints)}. Resume from the last checkpoint after the change.")
-
-
-def _pipeline_micro_batches(prog: _Program, job: Job, plan, batches, device, timeline: dict | None = None,
-                            out: Path | None = None) -> torch.Tensor:
-    """One step's micro-batches through the schedule; the sum of their losses on the last stage, 0 elsewhere.
-    With `timeline` (the step's identity), the stage's chunks are timed from a barrier of the pipeline's ranks
-    and written to OUT/pipeline/rank{stage}.json (toolkit.runs), for `toolkit pipeline --run`."""
-    from .pipeline import run_schedule
-    pairs = [next(batches) for _ in range(job.grad_accum)]
-    tokens = torch.cat([x for x, _ in pairs]).to(device)
-    targets = torch.cat([y for _, y in pairs]).to(device)
-    losses: list = []
-    if timeline is not None:
-        dist.barrier(group=prog.stage_group)
-        prog.clock.start()
-    with plan.autocast(device.type):
-        run_schedule(prog.schedule, job, prog.pp_rank, tokens, targets, losses)
-    if timeline is not None:
-        spans, step_s = prog.clock.stop()
-        write_stage_timeline(out, dict(timeline, stage=prog.pp_rank, step_s=step_s, spans=spans))
-    return sum((loss.detach().float() for loss in losses), torch.zeros((), device=device))
-
-
-def _timeline_of(job: Job, prog: _Program, mesh, dp_rank: int, step: int) -> dict | None:
-    """The identity of the timed pipeline step (the third, after the memory-recording ones; or the last of a
-    shorter run), for the first pipeline's ranks only; None for every other step and rank."""
-    if prog.schedule is None or step != min(2, job.training.steps - 1):
-        return None
-    if dp_rank != 0 or (job.parallel.tp > 1 and mesh["tp"].get_local_rank() != 0):
-        return None
-    schedule = "interleaved" if job.parallel.vpp > 1 else job.parallel.schedule
-    return {"step": step + 1, "schedule": schedule, "stages": job.parallel.pp, "microbatches": job.grad_accum,
-            "vpp": job.parallel.vpp}
-
-
-def _micro_batch_context(prog: _Program, job: Job, last: bool):
-    """DDP syncs gradients on the last micro-batch only; FSDP2 reduce-scatters every one (as the tracer measures);
-    tensor parallelism computes the loss on vocabulary-sharded logits."""
-    from torch.nn.parallel import DistributedDataParallel
-    stack = contextlib.ExitStack()
-    if isinstance(prog.model, DistributedDataParallel) and not last:
-        stack.enter_context(prog.model.no_sync())
-    if job.parallel.tp > 1:
-        stack.enter_context(loss_parallel())
-    return stack
-
-
-def _local(loss: torch.Tensor) -> torch.Tensor:
-    """A replicated DTensor loss (tensor parallelism) as a plain tensor; anything else as it is."""
-    return loss.full_tensor() if hasattr(loss, "full_tensor") else loss
 
 
 def run_training(job: Job, out_dir: str | Path, *, peak_tflops: float | None = None, cache_dir: str | Path | None = None,
@@ -285,7 +237,7 @@ class Trainer:
                     self.t.keep_checkpoints)
         except OSError as err:              # a full disk, a read-only or vanished folder
             failed = err
-        if _agree(failed is not None, self.device, world):      # (also the ranks' meeting after the write)
+        if agree(failed is not None, self.device, world):      # (also the ranks' meeting after the write)
             raise TrainingStopped(unwritable_checkpoint(out / "checkpoints", step, first_error(failed, world)))
 
     def _forward_backward(self, step: int) -> torch.Tensor:
@@ -293,18 +245,18 @@ class Trainer:
         prog, job, device, accum = self.prog, self.job, self.device, self.job.grad_accum
         if prog.schedule is not None:
             self.recorder.micro_batch()
-            return _pipeline_micro_batches(prog, job, self.plan, self.batches, device,
-                                           _timeline_of(job, prog, self.mesh, self.dp_rank, step), self.out)
+            return pipeline_micro_batches(prog, job, self.plan, self.batches, device,
+                                           timeline_of(job, prog, self.mesh, self.dp_rank, step), self.out)
         loss_sum = torch.zeros((), device=device)
         for micro in range(accum):
             inputs, targets = next(self.batches)
             inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
             self.recorder.micro_batch()
-            with _micro_batch_context(prog, job, last=micro == accum - 1):
+            with micro_batch_context(prog, job, last=micro == accum - 1):
                 with self.plan.autocast(device.type), (self.int8 or contextlib.nullcontext()):
                     loss = prog.model(inputs, targets)
                 _backward(prog, self.scaler, loss, accum, last=micro == accum - 1)
-            loss_sum += _local(loss.detach()).float()
+            loss_sum += local_value(loss.detach()).float()
         return loss_sum
 
     def train_step(self, step: int) -> dict:
@@ -326,7 +278,7 @@ class Trainer:
         scaler.unscale_(prog.optimizer)
         grad_norm = (clip_grad_norm(prog.params, t.grad_clip or float("inf"), prog.stage_group, prog.counted)
                      if prog.engine is None else 0.0)             # (DeepSpeed clips inside its step)
-        mean_loss = _mean_loss(loss_sum, self.world, job.parallel.pp) / job.grad_accum
+        mean_loss = mean_step_loss(loss_sum, self.world, job.parallel.pp) / job.grad_accum
         scale_before = scaler.get_scale() if scaler.is_enabled() else None
         if not plan.loss_scaling and not (math.isfinite(mean_loss) and math.isfinite(grad_norm)):
             if self.metrics:
@@ -378,7 +330,7 @@ class Trainer:
 
     def evaluate(self) -> float:
         """Mean held-out loss (see _evaluate); every rank calls it."""
-        return _evaluate(self.prog, self.val_set, self.job, self.plan, self.device, self.dp_rank, self.dp_world,
+        return evaluate(self.prog, self.val_set, self.job, self.plan, self.device, self.dp_rank, self.dp_world,
                          before_forward=self.recorder.micro_batch)
 
     def fit(self) -> RunResult:
@@ -403,7 +355,7 @@ class Trainer:
                     self.bar.update(1)
                     shown = record["loss"] if record["loss"] is not None else float("nan")     # (an fp16 skip)
                     self.bar.set_postfix(loss=f"{shown:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
-                stop = _agree(self._stop_requested, self.device, self.world)
+                stop = agree(self._stop_requested, self.device, self.world)
                 if last or stop or (t.checkpoint_every and (step + 1) % t.checkpoint_every == 0):
                     self.save(step + 1)
                 done = step + 1
@@ -426,93 +378,6 @@ class Trainer:
             signal.signal(signal.SIGTERM, self._previous_handler)
         if self.t.trackers:
             self.accelerator.end_training()
-
-
-def tracker_setup(trackers, out: Path) -> dict:
-    """Where each tracker writes: into the run folder; returns accelerate's init_kwargs. Called before the
-    Accelerator imports the trackers: trackio reads TRACKIO_DIR at import (set to OUT/trackio unless given).
-    wandb without a login (no WANDB_API_KEY, no WANDB_MODE) would stop the run at an interactive prompt on
-    every rank, so it logs offline there (`wandb sync` uploads later)."""
-    if "trackio" in trackers:
-        os.environ.setdefault("TRACKIO_DIR", str(out / "trackio"))
-    kwargs = {}
-    if "wandb" in trackers:
-        offline = not os.environ.get("WANDB_API_KEY") and not os.environ.get("WANDB_MODE")
-        kwargs["wandb"] = {"dir": str(out), **({"mode": "offline"} if offline else {})}
-    return kwargs
-
-
-def tracker_config(job: Job) -> dict:
-    """The job as the flat scalars trackers take (TensorBoard's hparams refuse nested dicts, lists and None):
-    dotted keys, lists and None as text."""
-    flat = {}
-
-    def walk(prefix: str, value) -> None:
-        if isinstance(value, dict):
-            for key, inner in value.items():
-                walk(f"{prefix}.{key}" if prefix else key, inner)
-        else:
-            flat[prefix] = value if isinstance(value, (bool, int, float, str)) else str(value)
-    walk("", job.to_dict())
-    return flat
-
-
-def _mean_loss(loss_sum: torch.Tensor, world: int, pp: int) -> float:
-    """The step's loss on every rank: the mean over the ranks that computed one (all but earlier pipeline stages;
-    the ranks of a tensor-parallel group hold the same value)."""
-    if world == 1:
-        return float(loss_sum)
-    total = loss_sum.clone()
-    torch.distributed.all_reduce(total)
-    return float(total) / (world // pp)
-
-
-def _agree(flag: bool, device, world: int) -> bool:
-    """True on every rank if any rank was asked to stop (a SIGTERM may reach one process first)."""
-    if world == 1:
-        return flag
-    value = torch.tensor([1.0 if flag else 0.0], device=device)
-    torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX)
-    return bool(value.item())
-
-
-@torch.no_grad()
-def _evaluate(prog: _Program, val_set: TokenShards, job: Job, plan, device, rank: int, world: int,
-              before_forward=lambda: None) -> float:
-    """Mean loss over the same eval_batches × micro_batch held-out windows whatever the number of replicas:
-    replica r takes windows r, r + world, ...; losses and counts are summed over ranks (the ranks of one
-    tensor-parallel group add the same figures to both). Every rank runs the same number of forwards, as the
-    collectives of FSDP2 and tensor parallelism require; a rank with no window left runs one that counts 0.
-    Pipeline stages pass each batch rank to rank; only the last stage's rank counts it."""
-    model = prog.raw
-    model.eval()
-    mb, count = job.batch.micro_batch, job.training.eval_batches * job.batch.micro_batch
-    mine = [i % len(val_set) for i in range(rank, count, world)]
-    forwards = math.ceil(math.ceil(count / world) / mb)
-    vocab_parallel = loss_parallel if job.parallel.tp > 1 else contextlib.nullcontext
-    sums = torch.zeros(2, device=device, dtype=torch.float64)
-    for chunk in range(forwards):
-        ids = mine[chunk * mb:(chunk + 1) * mb]
-        window = torch.stack([val_set[i] for i in ids or [0]]).to(device)
-        before_forward()
-        with plan.autocast(device.type), vocab_parallel():
-            loss = _local(_forward_loss(prog, job, plan, window[:, :-1], window[:, 1:]))
-        if loss is not None:
-            sums[0] += loss.double() * len(ids)
-            sums[1] += len(ids)
-    model.train()
-    if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-        torch.distributed.all_reduce(sums)
-    return float(sums[0] / sums[1])
-
-
-def _forward_loss(prog: _Program, job: Job, plan, tokens: torch.Tensor, targets: torch.Tensor):
-    """The model's loss on one batch, without backward; None on a pipeline rank that does not hold the last chunk."""
-    if prog.schedule is None:
-        return prog.raw(tokens, targets)
-    from .pipeline import pipeline_forward
-    return pipeline_forward(prog.raw, job, prog.pp_rank, prog.stage_group, tokens, targets, plan.param_dtype,
-                            prog.tp_mesh)
 
 
 def _main_thread() -> bool:
