@@ -156,7 +156,8 @@ def test_a_zero1_run_resumes_on_its_own_ranks_bit_for_bit(tmp_path, corpus, one_
     another rank owns after a load, and the resumed run's memory recording (MemTracker walks that state) failed on it:
     found by `benchmarks/soak.py --extra "--zero 1"`, which this test keeps in the suite. Each rank wrote only its own
     partition's optimizer states, under parameter names (DCP's optimizer state dict refuses an unconsolidated ZeRO-1),
-    so the checkpoint also resumes in one process, which needs all of them."""
+    so the checkpoint also resumes in one process, which needs all of them. A damaged shard of the newest one is found
+    by the rank whose share of the checks it is, and both ranks go back to the checkpoint before it."""
     from torch.distributed.checkpoint import FileSystemReader
     ref, moved, alone = tmp_path / "ref", tmp_path / "moved", tmp_path / "alone"
     args = (*STEPS, "--zero", "1", "--nproc", "2", "--data", str(corpus))
@@ -174,10 +175,14 @@ def test_a_zero1_run_resumes_on_its_own_ranks_bit_for_bit(tmp_path, corpus, one_
     assert resumed.returncode == 0 and "resumed from step_00000003.pt" in resumed.stdout + resumed.stderr
     _assert_close(_records(alone), one_process, rel=1e-5)
     shutil.copytree(ref, moved)
-    _drop_checkpoint(moved, 6)
+    damaged = moved / "checkpoints" / "step_00000006.dcp" / "__0_0.distcp"     # (rank 1 checks this one: the
+    data = bytearray(damaged.read_bytes())                                      # ranks share the files' checks
+    data[len(data) // 2] ^= 0xFF                                                # and agree on the verdict)
+    damaged.write_bytes(bytes(data))
     shutil.rmtree(moved / "memory")                      # (recorded again by the resumed run: the failing path)
     again = toolkit_train(moved, *args)
     assert again.returncode == 0, again.stderr
+    assert "step_00000006.dcp/__0_0.distcp: checksum mismatch" in again.stdout + again.stderr
     assert "resumed from step_00000003.pt" in again.stdout + again.stderr
     assert _records(moved) == _records(ref)
     assert sorted(p.name for p in (moved / "memory").glob("rank*.json")) == ["rank0.json", "rank1.json"]

@@ -75,14 +75,13 @@ def trace_pipeline_stages(job: Job) -> list[TraceResult]:
 
 def _stage_modules(job: Job, rank: int):
     """(this rank's chunks, its pipeline group or None, its pipeline rank, the tp mesh or None): one pipeline's
-    ranks, (pp, tp) as the runner lays them out, the stages sharded by its DTensor plan when tp > 1."""
-    from torch.distributed.device_mesh import init_device_mesh
-
+    ranks (the runner's mesh at dp 1), the stages sharded by its DTensor plan when tp > 1."""
     from ..train.model import GPT
     from ..train.parallel import tensor_parallel
+    from ..train.parallelize import device_mesh
     from ..train.pipeline import split_stages
     par = job.parallel
-    mesh = init_device_mesh("cpu", (par.pp, par.tp), mesh_dim_names=("pp", "tp")) if par.tp > 1 else None
+    mesh = device_mesh(job.replace(parallel=dataclasses.replace(par, dp=1)), "cpu") if par.tp > 1 else None
     pp_rank = mesh["pp"].get_local_rank() if mesh is not None else rank
     with torch.device("meta"):
         model = GPT(job.model, attention=job.memory.attention, recompute=job.memory.recompute,

@@ -122,9 +122,10 @@ def list_checkpoints(folder: str | Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if _NAME.match(p.name))
 
 
-def latest_checkpoint(folder: str | Path) -> tuple[dict | None, Path | None, list[str]]:
+def latest_checkpoint(folder: str | Path, rank: int = 0, world: int = 1) -> tuple[dict | None, Path | None, list[str]]:
     """(state, path, problems): the newest checkpoint whose checksum matches, and one line for each
-    newer one that was skipped (interrupted write, damaged file)."""
+    newer one that was skipped (interrupted write, damaged file). With `world` ranks calling it together, each
+    checks its share of a sharded checkpoint's files and they agree on the verdict (each file is read once)."""
     import torch
     problems = []
     from .sharded_checkpoint import sharded_problem
@@ -147,7 +148,7 @@ def latest_checkpoint(folder: str | Path) -> tuple[dict | None, Path | None, lis
         except Exception as exc:  # a file that hashes right but does not load: report, keep looking
             problems.append(f"{path.name}: does not load ({type(exc).__name__}: {exc}); skipped")
             continue
-        if state.get("dcp") and (problem := sharded_problem(Path(folder), state["dcp"])):
+        if state.get("dcp") and (problem := sharded_problem(Path(folder), state["dcp"], rank, world)):
             problems.append(f"{path.name}: {problem}; skipped")
             continue
         return state, path, problems

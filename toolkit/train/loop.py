@@ -182,7 +182,7 @@ class Trainer:
     def resume(self) -> tuple[int, int]:
         """Load the newest valid checkpoint, if any: (step to start from, fp16 steps skipped so far)."""
         acc, out, job = self.accelerator, self.out, self.job
-        state, path, problems = latest_checkpoint(out / "checkpoints")
+        state, path, problems = latest_checkpoint(out / "checkpoints", self.rank, self.world)
         for line in problems:
             acc.print(f"checkpoint: {line}")
         if state is None:

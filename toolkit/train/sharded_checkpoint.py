@@ -161,17 +161,25 @@ def save_sharded(prog, folder: Path, step: int, rank: int) -> dict | None:
     return {"dir": final.name, "files": files}
 
 
-def sharded_problem(folder: Path, record: dict) -> str | None:
+def sharded_problem(folder: Path, record: dict, rank: int = 0, world: int = 1) -> str | None:
     """Why the sharded part of a checkpoint cannot be trusted (a missing folder or file, a checksum that differs),
-    or None."""
-    where = folder / record["dir"]
-    for name, digest in record["files"].items():
-        path = where / name
+    or None. With `world` ranks calling it together each reads its share of the files (rank, rank + world, ...) and
+    all return the first problem any found: the same verdict on every rank, every file read once."""
+    mine = None
+    for name in sorted(record["files"])[rank::world]:
+        path = folder / record["dir"] / name
         if not path.is_file():
-            return f"{record['dir']}/{name} is missing"
-        if file_sha256(path) != digest:
-            return f"{record['dir']}/{name}: checksum mismatch, the file is damaged"
-    return None
+            mine = f"{record['dir']}/{name} is missing"
+        elif file_sha256(path) != record["files"][name]:
+            mine = f"{record['dir']}/{name}: checksum mismatch, the file is damaged"
+        if mine:
+            break
+    if world == 1:
+        return mine
+    import torch.distributed as dist
+    found = [None] * world
+    dist.all_gather_object(found, mine)
+    return next((problem for problem in found if problem), None)
 
 
 def load_sharded(prog, where: Path) -> None:
