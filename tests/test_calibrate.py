@@ -46,3 +46,22 @@ def test_bad_calibrate_input_is_one_line(capsys, argv, expect):
     assert main(["calibrate", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and expect in err, err
+
+
+def test_a_tensor_parallel_job_calibrates_its_collectives_on_two_ranks(tmp_path):
+    """On 2 gloo ranks a tp 2 job's profile carries the measured fixed cost of a tensor-parallel collective (the
+    runner's DTensor layers around two real collectives), and the model prices the job's collectives with it."""
+    import dataclasses
+
+    from toolkit.calibrate import calibrate
+    from toolkit.estimate.steptime import step_time
+    job = Job.from_dict(dict(SMALL, parallel={"tp": 2}))
+    profile = tmp_path / "profile.yaml"
+    row = calibrate(job, 2, profile)["accelerators"][0]
+    fixed_s = row["assumptions"]["tp_collective_s"]
+    assert 1e-6 < fixed_s < 1.0 and row["link_bw_bytes_per_s"] > 0, row
+    catalog = load_catalog(profile)
+    placed, _ = job.replace(cluster=job.cluster.__class__(accelerator=row["name"], count=2)).resolve(catalog)
+    hw = hardware_for(placed, catalog)
+    slower = dataclasses.replace(hw.assumptions, tp_collective_s=2 * fixed_s)   # the measured figure is the one used
+    assert step_time(placed, hw, slower).tp_comm_s > step_time(placed, hw).tp_comm_s > 0

@@ -59,10 +59,12 @@ def job_shapes(job: Job) -> list[tuple[int, int, int]]:
     return sorted(shapes | {(tokens, job.model.hidden, vocab)})
 
 
-def matmul_flops(shapes, dtype: torch.dtype) -> list[float]:
+def matmul_flops(shapes, dtype: torch.dtype, rounds: int = 3) -> list[float]:
     """FLOP/s of each (m, k, n) linear layer as training runs it: the forward x·Wᵀ and the backward's two
-    products, gy·W and gyᵀ·x, each with its operands laid out as autograd passes them."""
-    rates = []
+    products, gy·W and gyᵀ·x, each with its operands laid out as autograd passes them. The shapes take turns
+    over `rounds` rounds and each keeps its median round, so a burst of load on a shared machine spoils one
+    round of every shape rather than every round of one."""
+    runs = []
     for m, k, n in shapes:
         # operands cycled through more memory than the caches hold: in a training step they arrive cold
         copies = max(2, int(COLD_BYTES // ((m * k + n * k + m * n) * torch.finfo(dtype).bits // 8)))
@@ -70,11 +72,15 @@ def matmul_flops(shapes, dtype: torch.dtype) -> list[float]:
                 for _ in range(copies)]
         turn = iter(range(10**9))
 
-        def linear():
+        def linear(sets=sets, turn=turn, copies=copies):
             x, w, gy = sets[next(turn) % copies]
             x @ w.t(), gy @ w, gy.t() @ x
-        rates.append(3 * 2.0 * m * k * n / _timed_s(linear))
-    return rates
+        runs.append((3 * 2.0 * m * k * n, linear))
+    rates = [[] for _ in shapes]
+    for _ in range(rounds):
+        for i, (flops, linear) in enumerate(runs):
+            rates[i].append(flops / _timed_s(linear, seconds=0.3 / rounds))
+    return [statistics.median(r) for r in rates]
 
 
 def memory_bw_bytes_per_s(numel: int = 16 * 2**20) -> float:
@@ -147,24 +153,68 @@ def op_overhead_s(chain: int = 200) -> float:
 
 def collective_fit(world: int) -> tuple[float | None, float | None]:
     """(bus bandwidth bytes/s, latency s per ring step) of all-reduce over the group: t = 2(n−1)·latency +
-    2(n−1)/n·bytes / bandwidth, least squares over sizes from 4 KiB to 16 MiB."""
+    2(n−1)/n·bytes / bandwidth, fitted over sizes from 4 KiB to 16 MiB to each size's mean time (a step pays the
+    mean: on a busy CPU a collective now and then waits a scheduler tick for its peer's thread) with every
+    size weighed by its relative error, so that the small sizes fix the latency and the large the bandwidth."""
     if world == 1:
         return None, None
     sizes, times = [], []
     for nbytes in COLLECTIVE_BYTES:              # a fixed count: every rank must call as often as the others
         buffer = torch.zeros(nbytes // 4)
         dist.all_reduce(buffer)
-        runs = []
-        for _ in range(COLLECTIVE_REPEATS):
-            start = time.perf_counter()
+        repeats = COLLECTIVE_REPEATS * max(1, 2**20 // nbytes) if nbytes < 2**20 else COLLECTIVE_REPEATS
+        start = time.perf_counter()
+        for _ in range(min(repeats, 200)):
             dist.all_reduce(buffer)
-            runs.append(time.perf_counter() - start)
-        times.append(statistics.median(runs))
+        times.append((time.perf_counter() - start) / min(repeats, 200))
         sizes.append(2 * (world - 1) / world * nbytes)
-    slope, intercept = np.polyfit(np.array(sizes), np.array(times), 1)
+    t = np.array(times)
+    slope, intercept = np.polyfit(np.array(sizes), t, 1, w=1 / t)
     times_all = torch.tensor([1 / slope if slope > 0 else 0.0, max(intercept, 0.0) / (2 * (world - 1))])
     dist.all_reduce(times_all, op=dist.ReduceOp.MIN)         # every rank reports the group's figure
     return float(times_all[0]) or None, float(times_all[1])
+
+
+def tp_collective_s(job: Job, world: int, dtype: torch.dtype, bus_bw_bytes_per_s: float | None,
+                    seconds: float = 1.0) -> float | None:
+    """Seconds of one tensor-parallel collective's fixed cost as the runner's program issues it, beyond moving its
+    bytes: the job's MLP as a column- and a row-parallel linear layer (DTensor, the job's tp group, its tokens),
+    forward and backward, against the same two layers' local shards without parallelism, in turns; the
+    difference is two collectives of the block activation and the layers' dispatch around them. Measured at the
+    job's shapes because on a shared CPU the wait for the peer grows with the work between collectives. Means
+    over about `seconds` (a step pays the mean); None without tensor parallelism."""
+    tp = job.parallel.tp
+    if tp <= 1 or world % tp:
+        return None
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    m = job.model
+    tokens, h, f = job.batch.micro_batch * m.seq_len // job.parallel.cp, m.hidden, m.ffn_
+    mesh = init_device_mesh("cpu", (world // tp, tp), mesh_dim_names=("rest", "tp"))["tp"]
+    pair = torch.nn.Sequential(torch.nn.Linear(h, f, dtype=dtype), torch.nn.Linear(f, h, dtype=dtype))
+    parallelize_module(pair, mesh, {"0": ColwiseParallel(), "1": RowwiseParallel()})
+    local = torch.nn.Sequential(torch.nn.Linear(h, f // tp, dtype=dtype), torch.nn.Linear(f // tp, h, dtype=dtype))
+    x = torch.randn(tokens, h, dtype=dtype)
+    spent = {pair: 0.0, local: 0.0}
+    for layers in spent:
+        layers(x).sum().backward()
+    runs, start = 0, time.perf_counter()
+    while True:                                          # the ranks agree when to stop, so all call as often
+        for layers in spent:
+            began = time.perf_counter()
+            for _ in range(3):
+                layers(x).sum().backward()
+            spent[layers] += time.perf_counter() - began
+        runs += 3
+        done = torch.tensor([float(time.perf_counter() - start > seconds)])
+        dist.all_reduce(done, op=dist.ReduceOp.MAX)
+        if done.item():
+            break
+    extra = torch.tensor([(spent[pair] - spent[local]) / runs])
+    dist.all_reduce(extra, op=dist.ReduceOp.MAX)
+    activation_bytes = tokens * h * torch.finfo(dtype).bits // 8
+    moving_s = 2 * (tp - 1) / tp * activation_bytes / bus_bw_bytes_per_s if bus_bw_bytes_per_s else 0.0
+    return max(float(extra) / 2 - moving_s, 0.0)
 
 
 def measure_rank(job: Job, rank: int, world: int) -> dict:
@@ -181,7 +231,7 @@ def measure_rank(job: Job, rank: int, world: int) -> dict:
                "attention_flops": attention_flops(job, dtype) if shaped else None,
                "memory_bw_bytes_per_s": elementwise_bw_bytes_per_s(job, dtype) if shaped else memory_bw_bytes_per_s(),
                "optimizer_params_per_s": optimizer_params_per_s(job), "op_overhead_s": op_overhead_s(),
-               "bus_bw_bytes_per_s": bandwidth, "latency_s": latency}
+               "bus_bw_bytes_per_s": bandwidth, "latency_s": latency, "tp_collective_s": tp_collective_s(job, world, dtype, bandwidth) if shaped else None}
     gc.collect()
     figures["baseline_bytes"] = _resident_bytes()   # the rank with its code, threads and gloo buffers, tensors freed
     return figures
@@ -211,6 +261,8 @@ def profile_row(ranks: list[dict], world: int) -> dict:
         assumptions["attention_fraction"] = min(r["attention_flops"] for r in ranks) / peak
     if ranks[0]["latency_s"] is not None:
         assumptions["latency_intra_s"] = ranks[0]["latency_s"]
+    if ranks[0].get("tp_collective_s") is not None:
+        assumptions["tp_collective_s"] = ranks[0]["tp_collective_s"]
     baselines = [r["baseline_bytes"] for r in ranks if r.get("baseline_bytes")]
     row = {"name": f"measured-{host}", "vendor": "measured", "memory_bytes": _memory_bytes(world),
            "memory_bw_bytes_per_s": min(r["memory_bw_bytes_per_s"] for r in ranks),

@@ -221,3 +221,32 @@ def test_overlap_is_each_backends_default_and_the_runner_configures_the_same(cat
     assert hidden.dp_comm_s == shown.dp_comm_s and hidden.dp_comm_exposed_s < shown.dp_comm_exposed_s
     none = _comm(catalog, 3, "mixed-bf16", 4, grad_reduce=False, param_gather=False)[0]
     assert none.dp_comm_exposed_s == pytest.approx(none.dp_comm_s)      # nothing hidden: all of it shows
+
+
+def test_tensor_parallel_collectives_are_those_the_runner_issues(tmp_path):
+    """The all-reduces (gather + reduce-scatter pairs count as one) of one micro-batch that torch's profiler
+    records on 2 gloo ranks running the runner's tensor-parallel GPT, against the model's count: blocks, the
+    embedding and the head, and the loss's three small ones. Torch's plan differs from Megatron's (separate
+    q, k, v: 6 a GELU block, not 4), which the model once assumed for every backend."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from toolkit.estimate.comm import (TP_HEAD_COLLECTIVES, TP_LOSS_COLLECTIVES, tp_collectives_per_block,
+                                       tp_embedding_collectives)
+    script = Path(__file__).with_name("record_tp_collectives.py")
+    out = tmp_path / "counts.json"
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+                           str(script), str(out)], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    recorded = json.loads(out.read_text())
+    sys.path.insert(0, str(script.parent))
+    from record_tp_collectives import CASES, HIDDEN, LAYERS, SEQ
+    for name, (fields, sp, recompute) in CASES.items():
+        job = Job.from_dict({"model": {"layers": LAYERS, "hidden": HIDDEN, "heads": 4, "vocab": 128, "seq_len": SEQ,
+                                       **fields},
+                             "parallel": {"tp": 2, "sp": sp, "backend": "torch"}, "memory": {"recompute": recompute},
+                             "precision": {"mode": "fp32"}})
+        modelled = LAYERS * tp_collectives_per_block(job) + tp_embedding_collectives(job) + TP_HEAD_COLLECTIVES
+        assert recorded[name] == {"activation": modelled, "small": TP_LOSS_COLLECTIVES}, name

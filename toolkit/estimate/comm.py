@@ -14,7 +14,8 @@ from ..specs.job import Job, backend_masks
 from .states import bytes_per_param
 
 __all__ = ["ring_s", "latency_s", "ring_attention_s", "is_megatron", "backends", "overlap_settings",
-           "data_parallel_s"]
+           "data_parallel_s", "tp_collectives_per_block", "tp_embedding_collectives", "TP_HEAD_COLLECTIVES",
+           "TP_LOSS_COLLECTIVES"]
 
 
 def ring_s(volume_factor, size_bytes, n, bw, a):
@@ -32,6 +33,41 @@ def latency_s(n, gpus_per_node: int, a):
     nodes = np.maximum(n / gpus_per_node, 1)
     return np.where(n > 1, 2 * (inside - 1) * a.latency_intra_s + 2 * np.ceil(np.log2(nodes)) * a.latency_inter_s,
                     0.0)
+
+
+TP_HEAD_COLLECTIVES = 1
+"""The column-parallel output projection reads a replicated input: its gradient is all-reduced in backward
+(under sequence parallelism: gathered in forward, reduce-scattered in backward), on the stage that holds it."""
+TP_LOSS_COLLECTIVES = 3
+"""Cross-entropy over vocabulary-sharded logits: the max, the sum of exponentials and the target's logit are
+all-reduced across the group, one float per token each (Megatron's vocab_parallel_cross_entropy; torch's
+loss_parallel does the same three)."""
+
+
+def tp_collectives_per_block(job: Job):
+    """All-reduces (or all-gather + reduce-scatter pairs, the same bytes) of a block's activation per micro-batch,
+    as each backend's program runs them. Forward: after the attention output and after the MLP's down
+    projection. Backward: one per group of column-parallel layers reading the same input - Megatron fuses q, k, v
+    (and gate, up) into one layer, so one each; torch's DTensor plan keeps them apart and all-reduces each
+    layer's partial input gradient (3 for attention, 1 or 2 for the MLP), unless sequence parallelism gathers
+    their input once (one reduce-scatter then takes the summed gradient). Full recompute runs the forward's
+    two again under Megatron; torch's checkpoint stops recomputing at the last tensor backward needs, before the
+    down projection's. tests/estimate/test_steptime.py counts what the runner's program issues."""
+    megatron, deepspeed, torch_ = backends(job)
+    separate = 3 + (2 if job.model.mlp == "swiglu" else 1)
+    backward = np.where(torch_ & ~np.asarray(job.parallel.sp), separate, 2)
+    again = np.where(np.asarray(job.memory.recompute) == "full", np.where(torch_, 1, 2), 0)
+    return 2 + backward + again
+
+
+def tp_embedding_collectives(job: Job):
+    """A vocabulary-parallel embedding sums its rows' lookups: one all-reduce of the block activation in forward
+    (Megatron under sequence parallelism: a reduce-scatter, and a gather in backward). torch's plan with learned
+    positions and sp all-reduces, adds the positions to whole sequences and keeps its tokens, whose backward is
+    one more gather (half an all-reduce's bytes)."""
+    _megatron, _deepspeed, torch_ = backends(job)
+    learned_sp = torch_ & np.asarray(job.parallel.sp) & (job.model.position == "learned")
+    return np.where(learned_sp, 1.5, 1.0)
 
 
 def ring_attention_s(job: Job, a, micro_tokens, attention_s, bw):
@@ -94,7 +130,8 @@ def data_parallel_s(job: Job, hw, a, trainable, n, bw, accum, micro_s, units):
     g = hw.gpus_per_node
     latency = latency_s(n, np.maximum(g // np.asarray(job.parallel.tp), 1), a)
     grad_bytes = trainable * grad_b
-    buckets = np.maximum(np.ceil(grad_bytes / a.bucket_bytes), 1)
+    # DDP and DeepSpeed reduce in buckets of bucket_bytes; FSDP2 reduce-scatters each wrapped block on its own
+    buckets = np.where(torch_ & (zero >= 2), units, np.maximum(np.ceil(grad_bytes / a.bucket_bytes), 1))
     reduce_s = ring_s(np.where((zero == 0) | (torch_ & (zero == 1)), 2.0, 1.0), grad_bytes, n, bw, a) \
         + buckets * latency
     # sharded gradients cannot accumulate whole; Megatron's distributed optimizer accumulates in a full fp32

@@ -13,7 +13,9 @@ The step is built from parts, each from a published formula or a stated assumpti
 - memory-bound ops (norms, activations, residual adds, RoPE, softmax of eager attention):
   the bytes they read and write at HBM bandwidth;
 - tensor parallelism: 2 all-reduces of the block's activations in forward, 2 in backward
-  (Megatron), plus 2 per recomputed forward; hidden behind the matmuls only with overlap.tp_comm;
+  (Megatron; torch's DTensor plan without sp: one per column-parallel layer), plus 2 per recomputed
+  forward, the embedding's and the head's, and the vocabulary-parallel loss's three small ones;
+  hidden behind the matmuls only with overlap.tp_comm;
 - context parallelism: each rank keeps seq/cp tokens; a ring passes keys and values, hidden
   behind the attention products where they are long enough;
 - data parallelism as each backend runs it (`data_parallel_s`): DDP and Megatron reduce once a
@@ -42,7 +44,8 @@ import numpy as np
 from ..specs.catalog import Catalog
 from ..specs.errors import SpecError
 from ..specs.job import Job, compute_dtype
-from .comm import data_parallel_s, is_megatron, latency_s, overlap_settings, ring_attention_s, ring_s
+from .comm import (TP_HEAD_COLLECTIVES, TP_LOSS_COLLECTIVES, data_parallel_s, is_megatron, latency_s,
+                   overlap_settings, ring_attention_s, ring_s, tp_collectives_per_block, tp_embedding_collectives)
 from .flops import flops_per_token
 from .phases import optimizer_impl
 from .states import (adapter_params_per_layer, bytes_per_param, job_stage_layers, model_state_bytes,
@@ -82,6 +85,11 @@ class Assumptions:
     comm_overlaps_compute: bool = True
     """Collectives run beside compute (a GPU's copy engines and NCCL's own SMs). On a CPU the same cores do both,
     so nothing hides: calibrate sets it false there."""
+    tp_collective_s: float | None = None
+    """Fixed cost of one tensor-parallel collective as the program issues it: its latency and, under torch's
+    DTensor, the dispatch and redistribution of the layer around it; None = the ring's latency. `toolkit
+    calibrate` measures it for tensor-parallel jobs (on a 2-core CPU about 1 ms: a rank's collective often waits
+    for its peer's thread to be scheduled)."""
     op_overhead_s: float = 0.0
     """Fixed cost of one operation (dispatch, autograd, a kernel launch), per op unit: a forward op counts one,
     its backward two. 0 for catalog accelerators, whose asynchronous launches hide behind the previous kernel
@@ -309,11 +317,15 @@ def step_time(job: Job, hw: Hardware, a: Assumptions | None = None) -> StepTime:
     pp_inside = devices <= g
 
     # ---- one micro-batch on each pipeline rank: first, middle, last (without pipelining all three are one) ----
-    # tensor parallel: 4 all-reduces per block (+2 when the block is recomputed) of this rank's tokens
+    # tensor parallel: all-reduces of this rank's tokens' activation, per block as the backend runs them
+    # (toolkit.estimate.comm.tp_collectives_per_block), one more where the embedding and the head sit, and the
+    # vocabulary-parallel loss's three one-float-per-token reductions
     act_elem = job.precision.plan.compute_bytes
     block_act = micro_tokens / cp * m.hidden * act_elem
-    per_block = 4 + np.where(np.asarray(job.memory.recompute) == "full", 2, 0)
-    tp_layer_s = (ring_s(2.0, block_act, tp, bw(tp_inside), a) + latency_s(tp, g, a)) * per_block
+    tp_fixed_s = latency_s(tp, g, a) if a.tp_collective_s is None else np.where(tp > 1, a.tp_collective_s, 0.0)
+    tp_allreduce_s = ring_s(2.0, block_act, tp, bw(tp_inside), a) + tp_fixed_s
+    tp_layer_s = tp_allreduce_s * tp_collectives_per_block(job)
+    tp_loss_s = TP_LOSS_COLLECTIVES * (ring_s(2.0, micro_tokens / cp * 4, tp, bw(tp_inside), a) + tp_fixed_s)
     bytes_layer = _memory_bound_bytes_per_token(job) * micro_tokens / cp
     single = pp == 1
 
@@ -322,13 +334,16 @@ def step_time(job: Job, hw: Hardware, a: Assumptions | None = None) -> StepTime:
 
     overlap_tp = overlap_settings(job)["tp_comm"]
 
-    def stage(layers, owns_head):
-        matmuls_s = block_s * layers + np.where(owns_head | single, head_s, 0.0)
-        tp_s = np.where(overlap_tp, np.maximum(tp_layer_s * layers - matmuls_s, 0.0), tp_layer_s * layers)
+    def stage(layers, owns_embedding, owns_head):
+        owns_embedding, owns_head = owns_embedding | single, owns_head | single
+        matmuls_s = block_s * layers + np.where(owns_head, head_s, 0.0)
+        tp_all_s = tp_layer_s * layers + np.where(owns_embedding, tp_embedding_collectives(job) * tp_allreduce_s, 0.0) \
+            + np.where(owns_head, TP_HEAD_COLLECTIVES * tp_allreduce_s + tp_loss_s, 0.0)
+        tp_s = np.where(overlap_tp, np.maximum(tp_all_s - matmuls_s, 0.0), tp_all_s)
         return matmuls_s, bytes_layer * layers / hw.memory_bw_bytes_per_s, tp_s, cp_ring_s * layers
 
     first, middle, last = job_stage_layers(job)
-    parts = [stage(first, False), stage(middle, False), stage(last, True)]
+    parts = [stage(first, True, False), stage(middle, False, False), stage(last, False, True)]
     totals = [sum(p) for p in parts]
     busiest = np.where(totals[2] >= np.maximum(totals[0], np.where(pp > 2, totals[1], 0)), 2,
                        np.where((pp > 2) & (totals[1] > totals[0]), 1, 0))
