@@ -175,6 +175,25 @@ def collective_fit(world: int) -> tuple[float | None, float | None]:
     return float(times_all[0]) or None, float(times_all[1])
 
 
+def sharded_bw_bytes_per_s(world: int, nbytes: int = 16 * 2**20, repeats: int = 9) -> tuple[float | None, float | None]:
+    """(reduce-scatter, all-gather) bus bandwidth over the group, bytes/s: (n−1)/n·bytes over each one's mean time at
+    16 MiB, where latency no longer counts. ZeRO-2/3 run these; gloo's reduce-scatter is far slower than its
+    all-reduce's bandwidth suggests (it copies its whole input, then reduces), NCCL's is not."""
+    if world == 1:
+        return None, None
+    whole, shard = torch.zeros(nbytes // 4), torch.zeros(nbytes // 4 // world)
+    rates = []
+    for run in (lambda: dist.reduce_scatter_tensor(shard, whole), lambda: dist.all_gather_into_tensor(whole, shard)):
+        run()
+        start = time.perf_counter()
+        for _ in range(repeats):
+            run()
+        rates.append((world - 1) / world * nbytes / ((time.perf_counter() - start) / repeats))
+    agreed = torch.tensor(rates)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
+    return float(agreed[0]), float(agreed[1])
+
+
 def tp_collective_s(job: Job, world: int, dtype: torch.dtype, bus_bw_bytes_per_s: float | None,
                     seconds: float = 1.0) -> float | None:
     """Seconds of one tensor-parallel collective's fixed cost as the runner's program issues it, beyond moving its
@@ -226,12 +245,14 @@ def measure_rank(job: Job, rank: int, world: int) -> dict:
     shaped = job.model.has_shape
     shapes = job_shapes(job) if shaped else [(n, n, n) for n in SWEEP]
     bandwidth, latency = collective_fit(world)
+    reduce_scatter_bw, gather_bw = sharded_bw_bytes_per_s(world)
     figures = {"rank": rank, "dtype": compute_dtype(mode), "shapes": [list(s) for s in shapes],
                "matmul_flops": matmul_flops(shapes, dtype),
                "attention_flops": attention_flops(job, dtype) if shaped else None,
                "memory_bw_bytes_per_s": elementwise_bw_bytes_per_s(job, dtype) if shaped else memory_bw_bytes_per_s(),
                "optimizer_params_per_s": optimizer_params_per_s(job), "op_overhead_s": op_overhead_s(),
-               "bus_bw_bytes_per_s": bandwidth, "latency_s": latency, "tp_collective_s": tp_collective_s(job, world, dtype, bandwidth) if shaped else None}
+               "bus_bw_bytes_per_s": bandwidth, "latency_s": latency, "tp_collective_s": tp_collective_s(job, world, dtype, bandwidth) if shaped else None,
+               "reduce_scatter_bw_bytes_per_s": reduce_scatter_bw, "gather_bw_bytes_per_s": gather_bw}
     gc.collect()
     figures["baseline_bytes"] = _resident_bytes()   # the rank with its code, threads and gloo buffers, tensors freed
     return figures
@@ -261,6 +282,9 @@ def profile_row(ranks: list[dict], world: int) -> dict:
         assumptions["attention_fraction"] = min(r["attention_flops"] for r in ranks) / peak
     if ranks[0]["latency_s"] is not None:
         assumptions["latency_intra_s"] = ranks[0]["latency_s"]
+    for key in ("reduce_scatter_bw_bytes_per_s", "gather_bw_bytes_per_s"):
+        if ranks[0].get(key) is not None:
+            assumptions[key] = ranks[0][key]
     if ranks[0].get("tp_collective_s") is not None:
         assumptions["tp_collective_s"] = ranks[0]["tp_collective_s"]
     baselines = [r["baseline_bytes"] for r in ranks if r.get("baseline_bytes")]

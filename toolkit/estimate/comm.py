@@ -132,7 +132,10 @@ def data_parallel_s(job: Job, hw, a, trainable, n, bw, accum, micro_s, units):
     grad_bytes = trainable * grad_b
     # DDP and DeepSpeed reduce in buckets of bucket_bytes; FSDP2 reduce-scatters each wrapped block on its own
     buckets = np.where(torch_ & (zero >= 2), units, np.maximum(np.ceil(grad_bytes / a.bucket_bytes), 1))
-    reduce_s = ring_s(np.where((zero == 0) | (torch_ & (zero == 1)), 2.0, 1.0), grad_bytes, n, bw, a) \
+    scatters = ~((zero == 0) | (torch_ & (zero == 1)))          # the rest all-reduce (2x the bytes)
+    reduce_bw = np.where(scatters & (a.reduce_scatter_bw_bytes_per_s is not None),
+                         a.reduce_scatter_bw_bytes_per_s or 1.0, bw)
+    reduce_s = ring_s(np.where(scatters, 1.0, 2.0), grad_bytes, n, reduce_bw, a) \
         + buckets * latency
     # sharded gradients cannot accumulate whole; Megatron's distributed optimizer accumulates in a full fp32
     # buffer and reduce-scatters once (its "ZeRO-2" shards only what the step keeps)
@@ -140,7 +143,7 @@ def data_parallel_s(job: Job, hw, a, trainable, n, bw, accum, micro_s, units):
     hidden = np.maximum(reduce_s - micro_s * 2 / 3 * (1 - 1 / buckets), reduce_s / buckets)
     reduce_exposed = reduce_events * np.where(ov["grad_reduce"], hidden, reduce_s)
 
-    gather_s = ring_s(1.0, trainable * gather_b, n, bw, a) + units * latency
+    gather_s = ring_s(1.0, trainable * gather_b, n, a.gather_bw_bytes_per_s or bw, a) + units * latency
     per_micro = np.where(zero == 3, 2, np.where((zero == 2) & torch_, 1, 0))    # sharded weights: every forward
     micro_gathers = per_micro * gather_s                  # one micro-batch's gathers
     micro_exposed = np.where(ov["param_gather"], np.maximum(micro_gathers - micro_s * (1 - 1 / units),

@@ -85,6 +85,12 @@ class Assumptions:
     comm_overlaps_compute: bool = True
     """Collectives run beside compute (a GPU's copy engines and NCCL's own SMs). On a CPU the same cores do both,
     so nothing hides: calibrate sets it false there."""
+    reduce_scatter_bw_bytes_per_s: float | None = None
+    """Bus bandwidth of a reduce-scatter where it differs from the link's (measured by calibrate: gloo's is a
+    fraction of its all-reduce's); None = the link's. ZeRO-2/3's gradient reduction."""
+    gather_bw_bytes_per_s: float | None = None
+    """Bus bandwidth of an all-gather where it differs from the link's; None = the link's. ZeRO's parameter
+    gathers."""
     tp_collective_s: float | None = None
     """Fixed cost of one tensor-parallel collective as the program issues it: its latency and, under torch's
     DTensor, the dispatch and redistribution of the layer around it; None = the ring's latency. `toolkit
