@@ -6,7 +6,9 @@
 Every rank measures at once (as in training, every rank busy, each with the runner's thread count): matmuls at
 the job's shapes and dtype (or a sweep of square shapes without a job), the memory bandwidth of a large
 element-wise op, the fixed cost of one operation (a tiny op's forward and backward through autograd), and
-collectives on the process group (all-reduces from 4 KiB to 16 MiB, fitted as latency + bytes / bandwidth).
+collectives on the process group (all-reduces from 4 KiB to 16 MiB, fitted as latency + bytes / bandwidth;
+reduce-scatter and all-gather bandwidth; for tensor-parallel jobs the fixed cost of one collective as the
+runner's DTensor layers issue it, at the job's shapes).
 The row's peak is the job's matmuls' rate (forward and backward products at its shapes, their FLOPs over their
 time), so the profile sets the model's `gemm_fraction` to 1 (the roofline still slows thin shapes) and `link_efficiency` to 1 (the bandwidth is the one achieved).
 """
