@@ -49,7 +49,7 @@ def matrix() -> list[tuple[str, dict]]:
     # every precision x recompute on both block styles
     for (mname, model), mode, rec in itertools.product((("gpt", SMALL_GPT), ("llama", SMALL_LLAMA)),
                                                        ("fp32", "amp-bf16", "amp-fp16", "pure-bf16", "mixed-bf16"),
-                                                       ("none", "selective", "full")):
+                                                       ("none", "selective", "selective-op", "full")):
         add(f"{mname}/{mode}/{rec}", model, mode=mode, rec=rec)
     # attention kernels and dropout
     for (mname, model), att, drop in itertools.product((("gpt", SMALL_GPT), ("llama", SMALL_LLAMA)),
@@ -147,6 +147,8 @@ def matrix() -> list[tuple[str, dict]]:
     for mode, rec in itertools.product(("fp32", "amp-bf16", "amp-fp16", "pure-bf16"), ("none", "selective", "full")):
         add(f"gpt/tp2/{mode}/{rec}", untied_gpt, mode=mode, rec=rec, tp=2)
         add(f"llama/tp2-sp/{mode}/{rec}", SMALL_LLAMA, mode=mode, rec=rec, tp=2, sp=True)
+    add("gpt/tp2/amp-bf16/selective-op/eager", untied_gpt, att="eager", rec="selective-op", tp=2)
+    add("llama/tp2-sp/amp-bf16/selective-op", SMALL_LLAMA, rec="selective-op", tp=2, sp=True)
     add("llama/tp4-sp/eager-dropout", dict(SMALL_LLAMA, kv_heads=4), att="eager", dropout=0.1, tp=4, sp=True)
     add("llama-v1000/tp2/b4/accum2", dict(SMALL_LLAMA, vocab=1000), b=4, accum=2, tp=2)
     add("llama7b-layers/tp4-sp/b1", LLAMA_7B_LAYERS, b=1, tp=4, sp=True)
@@ -157,6 +159,8 @@ def matrix() -> list[tuple[str, dict]]:
             zero=zero)
     for zero, rec in itertools.product((2, 3), ("none", "selective")):
         add(f"gpt/2d-tp2-dp4-zero{zero}/amp-fp16/{rec}", untied_gpt, mode="amp-fp16", rec=rec, tp=2, dp=4, zero=zero)
+    add("llama/2d-tp2-sp-dp4-zero3/amp-bf16/selective-op", SMALL_LLAMA, rec="selective-op", tp=2, sp=True, dp=4,
+        zero=3)
     add("llama-v1000/2d-tp2-dp8-zero3/b4/accum2", dict(SMALL_LLAMA, vocab=1000), b=4, accum=2, tp=2, dp=8, zero=3)
     for zero in (2, 3):   # a small vocabulary: the peak moves into the backward layers
         add(f"llama-v1000/2d-tp2-sp-dp4-zero{zero}/full/b4", dict(SMALL_LLAMA, vocab=1000), b=4, rec="full", tp=2,
@@ -174,6 +178,8 @@ def matrix() -> list[tuple[str, dict]]:
             schedule=schedule)
     add("llama-s256/pp4-1f1b/m4", dict(SMALL_LLAMA, seq_len=256), accum=4, pp=4)
     add("llama-v1000/pp2-1f1b/selective/b4", dict(SMALL_LLAMA, vocab=1000), rec="selective", b=4, accum=4, pp=2)
+    add("llama-v1000/pp2-1f1b/selective-op/b4", dict(SMALL_LLAMA, vocab=1000), rec="selective-op", b=4, accum=4,
+        pp=2)
     add("llama-v1000/pp4-gpipe/m4", dict(SMALL_LLAMA, vocab=1000), accum=4, pp=4, schedule="gpipe")
     # interleaved 1F1B (torch's ScheduleInterleaved1F1B: each rank runs vpp chunks), and a middle stage
     llama8_v1000 = dict(SMALL_LLAMA, layers=8, vocab=1000, seq_len=256)

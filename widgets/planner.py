@@ -110,7 +110,7 @@ class PlannerPanel(PanelText, W.VBox):
                                                                                               "button_width": "40px"}),
             "offload": W.Dropdown(options=["none", "optimizer", "params"], description="offload", style=style),
             "sp": W.Checkbox(value=False, description="sequence parallel"),
-            "recompute": W.Dropdown(options=["none", "selective", "full"], description="recompute", style=style),
+            "recompute": W.Dropdown(options=["none", "selective", "selective-op", "full"], description="recompute", style=style),
             "accelerator": W.Dropdown(options=[a.name for a in cat.accelerators.values()], value=accelerator,
                                       description="accelerator", style=style),
             "count": W.IntText(value=count, description="devices", style=style),

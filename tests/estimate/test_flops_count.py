@@ -25,7 +25,7 @@ def counted(job: Job, batch: int = 3) -> tuple[float, float]:
 
 
 @pytest.mark.parametrize("model", [LLAMA, GPT2], ids=["llama", "gpt2"])
-@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+@pytest.mark.parametrize("recompute", ["none", "selective", "selective-op", "full"])
 def test_matches_flop_counter(model, recompute):
     job = Job.from_dict({"model": model, "memory": {"recompute": recompute, "attention": "eager"}}).resolve()[0]
     tokens = 3 * job.model.seq_len

@@ -25,7 +25,7 @@ ACTIVATION_CASES = [
         itertools.product((("gpt", "fp32"), ("llama", "amp-bf16"), ("llama", "pure-bf16"), ("gpt", "mixed-fp16")),
                           ("flash", "eager"), (0.0, 0.1), ("none",)),
         itertools.product((("gpt", "amp-fp16"), ("llama", "fp32")), ("flash", "eager"), (0.0, 0.1),
-                          ("selective", "full")))
+                          ("selective", "selective-op", "full")))
 ]
 
 
@@ -48,6 +48,8 @@ PEAK_CASES = {
     "optimizer-step-bound": (dict(SMALL_GPT, vocab=500), {"b": 1}),
     "mixed-master-weights": (dict(SMALL_LLAMA, vocab=500), {"mode": "mixed-bf16", "rec": "full", "b": 1}),
     "pure-bf16-sgd": (SMALL_LLAMA, {"mode": "pure-bf16", "opt": "sgd", "rec": "selective"}),
+    # torchtitan's per-op policy: every other matmul's output kept, autocast's casts cached through forward
+    "per-op-recompute-accumulating": (dict(SMALL_LLAMA, vocab=500), {"rec": "selective-op", "b": 4, "accum": 2}),
     # Megatron's fp32 main gradients exist from start-up: at the loss (first) and at an accumulating step
     "fp32-main-grads-at-the-loss": (SMALL_GPT, {"mode": "mixed-bf16", "grads": "fp32"}),
     "fp32-main-grads-accumulating": (dict(SMALL_LLAMA, vocab=500), {"mode": "mixed-fp16", "grads": "fp32",

@@ -34,6 +34,8 @@ CASES = [
     ("unknown-optimizer", ["--model", "gpt2", "--optimizer", "adamw8"], "optimizer.name = 'adamw8': allowed"),
     ("zero-stage-4", ["--model", "gpt2", "--zero", "4"], "parallel.zero = '4': allowed: 0, 1, 2, 3"),
     ("unknown-recompute", ["--model", "gpt2", "--recompute", "partial"], "memory.recompute = 'partial': allowed"),
+    ("per-op-recompute-with-adapters", ["--model", "gpt2", "--recompute", "selective-op", "--finetune", "lora"],
+     "memory.recompute = 'selective-op': per-op recompute is not combined with adapters"),
     ("unknown-compression", ["--model", "gpt2", "--act-compress", "int4"], "memory.act_compress = 'int4': allowed"),
     ("not-a-number", ["--model", "gpt2", "--tp", "two"], "parallel.tp = 'two': expected a number"),
     ("fractional-count", ["--model", "gpt2", "--micro-batch", "1.5"], "batch.micro_batch = 1.5: expected a whole number"),

@@ -64,7 +64,8 @@ def test_size_only_model_is_refused():
         trace_memory(job)
 
 
-@pytest.mark.parametrize("mode, zero, rec", [("amp-bf16", 3, "none"), ("fp32", 3, "full"), ("pure-bf16", 2, "none")])
+@pytest.mark.parametrize("mode, zero, rec", [("amp-bf16", 3, "none"), ("fp32", 3, "full"), ("pure-bf16", 2, "none"),
+                                           ("amp-bf16", 3, "selective-op")])
 def test_fsdp2_on_a_fake_process_group(mode, zero, rec):
     """ZeRO-2/3 under torch semantics is FSDP2; one rank of 8 is traced without any other process."""
     model = {"preset": "llama2-7b", "layers": 3, "hidden": 256, "heads": 4, "kv_heads": 2, "ffn": 688,

@@ -24,6 +24,7 @@ def traced_job(model, tp, sp=False, mode="amp-bf16", rec="none", att="flash", b=
     (LLAMA, 2, False, "amp-bf16", "none", "flash"),
     (LLAMA, 2, True, "amp-fp16", "selective", "eager"),
     (LLAMA, 4, True, "pure-bf16", "full", "flash"),
+    (LLAMA, 2, True, "amp-bf16", "selective-op", "flash"),
     (GPT, 2, False, "fp32", "none", "eager"),
 ])
 def test_tensor_parallel_rank_matches_the_model(model, tp, sp, mode, rec, att):

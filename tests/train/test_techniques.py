@@ -86,7 +86,7 @@ def test_int8_leaves_weights_and_the_loss_alone():
         assert t.shape[-1] != 100                   # nothing from the vocabulary projection or the loss
 
 
-@pytest.mark.parametrize("recompute", ["full", "selective"])
+@pytest.mark.parametrize("recompute", ["full", "selective", "selective-op"])
 def test_recompute_keeps_the_numbers(train, recompute):
     plain, _ = train("plain", training={"steps": 2})
     again, _ = train("re", memory={"recompute": recompute, "attention": "eager"}, training={"steps": 2})

@@ -236,17 +236,33 @@ def _block(job: Job) -> _Block:
     common = norm1 + rope_casts + norm2 + mlp + 2 * branch_mask + weights
     none = common + core + (o_input if o_input_copy else 0)
     recompute = np.asarray(job.memory.recompute)
-    full = recompute == "full"
+    full, per_op = recompute == "full", recompute == "selective-op"
+    stream = tokens_h * h * residual
     per_layer = np.select(
-        [full, recompute == "selective"],
-        [tokens_h * h * residual,                              # checkpoint keeps the block input only
+        [full, recompute == "selective", per_op],
+        [stream,                                               # checkpoint keeps the block input only
          # the checkpointed core keeps its inputs (q after rope, k and v before the GQA repeat);
          # o keeps the core output (a view of it, or its copy)
-         common + tokens * (q + 2 * kv) * act_b + o_input],
+         common + tokens * (q + 2 * kv) * act_b + o_input,
+         stream + _kept_by_op_policy(job, tokens, b)],
         none)
-    # the recomputed block re-creates all it saves but its input, which the checkpoint already holds
-    return _Block(none=none, per_layer=per_layer, recompute_layer=np.where(full, none - tokens_h * h * residual, 0),
-                  weights=weights, stream=tokens_h * h * residual, tokens=tokens)
+    # the recomputed block re-creates all it saves but what the checkpoint already holds
+    return _Block(none=none, per_layer=per_layer, recompute_layer=np.where(full | per_op, none - per_layer, 0),
+                  weights=weights, stream=stream, tokens=tokens)
+
+
+def _kept_by_op_policy(job: Job, tokens: float, b: int) -> float:
+    """Per-op selective recompute (torchtitan's "op" policy, toolkit.train.model): beside the block input, the
+    outputs of the block's 1st, 3rd, ... matmul in call order (q, k, v, o, then gate, up, down or up, down: q, v,
+    the MLP's first and SwiGLU's down) and the fused attention kernel's output and fp32 log-sum-exp. A row-parallel
+    matmul (o, down) outputs all tokens at full width, before its reduction."""
+    act = element_bytes(job)[0]
+    h, q, kv, f = _widths(job)
+    widths = [q, kv, kv, h] + ([f, f, h] if job.model.mlp == "swiglu" else [f, h])
+    matmuls = tokens * sum(widths[::2]) * act
+    heads, rows = job.model.heads // np.asarray(job.parallel.tp), job.model.seq_len / job.parallel.cp
+    fused = 0 if _math_path(job) else tokens * q * act + b * heads * rows * 4
+    return matmuls + fused
 
 
 def _on_stage(job: Job, stage, stages_after, block: _Block) -> ActivationBytes:
@@ -277,7 +293,9 @@ def _on_stage(job: Job, stage, stages_after, block: _Block) -> ActivationBytes:
     torch_pipeline = ~single & (job.precision.mode in TORCH_SEMANTICS)
     kept_logits = np.where(torch_pipeline, tokens * vocab_per_rank(m, tp) * job.precision.plan.compute_bytes,
                            0.0)
-    shared = np.where(single | full, 0.0, block.weights)
+    # the checkpointed programs keep no weight cast: full and per-op recompute cast again in backward
+    checkpointed = full | (np.asarray(job.memory.recompute) == "selective-op")
+    shared = np.where(single | checkpointed, 0.0, block.weights)
     shared_head = np.where(single | ~np.asarray(owns_head), 0.0, element_bytes(job)[2] * 2 * h * vocab_per_rank(m, tp))
     vpp = np.asarray(par.vpp)
     chunk_forwards = in_flight * vpp                       # chunk forwards alive at once on this rank

@@ -51,12 +51,15 @@ def tp_collectives_per_block(job: Job):
     (and gate, up) into one layer, so one each; torch's DTensor plan keeps them apart and all-reduces each
     layer's partial input gradient (3 for attention, 1 or 2 for the MLP), unless sequence parallelism gathers
     their input once (one reduce-scatter then takes the summed gradient). Full recompute runs the forward's
-    two again under Megatron; torch's checkpoint stops recomputing at the last tensor backward needs, before the
-    down projection's. tests/estimate/test_steptime.py counts what the runner's program issues."""
+    two again under Megatron; torch's checkpoint (full or per-op) stops recomputing at the last tensor backward
+    needs, before the down projection's. tests/estimate/test_steptime.py counts what the runner's program issues."""
     megatron, deepspeed, torch_ = backends(job)
     separate = 3 + (2 if job.model.mlp == "swiglu" else 1)
     backward = np.where(torch_ & ~np.asarray(job.parallel.sp), separate, 2)
-    again = np.where(np.asarray(job.memory.recompute) == "full", np.where(torch_, 1, 2), 0)
+    checkpointed = np.isin(job.memory.recompute, ("full", "selective-op"))   # both rerun the block's collectives
+    # torch stops before the down projection's reduction: o's all-reduce again, or under sp both gathers and o's
+    # reduce-scatter (1.5 all-reduces' bytes)
+    again = np.where(checkpointed, np.where(torch_, np.where(np.asarray(job.parallel.sp), 1.5, 1), 2), 0)
     return 2 + backward + again
 
 

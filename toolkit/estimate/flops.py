@@ -97,7 +97,11 @@ def flops_per_token(job: Job, causal: bool = True) -> TokenFlops:
     # product of an eager core (a fused SDPA kernel saves its output and is rerun whole)
     mode = np.asarray(job.memory.recompute)             # an array when a grid varies it
     selective = attention / 2 if job.memory.attention == "eager" else attention
-    recompute = np.where(mode == "full", layer_matmuls - 2 * h * f * m.layers + attention,
-                         np.where(mode == "selective", selective, 0.0))
+    # per-op recompute reruns the matmuls its policy did not save up to the last one backward needs (k and o;
+    # SwiGLU's up, not GELU's down) and the attention core unless a fused kernel saved its output
+    fused = job.memory.attention == "flash"
+    per_op = 2 * (h * kv + q * h + (h * f if m.mlp == "swiglu" else 0)) * m.layers + (0 if fused else attention)
+    recompute = np.select([mode == "full", mode == "selective", mode == "selective-op"],
+                          [layer_matmuls - 2 * h * f * m.layers + attention, selective, per_op], 0.0)
     recompute = recompute.item() if recompute.ndim == 0 else recompute
     return TokenFlops(layer_matmuls=layer_matmuls, attention=attention, head=head, recompute=recompute)

@@ -226,12 +226,12 @@ def _temporaries(job: Job, acts: ActivationBytes, gathered: Gathered, where: Pos
     unpacked = (2 if model.mlp == "swiglu" else 1) * tokens * ffn * act if job.memory.act_compress == "int8" else 0.0
     # End of forward, inside the loss: the logits (16-bit under autocast or 16-bit weights) and their fp32
     # copy are alive beside the log-softmax; under autocast its cache still holds the blocks' 16-bit weight
-    # casts, which full recompute does not otherwise keep.
+    # casts, which full (and per-op) recompute does not otherwise keep.
     q, kv = model.heads * model.head_dim_, model.kv_heads_ * model.head_dim_
     layer_matmuls = 2 * h * q + 2 * h * kv + (3 if model.mlp == "swiglu" else 2) * h * model.ffn_
     if job.finetune.adapters:                 # autocast caches casts of trainable leaves only: the adapters
         layer_matmuls = adapter_params_per_layer(job)
-    caching = ((plan.family == "amp") & (np.asarray(job.memory.recompute) == "full")
+    caching = ((plan.family == "amp") & np.isin(job.memory.recompute, ("full", "selective-op"))
                & (gathered.root == 0) & (gathered.in_backward == 0))
     autocast_cache = np.where(caching, 2 * acts.stage_layers * layer_matmuls / tp, 0.0)   # head's cast is saved
     # QLoRA: the top block's down projection, forward: its weight being dequantized, with the unpacked indices

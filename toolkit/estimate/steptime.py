@@ -265,9 +265,13 @@ def _compute_s(job: Job, hw: Hardware, a: Assumptions, tokens, eff):
     recompute = np.asarray(job.memory.recompute)
     megatron = is_megatron(job)      # its checkpoint reruns a whole region; torch's stops at the last product
     core_again = np.where(megatron, tf.attention, tf.attention / 2 if eager else tf.attention)  # nothing saved
-    attn_recompute = np.where(recompute == "full", tf.attention, np.where(recompute == "selective", core_again, 0.0))
-    proj_recompute = np.where(recompute == "full", np.where(megatron, tf.layer_matmuls, tf.recompute - tf.attention),
-                              0.0)
+    # per-op recompute reruns an eager core whole (o needs its output); a fused kernel's output is saved
+    op_core = 0.0 if job.memory.attention == "flash" else tf.attention
+    attn_recompute = np.select([recompute == "full", recompute == "selective", recompute == "selective-op"],
+                               [tf.attention, core_again, op_core], 0.0)
+    proj_recompute = np.select([recompute == "full", recompute == "selective-op"],
+                               [np.where(megatron, tf.layer_matmuls, tf.recompute - tf.attention),
+                                tf.recompute - op_core], 0.0)
     scale = tokens / np.asarray(job.parallel.tp) / hw.gemm_peak
     # FP8 runs the linear layers only (Transformer Engine): the attention products stay at the 16-bit peak
     attention_s = tokens / np.asarray(job.parallel.tp) / hw.peak_flops * 3 * tf.attention / job.model.layers \
@@ -279,7 +283,7 @@ def _compute_s(job: Job, hw: Hardware, a: Assumptions, tokens, eff):
 
 def _memory_bound_bytes_per_token(job: Job):
     """Bytes the element-wise kernels of one block move per token in a step: forward, backward (≈ 2× the
-    forward) and what recompute runs again (full: the block's forward; selective: the attention core's).
+    forward) and what recompute runs again (full and per-op: the block's forward; selective: the attention core's).
     Under sequence parallelism the hidden-sized kernels (norms, residual adds, dropout) see s/tp tokens."""
     m, tp = job.model, np.asarray(job.parallel.tp)
     h, q, kv, f = m.hidden, m.heads * m.head_dim_ / tp, m.kv_heads_ * m.head_dim_ / tp, m.ffn_ / tp
@@ -298,7 +302,10 @@ def _memory_bound_bytes_per_token(job: Job):
         scores = m.seq_len * m.heads / tp
         core = scores * 2 * elem + (scores * (2 * elem + 1) if m.dropout > 0 else 0)   # softmax; dropout + mask
     recompute = np.asarray(job.memory.recompute)
-    again = np.where(recompute == "full", block + core, np.where(recompute == "selective", core, 0))
+    # per-op recompute reruns the element-wise kernels too, and an eager core (a fused one saved its output)
+    op_core = core if job.memory.attention == "eager" else 0
+    again = np.select([recompute == "full", recompute == "selective", recompute == "selective-op"],
+                      [block + core, core, block + op_core], 0)
     return 3 * (block + core) + again
 
 
@@ -404,11 +411,13 @@ def _overhead_s(job: Job, a: Assumptions, layers, accum, owns_head):
     """Fixed costs of the step's operations on the busiest rank, in op units (a forward op one, its backward two):
     each block's forward ops (two norms, q, k, v, o, the attention core, two residual adds, the MLP's two or
     three linears and its activation, dropouts, rotary embeddings) three times a micro-batch, once more under
-    full recompute; the embedding, the head and the loss; and once a step, the optimizer's ops on each tensor
+    full recompute (less the saved ones under per-op recompute); the embedding, the head and the loss; and once a step, the optimizer's ops on each tensor
     (torch's for-loop AdamW: about eight per tensor; foreach and fused: a few per step)."""
     m = job.model
     block_ops = 14 + (2 if m.mlp == "swiglu" else 0) + (2 if m.dropout > 0 else 0) + (8 if m.position == "rope" else 0)
-    again = np.where(np.asarray(job.memory.recompute) == "full", block_ops, 0)
+    recompute = np.asarray(job.memory.recompute)
+    # per-op recompute takes its policy's saved ops (every other matmul, the fused attention) from its cache
+    again = np.select([recompute == "full", recompute == "selective-op"], [block_ops, block_ops - 4], 0)
     micro_units = layers * (3 * block_ops + again) + 3 * 3 + np.where(owns_head, 3 * 4, 0)
     tensors = layers * (10 if m.bias == "all" else 8) + 4
     optimizer_units = np.where(optimizer_impl(job) == "for-loop", 8 * tensors, 24)

@@ -36,6 +36,10 @@ def candidate_changes(job: Job) -> list[tuple[str, Job]]:
                     _replace(job, "memory", expandable_segments=True)))
     if mem.recompute != "selective":
         out.append(("selective recompute (attention core only)", _replace(job, "memory", recompute="selective")))
+    if mem.recompute not in ("selective-op", "full") and not job.finetune.adapters and mem.act_compress == "none" \
+            and job.backend == "torch":
+        out.append(("per-op selective recompute (keep every other matmul's output; torchtitan's policy)",
+                    _replace(job, "memory", recompute="selective-op")))
     if mem.recompute != "full":
         out.append(("full recompute (keep block inputs only)", _replace(job, "memory", recompute="full")))
     for zero in range(par.zero + 1, 4 if par.dp > 1 else par.zero + 1):     # dp = 1: nothing to shard over

@@ -36,7 +36,7 @@ __all__ = ["search", "AXIS_VALUES", "pareto_front", "plan_job"]
 AXIS_VALUES = {"tp": (1, 2, 4, 8), "pp": (1, 2, 4, 8, 16), "vpp": (1, 2), "cp": (1, 2, 4, 8, 16),
                "sp": (False, True),
                "zero": (0, 1, 2, 3), "offload": ("none", "optimizer", "params"),
-               "micro_batch": (1, 2, 4, 8), "recompute": ("none", "selective", "full")}
+               "micro_batch": (1, 2, 4, 8), "recompute": ("none", "selective", "selective-op", "full")}
 """Values tried per axis (filtered by what the model and cluster allow)."""
 
 MIN_CP_TOKENS = 8192

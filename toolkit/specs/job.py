@@ -113,8 +113,10 @@ class Overlap:
 
 @dataclass(frozen=True, kw_only=True)
 class MemoryOptions:
-    recompute: Literal["none", "selective", "full"] = "none"
-    """Activation checkpointing: selective recomputes the attention core; full keeps only layer inputs."""
+    recompute: Literal["none", "selective", "selective-op", "full"] = "none"
+    """Activation checkpointing: selective recomputes the attention core; selective-op (torchtitan's per-op
+    policy) keeps each block's input, every other matmul's output and the fused attention's output, and recomputes
+    the rest; full keeps only layer inputs."""
     attention: Literal["flash", "eager"] = "flash"
     """flash: fused attention (SDPA) that stores no score matrix; eager: explicit ops that store scores,
     softmax and its dropout mask (the Megatron-style block)."""

@@ -287,6 +287,14 @@ def _check_sharding(job: Job, par, mode: str, notes: list[str]) -> None:
     _check_backend(par, mode)
     if par.zero > 0 and par.dp == 1:
         notes.append(f"ZeRO-{par.zero} with dp = 1 shards nothing: it only adds communication")
+    if job.memory.recompute == "selective-op" and (job.memory.act_compress != "none" or job.finetune.adapters):
+        what = "int8 activations" if job.memory.act_compress != "none" else "adapters"
+        raise SpecError("memory.recompute", "selective-op", f"per-op recompute is not combined with {what} (both "
+                        "decide what a block saves); use selective or full")
+    if job.memory.recompute == "selective-op" and job.backend != "torch":
+        raise SpecError("memory.recompute", "selective-op", f"per-op recompute is torch's checkpoint policy "
+                        f"(torchtitan's); {job.backend}'s program has none: use selective or full, or fp32, amp-* "
+                        "or pure-bf16 (torch)")
     if job.memory.act_compress != "none" and job.memory.recompute == "full":
         notes.append("int8 compression with full recompute compresses only the block inputs it keeps: "
                      "little to gain, and rounding errors enter every recomputed block")

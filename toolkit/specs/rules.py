@@ -11,7 +11,8 @@ from .precision import TORCH_SEMANTICS
 from .stages import uneven_fits
 
 __all__ = ["heads_split", "devices_split", "sequence_split", "vpp_has_pp", "sp_has_tp", "batch_split",
-           "interleaved_rounds_fit", "optimizer_offload_fits", "params_offload_fits", "adapters_fit", "layout_valid"]
+           "interleaved_rounds_fit", "optimizer_offload_fits", "params_offload_fits", "adapters_fit",
+           "per_op_recompute_fits", "layout_valid"]
 
 
 def heads_split(model, tp):
@@ -82,6 +83,15 @@ def named_backend_fits(backend: str | None, mode: str, zero, tp, pp):
     return ~megatron & ~deepspeed
 
 
+def per_op_recompute_fits(recompute, backend: str | None, mode: str, zero, tp, pp, plain_blocks: bool = True):
+    """Per-op selective recompute is torch's checkpoint policy API (torchtitan's "op" option): Megatron's and
+    DeepSpeed's programs have no such policy, and adapters or int8 packing change what a block saves."""
+    megatron, deepspeed = backend_masks(mode, zero, tp, pp)
+    named = np.asarray(backend in ("megatron", "deepspeed"))
+    torch_program = ~megatron & ~deepspeed & ~named & ~deepspeed_fp32(backend, mode, zero, tp, pp)
+    return (np.asarray(recompute) != "selective-op") | (torch_program & plain_blocks)
+
+
 def layout_valid(job, devices: int):
     """Every layout rule at once, for a job whose layout fields are arrays over layouts (dp = devices / tp·pp·cp)."""
     m, par, micro = job.model, job.parallel, job.batch.micro_batch
@@ -95,7 +105,9 @@ def layout_valid(job, devices: int):
              (np.asarray(par.vpp) == 1) | interleaved_rounds_fit(micro_batches, par.pp),
              optimizer_offload_fits(par.offload, par.zero, torch_semantics),
              params_offload_fits(par.offload, par.zero, torch_semantics),
-             named_backend_fits(par.backend, job.precision.mode, par.zero, par.tp, par.pp)]
+             named_backend_fits(par.backend, job.precision.mode, par.zero, par.tp, par.pp),
+             per_op_recompute_fits(job.memory.recompute, par.backend, job.precision.mode, par.zero, par.tp, par.pp,
+                                   not job.finetune.adapters and job.memory.act_compress == "none")]
     if job.finetune.adapters:
         rules.append(adapters_fit(par.tp, par.pp, par.zero))
     return np.logical_and.reduce(np.broadcast_arrays(*rules))

@@ -7,16 +7,18 @@
 Memory-relevant choices are switches, so that estimate and trace describe the same program:
 `attention` ("flash" calls SDPA and stores no score matrix; "eager" writes the scores,
 softmax and dropout out as explicit ops) and `recompute` ("full" checkpoints each block,
-"selective" only the attention core).
+"selective" only the attention core, "selective-op" each block keeping every other matmul's output and the
+fused attention's, as torchtitan's per-op selective checkpointing does).
 """
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from ..specs.model import ModelSpec
 
@@ -118,13 +120,37 @@ class Block(nn.Module):
         return x + self.dropout(self.mlp(self.norm2(x)))
 
 
+_MATMULS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
+_FUSED_ATTENTION = (torch.ops.aten._scaled_dot_product_flash_attention.default,
+                    torch.ops.aten._scaled_dot_product_efficient_attention.default,
+                    torch.ops.aten._scaled_dot_product_cudnn_attention.default,
+                    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default)
+
+
+def _every_other_matmul():
+    """torchtitan's per-op policy (its `selective_ac_option = "op"`): save the fused attention's outputs and the
+    1st, 3rd, 5th ... matmul of the block (mm, or addmm with a bias), recompute everything else. A fresh count
+    per call, kept apart for forward and recompute, so both pick the same matmuls."""
+    counts = Counter()
+
+    def policy(ctx, op, *args, **kwargs):
+        if op in _MATMULS:
+            counts[ctx.is_recompute] += 1
+            return CheckpointPolicy.MUST_SAVE if counts[ctx.is_recompute] % 2 else CheckpointPolicy.PREFER_RECOMPUTE
+        return CheckpointPolicy.MUST_SAVE if op in _FUSED_ATTENTION else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
+
 def run_blocks(blocks: nn.ModuleList, x: torch.Tensor, cos, sin, recompute: str) -> torch.Tensor:
-    """The blocks in order over x (batch, seq, hidden); under full recompute each is checkpointed while training.
-    cos and sin come cut to the whole sequence's length (under sequence parallelism x holds a shard of it).
-    (The whole GPT and its pipeline stages, toolkit.train.parallel.PipelineStage, both run them so.)"""
+    """The blocks in order over x (batch, seq, hidden); under full or per-op recompute each is checkpointed while
+    training. cos and sin come cut to the whole sequence's length (under sequence parallelism x holds a shard of
+    it). (The whole GPT and its pipeline stages, toolkit.train.parallel.PipelineStage, both run them so.)"""
     for block in blocks:
         if recompute == "full" and torch.is_grad_enabled():
             x = checkpoint(block, x, cos, sin, use_reentrant=False)
+        elif recompute == "selective-op" and torch.is_grad_enabled():
+            x = checkpoint(block, x, cos, sin, use_reentrant=False, context_fn=_every_other_matmul)
         else:
             x = block(x, cos, sin)
     return x
@@ -146,7 +172,7 @@ class GPT(nn.Module):
     def _build(self, spec: ModelSpec, attention: str, recompute: str, dtype: torch.dtype) -> None:
         if not spec.has_shape or spec.encoder:
             raise ValueError("GPT builds decoder models with a shape (layers, hidden, heads)")
-        if attention not in ("flash", "eager") or recompute not in ("none", "selective", "full"):
+        if attention not in ("flash", "eager") or recompute not in ("none", "selective", "selective-op", "full"):
             raise ValueError(f"attention={attention!r}, recompute={recompute!r}")
         self.spec, self.recompute = spec, recompute
         self.tok = nn.Embedding(spec.vocab, spec.hidden)
