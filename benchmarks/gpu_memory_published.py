@@ -21,8 +21,9 @@ Each published figure is compared with the estimate's figure of the same definit
 
 torchtitan's "selective" rows use its per-op policy (train_configs/llama3_8b.toml: `mode = 'selective'`,
 `selective_ac_option = 'op'`), which the estimate models as `recompute: selective-op` (the runner's program keeps the same tensors).
-Rows marked with a technique the estimate does not model (torch.compile, Float8 linears, FSDP without resharding
-under pipelines) are reported and counted apart.
+FSDP under torchtitan's pipelines (blocks gathered and gradients whole through the step) is the runner's program
+for pp with ZeRO-2/3 and is modelled. Rows marked with a technique the estimate does not model (torch.compile,
+Float8 linears and Float8 all-gathers) are reported and counted apart.
 """
 from __future__ import annotations
 
@@ -73,7 +74,7 @@ def titan(preset, seq, mb, gbs, dp, tp=1, pp=1, vpp=1, cp=1, recompute="full"):
 COMPILE = "torch.compile"
 FP8 = "Float8 linears"
 BRANCH = "ran on another DeepSpeed branch than its ZeRO-1 neighbours (the document says so), optimizer not stated"
-PP_FSDP = "FSDP under pipelining keeps parameters and gradients unsharded through the step"
+FP8_GATHER = "Float8 linears, gathered by FSDP in float8 (its 405B config: enable_fsdp_float8_all_gather)"
 
 # (name, source, definition, measured GiB or "OOM", job, unmodelled techniques)
 ROWS = [
@@ -144,9 +145,9 @@ ROWS = [
     ("titan 70B fsdp32 tp8 lb16 full", TITAN, "reserved", 71.9, titan("llama3-70b", 8192, 16, 512, 32, tp=8),
      (COMPILE, FP8)),
     ("titan 405B fsdp8 tp8 pp8 1f1b", TITAN, "reserved", 82.5, titan("llama3-405b", 8192, 4, 256, 8, tp=8, pp=8),
-     (COMPILE, FP8, PP_FSDP)),
+     (COMPILE, FP8_GATHER)),
     ("titan 405B fsdp8 tp8 pp8 interleaved", TITAN, "reserved", 72.7,
-     titan("llama3-405b", 8192, 2, 256, 8, tp=8, pp=8, vpp=2), (COMPILE, FP8, PP_FSDP)),
+     titan("llama3-405b", 8192, 2, 256, 8, tp=8, pp=8, vpp=2), (COMPILE, FP8_GATHER)),
 ]
 
 

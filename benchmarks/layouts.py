@@ -50,6 +50,9 @@ LAYOUTS = [   # (name, flags, ranks)
     ("tp 2 x pp 2 + sp (GPipe)", ["--tp", "2", "--pp", "2", "--sp", "--schedule", "gpipe"], 4),
     ("tp 2 x pp 2 x vpp 2 + sp (interleaved)", ["--tp", "2", "--pp", "2", "--vpp", "2", "--sp"], 4),
     ("dp 2 x tp 2 x pp 2 + sp (1F1B)", ["--tp", "2", "--pp", "2", "--sp"], 8),
+    ("dp 2 x pp 2, ZeRO-2 (FSDP2 stages)", ["--pp", "2", "--zero", "2"], 4),
+    ("dp 2 x pp 2 x vpp 2, ZeRO-3 (FSDP2 stages)", ["--pp", "2", "--vpp", "2", "--zero", "3"], 4),
+    ("dp 2 x tp 2 x pp 2 + sp, ZeRO-2 (torchtitan's 3-D)", ["--tp", "2", "--pp", "2", "--sp", "--zero", "2"], 8),
     ("DeepSpeed ZeRO-1 fp32", ["--backend", "deepspeed", "--zero", "1"], 2),
     ("DeepSpeed ZeRO-2 fp32", ["--backend", "deepspeed", "--zero", "2"], 2),
     ("DeepSpeed ZeRO-3 fp32", ["--backend", "deepspeed", "--zero", "3"], 2),
@@ -57,7 +60,8 @@ LAYOUTS = [   # (name, flags, ranks)
 ]
 BF16_LAYOUTS = [("ZeRO-2 (FSDP2) amp-bf16", ["--zero", "2"], 2), ("tp 2 + sp amp-bf16", ["--tp", "2", "--sp"], 2),
                 ("tp 2 x pp 2 + sp amp-bf16", ["--tp", "2", "--pp", "2", "--sp"], 4),
-                ("pp 2 (1F1B) amp-bf16", ["--pp", "2"], 2)]
+                ("pp 2 (1F1B) amp-bf16", ["--pp", "2"], 2),
+                ("dp 2 x pp 2, ZeRO-2 amp-bf16", ["--pp", "2", "--zero", "2"], 4)]
 MIXED_LAYOUTS = [   # the DeepSpeed backend (mixed-bf16 with ZeRO), against one torch process with fp32 masters
     ("DeepSpeed ZeRO-1 mixed-bf16", ["--zero", "1"], 2),
     ("DeepSpeed ZeRO-2 mixed-bf16", ["--zero", "2"], 2),

@@ -150,6 +150,24 @@ def test_tp_x_pp_trains_as_one_process_and_its_checkpoint_resumes_in_one(tmp_pat
     _assert_close(_records(moved), one_process, rel=1e-5)
 
 
+def test_dp_x_pp_at_zero2_trains_as_one_process_and_resumes_in_one(tmp_path, corpus, one_process, capsys):
+    """dp 2 x pp 2 at ZeRO-2 on 4 ranks: each stage an FSDP2 unit over its dp pair (torchtitan's layout: gathered
+    through the step, one reduce-scatter after the last backward), the tied embedding's two sharded copies adding
+    their gradients. It trains as one process does, each rank's tensors are its stage's estimate, and its sharded
+    checkpoint (blocks renamed to the whole model's) goes on in one process."""
+    ref, moved = tmp_path / "ref", tmp_path / "moved"
+    result = toolkit_train(ref, *STEPS, "--dp", "2", "--pp", "2", "--zero", "2", "--nproc", "4",
+                           "--data", str(corpus))
+    assert result.returncode == 0, result.stderr
+    _assert_close(_records(ref), one_process, rel=1e-5)
+    _check_rank_memory(ref, 4, capsys, pipeline=True)
+    shutil.copytree(ref, moved)
+    _drop_checkpoint(moved, 6)
+    again = train_here(moved, *STEPS, "--data", str(corpus))
+    assert again.returncode == 0 and "resumed from step_00000003.pt" in again.stdout + again.stderr
+    _assert_close(_records(moved), one_process, rel=1e-5)
+
+
 def test_a_zero1_run_resumes_on_its_own_ranks_bit_for_bit(tmp_path, corpus, one_process):
     """ZeRO-1 (ZeroRedundancyOptimizer over DDP) stopped after its step-3 checkpoint and run again on the same 2 ranks
     ends where the uninterrupted run does, to the bit. torch leaves None in the optimizer's state for each parameter

@@ -151,7 +151,9 @@ def test_before_run_the_panel_says_in_words_what_run_will_start():
     note = panel.run_note.value
     assert "no GPU here" in note and "proxy on 2 rank(s)" in note and "Kept: dp 2, ZeRO-3, amp-bf16" in note
     assert "32 layers, hidden 4096" in note and not panel.run_button.disabled
-    panel.controls["pp"].value = 2                                      # ZeRO under pipelines: estimated, not run
+    panel.controls["pp"].value = 2                                      # FSDP2 stages over dp: run
+    assert not panel.run_button.disabled
+    panel.controls["zero"].value = 1                                    # ZeRO-1 under pipelines: estimated, not run
     assert panel.run_button.disabled and "not available here" in panel.run_note.value
     assert panel.run() is None                                          # the button is off, and so is the call
     panel.controls["tp"].value = 16                                     # not valid at all

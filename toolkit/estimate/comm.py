@@ -12,6 +12,7 @@ import numpy as np
 
 from ..specs.job import Job, backend_masks
 from .states import bytes_per_param
+from .zero_buffers import pipelined_fsdp
 
 __all__ = ["ring_s", "latency_s", "ring_attention_s", "is_megatron", "backends", "overlap_settings",
            "data_parallel_s", "tp_collectives_per_block", "tp_embedding_collectives", "TP_HEAD_COLLECTIVES",
@@ -120,7 +121,8 @@ def data_parallel_s(job: Job, hw, a, trainable, n, bw, accum, micro_s, units):
     whole fp32 gradient buffer) and ZeRO-1 reduce(-scatter) once a step; ZeRO-2/3 of FSDP2 and DeepSpeed
     reduce-scatter every micro-batch, as sharded gradients cannot accumulate whole. ZeRO-3 gathers in every micro-batch's forward and backward, FSDP2's ZeRO-2 in its forward; ZeRO-1,
     DeepSpeed's ZeRO-2 and Megatron's distributed optimizer gather the updated shards once after the step
-    (torch's ZeRO-1 broadcasts them).
+    (torch's ZeRO-1 broadcasts them). FSDP2 under a pipeline schedule gathers each block once a step (its first
+    forward) and reduce-scatters once, after the stage's last backward, with nothing left to hide behind.
     Overlapped, a collective hides bucket by bucket (a gather: block by block) behind its micro-batch's backward
     (a gather: its compute; after the step: the next forward); the last bucket always shows."""
     zero = np.asarray(job.parallel.zero)
@@ -142,18 +144,21 @@ def data_parallel_s(job: Job, hw, a, trainable, n, bw, accum, micro_s, units):
         + buckets * latency
     # sharded gradients cannot accumulate whole; Megatron's distributed optimizer accumulates in a full fp32
     # buffer and reduce-scatters once (its "ZeRO-2" shards only what the step keeps)
-    reduce_events = np.where((zero >= 2) & ~megatron, accum, 1)
+    piped = pipelined_fsdp(job)
+    reduce_events = np.where((zero >= 2) & ~megatron & ~piped, accum, 1)
     hidden = np.maximum(reduce_s - micro_s * 2 / 3 * (1 - 1 / buckets), reduce_s / buckets)
-    reduce_exposed = reduce_events * np.where(ov["grad_reduce"], hidden, reduce_s)
+    reduce_exposed = reduce_events * np.where(ov["grad_reduce"] & ~piped, hidden, reduce_s)
 
     gather_s = ring_s(1.0, trainable * gather_b, n, a.gather_bw_bytes_per_s or bw, a) + units * latency
-    per_micro = np.where(zero == 3, 2, np.where((zero == 2) & torch_, 1, 0))    # sharded weights: every forward
-    micro_gathers = per_micro * gather_s                  # one micro-batch's gathers
+    per_micro = np.where(piped, 0, np.where(zero == 3, 2, np.where((zero == 2) & torch_, 1, 0)))  # sharded: every
+    micro_gathers = per_micro * gather_s                  # one micro-batch's gathers                    # forward
     micro_exposed = np.where(ov["param_gather"], np.maximum(micro_gathers - micro_s * (1 - 1 / units),
                                                             micro_gathers / units), micro_gathers)
-    after_step = (zero >= 1) & (per_micro == 0)
+    after_step = (zero >= 1) & (per_micro == 0) & ~piped
     ahead = ov["param_gather"] & ~(torch_ & (zero == 1))  # ZeroRedundancyOptimizer's broadcast never hides
     after_exposed = np.where(ahead, np.maximum(gather_s - micro_s / 3 * (1 - 1 / units), gather_s / units), gather_s)
-    total = reduce_events * reduce_s + accum * micro_gathers + np.where(after_step, gather_s, 0.0)
-    exposed = reduce_exposed + accum * micro_exposed + np.where(after_step, after_exposed, 0.0)
+    once = np.where(piped, gather_s, 0.0)                 # pipelines: the first forward's, block by block
+    once_exposed = np.where(ov["param_gather"], np.maximum(once - micro_s * (1 - 1 / units), once / units), once)
+    total = reduce_events * reduce_s + accum * micro_gathers + np.where(after_step, gather_s, 0.0) + once
+    exposed = reduce_exposed + accum * micro_exposed + np.where(after_step, after_exposed, 0.0) + once_exposed
     return np.where(n > 1, total, 0.0), np.where(n > 1, exposed, 0.0)

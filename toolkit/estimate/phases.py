@@ -16,6 +16,7 @@ Each is checked against the traced program where it holds the peak (tests/estima
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,7 +27,8 @@ from .activations import ActivationBytes, activation_bytes, element_bytes
 from .params import ParamCount, count_params
 from .states import (StateBytes, adapter_params_per_layer, bf16_optimizer, bytes_per_param, job_stage_layers,
                      model_state_bytes, params_per_device, vocab_per_rank)
-from .zero_buffers import Gathered, Reduce, deepspeed_reduce, gathered_params, largest_matrix
+from .zero_buffers import (Gathered, Reduce, accumulated_grad_bytes, deepspeed_reduce, gathered_params,
+                           largest_matrix, pipelined_fsdp)
 
 __all__ = ["StageTerms", "stage_terms", "stage_phases", "optimizer_impl", "ddp_buckets", "BACKWARD_LAYERS"]
 
@@ -138,6 +140,19 @@ def _position(job: Job, stage, acts: ActivationBytes) -> Position:
                     forwards_first=~single & (acts.in_flight >= micro_batches))
 
 
+def _stage_gathered(job: Job, gathered: Gathered, counts: ParamCount, where: Position, acts: ActivationBytes):
+    """FSDP2 under a pipeline schedule gathers this rank's own blocks and its chunks' roots: the embedding on the
+    first, the final norm and the head on the last (a tied head its own copy of the embedding)."""
+    piped = pipelined_fsdp(job)
+    if not np.any(piped):
+        return gathered
+    elem = job.precision.plan.compute_bytes / np.asarray(job.parallel.tp)
+    root = (np.where(where.owns_embedding, counts.embedding + counts.positions, 0)
+            + np.where(where.owns_head, (counts.head or counts.embedding) + counts.final, 0)) * elem
+    return dataclasses.replace(gathered, root=np.where(piped, root, gathered.root),
+                               blocks=np.where(piped, counts.per_layer * elem * acts.stage_layers, gathered.blocks))
+
+
 def _held(job: Job, stage, states: StateBytes, counts: ParamCount, where: Position) -> Held:
     """What persists, by framework: DeepSpeed's buffers, Megatron's fp32 main gradients, DeepSpeed's BF16
     optimizer and DDP's buckets each move some gradients into buffers that exist from start-up."""
@@ -170,6 +185,10 @@ def _held(job: Job, stage, states: StateBytes, counts: ParamCount, where: Positi
     persistent = persistent + np.where(bucketed, grads_full, 0.0)
     step_grads = np.where(bucketed, 0.0, grads_full)            # by the step every gradient is a bucket's view
     grads_full = np.where(bucket_is_grads, 0.0, grads_full)
+    # FSDP2 under a pipeline schedule keeps the stage's gradients whole until the step's last backward; the step
+    # then sees their shards
+    grads_full = np.where(pipelined_fsdp(job), trainable_per_device(job, stage) * accumulated_grad_bytes(job),
+                          grads_full)
     return Held(persistent=persistent, grads_full=grads_full, step_grads=step_grads, grad_b=grad_b,
                 main_grads=main_grads, no_growth=main_grads | bucket_is_grads, ds=ds)
 
@@ -179,14 +198,16 @@ def _gradients(job: Job, stage, acts: ActivationBytes, counts: ParamCount, gathe
     tp, dp, zero = _degrees(job)
     par, lora, ds = job.parallel, job.finetune.adapters, held.ds
     per_layer_trainable = adapter_params_per_layer(job) if lora else counts.per_layer
+    piped = pipelined_fsdp(job)
     layer_grad = np.where(held.no_growth, 0.0,
-                          per_layer_trainable * held.grad_b / tp / np.where(zero >= 2, dp, 1))
+                          per_layer_trainable / tp * np.where(piped, accumulated_grad_bytes(job),
+                                                              held.grad_b / np.where(zero >= 2, dp, 1)))
     head_param = np.where(where.owns_head, 0 if lora else (counts.head if counts.head else counts.embedding),
                           0)  # tied: at the head
     # FSDP2 computes gradients on the gathered (16-bit) weights and shards them at each module's post-backward:
     # the root's (head) until the end of backward, a block's until the block is done
-    unsharded_grad_b = np.where((gathered.reduce_scatter > 0) | held.main_grads, job.precision.plan.compute_bytes,
-                                held.grad_b)
+    unsharded_grad_b = np.where((gathered.reduce_scatter > 0) | held.main_grads | piped,
+                                job.precision.plan.compute_bytes, held.grad_b)
     head_grad = np.where(held.no_growth, 0.0,
                          (head_param + np.where(where.owns_head & (not lora), counts.final, 0)) * unsharded_grad_b / tp)
     # gradients made by earlier micro-batches of the step; interleaved over one round (m <= p) the last stage
@@ -254,8 +275,8 @@ def stage_terms(job: Job, stage, stages_after=None) -> StageTerms:
     states = model_state_bytes(job, stage)
     acts = activation_bytes(job, stage, stages_after)
     counts = count_params(job.model)
-    gathered = gathered_params(job, counts)
     where = _position(job, stage, acts)
+    gathered = _stage_gathered(job, gathered_params(job, counts), counts, where, acts)
     held = _held(job, stage, states, counts, where)
     return StageTerms(job=job, stage=stage, states=states, acts=acts, counts=counts, gathered=gathered,
                       position=where, held=held, grads=_gradients(job, stage, acts, counts, gathered, where, held),
@@ -323,7 +344,8 @@ def _layer_parts(t: StageTerms, done_layers, bottom: bool):
         grads = grads + np.where(ds.grads > ds.bucket, ds.flat_copy, 0.0)
     acts = t.acts
     held_acts = acts.total - acts.head - done_layers * acts.freed_per_layer   # one micro-batch goes backward at a time
-    still_gathered = g.blocks * (1 - done_layers / np.maximum(acts.stage_layers, 1))
+    # FSDP2 reshards each block after its backward, except in a pipeline's stages (until the step's last backward)
+    still_gathered = np.where(pipelined_fsdp(job), g.blocks, g.blocks * (1 - done_layers / np.maximum(acts.stage_layers, 1)))
     in_backward = g.in_backward - (g.prefetch if bottom else 0.0)
     return held.persistent + grads + still_gathered + g.root + in_backward, held_acts, down_grad
 
@@ -375,9 +397,10 @@ def embedding_backward(t: StageTerms):
         * model.hidden * t.grads.unsharded_grad_b
     others = acts.total - acts.head * acts.heads_held - acts.freed_per_layer * acts.stage_layers \
         - acts.embedding / np.maximum(acts.in_flight, 1)
+    kept = np.where(pipelined_fsdp(t.job), t.gathered.blocks + t.gathered.root, 0.0)   # (pipelines: gathered)
     return np.where(
         where.owns_embedding & (embedding_temp > 0) & (not t.job.finetune.adapters),  # (Megatron's: sharded grads)
-        t.held.persistent + t.held.grads_full + embedding_temp + acts.embedding + others, 0.0)
+        t.held.persistent + t.held.grads_full + embedding_temp + acts.embedding + others + kept, 0.0)
 
 
 def next_micro_batch(t: StageTerms):
@@ -389,6 +412,7 @@ def next_micro_batch(t: StageTerms):
     return np.where(
         where.forwards_first & (where.micro_batches > 1),
         t.held.persistent + t.held.grads_full + acts.total - one_micro_batch + tmp.step_cache
+        + t.gathered.blocks + t.gathered.root                   # (FSDP2 stages keep them gathered)
         + np.where(where.owns_head, tmp.logits_grads, acts.recompute_layer + tmp.mlp_temp), 0.0)
 
 
@@ -398,8 +422,9 @@ def step_end(t: StageTerms):
     acts, tmp = t.acts, t.temps
     return np.where(
         acts.step_end_buffers > 0,
-        t.held.persistent + t.held.grads_full + acts.step_end_buffers + acts.per_layer
-        + acts.shared_per_layer * (acts.stage_layers - 1) + acts.recompute_layer + tmp.mlp_temp + tmp.step_cache, 0.0)
+        t.held.persistent + t.held.grads_full + acts.step_end_buffers + acts.per_layer + t.gathered.blocks
+        + t.gathered.root + acts.shared_per_layer * (acts.stage_layers - 1) + acts.recompute_layer + tmp.mlp_temp
+        + tmp.step_cache, 0.0)
 
 
 def head_gradient(t: StageTerms):
@@ -423,6 +448,17 @@ def gradient_reduce(t: StageTerms):
         t.held.persistent + ds.bucket + ds.flat_copy
         + np.where(ds.stage1, np.maximum(ds.grads - ds.bucket, 0.0),
                    np.where(t.position.accumulating | (ds.grads > ds.bucket), ds.partition, 0.0)), 0.0)
+
+
+def stage_reduce_scatter(t: StageTerms):
+    """FSDP2 under a pipeline schedule, after the step's last backward: every whole gradient is still there while
+    the first unit copies its own into the reduce-scatter input (the reduce dtype) and receives its shard."""
+    g, counts, tp = t.gathered, t.counts, np.asarray(t.job.parallel.tp)
+    root = np.where(t.position.owns_head, counts.head + counts.final, 0) + np.where(
+        t.position.owns_embedding, counts.embedding + counts.positions, 0)
+    unit = np.maximum(counts.per_layer, root) / tp * accumulated_grad_bytes(t.job)
+    return np.where(pipelined_fsdp(t.job),
+                    t.held.persistent + t.held.grads_full + g.blocks + g.root + unit + t.held.step_grads, 0.0)
 
 
 def _optimizer_temp_bytes(job: Job, largest_param: float, stage: str | None = None) -> float:
@@ -477,5 +513,6 @@ def stage_phases(t: StageTerms) -> dict:
     phases["step end"] = step_end(t)
     phases["head gradient"] = head_gradient(t)
     phases["gradient reduce"] = gradient_reduce(t)
+    phases["stage reduce-scatter"] = stage_reduce_scatter(t)
     phases["optimizer step"] = optimizer_step(t)
     return phases

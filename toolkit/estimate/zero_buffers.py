@@ -28,6 +28,19 @@ class Gathered:
     forward_tail: float = 0.0      # ZeRO-2: the last block's all-gather output, kept until backward starts
 
 
+def pipelined_fsdp(job: Job):
+    """FSDP2 under torch's pipeline schedules (torchtitan's program; toolkit.train.program): each stage's blocks
+    stay gathered from its first forward to its last backward, gradients stay whole, accumulating in the reduce
+    dtype (fp32 under amp-*), and are reduce-scattered after the step's last backward. ZeRO-2 and -3 alike."""
+    torch_semantics = (job.precision.mode in TORCH_SEMANTICS) & ~job_deepspeed_fp32(job)
+    return torch_semantics & (np.asarray(job.parallel.zero) >= 2) & (np.asarray(job.parallel.pp) > 1)
+
+
+def accumulated_grad_bytes(job: Job):
+    """Bytes per element of a gradient FSDP2 accumulates whole (no-sync): the reduce dtype's."""
+    return 4 if job.precision.plan.family in ("fp32", "amp") else job.precision.plan.weight_bytes
+
+
 def gathered_params(job: Job, counts) -> Gathered:
     """FSDP2 (torch semantics) gathers the root's parameters for the whole forward and backward.
     Without resharding after forward (ZeRO-2, with or without offload) every block's 16-bit weights
@@ -44,8 +57,9 @@ def gathered_params(job: Job, counts) -> Gathered:
     root = (counts.embedding + counts.positions + counts.head + counts.final) / np.asarray(par.tp) * compute_bytes
     reduce_scatter = counts.per_layer / np.asarray(par.tp) * job.precision.plan.weight_bytes   # (the grads' dtype)
     torch_semantics = (mode in TORCH_SEMANTICS) & ~job_deepspeed_fp32(job)      # (DeepSpeed's fp32: not FSDP2)
-    zero2 = torch_semantics & (zero == 2)                             # every block stays gathered
-    zero3 = torch_semantics & (zero == 3)
+    piped = pipelined_fsdp(job)
+    zero2 = torch_semantics & ((zero == 2) | piped)                   # every block stays gathered
+    zero3 = torch_semantics & (zero == 3) & ~piped
     deepspeed3 = ~torch_semantics & (zero == 3)
     head = (counts.head or counts.embedding) / np.asarray(par.tp) * compute_bytes       # (tied: the embedding)
     fsdp = zero2 | zero3
@@ -56,10 +70,10 @@ def gathered_params(job: Job, counts) -> Gathered:
         # and as much of the top block as fits beside it (none beside a head larger than that)
         at_loss=np.select([zero3, deepspeed3], [block, np.maximum(head, 2 * block)], 0.0),
         in_backward=np.where(zero3 | deepspeed3, 2 * block, 0.0),      # (ZeRO-2's blocks are in `blocks`)
-        reduce_scatter=np.where(fsdp, reduce_scatter, 0.0),
+        reduce_scatter=np.where(fsdp & ~piped, reduce_scatter, 0.0),   # (pipelines: after the last backward)
         block=block,
         prefetch=np.where(zero3, block, 0.0),
-        forward_tail=np.where(zero2, block, 0.0))
+        forward_tail=np.where(zero2 & ~piped, block, 0.0))
 
 
 @dataclass(frozen=True)

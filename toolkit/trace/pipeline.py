@@ -31,9 +31,10 @@ MAX_PIPELINE_MICRO_BATCHES = 32
 
 def check_pipeline_traceable(job: Job, estimated_total_bytes: float) -> None:
     par, m = job.parallel, job.grad_accum or 1
-    if par.zero > 0 or par.offload != "none":
+    if par.zero == 1 or par.offload != "none":
         raise SpecError("parallel", f"pp={par.pp} zero={par.zero}",
-                        "pipelines are traced with replicated or tensor-parallel stages (zero 0, no offload) so far")
+                        "pipelines are traced with replicated, tensor-parallel or FSDP2 stages (zero 0, 2 or 3, no "
+                        "offload) so far")
     if par.vpp > 1 and par.schedule == "gpipe":
         raise SpecError("parallel.schedule", par.schedule, "interleaved stages (vpp > 1) run the interleaved 1F1B "
                                                            "schedule; set schedule: 1f1b or vpp: 1")
@@ -67,21 +68,30 @@ def trace_pipeline_stages(job: Job) -> list[TraceResult]:
     sizes the run: it refuses ones too large.)"""
     require_internals("the trace")
     par = job.parallel
-    check_pipeline_traceable(job, float(memory_estimate(job).peak_bytes) * par.pp * par.tp)
-    ranks = trace_on_ranks(_trace_stage, job, par.pp * par.tp, "pipeline", "stage" if par.tp == 1 else "rank",
+    per_stage = par.tp * _dp_traced(job)
+    check_pipeline_traceable(job, float(memory_estimate(job).peak_bytes) * par.pp * per_stage)
+    ranks = trace_on_ranks(_trace_stage, job, par.pp * per_stage, "pipeline", "stage" if per_stage == 1 else "rank",
                            "trace fewer layers, a narrower model or fewer micro-batches")
-    return [max(ranks[stage * par.tp:(stage + 1) * par.tp], key=lambda r: r.peak_bytes) for stage in range(par.pp)]
+    return [max(ranks[stage * per_stage:(stage + 1) * per_stage], key=lambda r: r.peak_bytes)
+            for stage in range(par.pp)]
+
+
+def _dp_traced(job: Job) -> int:
+    """Data-parallel ranks the trace runs: FSDP2 stages shard over all of them; replicas are alike, one is run."""
+    return job.parallel.dp if job.parallel.zero >= 2 else 1
 
 
 def _stage_modules(job: Job, rank: int):
     """(this rank's chunks, its pipeline group or None, its pipeline rank, the tp mesh or None): one pipeline's
-    ranks (the runner's mesh at dp 1), the stages sharded by its DTensor plan when tp > 1."""
+    ranks (the runner's mesh at dp 1; at ZeRO-2/3 every dp rank), the stages sharded by its DTensor plan when
+    tp > 1 and by FSDP2 over dp, as the runner shards them (toolkit.train.program)."""
     from ..train.model import GPT
     from ..train.parallel import tensor_parallel
-    from ..train.parallelize import device_mesh
+    from ..train.parallelize import apply_fsdp, device_mesh
     from ..train.pipeline import split_stages
     par = job.parallel
-    mesh = device_mesh(job.replace(parallel=dataclasses.replace(par, dp=1)), "cpu") if par.tp > 1 else None
+    dp = _dp_traced(job)
+    mesh = device_mesh(job.replace(parallel=dataclasses.replace(par, dp=dp)), "cpu") if par.tp * dp > 1 else None
     pp_rank = mesh["pp"].get_local_rank() if mesh is not None else rank
     with torch.device("meta"):
         model = GPT(job.model, attention=job.memory.attention, recompute=job.memory.recompute,
@@ -91,8 +101,11 @@ def _stage_modules(job: Job, rank: int):
     if mesh is None:
         return stage_module, None, pp_rank, None
     for stage in stage_module:
-        tensor_parallel(stage, mesh["tp"], sequence_parallel=par.sp, local_logits=True)
-    return stage_module, mesh["pp"].get_group(), pp_rank, mesh["tp"]
+        if par.tp > 1:
+            tensor_parallel(stage, mesh["tp"], sequence_parallel=par.sp, local_logits=True)
+        if dp > 1:
+            apply_fsdp(stage, job, mesh["dp"], pin_memory=False)
+    return stage_module, mesh["pp"].get_group(), pp_rank, mesh["tp"] if par.tp > 1 else None
 
 
 def _trace_stage(job: Job, rank: int, world: int) -> TraceResult:

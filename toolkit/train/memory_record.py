@@ -96,7 +96,7 @@ class MemoryRecorder:
     def _cpu_tracker(self):
         from ..trace.memory import DeviceTracker, FSDPDeviceTracker, StageTracker, fsdp_host_bytes
         prog = self.prog
-        if self.job.parallel.zero >= 2 and prog.layout.sharded:
+        if self.job.parallel.zero >= 2 and prog.layout.sharded and prog.schedule is None:   # (stages: below)
             tracker = FSDPDeviceTracker(prog.raw, prog.optimizer)
             if self.job.parallel.offload != "none":
                 tracker.host_bytes = fsdp_host_bytes

@@ -10,7 +10,8 @@ parameters and reduces in fp32 (`MixedPrecisionPolicy`) while autocast runs the 
 offload keeps sharded parameters, gradients and optimizer states on the host (`CPUOffloadPolicy`). ZeRO-0
 and ZeRO-1 wrap the model in DDP over the dp dimension (ZeRO-1's sharded optimizer is built by
 toolkit.train.optim); with tp, whose DTensors DDP refuses, the replicas average gradients by hand. Pipeline
-stages are cut by toolkit.train.pipeline; their replicas over dp average gradients by hand too.
+stages are cut by toolkit.train.pipeline; their replicas over dp average gradients by hand too, or are FSDP2
+units over dp at ZeRO-2/3.
 """
 from __future__ import annotations
 
@@ -105,10 +106,13 @@ def fsdp_policies(job: Job, pin_memory: bool = True):
 
 def apply_fsdp(model: nn.Module, job: Job, dp_mesh, pin_memory: bool = True) -> nn.Module:
     """ZeRO-2 (blocks stay gathered after forward) or ZeRO-3 (resharded), per block and at the root, in place.
+    A pipeline stage keeps its blocks gathered from its first forward to its last backward at either stage, as
+    torchtitan does (a regather per micro-batch is exposed communication; torch's schedule defers resharding and
+    the gradient reduction to the step's last backward anyway), so ZeRO-2 and -3 there are the same program.
     Fake tensors cannot be pinned: the tracer passes pin_memory=False (where host memory is, not how much)."""
     from torch.distributed.fsdp import fully_shard
     precision, placement = fsdp_policies(job, pin_memory)
-    reshard = job.parallel.zero == 3
+    reshard = job.parallel.zero == 3 and job.parallel.pp == 1
     for module in (*model.blocks, model):
         fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=precision,
                     offload_policy=placement)

@@ -86,10 +86,13 @@ def stage_examples(job: Job, chunk: int, device: torch.device, tp_rank: int = 0)
     """(input, output) of one micro-batch through `chunk`: token ids or the residual stream in, the residual stream
     or the logits out, as this tensor-parallel rank holds them (its tokens under sequence parallelism, its
     vocabulary columns of the logits). Given to torch's stages, they replace its shape inference, whose backward
-    pass MemTracker's module hooks break. Under autocast the residual stream stays fp32 and the logits are 16-bit."""
+    pass MemTracker's module hooks break. Under autocast the residual stream stays fp32 and the logits are 16-bit;
+    FSDP2 stages (ZeRO-2/3) gather 16-bit weights and cast their inputs to them, so their stream is 16-bit too (a
+    16-bit tensor sent into an fp32 buffer would arrive as garbage)."""
     plan, spec, b, tp = job.precision.plan, job.model, job.batch.micro_batch, job.parallel.tp
     chunks = job.parallel.pp * job.parallel.vpp
-    stream = TORCH_DTYPES[plan.weights]                      # (mixed-* is not run under pipelines)
+    fsdp_16bit = plan.autocast and job.parallel.zero >= 2
+    stream = TORCH_DTYPES[plan.autocast if fsdp_16bit else plan.weights]     # (mixed-* is not run under pipelines)
     logits = TORCH_DTYPES[plan.autocast] if plan.autocast else stream
     tokens = stream_tokens(job, tp_rank)
     example_in = (torch.zeros(b, spec.seq_len, dtype=torch.long, device=device) if chunk == 0 else

@@ -17,7 +17,7 @@ from .lora import apply_lora
 from .model import GPT
 from .optim import build_optimizer
 from .parallel import tensor_parallel
-from .parallelize import all_reduce_mean, is_sharded, needs_grad_all_reduce, parallelize
+from .parallelize import all_reduce_mean, apply_fsdp, is_sharded, needs_grad_all_reduce, parallelize
 from .precision import MasterWeights, use_fp32_norms
 from .qlora import apply_qlora
 from .state import Layout
@@ -104,8 +104,8 @@ def _build_deepspeed(job: Job, plan) -> _Program:
 
 def _build_pipeline(job: Job, plan, device: torch.device, mesh) -> _Program:
     """This rank's pipeline chunks of the whole model (built in full with the run's seed, so the weights are
-    one process's), tensor-parallel over the mesh's tp dimension when tp > 1, their optimizer and schedule;
-    replicas over dp average gradients by hand."""
+    one process's), tensor-parallel over the mesh's tp dimension when tp > 1, FSDP2 over dp at ZeRO-2/3, their
+    optimizer and schedule; replicas over dp average gradients by hand."""
     from . import pipeline
     torch.manual_seed(job.training.seed)
     whole = _build_model(job, plan.param_dtype)
@@ -119,14 +119,19 @@ def _build_pipeline(job: Job, plan, device: torch.device, mesh) -> _Program:
     if tp_mesh is not None:                     # (replaces the parameters: names, not identities, carry over)
         for stage in stages:
             tensor_parallel(stage, tp_mesh, sequence_parallel=job.parallel.sp, local_logits=True)
-    layout = Layout(stage_keys=keys, stage_params={id(p): whole_names[n] for n, p in stages.named_parameters()})
+    fsdp = job.parallel.zero >= 2
+    if fsdp:                                    # each chunk its own FSDP2 root over dp (torch's schedule drives it)
+        for stage in stages:
+            apply_fsdp(stage, job, mesh["dp"], pin_memory=device.type == "cuda")
+    layout = Layout(sharded=fsdp, stage_keys=keys,
+                    stage_params={id(p): whole_names[n] for n, p in stages.named_parameters()})
     params = [p for p in stages.parameters() if p.requires_grad]
     optimizer = build_optimizer(job, params)
     pp_group = mesh["pp"].get_group()
     clock = pipeline.StageClock()
     schedule = pipeline.build_schedule(stages, job, device, pp_group, clock, tp_mesh)
     tied = pipeline.embedding_group(job, mesh)
-    dp_group = mesh["dp"].get_group() if mesh["dp"].size() > 1 else None
+    dp_group = mesh["dp"].get_group() if mesh["dp"].size() > 1 and not fsdp else None   # FSDP2 reduce-scatters
 
     def reduce_grads():
         pipeline.sum_tied_grads(stages, tied)
