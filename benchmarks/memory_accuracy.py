@@ -180,6 +180,12 @@ def matrix() -> list[tuple[str, dict]]:
     add("llama-v1000/pp2-1f1b/selective/b4", dict(SMALL_LLAMA, vocab=1000), rec="selective", b=4, accum=4, pp=2)
     add("llama-v1000/pp2-1f1b/selective-op/b4", dict(SMALL_LLAMA, vocab=1000), rec="selective-op", b=4, accum=4,
         pp=2)
+    # FSDP2 stages over dp (ZeRO-2/3 under pipelines: torchtitan's program), 4 gloo ranks
+    add("llama/pp2-dp2-fsdp-zero2/amp-bf16/m4", SMALL_LLAMA, accum=4, pp=2, dp=2, zero=2)
+    add("llama-v1000/pp2-vpp2-dp2-fsdp-zero3/selective-op/m4", dict(SMALL_LLAMA, vocab=1000), rec="selective-op", accum=4,
+        pp=2, vpp=2, dp=2, zero=3)
+    add("llama-v1000/pp2-dp2-fsdp-zero3/fp32/full/m2", dict(SMALL_LLAMA, vocab=1000), mode="fp32", rec="full", accum=2, pp=2,
+        dp=2, zero=3)
     add("llama-v1000/pp4-gpipe/m4", dict(SMALL_LLAMA, vocab=1000), accum=4, pp=4, schedule="gpipe")
     # interleaved 1F1B (torch's ScheduleInterleaved1F1B: each rank runs vpp chunks), and a middle stage
     llama8_v1000 = dict(SMALL_LLAMA, layers=8, vocab=1000, seq_len=256)
@@ -231,6 +237,7 @@ PEAK_GROUPS = [  # (label, which row names belong, report the median too)
     ("tp x fsdp", lambda name: "/2d" in name, False),
     ("qlora", lambda name: "qlora" in name, False),
     ("pipeline", lambda name: "/pp" in name, True),
+    ("pipeline x fsdp", lambda name: "/pp" in name and "fsdp" in name, False),
 ]
 
 

@@ -132,32 +132,19 @@ def test_a_sharded_checkpoint_resumes_in_one_process(tmp_path, corpus, one_proce
     _assert_close(_records(moved), one_process, rel=1e-5)
 
 
-def test_tp_x_pp_trains_as_one_process_and_its_checkpoint_resumes_in_one(tmp_path, corpus, one_process, capsys):
-    """tp 2 × pp 2 with sequence parallelism on 4 ranks: each pipeline stage is sharded by the DTensor plan, stages
-    send their ranks' tokens of the residual stream, the last computes the vocabulary-parallel loss on its columns of
-    the logits, and the tied embedding's two copies add their sharded gradients. It trains as one process does; each
-    rank's tensors are its stage's estimate; the checkpoint (shards gathered, blocks renamed) goes on in one process.
-    (dp 2 × tp 2 × pp 2 on 8 ranks, GPipe and interleaved with tp: benchmarks/layouts.py.)"""
+@pytest.mark.parametrize("layout", [("--tp", "2", "--pp", "2", "--sp"), ("--dp", "2", "--pp", "2", "--zero", "2")],
+                         ids=["tp2xpp2-sp", "dp2xpp2-zero2"])
+def test_a_four_rank_pipeline_trains_as_one_process_and_its_checkpoint_resumes_in_one(tmp_path, corpus, one_process,
+                                                                                      capsys, layout):
+    """tp 2 × pp 2 with sequence parallelism: each pipeline stage is sharded by the DTensor plan, stages send their
+    ranks' tokens of the residual stream, the last computes the vocabulary-parallel loss on its columns of the logits.
+    dp 2 × pp 2 at ZeRO-2: each stage an FSDP2 unit over its dp pair (torchtitan's layout: gathered through the step,
+    one reduce-scatter after the last backward). In both the tied embedding's two copies add their sharded gradients.
+    Each trains as one process does; each rank's tensors are its stage's estimate; the checkpoint (shards gathered,
+    blocks renamed) goes on in one process. (dp 2 × tp 2 × pp 2 on 8 ranks, GPipe and interleaved with tp or FSDP2:
+    benchmarks/layouts.py.)"""
     ref, moved = tmp_path / "ref", tmp_path / "moved"
-    result = toolkit_train(ref, *STEPS, "--tp", "2", "--pp", "2", "--sp", "--nproc", "4", "--data", str(corpus))
-    assert result.returncode == 0, result.stderr
-    _assert_close(_records(ref), one_process, rel=1e-5)
-    _check_rank_memory(ref, 4, capsys, pipeline=True)
-    shutil.copytree(ref, moved)
-    _drop_checkpoint(moved, 6)
-    again = train_here(moved, *STEPS, "--data", str(corpus))
-    assert again.returncode == 0 and "resumed from step_00000003.pt" in again.stdout + again.stderr
-    _assert_close(_records(moved), one_process, rel=1e-5)
-
-
-def test_dp_x_pp_at_zero2_trains_as_one_process_and_resumes_in_one(tmp_path, corpus, one_process, capsys):
-    """dp 2 x pp 2 at ZeRO-2 on 4 ranks: each stage an FSDP2 unit over its dp pair (torchtitan's layout: gathered
-    through the step, one reduce-scatter after the last backward), the tied embedding's two sharded copies adding
-    their gradients. It trains as one process does, each rank's tensors are its stage's estimate, and its sharded
-    checkpoint (blocks renamed to the whole model's) goes on in one process."""
-    ref, moved = tmp_path / "ref", tmp_path / "moved"
-    result = toolkit_train(ref, *STEPS, "--dp", "2", "--pp", "2", "--zero", "2", "--nproc", "4",
-                           "--data", str(corpus))
+    result = toolkit_train(ref, *STEPS, *layout, "--nproc", "4", "--data", str(corpus))
     assert result.returncode == 0, result.stderr
     _assert_close(_records(ref), one_process, rel=1e-5)
     _check_rank_memory(ref, 4, capsys, pipeline=True)
