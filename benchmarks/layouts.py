@@ -50,6 +50,7 @@ LAYOUTS = [   # (name, flags, ranks)
     ("tp 2 x pp 2 + sp (GPipe)", ["--tp", "2", "--pp", "2", "--sp", "--schedule", "gpipe"], 4),
     ("tp 2 x pp 2 x vpp 2 + sp (interleaved)", ["--tp", "2", "--pp", "2", "--vpp", "2", "--sp"], 4),
     ("dp 2 x tp 2 x pp 2 + sp (1F1B)", ["--tp", "2", "--pp", "2", "--sp"], 8),
+    ("dp 2 x pp 2, ZeRO-1 (ZeroRedundancyOptimizer per stage)", ["--pp", "2", "--zero", "1"], 4),
     ("dp 2 x pp 2, ZeRO-2 (FSDP2 stages)", ["--pp", "2", "--zero", "2"], 4),
     ("dp 2 x pp 2 x vpp 2, ZeRO-3 (FSDP2 stages)", ["--pp", "2", "--vpp", "2", "--zero", "3"], 4),
     ("dp 2 x tp 2 x pp 2 + sp, ZeRO-2 (torchtitan's 3-D)", ["--tp", "2", "--pp", "2", "--sp", "--zero", "2"], 8),

@@ -56,13 +56,15 @@ def test_tensor_parallel_stages_match_the_model(mode, sp, vpp):
 
 
 @pytest.mark.parametrize("mode, zero, rec, vpp, vocab", [("amp-bf16", 2, "none", 1, 4000),
-                                                         ("amp-bf16", 3, "selective-op", 2, 1000)])
-def test_fsdp2_stages_match_the_model(mode, zero, rec, vpp, vocab):
-    """dp 2 x pp 2 at ZeRO-2/3 on 4 gloo ranks: each stage FSDP2-sharded over its dp pair, as torchtitan runs it
-    (blocks gathered from the first forward to the last backward, whole gradients accumulating in fp32, one
-    reduce-scatter after the last backward). Each stage's busiest rank against the estimate; beside replicas of
-    the same stages (zero 0) the model without those terms was 7-10 % low, and the runner sent 16-bit streams
-    into fp32 buffers until this trace ran it (garbage values: a NaN loss in the first step)."""
+                                                         ("amp-bf16", 3, "selective-op", 2, 1000),
+                                                         ("amp-bf16", 1, "none", 1, 4000)])
+def test_zero_stages_match_the_model(mode, zero, rec, vpp, vocab):
+    """dp 2 x pp 2 with ZeRO on 4 gloo ranks. At ZeRO-2/3 each stage is FSDP2-sharded over its dp pair, as
+    torchtitan runs it (blocks gathered from the first forward to the last backward, whole gradients accumulating
+    in fp32, one reduce-scatter after the last backward); beside replicas of the same stages (zero 0) the model
+    without those terms was 7-10 % low, and the runner sent 16-bit streams into fp32 buffers until this trace ran
+    it (garbage values: a NaN loss in the first step). At ZeRO-1 each stage's optimizer is a ZeroRedundancyOptimizer
+    over its dp pair. Each stage's busiest rank against the estimate."""
     data = {"model": dict(LLAMA, vocab=vocab), "batch": {"micro_batch": 2, "global_batch": 16},
             "precision": {"mode": mode}, "parallel": {"pp": 2, "dp": 2, "zero": zero, "vpp": vpp},
             "cluster": {"count": 4}, "memory": {"recompute": rec, "program": "cpu"}}

@@ -132,14 +132,16 @@ def test_a_sharded_checkpoint_resumes_in_one_process(tmp_path, corpus, one_proce
     _assert_close(_records(moved), one_process, rel=1e-5)
 
 
-@pytest.mark.parametrize("layout", [("--tp", "2", "--pp", "2", "--sp"), ("--dp", "2", "--pp", "2", "--zero", "2")],
-                         ids=["tp2xpp2-sp", "dp2xpp2-zero2"])
+@pytest.mark.parametrize("layout", [("--tp", "2", "--pp", "2", "--sp"), ("--dp", "2", "--pp", "2", "--zero", "2"),
+                                    ("--dp", "2", "--pp", "2", "--zero", "1")],
+                         ids=["tp2xpp2-sp", "dp2xpp2-zero2", "dp2xpp2-zero1"])
 def test_a_four_rank_pipeline_trains_as_one_process_and_its_checkpoint_resumes_in_one(tmp_path, corpus, one_process,
                                                                                       capsys, layout):
     """tp 2 × pp 2 with sequence parallelism: each pipeline stage is sharded by the DTensor plan, stages send their
     ranks' tokens of the residual stream, the last computes the vocabulary-parallel loss on its columns of the logits.
     dp 2 × pp 2 at ZeRO-2: each stage an FSDP2 unit over its dp pair (torchtitan's layout: gathered through the step,
-    one reduce-scatter after the last backward). In both the tied embedding's two copies add their sharded gradients.
+    one reduce-scatter after the last backward); at ZeRO-1 each stage's optimizer is a ZeroRedundancyOptimizer over
+    its dp pair, whose partitions the checkpoint keeps per rank. In all the tied embedding's two copies add their sharded gradients.
     Each trains as one process does; each rank's tensors are its stage's estimate; the checkpoint (shards gathered,
     blocks renamed) goes on in one process. (dp 2 × tp 2 × pp 2 on 8 ranks, GPipe and interleaved with tp or FSDP2:
     benchmarks/layouts.py.)"""

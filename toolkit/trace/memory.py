@@ -116,15 +116,15 @@ def _compute_dtype(job: Job) -> torch.dtype:
     return torch.float16 if job.precision.plan.half == "fp16" else torch.bfloat16
 
 
-def _make_optimizer(job: Job, params, zero_redundancy: bool = True):
+def _make_optimizer(job: Job, params, zero_redundancy: bool = True, group=None):
     """The runner's optimizer (toolkit.train.optim.build_optimizer: its two parameter groups, impl and lr); under
-    torch's ZeRO-1 wrapped in ZeroRedundancyOptimizer over the default group (a process group must exist), unless
-    `zero_redundancy` is off: DeepSpeed partitions by itself."""
+    torch's ZeRO-1 wrapped in ZeroRedundancyOptimizer over `group` (a pipeline stage's dp ranks), else the default
+    group (a process group must exist), unless `zero_redundancy` is off: DeepSpeed partitions by itself."""
     import torch.distributed as dist
 
     from ..train.optim import build_optimizer
     zero1 = job.parallel.zero == 1 and zero_redundancy
-    return build_optimizer(job, list(params), zero1_group=dist.group.WORLD if zero1 else None)
+    return build_optimizer(job, list(params), zero1_group=(group or dist.group.WORLD) if zero1 else None)
 
 
 class _MasterStep:

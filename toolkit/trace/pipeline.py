@@ -31,10 +31,8 @@ MAX_PIPELINE_MICRO_BATCHES = 32
 
 def check_pipeline_traceable(job: Job, estimated_total_bytes: float) -> None:
     par, m = job.parallel, job.grad_accum or 1
-    if par.zero == 1 or par.offload != "none":
-        raise SpecError("parallel", f"pp={par.pp} zero={par.zero}",
-                        "pipelines are traced with replicated, tensor-parallel or FSDP2 stages (zero 0, 2 or 3, no "
-                        "offload) so far")
+    if par.offload != "none":
+        raise SpecError("parallel.offload", par.offload, "pipelines are traced without offload so far")
     if par.vpp > 1 and par.schedule == "gpipe":
         raise SpecError("parallel.schedule", par.schedule, "interleaved stages (vpp > 1) run the interleaved 1F1B "
                                                            "schedule; set schedule: 1f1b or vpp: 1")
@@ -77,12 +75,14 @@ def trace_pipeline_stages(job: Job) -> list[TraceResult]:
 
 
 def _dp_traced(job: Job) -> int:
-    """Data-parallel ranks the trace runs: FSDP2 stages shard over all of them; replicas are alike, one is run."""
-    return job.parallel.dp if job.parallel.zero >= 2 else 1
+    """Data-parallel ranks the trace runs: ZeRO shards over all of them (FSDP2 stages, or ZeRO-1's optimizer);
+    replicas are alike, one is run."""
+    return job.parallel.dp if job.parallel.zero >= 1 else 1
 
 
 def _stage_modules(job: Job, rank: int):
-    """(this rank's chunks, its pipeline group or None, its pipeline rank, the tp mesh or None): one pipeline's
+    """(this rank's chunks, its pipeline group or None, its pipeline rank, the tp mesh or None, its dp group or
+    None): one pipeline's
     ranks (the runner's mesh at dp 1; at ZeRO-2/3 every dp rank), the stages sharded by its DTensor plan when
     tp > 1 and by FSDP2 over dp, as the runner shards them (toolkit.train.program)."""
     from ..train.model import GPT
@@ -99,13 +99,14 @@ def _stage_modules(job: Job, rank: int):
         stage_module = split_stages(model, job, pp_rank)
     stage_module.to_empty(device="cpu")                  # uninitialised: only the bytes matter
     if mesh is None:
-        return stage_module, None, pp_rank, None
+        return stage_module, None, pp_rank, None, None
     for stage in stage_module:
         if par.tp > 1:
             tensor_parallel(stage, mesh["tp"], sequence_parallel=par.sp, local_logits=True)
-        if dp > 1:
+        if dp > 1 and par.zero >= 2:
             apply_fsdp(stage, job, mesh["dp"], pin_memory=False)
-    return stage_module, mesh["pp"].get_group(), pp_rank, mesh["tp"] if par.tp > 1 else None
+    return (stage_module, mesh["pp"].get_group(), pp_rank, mesh["tp"] if par.tp > 1 else None,
+            mesh["dp"].get_group() if dp > 1 else None)
 
 
 def _trace_stage(job: Job, rank: int, world: int) -> TraceResult:
@@ -115,10 +116,10 @@ def _trace_stage(job: Job, rank: int, world: int) -> TraceResult:
 
     mode, m, vpp = job.precision.mode, job.grad_accum or 1, job.parallel.vpp
     spec, b, seq = job.model, job.batch.micro_batch, job.model.seq_len
-    stage_module, group, pp_rank, tp_mesh = _stage_modules(job, rank)
+    stage_module, group, pp_rank, tp_mesh, dp_group = _stage_modules(job, rank)
     stages = job.parallel.pp
     schedule = build_schedule(stage_module, job, torch.device("cpu"), group, tp_mesh=tp_mesh)   # the runner's
-    optimizer = _make_optimizer(job, stage_module.parameters())
+    optimizer = _make_optimizer(job, stage_module.parameters(), group=dp_group)
     autocast = torch_precision(mode).autocast("cpu")
     tracker = StageTracker()
     tracker.track_external(stage_module, optimizer)

@@ -105,7 +105,8 @@ def _build_deepspeed(job: Job, plan) -> _Program:
 def _build_pipeline(job: Job, plan, device: torch.device, mesh) -> _Program:
     """This rank's pipeline chunks of the whole model (built in full with the run's seed, so the weights are
     one process's), tensor-parallel over the mesh's tp dimension when tp > 1, FSDP2 over dp at ZeRO-2/3, their
-    optimizer and schedule; replicas over dp average gradients by hand."""
+    optimizer (ZeroRedundancyOptimizer over dp at ZeRO-1) and schedule; replicas over dp average gradients by
+    hand."""
     from . import pipeline
     torch.manual_seed(job.training.seed)
     whole = _build_model(job, plan.param_dtype)
@@ -123,10 +124,11 @@ def _build_pipeline(job: Job, plan, device: torch.device, mesh) -> _Program:
     if fsdp:                                    # each chunk its own FSDP2 root over dp (torch's schedule drives it)
         for stage in stages:
             apply_fsdp(stage, job, mesh["dp"], pin_memory=device.type == "cuda")
-    layout = Layout(sharded=fsdp, stage_keys=keys,
+    zero1 = job.parallel.zero == 1 and mesh["dp"].size() > 1      # each stage's replicas share out its states
+    layout = Layout(sharded=fsdp, zero1=zero1, stage_keys=keys,
                     stage_params={id(p): whole_names[n] for n, p in stages.named_parameters()})
     params = [p for p in stages.parameters() if p.requires_grad]
-    optimizer = build_optimizer(job, params)
+    optimizer = build_optimizer(job, params, zero1_group=mesh["dp"].get_group() if zero1 else None)
     pp_group = mesh["pp"].get_group()
     clock = pipeline.StageClock()
     schedule = pipeline.build_schedule(stages, job, device, pp_group, clock, tp_mesh)
