@@ -41,8 +41,9 @@ def accumulated_grad_bytes(job: Job):
     return 4 if job.precision.plan.family in ("fp32", "amp") else job.precision.plan.weight_bytes
 
 
-def gathered_params(job: Job, counts) -> Gathered:
-    """FSDP2 (torch semantics) gathers the root's parameters for the whole forward and backward.
+def gathered_params(job: Job, counts, stage_layers, owns_embedding, owns_head) -> Gathered:
+    """FSDP2 (torch semantics) gathers the root's parameters for the whole forward and backward: a stage's own
+    (the embedding on the first, the final norm and the head on the last; a tied head is its own copy there).
     Without resharding after forward (ZeRO-2, with or without offload) every block's 16-bit weights
     stay gathered from its forward to its backward; with resharding (ZeRO-3) one block is gathered
     and the next prefetched. Each block's gradients wait in the reduce-scatter input (fp32 under
@@ -54,7 +55,9 @@ def gathered_params(job: Job, counts) -> Gathered:
     zero = np.asarray(par.zero)
     compute_bytes = job.precision.plan.compute_bytes
     block = counts.per_layer / np.asarray(par.tp) * compute_bytes
-    root = (counts.embedding + counts.positions + counts.head + counts.final) / np.asarray(par.tp) * compute_bytes
+    head_copy = counts.head if counts.head else np.where(owns_embedding, 0, counts.embedding)   # (tied: a copy)
+    root = (np.where(owns_embedding, counts.embedding + counts.positions, 0)
+            + np.where(owns_head, head_copy + counts.final, 0)) / np.asarray(par.tp) * compute_bytes
     reduce_scatter = counts.per_layer / np.asarray(par.tp) * job.precision.plan.weight_bytes   # (the grads' dtype)
     torch_semantics = (mode in TORCH_SEMANTICS) & ~job_deepspeed_fp32(job)      # (DeepSpeed's fp32: not FSDP2)
     piped = pipelined_fsdp(job)
@@ -64,7 +67,7 @@ def gathered_params(job: Job, counts) -> Gathered:
     head = (counts.head or counts.embedding) / np.asarray(par.tp) * compute_bytes       # (tied: the embedding)
     fsdp = zero2 | zero3
     return Gathered(
-        blocks=np.where(zero2, block * (job.model.layers // np.asarray(par.pp)), 0.0),
+        blocks=np.where(zero2, block * stage_layers, 0.0),
         root=np.where(fsdp, root, 0.0),
         # DeepSpeed's ZeRO-3 keeps up to two blocks' worth of parameters live: the head, gathered for its backward,
         # and as much of the top block as fits beside it (none beside a head larger than that)

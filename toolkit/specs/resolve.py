@@ -16,7 +16,8 @@ from .fields import check_positive, check_range
 from .model import LORA_TARGETS, nf4_shapes_ok
 from .precision import TORCH_SEMANTICS, compute_dtype
 from .rules import (batch_split, devices_split, heads_split, interleaved_rounds_fit, optimizer_offload_fits,
-                    named_backend_fits, params_offload_fits, sequence_split, sp_has_tp, vpp_has_pp, adapters_fit)
+                    named_backend_fits, params_offload_fits, per_op_recompute_fits, sequence_split, sp_has_tp,
+                    vpp_has_pp, adapters_fit)
 from .stages import check_stage_layers, rank_layers
 
 if TYPE_CHECKING:            # (job.py imports this module: the Job type is for annotations only)
@@ -287,11 +288,12 @@ def _check_sharding(job: Job, par, mode: str, notes: list[str]) -> None:
     _check_backend(par, mode)
     if par.zero > 0 and par.dp == 1:
         notes.append(f"ZeRO-{par.zero} with dp = 1 shards nothing: it only adds communication")
-    if job.memory.recompute == "selective-op" and (job.memory.act_compress != "none" or job.finetune.adapters):
-        what = "int8 activations" if job.memory.act_compress != "none" else "adapters"
-        raise SpecError("memory.recompute", "selective-op", f"per-op recompute is not combined with {what} (both "
-                        "decide what a block saves); use selective or full")
-    if job.memory.recompute == "selective-op" and job.backend != "torch":
+    plain_blocks = job.memory.act_compress == "none" and not job.finetune.adapters
+    if not per_op_recompute_fits(job.memory.recompute, par.backend, mode, par.zero, par.tp, par.pp, plain_blocks):
+        if not plain_blocks:
+            what = "int8 activations" if job.memory.act_compress != "none" else "adapters"
+            raise SpecError("memory.recompute", "selective-op", f"per-op recompute is not combined with {what} "
+                            "(both decide what a block saves); use selective or full")
         raise SpecError("memory.recompute", "selective-op", f"per-op recompute is torch's checkpoint policy "
                         f"(torchtitan's); {job.backend}'s program has none: use selective or full, or fp32, amp-* "
                         "or pure-bf16 (torch)")
