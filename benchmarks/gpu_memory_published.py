@@ -11,7 +11,8 @@ Each published figure is compared with the estimate's figure of the same definit
   "48 node contenders" (2022-02-21), "GBS Variations" (02-25) and "Rebalancing layers" (02-28). "GB" there is
   nvidia-smi's MiB / 1024, read as GiB. From 02-28 on they ran DeepSpeed's new BF16 optimizer (an fp32 gradient
   buffer of 4 bytes per parameter, not sharded, beside the bf16 gradients) and gave each embedding its own
-  pipeline slot (`type:transformer|embedding`), which the rows below express as uneven stage layers.
+  pipeline slot (`type:transformer|embedding`), which the rows give as DeepSpeed's partition method
+  (`parallel.partition`, toolkit.specs.partition).
   The same document measured the CUDA context of that software (every kernel loaded at start): 1,573 MiB on an
   A100-40GB; the rows use it instead of the default assumption.
 - torchtitan's Llama 3.1 benchmark (H100 96 GB HBM2e, FSDP2 / TP / PP / CP, bf16 parameters with fp32
@@ -43,23 +44,22 @@ BLOOM_CONTEXT_BYTES = 1573 * MIB
 """CUDA context with eager kernel loading, measured in the BLOOM document (A100-40GB, 2022)."""
 
 
-def bloom(h, layers, heads, dp, tp, pp, mb, gbs=2048, stage_layers=None, zero=1, grads="param"):
+def bloom(h, layers, heads, dp, tp, pp, mb, gbs=2048, partition="type:transformer", zero=1, grads="param"):
     """A BLOOM-search job: Megatron-DeepSpeed GPT (ALiBi: no position table), tied 250k embeddings, DeepSpeed's
-    engine (grads fp32: its BF16 optimizer)."""
+    engine (grads fp32: its BF16 optimizer), stages split by DeepSpeed's `partition` method (GPTModelPipe's
+    `type:transformer` until 02-28)."""
     model = {"layers": layers, "hidden": h, "heads": heads, "vocab": 250880, "seq_len": 2048, "mlp": "gelu",
              "norm": "layernorm", "position": "rope", "tie_embeddings": True, "dropout": 0.0}
     return {"model": model, "batch": {"micro_batch": mb, "global_batch": gbs},
             "precision": {"mode": "mixed-bf16", "grad_dtype": grads},
-            "parallel": {"dp": dp, "tp": tp, "pp": pp, "zero": zero, "stage_layers": stage_layers,
+            "parallel": {"dp": dp, "tp": tp, "pp": pp, "zero": zero, "partition": partition if pp > 1 else None,
                          "backend": "deepspeed"},
             "memory": {"recompute": "full", "attention": "eager"},
             "cluster": {"accelerator": "A100-80GB", "count": dp * tp * pp, "gpus_per_node": 8}}
 
 
-def embedding_slots(layers, pp):
-    """`type:transformer|embedding`: both embeddings take a layer's slot, so the end stages hold one layer less."""
-    per = (layers + 2) // pp
-    return [per - 1] + [per] * (pp - 2) + [per - 1]
+EMBEDDING_SLOTS = "type:transformer|embedding"
+"""From 02-28: both embeddings take a layer's slot in DeepSpeed's balance, so the end stages hold fewer blocks."""
 
 
 def titan(preset, seq, mb, gbs, dp, tp=1, pp=1, vpp=1, cp=1, recompute="full"):
@@ -109,27 +109,27 @@ ROWS = [
     ("bloom 12288x96 dp8 tp1 pp48 mb1", BLOOM, "device", 58, bloom(12288, 96, 64, 8, 1, 48, 1), ()),
     # 02-28: DeepSpeed's BF16 optimizer and embeddings in their own pipeline slots
     ("bloom 12288x100 dp16 tp4 pp6 mb1 bf16opt", BLOOM, "device", "OOM",
-     bloom(12288, 100, 64, 16, 4, 6, 1, stage_layers=embedding_slots(100, 6), grads="fp32"), ()),
+     bloom(12288, 100, 64, 16, 4, 6, 1, partition=EMBEDDING_SLOTS, grads="fp32"), ()),
     ("bloom 12288x100 dp8 tp8 pp6 mb2 bf16opt", BLOOM, "device", 61,
-     bloom(12288, 100, 64, 8, 8, 6, 2, stage_layers=embedding_slots(100, 6), grads="fp32"), ()),
+     bloom(12288, 100, 64, 8, 8, 6, 2, partition=EMBEDDING_SLOTS, grads="fp32"), ()),
     ("bloom 12288x100 dp8 tp8 pp6 mb4 bf16opt", BLOOM, "device", 72,
-     bloom(12288, 100, 64, 8, 8, 6, 4, stage_layers=embedding_slots(100, 6), grads="fp32"), ()),
+     bloom(12288, 100, 64, 8, 8, 6, 4, partition=EMBEDDING_SLOTS, grads="fp32"), ()),
     ("bloom 12288x106 dp8 tp4 pp12 mb2 bf16opt", BLOOM, "device", 67,
-     bloom(12288, 106, 64, 8, 4, 12, 2, stage_layers=embedding_slots(106, 12), grads="fp32"), ()),
+     bloom(12288, 106, 64, 8, 4, 12, 2, partition=EMBEDDING_SLOTS, grads="fp32"), ()),
     ("bloom 13312x82 dp4 tp8 pp12 mb4 bf16opt", BLOOM, "device", 52,
-     bloom(13312, 82, 64, 4, 8, 12, 4, stage_layers=embedding_slots(82, 12), grads="fp32"), ()),
+     bloom(13312, 82, 64, 4, 8, 12, 4, partition=EMBEDDING_SLOTS, grads="fp32"), ()),
     ("bloom 13312x82 dp8 tp4 pp12 mb2 bf16opt", BLOOM, "device", 63,
-     bloom(13312, 82, 64, 8, 4, 12, 2, stage_layers=embedding_slots(82, 12), grads="fp32"), ()),
+     bloom(13312, 82, 64, 8, 4, 12, 2, partition=EMBEDDING_SLOTS, grads="fp32"), ()),
     ("bloom 13312x82 dp8 tp4 pp12 mb4 bf16opt", BLOOM, "device", 74,
-     bloom(13312, 82, 64, 8, 4, 12, 4, stage_layers=embedding_slots(82, 12), grads="fp32"), ()),
+     bloom(13312, 82, 64, 8, 4, 12, 4, partition=EMBEDDING_SLOTS, grads="fp32"), ()),
     ("bloom 14336x70 dp4 tp8 pp12 mb2 bf16opt", BLOOM, "device", 40,
-     bloom(14336, 70, 64, 4, 8, 12, 2, stage_layers=embedding_slots(70, 12), grads="fp32"), ()),
+     bloom(14336, 70, 64, 4, 8, 12, 2, partition=EMBEDDING_SLOTS, grads="fp32"), ()),
     ("bloom 14336x70 dp8 tp4 pp12 mb2 bf16opt", BLOOM, "device", 59,
-     bloom(14336, 70, 64, 8, 4, 12, 2, stage_layers=embedding_slots(70, 12), grads="fp32"), ()),
+     bloom(14336, 70, 64, 8, 4, 12, 2, partition=EMBEDDING_SLOTS, grads="fp32"), ()),
     ("bloom 14336x70 dp8 tp4 pp12 mb4 bf16opt", BLOOM, "device", 73,
-     bloom(14336, 70, 64, 8, 4, 12, 4, stage_layers=embedding_slots(70, 12), grads="fp32"), ()),
+     bloom(14336, 70, 64, 8, 4, 12, 4, partition=EMBEDDING_SLOTS, grads="fp32"), ()),
     ("bloom 14336x82 dp8 tp4 pp12 mb2 bf16opt", BLOOM, "device", "OOM",
-     bloom(14336, 82, 128, 8, 4, 12, 2, stage_layers=embedding_slots(82, 12), grads="fp32"), ()),
+     bloom(14336, 82, 128, 8, 4, 12, 2, partition=EMBEDDING_SLOTS, grads="fp32"), ()),
     # torchtitan, Llama 3.1 on H100 96 GB (reserved)
     ("titan 8B fsdp8 lb2 sac", TITAN, "reserved", 82.4, titan("llama3-8b", 8192, 2, 16, 8, recompute="selective-op"),
      ()),

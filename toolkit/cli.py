@@ -52,7 +52,7 @@ OVERRIDES = {
     "optimizer_impl": ("optimizer", "impl", Optimizer),
     "dp": ("parallel", "dp", Parallel), "tp": ("parallel", "tp", Parallel), "pp": ("parallel", "pp", Parallel),
     "vpp": ("parallel", "vpp", Parallel), "sp": ("parallel", "sp", Parallel), "cp": ("parallel", "cp", Parallel),
-    "stage_layers": ("parallel", "stage_layers", Parallel),
+    "stage_layers": ("parallel", "stage_layers", Parallel), "partition": ("parallel", "partition", Parallel),
     "schedule": ("parallel", "schedule", Parallel),
     "zero": ("parallel", "zero", Parallel), "offload": ("parallel", "offload", Parallel),
     "backend": ("parallel", "backend", Parallel),

@@ -149,6 +149,7 @@ def _proxy(job: Job, here: LocalDevices, max_ranks: int, why: str) -> RunPlan:
     data["batch"] = {"micro_batch": micro, "global_batch": micro * dp * rounds}
     data["precision"] = {**data["precision"], "mode": mode}
     data["parallel"] = {**data["parallel"], "backend": None if mode_note else par.backend, "dp": dp, "tp": tp, "pp": pp, "vpp": vpp, "stage_layers": None,
+                        "partition": None,
                         "sp": par.sp and tp > 1}
     data["cluster"] = {**data["cluster"], "count": dp * tp * pp,
                        "accelerator": data["cluster"]["accelerator"] if here.kind == "cuda" else None}

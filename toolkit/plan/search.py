@@ -123,7 +123,7 @@ def search(job: Job, catalog: Catalog, *, gpus: tuple[int, str] | None = None, o
     for accelerator, count, offer_name in _clusters(catalog, gpus, offers, max_gpus):
         base = job.replace(cluster=dataclasses.replace(job.cluster, accelerator=accelerator, count=count),
                            parallel=dataclasses.replace(job.parallel, dp=None, tp=1, pp=1, vpp=1, cp=1, sp=False,
-                                                        zero=0, offload="none"),
+                                                        zero=0, offload="none", stage_layers=None, partition=None),
                            cost=dataclasses.replace(job.cost, offer=offer_name or job.cost.offer))
         try:
             resolved = _resolve_base(base, catalog)
@@ -244,8 +244,8 @@ def plan_job(job: Job, plan: dict) -> Job:
     lay = plan["layout"]
     return job.replace(
         cluster=dataclasses.replace(job.cluster, accelerator=plan["accelerator"], count=plan["devices"]),
-        parallel=dataclasses.replace(job.parallel, **{k: lay[k] for k in ("dp", "tp", "pp", "vpp", "cp", "sp",
-                                                                          "zero", "offload")}),
+        parallel=dataclasses.replace(job.parallel, stage_layers=None, partition=None,   # (the plan's split rule)
+                                     **{k: lay[k] for k in ("dp", "tp", "pp", "vpp", "cp", "sp", "zero", "offload")}),
         batch=dataclasses.replace(job.batch, micro_batch=lay["micro_batch"]),
         memory=dataclasses.replace(job.memory, recompute=lay["recompute"]),
         cost=dataclasses.replace(job.cost, offer=plan["offer"] or job.cost.offer))

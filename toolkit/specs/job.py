@@ -76,6 +76,9 @@ class Parallel:
     stage_layers: tuple[int, ...] | None = None
     """Layers of each of the pp × vpp pipeline chunks, in model order; None = equal chunks, or when they do not
     divide the layers the first and last chunk hold fewer (toolkit.specs.stages)."""
+    partition: str | None = None
+    """DeepSpeed's pipeline `partition_method` (uniform | parameters | type:REGEX): the blocks of each stage as its
+    PipelineModule splits Megatron-DeepSpeed's GPT (toolkit.specs.partition), written into stage_layers."""
     cp: int = 1
     """Context-parallel degree: each sequence split over cp ranks, attention as a ring passing keys and values
     (estimated; torch runs it with CUDA attention kernels only, so the runner does not)."""

@@ -18,6 +18,7 @@ from .precision import TORCH_SEMANTICS, compute_dtype
 from .rules import (batch_split, devices_split, heads_split, interleaved_rounds_fit, optimizer_offload_fits,
                     named_backend_fits, params_offload_fits, per_op_recompute_fits, sequence_split, sp_has_tp,
                     vpp_has_pp, adapters_fit)
+from .partition import partition_blocks
 from .stages import check_stage_layers, rank_layers
 
 if TYPE_CHECKING:            # (job.py imports this module: the Job type is for annotations only)
@@ -196,7 +197,7 @@ def _check_model_split(job: Job, notes: list[str]) -> None:
                 raise SpecError("parallel.tp", par.tp,
                                 f"must divide {heads_field} = {heads}; allowed: {_listing(divisors(heads))}")
     check_stage_layers(model.layers, par.pp, par.vpp, par.stage_layers)
-    if par.stage_layers or model.layers % (par.pp * par.vpp):
+    if (par.stage_layers or model.layers % (par.pp * par.vpp)) and not par.partition:      # (partition said it)
         ranks = rank_layers(model.layers, par.pp, par.vpp, par.stage_layers)
         shown = ", ".join(map(str, ranks)) if len(ranks) <= 6 else f"{ranks[0]}, {ranks[1]}, ..., {ranks[-2]}, {ranks[-1]}"
         notes.append(f"pipeline ranks hold {shown} layers" + (
@@ -211,9 +212,28 @@ def _check_model_split(job: Job, notes: list[str]) -> None:
                                                f"pieces: 2 × cp must divide model.seq_len = {model.seq_len}")
 
 
+def _partition_stages(job: Job, notes: list[str]):
+    """The parallel section with `partition` turned into the stage_layers DeepSpeed would give each stage."""
+    par = job.parallel
+    if par.pp == 1 or par.vpp > 1 or not job.model.has_shape:
+        raise SpecError("parallel.partition", par.partition,
+                        "splits a DeepSpeed pipeline's stages: needs pp > 1, vpp 1 (DeepSpeed does not interleave) "
+                        "and the model's shape")
+    blocks = partition_blocks(job.model, par.pp, par.partition, par.tp, half=job.precision.mode != "fp32")
+    if par.stage_layers and tuple(par.stage_layers) != tuple(blocks):    # (a resolved job carries both, equal)
+        raise SpecError("parallel.partition", par.partition,
+                        f"gives stages {blocks} but parallel.stage_layers lists {list(par.stage_layers)}; keep one")
+    notes.append(f"DeepSpeed's {par.partition} partition gives the {par.pp} stages "
+                 f"{', '.join(map(str, blocks))} blocks")
+    return dataclasses.replace(par, stage_layers=tuple(blocks))
+
+
 def _resolve_layout(job: Job, cluster, notes: list[str]):
     """The parallel section with dp filled in from the devices."""
     par, count = job.parallel, cluster.count
+    if par.partition is not None:
+        par = _partition_stages(job, notes)
+        job = dataclasses.replace(job, parallel=par)
     _check_model_split(job, notes)
     if not vpp_has_pp(par.vpp, par.pp):
         raise SpecError("parallel.vpp", par.vpp, "interleaved stages need parallel.pp > 1; set vpp to 1 or raise pp")
