@@ -24,7 +24,9 @@ torchtitan's "selective" rows use its per-op policy (train_configs/llama3_8b.tom
 `selective_ac_option = 'op'`), which the estimate models as `recompute: selective-op` (the runner's program keeps the same tensors).
 FSDP under torchtitan's pipelines (blocks gathered and gradients whole through the step) is the runner's program
 for pp with ZeRO-2/3 and is modelled. Rows marked with a technique the estimate does not model (torch.compile,
-Float8 linears and Float8 all-gathers) are reported and counted apart.
+what Float8 linears save for backward) are reported and counted apart. FSDP2's Float8 all-gather (torchtitan's
+405B config: `enable_fsdp_float8_all_gather`) is modelled (`precision.fp8_all_gather`: the blocks' linear weights
+gathered in 1 byte).
 """
 from __future__ import annotations
 
@@ -62,19 +64,19 @@ EMBEDDING_SLOTS = "type:transformer|embedding"
 """From 02-28: both embeddings take a layer's slot in DeepSpeed's balance, so the end stages hold fewer blocks."""
 
 
-def titan(preset, seq, mb, gbs, dp, tp=1, pp=1, vpp=1, cp=1, recompute="full"):
-    """A torchtitan Llama 3.1 job: FSDP2 (ZeRO-3) over dp, DTensor tp with sequence parallelism."""
+def titan(preset, seq, mb, gbs, dp, tp=1, pp=1, vpp=1, cp=1, recompute="full", fp8=False, fp8_all_gather=False):
+    """A torchtitan Llama 3.1 job: FSDP2 (ZeRO-3) over dp, DTensor tp with sequence parallelism; Float8 linears
+    (`fp8`), gathered by FSDP2 in float8 (`fp8_all_gather`: its 405B config's enable_fsdp_float8_all_gather)."""
     return {"model": {"preset": preset, "seq_len": seq}, "batch": {"micro_batch": mb, "global_batch": gbs},
-            "precision": {"mode": "amp-bf16"},
+            "precision": {"mode": "amp-bf16", "fp8": fp8, "fp8_all_gather": fp8_all_gather},
             "parallel": {"dp": dp, "tp": tp, "sp": tp > 1, "pp": pp, "vpp": vpp, "cp": cp, "zero": 3},
             "memory": {"recompute": recompute, "attention": "flash"},
             "cluster": {"accelerator": "H100-SXM", "count": dp * tp * pp * cp, "gpus_per_node": 8}}
 
 
 COMPILE = "torch.compile"
-FP8 = "Float8 linears"
+FP8 = "Float8 linears (what they save for backward)"
 BRANCH = "ran on another DeepSpeed branch than its ZeRO-1 neighbours (the document says so), optimizer not stated"
-FP8_GATHER = "Float8 linears, gathered by FSDP in float8 (its 405B config: enable_fsdp_float8_all_gather)"
 
 # (name, source, definition, measured GiB or "OOM", job, unmodelled techniques)
 ROWS = [
@@ -135,19 +137,19 @@ ROWS = [
      ()),
     ("titan 8B fsdp128 lb2 sac", TITAN, "reserved", 67.0,
      titan("llama3-8b", 8192, 2, 256, 128, recompute="selective-op"), ()),
-    ("titan 8B fsdp8 seq32k full", TITAN, "reserved", 83.9, titan("llama3-8b", 32768, 1, 8, 8), (COMPILE, FP8)),
-    ("titan 8B fsdp4 cp2 seq64k full", TITAN, "reserved", 84.2, titan("llama3-8b", 65536, 1, 4, 4, cp=2),
+    ("titan 8B fsdp8 seq32k full", TITAN, "reserved", 83.9, titan("llama3-8b", 32768, 1, 8, 8, fp8=True), (COMPILE, FP8)),
+    ("titan 8B fsdp4 cp2 seq64k full", TITAN, "reserved", 84.2, titan("llama3-8b", 65536, 1, 4, 4, cp=2, fp8=True),
      (COMPILE, FP8)),
-    ("titan 8B fsdp2 cp4 seq128k full", TITAN, "reserved", 84.0, titan("llama3-8b", 131072, 1, 2, 2, cp=4),
+    ("titan 8B fsdp2 cp4 seq128k full", TITAN, "reserved", 84.0, titan("llama3-8b", 131072, 1, 2, 2, cp=4, fp8=True),
      (COMPILE, FP8)),
-    ("titan 8B cp8 seq256k full", TITAN, "reserved", 84.5, titan("llama3-8b", 262144, 1, 1, 1, cp=8),
+    ("titan 8B cp8 seq256k full", TITAN, "reserved", 84.5, titan("llama3-8b", 262144, 1, 1, 1, cp=8, fp8=True),
      (COMPILE, FP8)),
-    ("titan 70B fsdp32 tp8 lb16 full", TITAN, "reserved", 71.9, titan("llama3-70b", 8192, 16, 512, 32, tp=8),
+    ("titan 70B fsdp32 tp8 lb16 full", TITAN, "reserved", 71.9, titan("llama3-70b", 8192, 16, 512, 32, tp=8, fp8=True),
      (COMPILE, FP8)),
-    ("titan 405B fsdp8 tp8 pp8 1f1b", TITAN, "reserved", 82.5, titan("llama3-405b", 8192, 4, 256, 8, tp=8, pp=8),
-     (COMPILE, FP8_GATHER)),
+    ("titan 405B fsdp8 tp8 pp8 1f1b", TITAN, "reserved", 82.5,
+     titan("llama3-405b", 8192, 4, 256, 8, tp=8, pp=8, fp8=True, fp8_all_gather=True), (COMPILE, FP8)),
     ("titan 405B fsdp8 tp8 pp8 interleaved", TITAN, "reserved", 72.7,
-     titan("llama3-405b", 8192, 2, 256, 8, tp=8, pp=8, vpp=2), (COMPILE, FP8_GATHER)),
+     titan("llama3-405b", 8192, 2, 256, 8, tp=8, pp=8, vpp=2, fp8=True, fp8_all_gather=True), (COMPILE, FP8)),
 ]
 
 

@@ -49,6 +49,7 @@ CAPABILITIES = (   # (backend, layout, precision modes, estimated, traced, run)
      "mixed-*", True, False, False),
     ("megatron", "tp, sp, pp, dp x tp x pp (with ZeRO-1 over dp)", "mixed-*", True, False, False),
     ("any", "context parallelism (cp: ring attention)", "all", True, False, False),
+    ("any", "FP8 matmuls, FSDP2's float8 all-gather (fp8, fp8_all_gather)", "amp-*, mixed-*", True, False, False),
 )
 """What each backend's layouts are: estimated (toolkit.estimate), traced (toolkit.trace), run (toolkit train).
 Techniques with their own limits (adapters, 8-bit AdamW, int8 activations, pruning, FP32 norms, fp32 main
@@ -122,6 +123,9 @@ def _technique_rules(job: Job):
     yield job.precision.mode == "amp-fp16" and split, (
         "precision.mode", "amp-fp16", "fp16 loss scaling over sharded gradients or pipeline schedules is not "
                                       "trained yet; use amp-bf16")
+    yield job.precision.fp8, (
+        "precision.fp8", True, "FP8 matmuls (and FSDP2's float8 all-gather) are estimated, not run: the runner's "
+                               "matmuls are the mode's dtype; drop fp8")
     yield not job.model.has_shape or job.model.encoder, (
         "model", job.model.name, "the runner trains decoder models with layers, hidden and heads")
 
@@ -160,7 +164,7 @@ def runnable_mask(job: Job) -> np.ndarray:
         ok &= ~split & (recompute != "full")
     if job.training.pruning.method != "none" or mode == "amp-fp16" or (job.training.fp32_norm and mode != "fp32"):
         ok &= ~split
-    if not job.model.has_shape or job.model.encoder:
+    if not job.model.has_shape or job.model.encoder or job.precision.fp8:
         ok &= False
     return ok
 

@@ -47,7 +47,7 @@ OVERRIDES = {
     "dropout": ("model", "dropout", ModelSpec),
     "micro_batch": ("batch", "micro_batch", Batch), "global_batch": ("batch", "global_batch", Batch),
     "precision": ("precision", "mode", Precision), "grad_dtype": ("precision", "grad_dtype", Precision),
-    "fp8": ("precision", "fp8", Precision),
+    "fp8": ("precision", "fp8", Precision), "fp8_all_gather": ("precision", "fp8_all_gather", Precision),
     "optimizer": ("optimizer", "name", Optimizer), "momentum": ("optimizer", "momentum", Optimizer),
     "optimizer_impl": ("optimizer", "impl", Optimizer),
     "dp": ("parallel", "dp", Parallel), "tp": ("parallel", "tp", Parallel), "pp": ("parallel", "pp", Parallel),
@@ -81,8 +81,8 @@ TRAIN_OVERRIDES = {
     "fp32_norm": ("training", "fp32_norm", Training), "loss_scale": ("training", "loss_scale", Training),
     "init_from": ("training", "init_from", Training),
 }
-_BOOLEAN = {"tie_embeddings", "sp", "spot", "fp32_norm", "fp8", "overlap_grad_reduce", "overlap_param_gather",
-            "overlap_tp_comm", "expandable_segments"}
+_BOOLEAN = {"tie_embeddings", "sp", "spot", "fp32_norm", "fp8", "fp8_all_gather", "overlap_grad_reduce",
+            "overlap_param_gather", "overlap_tp_comm", "expandable_segments"}
 _FLAG_OF_FIELD = {f"{sec}.{fld}" if sec else fld: "--" + flag.replace("_", "-")
                   for flag, (sec, fld, _cls) in {**OVERRIDES, **TRAIN_OVERRIDES}.items()}
 _FLAG_OF_FIELD.update({"cluster.count": "--gpus", "cluster.accelerator": "--gpus", "model.params": "--params",

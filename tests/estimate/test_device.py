@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from benchmarks.gpu_memory_published import bloom, embedding_slots
+from benchmarks.gpu_memory_published import EMBEDDING_SLOTS, bloom, titan
 from benchmarks.gpu_memory_published import _catalog as published_catalog
 from toolkit.estimate.device import comm_groups
 from toolkit.estimate.report import estimate
@@ -26,7 +26,7 @@ BLOOM_MEASURED = [
     (bloom(14336, 72, 64, 4, 8, 12, 8), 69),
     (bloom(14336, 72, 64, 24, 8, 2, 1, 2016), 65),
     (bloom(14336, 72, 64, 8, 2, 24, 1), 44),
-    (bloom(14336, 70, 64, 8, 4, 12, 2, stage_layers=embedding_slots(70, 12), grads="fp32"), 59),
+    (bloom(14336, 70, 64, 8, 4, 12, 2, partition=EMBEDDING_SLOTS, grads="fp32"), 59),
 ]
 
 
@@ -42,17 +42,28 @@ def test_device_peak_is_within_a_fifth_of_what_nvidia_smi_showed(job, measured_g
 @pytest.mark.parametrize("job, published", [
     (bloom(14336, 72, 64, 32, 2, 6, 1), "OOM"),
     (bloom(14336, 72, 64, 48, 8, 1, 1, 2016), "OOM"),
-    (bloom(12288, 100, 64, 16, 4, 6, 1, stage_layers=embedding_slots(100, 6), grads="fp32"), "OOM"),
+    (bloom(12288, 100, 64, 16, 4, 6, 1, partition=EMBEDDING_SLOTS, grads="fp32"), "OOM"),
     (bloom(14336, 72, 64, 24, 8, 2, 2, 2016), "76 GiB"),
 ])
 def test_published_out_of_memory_layouts_do_not_fit_and_the_fullest_run_does(job, published):
     assert estimate(Job.from_dict(job), published_catalog())["memory"]["fits"] is (published != "OOM")
 
 
+def test_torchtitans_405b_pipeline_fits_once_fsdp_gathers_float8():
+    """torchtitan's Llama 3.1 405B, FSDP 8 x TP 8 x PP 8, 1F1B, Float8 with FSDP's float8 all-gather: 82.5 GiB
+    reserved on a 96 GB H100 (benchmarks/llama3_h100_202412_torchtitan.md, table 5). Gathering the stage's blocks
+    in bf16 would call it out of memory."""
+    layout = dict(preset="llama3-405b", seq=8192, mb=4, gbs=256, dp=8, tp=8, pp=8, fp8=True)
+    float8 = estimate(Job.from_dict(titan(**layout, fp8_all_gather=True)), published_catalog())["memory"]
+    bf16 = estimate(Job.from_dict(titan(**layout)), published_catalog())["memory"]
+    assert float8["fits"] and not bf16["fits"]
+    assert float8["reserved_peak_bytes"] / GIB == pytest.approx(82.5, rel=0.1)
+
+
 def test_bf16_optimizer_adds_four_unsharded_bytes_per_parameter():
     """BigScience on DeepSpeed's BF16 optimizer: 'additional memory usage is 4 bytes x params and it's not
     sharded across gpus' (against the bf16-accumulating ZeRO-1 it replaced)."""
-    layout = dict(h=14336, layers=70, heads=64, dp=8, tp=4, pp=12, mb=2, stage_layers=embedding_slots(70, 12))
+    layout = dict(h=14336, layers=70, heads=64, dp=8, tp=4, pp=12, mb=2, partition=EMBEDDING_SLOTS)
     bf16_opt = estimate(Job.from_dict(bloom(**layout, grads="fp32")))
     zero1 = estimate(Job.from_dict(bloom(**layout)))
     params = bf16_opt["model"]["params_per_device"]

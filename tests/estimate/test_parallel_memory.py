@@ -89,3 +89,30 @@ def test_offload_moves_the_step_off_the_device():
     mem = memory_estimate(j)
     assert mem.params_bytes == mem.grads_bytes == mem.optimizer_bytes == 0 and mem.host_bytes > 0
     assert mem.phases["optimizer step"] == 0
+
+
+def test_fp8_all_gather_gathers_the_blocks_linear_weights_in_one_byte():
+    """torchao's enable_fsdp_float8_all_gather: FSDP2 gathers each nn.Linear weight of a block as float8, the rest
+    (norms, the root) in bf16. The linear weights are counted on the runner's own block, not by formula."""
+    import torch
+
+    from toolkit.specs.job import ModelSpec
+    from toolkit.train.model import Block
+    from toolkit.specs import SpecError
+
+    shape = {"layers": 8, "hidden": 1024, "heads": 16, "kv_heads": 4, "ffn": 2816, "vocab": 32000,
+             "seq_len": 1024, "mlp": "swiglu", "norm": "rmsnorm", "position": "rope"}
+    with torch.device("meta"):
+        block = Block(ModelSpec(**shape), "flash", False)
+    linear = sum(m.weight.numel() for m in block.modules() if isinstance(m, torch.nn.Linear))
+
+    def fp8(gather, parallel=None):
+        data = {"model": shape, "precision": {"mode": "amp-bf16", "fp8": True, "fp8_all_gather": gather},
+                "parallel": parallel or {"dp": 8, "zero": 2}, "batch": {"micro_batch": 2, "global_batch": 16},
+                "memory": {"program": "cuda"}, "cluster": {"accelerator": "H100-SXM", "count": 8}}
+        return Job.from_dict(data).resolve()[0]
+
+    bf16, float8 = memory_estimate(fp8(False)), memory_estimate(fp8(True))
+    assert bf16.phases["loss"] - float8.phases["loss"] == pytest.approx(8 * linear * (2 - 1))   # all 8 gathered
+    with pytest.raises(SpecError, match="fp8_all_gather"):
+        fp8(True, {"dp": 8, "zero": 1})

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..specs.job import Job, backend_masks
+from .params import count_params, linear_params_per_layer
 from .states import bytes_per_param
 from .zero_buffers import pipelined_fsdp
 
@@ -132,6 +133,9 @@ def data_parallel_s(job: Job, hw, a, trainable, n, bw, accum, micro_s, units):
         ov = {k: np.asarray(False) for k in ov}
     weight_b, grad_b, _o = bytes_per_param(job)
     gather_b = np.where(torch_ & (zero >= 2) & (job.precision.plan.family == "amp"), 2, weight_b)  # FSDP2's bf16
+    if job.precision.fp8_all_gather and job.model.has_shape:     # the blocks' linear weights go as float8
+        linear = job.model.layers * linear_params_per_layer(job.model) / count_params(job.model).total
+        gather_b = gather_b * (1 - linear) + 1.0 * linear
     g = hw.gpus_per_node
     latency = latency_s(n, np.maximum(g // np.asarray(job.parallel.tp), 1), a)
     grad_bytes = trainable * grad_b

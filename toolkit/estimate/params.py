@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from ..specs.model import ModelSpec
 
-__all__ = ["ParamCount", "count_params", "projection_shapes"]
+__all__ = ["ParamCount", "count_params", "linear_params_per_layer", "projection_shapes"]
 
 
 @dataclass(frozen=True)
@@ -65,3 +65,10 @@ def projection_shapes(model: ModelSpec) -> dict[str, tuple[int, int]]:
     """(in, out) features of each projection of a block, named as in toolkit.train.model."""
     h, q, kv, f = model.hidden, model.heads * model.head_dim_, model.kv_heads_ * model.head_dim_, model.ffn_
     return {"q": (h, q), "k": (h, kv), "v": (h, kv), "o": (q, h), "up": (h, f), "gate": (h, f), "down": (f, h)}
+
+
+def linear_params_per_layer(model: ModelSpec) -> int:
+    """Weights of a block's linear layers (no biases): what Float8 training casts to float8."""
+    shapes = projection_shapes(model)
+    names = ("q", "k", "v", "o", "up", "down") + (("gate",) if model.mlp == "swiglu" else ())
+    return sum(shapes[n][0] * shapes[n][1] for n in names)

@@ -10,9 +10,10 @@ import numpy as np
 
 from ..specs.backends import job_deepspeed_fp32
 from ..specs.job import TORCH_SEMANTICS, Job
+from .params import linear_params_per_layer
 from .states import bf16_optimizer, zero_partition_params
 
-__all__ = ["Gathered", "Reduce", "deepspeed_reduce", "gathered_params", "largest_matrix"]
+__all__ = ["Gathered", "Reduce", "deepspeed_reduce", "gathered_block_bytes", "gathered_params", "largest_matrix"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,16 @@ def accumulated_grad_bytes(job: Job):
     return 4 if job.precision.plan.family in ("fp32", "amp") else job.precision.plan.weight_bytes
 
 
+def gathered_block_bytes(job: Job, counts) -> float:
+    """One whole block as FSDP2 gathers it: in the compute dtype, its linear weights in float8 (1 byte) with
+    `precision.fp8_all_gather` (torchao casts each shard to float8 before the all-gather and the matmuls use it)."""
+    compute_bytes = job.precision.plan.compute_bytes
+    if not job.precision.fp8_all_gather:
+        return counts.per_layer * compute_bytes
+    linear = linear_params_per_layer(job.model)
+    return linear * 1 + (counts.per_layer - linear) * compute_bytes
+
+
 def gathered_params(job: Job, counts, stage_layers, owns_embedding, owns_head) -> Gathered:
     """FSDP2 (torch semantics) gathers the root's parameters for the whole forward and backward: a stage's own
     (the embedding on the first, the final norm and the head on the last; a tied head is its own copy there).
@@ -54,7 +65,7 @@ def gathered_params(job: Job, counts, stage_layers, owns_embedding, owns_head) -
     par, mode = job.parallel, job.precision.mode
     zero = np.asarray(par.zero)
     compute_bytes = job.precision.plan.compute_bytes
-    block = counts.per_layer / np.asarray(par.tp) * compute_bytes
+    block = gathered_block_bytes(job, counts) / np.asarray(par.tp)
     head_copy = counts.head if counts.head else np.where(owns_embedding, 0, counts.embedding)   # (tied: a copy)
     root = (np.where(owns_embedding, counts.embedding + counts.positions, 0)
             + np.where(owns_head, head_copy + counts.final, 0)) / np.asarray(par.tp) * compute_bytes

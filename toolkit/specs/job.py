@@ -46,7 +46,11 @@ class Precision:
     """`fp32` keeps fp32 main gradients as Megatron does (mixed-* only)."""
     fp8: bool = False
     """Run the matmuls in FP8 (Transformer Engine style) on devices whose catalog row has an FP8 peak;
-    weights, gradients and states keep the mode's dtypes. Modelled in step time, not in memory."""
+    weights, gradients and states keep the mode's dtypes. Modelled in step time; memory counts what the linears
+    save for backward in the mode's dtype (torchao's float8 recipes differ there: not modelled)."""
+    fp8_all_gather: bool = False
+    """With fp8 under FSDP2 (ZeRO-2/3, torch semantics): gather the blocks' linear weights in float8, 1 byte each
+    on the wire and in the gathered block, as torchao's `enable_fsdp_float8_all_gather` (torchtitan's 405B config)."""
 
     @property
     def plan(self) -> PrecisionPlan:

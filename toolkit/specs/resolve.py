@@ -279,6 +279,14 @@ def _resolve_precision(job: Job, accelerator, notes: list[str]):
                    if compute_dtype(m) not in accelerator.unsupported]
         raise SpecError("precision.mode", mode,
                         f"{accelerator.name} has no {compute_dtype(mode)} math units; use one of {', '.join(options)}")
+    fsdp = job.parallel.zero >= 2 and mode in TORCH_SEMANTICS and job.parallel.backend != "deepspeed"
+    if precision.fp8_all_gather and not (precision.fp8 and fsdp):
+        raise SpecError("precision.fp8_all_gather", True,
+                        "gathers FSDP2's float8 weights: needs precision.fp8 with ZeRO-2/3 and an amp-*, fp32 or "
+                        "pure-bf16 mode (torch's FSDP2); drop it or set those")
+    if precision.fp8_all_gather:
+        notes.append("FSDP2 gathers the blocks' linear weights in float8 (torchao's enable_fsdp_float8_all_gather): "
+                     "1 byte each on the wire and in the gathered blocks; estimated, not traced (float8 needs CUDA)")
     if precision.fp8:
         if mode == "fp32":
             raise SpecError("precision.fp8", True, "FP8 matmuls pair with a 16-bit mode (amp-bf16, mixed-bf16, ...), "

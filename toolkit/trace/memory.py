@@ -221,6 +221,9 @@ def trace_memory(job: Job) -> TraceResult:
     """Trace one device of a resolved job (its CPU program). Pipelines run on real gloo ranks
     (toolkit.trace.pipeline): the busiest stage."""
     require_internals("the trace")
+    if job.precision.fp8_all_gather:
+        raise SpecError("precision.fp8_all_gather", True, "float8 needs CUDA's FP8 matmuls: estimated, not traced; "
+                                                          "trace without it (the gathered blocks in bf16)")
     if job.parallel.pp > 1:
         from .pipeline import trace_pipeline
         return trace_pipeline(job)
