@@ -13,6 +13,9 @@ Each published figure is compared with the estimate's figure of the same definit
   buffer of 4 bytes per parameter, not sharded, beside the bf16 gradients) and gave each embedding its own
   pipeline slot (`type:transformer|embedding`), which the rows give as DeepSpeed's partition method
   (`parallel.partition`, toolkit.specs.partition).
+  The 14336 x 82 layout that ran out of memory (02-28) stays missed: its neighbours measured 59-63 GB (13312 x 82
+  and 14336 x 70, at 64 to 128 heads: heads barely change the reading), which with one more block a stage puts its
+  steady state near 66 GiB; the document gives no cause, and no term of the step's memory reaches 80.
   The same document measured the CUDA context of that software (every kernel loaded at start): 1,573 MiB on an
   A100-40GB; the rows use it instead of the default assumption.
 - torchtitan's Llama 3.1 benchmark (H100 96 GB HBM2e, FSDP2 / TP / PP / CP, bf16 parameters with fp32
