@@ -225,10 +225,12 @@ def model_state_bytes(job: Job, stage: str | None = None) -> StateBytes:
         staging = np.where(zero < 3, weight * largest_tensor(job.model, par.tp), 0.0)
         host = host + np.where(zero_offload, trainable * (4 + weight) / dp + summed + staging, 0.0)
         grads_b = np.where(zero_offload, 0.0, grads_b)
-    # rotary cos/sin tables: buffers in the weights' dtype, whole on every rank, one pair per model chunk
+    # rotary cos/sin tables: buffers in the weights' dtype, whole on every rank. A rank's pipeline chunks register
+    # the whole model's pair (toolkit.train.parallel): one pair on the CPU, one per chunk once `.to("cuda")` copies
+    # each module's buffers
     m = job.model
-    rope_tables = m.seq_len * m.head_dim_ * weight * np.asarray(par.vpp) if m.has_shape and m.position == "rope" \
-        else 0
+    pairs = 1 if job.memory.program == "cpu" else np.asarray(par.vpp)
+    rope_tables = m.seq_len * m.head_dim_ * weight * pairs if m.has_shape and m.position == "rope" else 0
     return StateBytes(params_bytes=np.where(offload_params, 0.0, params_b) + rope_tables,
                       grads_bytes=np.where(offload_params, 0.0, grads_b),
                       optimizer_bytes=np.where(offload_optimizer, 0.0, optimizer_b), host_bytes=host)

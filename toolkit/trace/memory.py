@@ -2,12 +2,14 @@
 
 Under `FakeTensorMode` no tensor owns memory, so a 70B model traces on a laptop; torch's
 `MemTracker` attributes every storage the program creates to parameters, gradients,
-optimizer states, activations or temporaries. We run two optimizer steps (the second is
-the steady one: optimizer states exist throughout) and report, per device:
+optimizer states, activations or temporaries. We run two of the runner's own training steps
+(toolkit.trace.steps over toolkit.train.step: the same micro-batch loop, gradient moves to the
+fp32 masters, clipping and update `toolkit train` runs; the second step is the steady one: optimizer
+states exist throughout) and report, per device:
 
 - params/optimizer bytes: persistent states after the step (buffers count as params; the
   fp32 master copy of `mixed-*` counts as optimizer state, as in the estimate);
-- grads_bytes: gradients held when the optimizer step starts;
+- grads_bytes: gradients held once the last backward is over (before mixed-* moves them to the masters);
 - activations_bytes: what the last micro-batch holds at the forward/backward boundary;
 - peak_bytes: the largest total seen during the steady step, with its breakdown.
 
@@ -42,11 +44,14 @@ from ..specs.backends import job_deepspeed_fp32
 from ..specs.job import TORCH_SEMANTICS, Job
 from ..train.lora import apply_lora
 from ..train.qlora import apply_qlora
-from ..train.techniques import Int8Activations
 from ..train.model import GPT
 from ..train.parallel import loss_parallel, shard_embedding_grad, tensor_parallel
 from ..train.parallelize import apply_fsdp
-from ..train.precision import TORCH_DTYPES, MasterWeights, torch_precision
+from ..train.precision import TORCH_DTYPES, torch_precision
+from ..train.program import _Program, steppers
+from ..train.state import Layout
+from .steps import TraceHooks, random_batches, two_steps
+from .steps import snapshot as _snapshot
 from .ddp import DDPBuckets
 
 __all__ = ["TraceResult", "trace_memory", "MAX_TRACED_MICRO_BATCHES", "DeviceTracker", "FSDPDeviceTracker", "snapshot",
@@ -116,34 +121,6 @@ def _compute_dtype(job: Job) -> torch.dtype:
     return torch.float16 if job.precision.plan.half == "fp16" else torch.bfloat16
 
 
-def _make_optimizer(job: Job, params, zero_redundancy: bool = True, group=None):
-    """The runner's optimizer (toolkit.train.optim.build_optimizer: its two parameter groups, impl and lr); under
-    torch's ZeRO-1 wrapped in ZeroRedundancyOptimizer over `group` (a pipeline stage's dp ranks), else the default
-    group (a process group must exist), unless `zero_redundancy` is off: DeepSpeed partitions by itself."""
-    import torch.distributed as dist
-
-    from ..train.optim import build_optimizer
-    zero1 = job.parallel.zero == 1 and zero_redundancy
-    return build_optimizer(job, list(params), zero1_group=(group or dist.group.WORLD) if zero1 else None)
-
-
-class _MasterStep:
-    """mixed-*: the runner's own master weights (toolkit.train.precision), stepped as the runner does."""
-
-    def __init__(self, job: Job, model: torch.nn.Module):
-        self.master = MasterWeights(model, main_grads=job.precision.grad_dtype == "fp32")   # LoRA: the adapters
-        self.optimizer = _make_optimizer(job, self.master.params)
-
-    def step(self) -> None:
-        self.master.grads_to_master()
-        self.optimizer.step()
-        self.master.master_to_model()
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.optimizer.zero_grad(set_to_none=set_to_none)
-        self.master.zero_grad()               # fp32 main gradients: zeroed in place, kept
-
-
 class _NoHook:
     """Stands in for a gradient hook on a frozen parameter (which cannot take one)."""
 
@@ -209,12 +186,6 @@ class StageTracker(_DeviceTracker):
         if module in self.memory_tracking and not self._mod_tracker.is_bw:
             return
         super()._pre_fw_hook(module, inputs)
-
-
-def _snapshot(tracker: MemTracker, kind: str) -> dict[str, int]:
-    snap = tracker.get_tracker_snapshot(kind)
-    device = snap.get(torch.device("cpu"), {})
-    return {getattr(k, "name", str(k)): int(v) for k, v in device.items()}
 
 
 def trace_memory(job: Job) -> TraceResult:
@@ -294,27 +265,21 @@ def _propagation_apart():
 
 def _trace_single(job: Job, model: torch.nn.Module) -> TraceResult:
     """One rank whose parameters are whole (replicas) or DTensor shards (tensor parallelism)."""
-    mode = job.precision.mode
     ft = job.finetune
     if ft.method == "lora":
         apply_lora(model, ft.rank, ft.alpha, ft.targets)
     elif ft.method == "qlora":
         apply_qlora(model, ft.rank, ft.alpha, ft.targets, compute_dtype=_compute_dtype(job))
-    if mode.startswith("mixed-"):
-        stepper = _MasterStep(job, model)
-        optimizer, extra = stepper.optimizer, stepper.master.params
-    else:
-        optimizer = _make_optimizer(job, [p for p in model.parameters() if p.requires_grad])
-        stepper, extra = optimizer, []
+    prog = _traced_program(job, model)
     tracker = _DeviceTracker()
-    tracker.track_external(model, optimizer, *extra)
-    if mode.startswith("mixed-") and stepper.master.main_grads is not None:
-        tracker.track_gradients(stepper.master.main_grads)
-    buckets = DDPBuckets(model, tracker) if bool(ddp_buckets(job)) and not (
-        mode.startswith("mixed-") and stepper.master.main_grads is not None) else None
+    tracker.track_external(model, prog.optimizer, *(prog.master.params if prog.master else []))
+    main_grads = prog.master is not None and prog.master.main_grads is not None
+    if main_grads:
+        tracker.track_gradients(prog.master.main_grads)
+    buckets = DDPBuckets(model, tracker) if bool(ddp_buckets(job)) and not main_grads else None
     with warnings.catch_warnings():   # (MemTracker's own gradient hook finds the 16-bit gradient already dropped)
         warnings.filterwarnings("ignore", "Expected a tensor or a traceable wrapper-subclass", UserWarning)
-        snaps = _run_steps(job, tracker, model, stepper, optimizer, buckets)
+        snaps = _run_steps(job, tracker, prog, buckets)
     return TraceResult(
         params_bytes=snaps["after"].get("PARAM", 0) + snaps["after"].get("BUFFER", 0),
         grads_bytes=snaps["before_step"].get("GRAD", 0),
@@ -327,51 +292,36 @@ def _trace_single(job: Job, model: torch.nn.Module) -> TraceResult:
     )
 
 
-def _run_steps(job: Job, tracker: MemTracker, model: torch.nn.Module, stepper, optimizer,
-               buckets: "DDPBuckets | None" = None) -> dict[str, dict]:
-    """Two training steps under the tracker; snapshots at the boundary, before the step, after it, and the peak."""
-    mode = job.precision.mode
-    micro_batches = min(job.grad_accum or 1, MAX_TRACED_MICRO_BATCHES)
-    b, seq, vocab = job.batch.micro_batch, job.model.seq_len, job.model.vocab
-    autocast = torch_precision(mode).autocast("cpu")
-    snaps = {}
-    int8 = Int8Activations(model) if job.memory.act_compress == "int8" else None
-    # tensor parallelism: the logits stay sharded over the vocabulary and the loss runs on the shards
-    vocab_parallel = loss_parallel if job.parallel.tp > 1 else contextlib.nullcontext
+def _traced_program(job: Job, model: torch.nn.Module) -> _Program:
+    """The runner's program around an already laid-out model (toolkit.train.program): its fp32 masters (mixed-*),
+    its optimizer (ZeroRedundancyOptimizer over the process group's ranks at ZeRO-1). The replicas' all-reduce
+    is DDP's, whose buckets toolkit.trace.ddp stands in for."""
+    zero1 = job.parallel.zero == 1 and job.backend != "deepspeed"
+    master, params, optimizer = steppers(job, torch_precision(job.precision.mode), model,
+                                         dist.group.WORLD if zero1 else None)
+    return _Program(model, model, optimizer, master, params,
+                    Layout(sharded=job.parallel.zero >= 2 or job.parallel.tp > 1, zero1=zero1))
+
+
+def _run_steps(job: Job, tracker: MemTracker, prog: _Program, buckets: "DDPBuckets | None" = None) -> dict[str, dict]:
+    """The runner's two steps under the tracker (toolkit.trace.steps); snapshots at the boundary, once the
+    gradients are made, after the update, and the peak; and the FLOPs of one more micro-batch."""
+    hooks, batches = TraceHooks(tracker, buckets), random_batches(job)
     with tracker:
-        for step in range(2):
-            if step == 1:   # the peak of the steady step only (the first one also creates optimizer states)
-                tracker.reset_peak()
-            for _micro in range(micro_batches):
-                tracker.reset_mod_stats()  # MemTracker refuses a module called twice otherwise
-                if buckets is not None:
-                    buckets.syncing(_micro == micro_batches - 1)
-                tokens = torch.randint(0, vocab, (b, seq))   # the batch lives on the device too
-                targets = torch.randint(0, vocab, (b, seq))
-                with vocab_parallel():
-                    with autocast, (int8 or contextlib.nullcontext()):
-                        loss = model(tokens, targets) / micro_batches
-                    snaps["boundary"] = _snapshot(tracker, "current")
-                    loss.backward()
-                del loss, tokens, targets
-            snaps["before_step"] = _snapshot(tracker, "current")
-            with tracker.optimizer_step():
-                stepper.step()
-            stepper.zero_grad(set_to_none=True)
-            for p in model.parameters():
-                p.grad = None
-        snaps["after"] = _snapshot(tracker, "current")
-    snaps["peak"] = _snapshot(tracker, "peak")
+        two_steps(prog, job, tracker, hooks, min(job.grad_accum or 1, MAX_TRACED_MICRO_BATCHES), batches)
+        hooks.snaps["after"] = _snapshot(tracker, "current")
+    snaps = dict(hooks.snaps, peak=_snapshot(tracker, "peak"))
     if buckets is not None:
         buckets.syncing(False)
     # FLOPs of one more micro-batch, outside the memory tracker: counting inside the tracked step changed the
     # memory the tracker saw for checkpointed blocks. One counter spans forward and backward, or the
     # recomputation goes unseen.
+    vocab_parallel = loss_parallel if job.parallel.tp > 1 else contextlib.nullcontext
     with FlopCounterMode(display=False) as counter, vocab_parallel():
-        with autocast:
-            loss = model(torch.randint(0, vocab, (b, seq)), torch.randint(0, vocab, (b, seq)))
+        with torch_precision(job.precision.mode).autocast("cpu"):
+            loss = prog.model(*next(batches))
         loss.backward()
-    optimizer.zero_grad(set_to_none=True)
+    prog.optimizer.zero_grad(set_to_none=True)
     snaps["flops"] = counter.get_total_flops()
     return snaps
 
@@ -423,11 +373,11 @@ def _trace_fsdp(job: Job) -> TraceResult:
         apply_fsdp(model, job, mesh["dp"] if par.tp > 1 else mesh, pin_memory=False)
         with FakeTensorMode(allow_non_fake_inputs=True), _propagation_apart():
             model.to_empty(device="cpu")
-            optimizer = _make_optimizer(job, model.parameters())
-            tracker = _FSDPDeviceTracker(model, optimizer)
+            prog = _traced_program(job, model)
+            tracker = _FSDPDeviceTracker(model, prog.optimizer)
             if offload:
                 tracker.host_bytes = _fsdp_host_bytes
-            snaps = _run_steps(job, tracker, model, optimizer, optimizer)
+            snaps = _run_steps(job, tracker, prog)
     after, before, boundary = snaps["after"], snaps["before_step"], snaps["boundary"]
     on_device = 0 if offload else 1           # offload: the device keeps buffers only, the states are the host's
     return TraceResult(

@@ -3,10 +3,9 @@
 plan and schedule (toolkit.train.pipeline, toolkit.train.parallel).
 
 torch.distributed.pipelining does not run on fake tensors (its start-up vote reads a tensor's
-value), so each stage runs for real, on the CPU, with uninitialised weights: the values do
-not matter, the bytes do. Every rank measures its own step with MemTracker, as the fake-tensor
-tracer does, and the busiest stage is reported. Real memory limits this to small models
-(see MAX_PIPELINE_TRACE_BYTES).
+value), so each stage runs for real, on the CPU: the runner's program as it builds it, and its step. Every rank
+measures its own two steps with MemTracker, as the fake-tensor tracer does, and the busiest stage is reported.
+Real memory limits this to small models (see MAX_PIPELINE_TRACE_BYTES).
 """
 from __future__ import annotations
 
@@ -18,8 +17,9 @@ from ..estimate.memory import memory_estimate
 from ..specs.errors import SpecError
 from ..compat import require_internals
 from ..specs.job import TORCH_SEMANTICS, Job
-from .memory import StageTracker, TraceResult, _make_optimizer, _snapshot
-from ..train.precision import TORCH_DTYPES, torch_precision
+from .memory import StageTracker, TraceResult
+from .steps import TraceHooks, snapshot, two_steps
+from ..train.precision import torch_precision
 from .ranks import trace_on_ranks
 
 __all__ = ["trace_pipeline", "trace_pipeline_stages", "MAX_PIPELINE_TRACE_BYTES", "MAX_PIPELINE_MICRO_BATCHES"]
@@ -80,72 +80,35 @@ def _dp_traced(job: Job) -> int:
     return job.parallel.dp if job.parallel.zero >= 1 else 1
 
 
-def _stage_modules(job: Job, rank: int):
-    """(this rank's chunks, its pipeline group or None, its pipeline rank, the tp mesh or None, its dp group or
-    None): one pipeline's
-    ranks (the runner's mesh at dp 1; at ZeRO-2/3 every dp rank), the stages sharded by its DTensor plan when
-    tp > 1 and by FSDP2 over dp, as the runner shards them (toolkit.train.program)."""
-    from ..train.model import GPT
-    from ..train.parallel import tensor_parallel
-    from ..train.parallelize import apply_fsdp, device_mesh
-    from ..train.pipeline import split_stages
-    par = job.parallel
-    dp = _dp_traced(job)
-    mesh = device_mesh(job.replace(parallel=dataclasses.replace(par, dp=dp)), "cpu") if par.tp * dp > 1 else None
-    pp_rank = mesh["pp"].get_local_rank() if mesh is not None else rank
-    with torch.device("meta"):
-        model = GPT(job.model, attention=job.memory.attention, recompute=job.memory.recompute,
-                    dtype=TORCH_DTYPES[job.precision.plan.weights])         # (mixed-* is refused above)
-        stage_module = split_stages(model, job, pp_rank)
-    stage_module.to_empty(device="cpu")                  # uninitialised: only the bytes matter
-    if mesh is None:
-        return stage_module, None, pp_rank, None, None
-    for stage in stage_module:
-        if par.tp > 1:
-            tensor_parallel(stage, mesh["tp"], sequence_parallel=par.sp, local_logits=True)
-        if dp > 1 and par.zero >= 2:
-            apply_fsdp(stage, job, mesh["dp"], pin_memory=False)
-    return (stage_module, mesh["pp"].get_group(), pp_rank, mesh["tp"] if par.tp > 1 else None,
-            mesh["dp"].get_group() if dp > 1 else None)
-
-
-def _trace_stage(job: Job, rank: int, world: int) -> TraceResult:
-    """One rank's step: its stage, or under interleaving (vpp > 1) its chunks rank, rank + pp, ...; under tensor
+def _trace_stage(job: Job, rank: int, world: int) -> TraceResult:  # noqa: ARG001 - trace_on_ranks' signature
+    """One rank's two steps of the runner's own pipeline program (toolkit.train.program: its stages, DTensor plan,
+    FSDP2 or ZeroRedundancyOptimizer over dp, schedule and optimizer) and step (toolkit.train.step), over the
+    traced dp ranks: its stage, or under interleaving (vpp > 1) its chunks rank, rank + pp, ...; under tensor
     parallelism its shard of them."""
-    from ..train.pipeline import build_schedule, run_schedule
-
-    mode, m, vpp = job.precision.mode, job.grad_accum or 1, job.parallel.vpp
-    spec, b, seq = job.model, job.batch.micro_batch, job.model.seq_len
-    stage_module, group, pp_rank, tp_mesh, dp_group = _stage_modules(job, rank)
-    stages = job.parallel.pp
-    schedule = build_schedule(stage_module, job, torch.device("cpu"), group, tp_mesh=tp_mesh)   # the runner's
-    optimizer = _make_optimizer(job, stage_module.parameters(), group=dp_group)
-    autocast = torch_precision(mode).autocast("cpu")
+    from ..train.parallelize import device_mesh
+    from ..train.program import _build_pipeline
+    par, dp = job.parallel, _dp_traced(job)
+    batch = dataclasses.replace(job.batch, global_batch=job.batch.micro_batch * dp * job.grad_accum)  # (same m)
+    traced = job.replace(parallel=dataclasses.replace(par, dp=dp), batch=batch,
+                         training=dataclasses.replace(job.training, init_from=None))
+    prog = _build_pipeline(traced, torch_precision(job.precision.mode), torch.device("cpu"),
+                           device_mesh(traced, "cpu"))
     tracker = StageTracker()
-    tracker.track_external(stage_module, optimizer)
-    snaps = {}
+    tracker.track_external(prog.raw, prog.optimizer)
+    hooks = TraceHooks(tracker)
     with tracker:
-        for step in range(2):
-            if step == 1:   # the steady step's peak only
-                tracker.reset_peak()
-            tracker.reset_mod_stats()
-            with autocast:
-                run_schedule(schedule, job, pp_rank, torch.randint(0, spec.vocab, (b * m, seq)),
-                             torch.randint(0, spec.vocab, (b * m, seq)))
-            snaps["before_step"] = _snapshot(tracker, "current")
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        snaps["after"] = _snapshot(tracker, "current")
-    snaps["peak"] = _snapshot(tracker, "peak")
-    after = snaps["after"]
+        two_steps(prog, traced, tracker, hooks)
+        after = snapshot(tracker, "current")
+    peak = snapshot(tracker, "peak")
+    tp_mesh = prog.tp_mesh
     return TraceResult(
         params_bytes=after.get("PARAM", 0) + after.get("BUFFER", 0),
-        grads_bytes=snaps["before_step"].get("GRAD", 0),
+        grads_bytes=hooks.snaps["before_step"].get("GRAD", 0),
         optimizer_bytes=after.get("OPT", 0) + after.get("OTH", 0),
         activations_bytes=0,                 # no single forward/backward boundary: micro-batches interleave
-        peak_bytes=snaps["peak"].get("Total", 0),
-        peak_breakdown=snaps["peak"],
+        peak_bytes=peak.get("Total", 0),
+        peak_breakdown=peak,
         boundary_breakdown={},
-        program=f"cpu, {'interleaved ' if vpp > 1 else ''}{job.parallel.schedule} stage {pp_rank} of {stages}"
+        program=f"cpu, {'interleaved ' if par.vpp > 1 else ''}{par.schedule} stage {prog.pp_rank} of {par.pp}"
                 + (f", tp rank {tp_mesh.get_local_rank()} of {tp_mesh.size()}" if tp_mesh is not None else ""),
     )

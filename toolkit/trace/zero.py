@@ -12,9 +12,9 @@ runs; pass it to `deepspeed.initialize` to train with the same memory.
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import gc
-import logging
-import warnings
 
 import torch
 
@@ -23,13 +23,10 @@ from ..specs.errors import SpecError
 from ..compat import require_internals
 from ..specs.backends import job_deepspeed_fp32
 from ..specs.job import TORCH_SEMANTICS, Job
-from .memory import (
-    MAX_TRACED_MICRO_BATCHES,
-    TraceResult,
-    _DeviceTracker,
-    _make_optimizer,
-    _snapshot,
-)
+from ..train.precision import torch_precision
+from .memory import MAX_TRACED_MICRO_BATCHES, TraceResult, _DeviceTracker
+from .steps import snapshot as _snapshot
+from .steps import two_steps
 from .ranks import trace_on_ranks
 from ..deepspeed_config import deepspeed_config   # (re-exported: the runner and the tracer share it)
 
@@ -95,33 +92,29 @@ def _storage_bytes(tensors) -> int:
 
 
 def _trace_rank(job: Job, rank: int, world: int) -> TraceResult:
-    import deepspeed
-    import deepspeed.ops
-    from deepspeed.utils import logger
+    """Two of the runner's steps (toolkit.train.step) of its DeepSpeed program (toolkit.train.program), the engine
+    built inside the tracker, over at most MAX_TRACED_MICRO_BATCHES micro-batches a step."""
+    from ..train.deepspeed_backend import import_deepspeed
+    from ..train.program import _build_model, _deepspeed_program
 
-    from ..train.model import GPT
-
-    logger.setLevel(logging.WARNING)
-    warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")   # DeepSpeed's old calls
-    # DeepSpeed's C++ ops are not needed here (the job's torch optimizer steps): answering "none is compatible"
-    # spares probing a compiler and building its shared-memory all-reduce (an inference fast path)
-    deepspeed.ops.__compatible_ops__ = {}
+    deepspeed = import_deepspeed()
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
-    torch.manual_seed(rank)
-    spec, b, seq = job.model, job.batch.micro_batch, job.model.seq_len
-    micro_batches = min(job.grad_accum or 1, MAX_TRACED_MICRO_BATCHES)
-    config = deepspeed_config(job)
-    config["gradient_accumulation_steps"] = micro_batches        # from the second on, each repeats the pattern
+    micro_batches = min(job.grad_accum or 1, MAX_TRACED_MICRO_BATCHES)      # from the second on, each repeats
+    batch = dataclasses.replace(job.batch, global_batch=job.batch.micro_batch * job.parallel.dp * micro_batches)
+    traced = job.replace(batch=batch, training=dataclasses.replace(job.training, init_from=None))
+    plan = torch_precision(job.precision.mode)
     # initialised weights: fp16 skips steps that overflow, which would hide the optimizer's states
-    model = GPT(spec, attention=job.memory.attention, recompute=job.memory.recompute)
-    optimizer = _make_optimizer(job, model.parameters(), zero_redundancy=False)     # DeepSpeed partitions it
+    torch.manual_seed(job.training.seed)
+    model = _build_model(traced, plan.param_dtype)
     tracker = _DeviceTracker()
     tracker.track_external(model)
-    ended = {}
+    hooks = _ZeroHooks(tracker)
     offload = job.parallel.offload != "none"
     with tracker:
         # DeepSpeed builds its flat 16-bit and fp32 buffers here: inside the tracker, so it sees every byte
-        engine, zero, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+        prog = _deepspeed_program(traced, model)
+        engine, zero = prog.engine, prog.optimizer
+        hooks.zero = zero
         if offload:     # one memory here: count what ZeRO-Offload keeps on the host apart, and its step as the host's
             tracker.host_bytes = lambda _snap: _storage_bytes(_offload_host_tensors(zero))
             inner_step = zero.optimizer.step
@@ -134,27 +127,11 @@ def _trace_rank(job: Job, rank: int, world: int) -> TraceResult:
             reduce = zero.reduce_gradients
 
             def measured_reduce(*args, **kwargs):
-                ended["grads"] = _storage_bytes([p.grad for p in engine.module.parameters()])
+                hooks.reduced_grads = _storage_bytes([p.grad for p in engine.module.parameters()])
                 return reduce(*args, **kwargs)
             zero.reduce_gradients = measured_reduce
-        for step in range(2):
-            if step == 1:   # the steady step's peak only
-                tracker.reset_peak()
-            for micro in range(micro_batches):
-                # DeepSpeed leaves tensors in reference cycles: collecting here starts the collector's count afresh,
-                # so it runs at the same points of every trace (its timing moved a peak by up to 8 %)
-                gc.collect()
-                tracker.reset_mod_stats()
-                tokens = torch.randint(0, spec.vocab, (b, seq))
-                targets = torch.randint(0, spec.vocab, (b, seq))
-                start = _snapshot(tracker, "current")
-                loss = engine(tokens, targets)
-                boundary = _snapshot(tracker, "current")
-                engine.backward(loss)
-                del loss, tokens, targets
-                if micro == micro_batches - 1:
-                    grads = ended.get("grads") or _grad_bytes(zero)
-                engine.step()          # DeepSpeed's API: called every micro-batch, it steps at the boundary
+        two_steps(prog, traced, tracker, hooks)
+    start, boundary, grads = hooks.start, hooks.boundary, hooks.grads
     peak = _snapshot(tracker, "peak")
     # 16-bit weights: views into DeepSpeed's flat buffer (stages 1, 2), or this rank's partition (stage 3) and the
     # small vectors it keeps whole
@@ -183,6 +160,33 @@ def _trace_rank(job: Job, rank: int, world: int) -> TraceResult:
         boundary_breakdown=boundary,
         program=f"cpu, DeepSpeed {deepspeed.__version__} ZeRO-{job.parallel.zero} rank {rank} of {world}",
     )
+
+
+class _ZeroHooks:
+    """The step's recorder in a DeepSpeed trace: each micro-batch starts from a garbage collection (DeepSpeed leaves
+    tensors in reference cycles; collecting at the same points keeps the collector's timing, which moved a peak by
+    up to 8 %, out of the figures) and a snapshot, its forward ends in one; the gradients are measured once the
+    last backward is over (ZeRO-1: just before its reduction, which the last engine.step starts)."""
+
+    def __init__(self, tracker):
+        self.tracker, self.zero, self.reduced_grads = tracker, None, None
+        self.start = self.boundary = {}
+        self.grads = 0
+
+    def micro_batch(self, last: bool) -> None:  # noqa: ARG002 - the step's hook
+        gc.collect()
+        self.tracker.reset_mod_stats()
+        self.start = _snapshot(self.tracker, "current")
+
+    def forward_done(self) -> None:
+        self.boundary = _snapshot(self.tracker, "current")
+
+    def backward_done(self) -> None:
+        self.grads = self.reduced_grads or _grad_bytes(self.zero)
+
+    @contextlib.contextmanager
+    def optimizer_step(self, step: int):  # noqa: ARG002 - the step's hook
+        yield
 
 
 def _optimizer_states(zero) -> list:

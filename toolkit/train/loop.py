@@ -21,7 +21,6 @@ process also measure each rank's tensor memory (toolkit.train.memory_record -> m
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import signal
@@ -42,13 +41,11 @@ from .data import StepSampler, TokenShards, ensure_demo_corpus, make_loader
 from .determinism import pinned, rank_threads, threads_note
 from .memory_record import MemoryRecorder
 from .metrics import MetricsLog, memory_reading
-from .optim import clip_grad_norm
 from .parallelize import device_mesh, dp_rank_and_size
 from .precision import torch_precision
 from .run_state import checkpoint_state, first_error, load_checkpoint
-from .program import _backward, _build_program, _optimizer_step
-from .step import (agree, evaluate, local_value, mean_step_loss, micro_batch_context, pipeline_micro_batches,
-                   timeline_of)
+from .program import _build_program
+from .step import agree, apply_update, evaluate, forward_backward, mean_step_loss, reduce_and_clip, timeline_of
 from .techniques import Int8Activations, Pruner, block_matrices
 from .trackers import tracker_config, tracker_setup
 
@@ -240,29 +237,11 @@ class Trainer:
         if agree(failed is not None, self.device, world):      # (also the ranks' meeting after the write)
             raise TrainingStopped(unwritable_checkpoint(out / "checkpoints", step, first_error(failed, world)))
 
-    def _forward_backward(self, step: int) -> torch.Tensor:
-        """This step's micro-batches, forward and backward; the sum of their losses on this rank."""
-        prog, job, device, accum = self.prog, self.job, self.device, self.job.grad_accum
-        if prog.schedule is not None:
-            self.recorder.micro_batch()
-            return pipeline_micro_batches(prog, job, self.plan, self.batches, device,
-                                           timeline_of(job, prog, self.mesh, self.dp_rank, step), self.out)
-        loss_sum = torch.zeros((), device=device)
-        for micro in range(accum):
-            inputs, targets = next(self.batches)
-            inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
-            self.recorder.micro_batch()
-            with micro_batch_context(prog, job, last=micro == accum - 1):
-                with self.plan.autocast(device.type), (self.int8 or contextlib.nullcontext()):
-                    loss = prog.model(inputs, targets)
-                _backward(prog, self.scaler, loss, accum, last=micro == accum - 1)
-            loss_sum += local_value(loss.detach()).float()
-        return loss_sum
-
     def train_step(self, step: int) -> dict:
         """One optimizer step: micro-batches, gradient reduction, clipping, the update (or an fp16 skip), masks.
-        Returns the step's metrics record (without evaluation)."""
-        prog, job, t, plan, scaler, master = self.prog, self.job, self.t, self.plan, self.scaler, self.prog.master
+        Returns the step's metrics record (without evaluation). The step itself is toolkit.train.step's, which
+        the tracer runs too."""
+        prog, job, t, plan, scaler = self.prog, self.job, self.t, self.plan, self.scaler
         began = time.perf_counter()
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -270,29 +249,19 @@ class Trainer:
         lr = lr_at(step, t)
         for group in prog.optimizer.param_groups:
             group["lr"] = lr
-        loss_sum = self._forward_backward(step)
-        if master:
-            master.grads_to_master()
-        if prog.reduce_grads:
-            prog.reduce_grads()
-        scaler.unscale_(prog.optimizer)
-        grad_norm = (clip_grad_norm(prog.params, t.grad_clip or float("inf"), prog.stage_group, prog.counted)
-                     if prog.engine is None else 0.0)             # (DeepSpeed clips inside its step)
+        loss_sum = forward_backward(prog, job, plan, scaler, self.batches, self.device, self.recorder, int8=self.int8,
+                                    timeline=timeline_of(job, prog, self.mesh, self.dp_rank, step), out=self.out)
+        grad_norm = float(reduce_and_clip(prog, scaler, t.grad_clip or float("inf")))
         mean_loss = mean_step_loss(loss_sum, self.world, job.parallel.pp) / job.grad_accum
         scale_before = scaler.get_scale() if scaler.is_enabled() else None
         if not plan.loss_scaling and not (math.isfinite(mean_loss) and math.isfinite(grad_norm)):
             if self.metrics:
                 self.metrics.write({"step": step + 1, "loss": None, "lr": lr, "grad_norm": None, "stopped": "diverged"})
             raise TrainingStopped(_diagnose_nonfinite(job, step, lr, mean_loss, grad_norm))
-        with self.recorder.optimizer_step(step):
-            skipped = _optimizer_step(prog, scaler, scale_before)
+        skipped = apply_update(prog, scaler, scale_before, self.recorder, step)
         if prog.engine is not None:
             grad_norm = float(prog.engine.get_global_grad_norm())
-        if master:
-            master.zero_grad()
         self.skipped_total += int(skipped)
-        if master and not skipped:
-            master.master_to_model()
         self._prune_after(step)
         self.recorder.end_step(step)
         if plan.loss_scaling and scaler.get_scale() < 1.0:

@@ -30,8 +30,10 @@ class MemoryRecorder:
         self.steps = list(range(first_step, min(first_step + 2, last_step)))     # 0-based steps recorded
         self.tracker = None
         self.before_step: dict = {}
+        self.current = -1
 
     def begin_step(self, step: int) -> None:
+        self.current = step
         if step not in self.steps:
             return
         if self.device.type == "cuda":
@@ -48,17 +50,24 @@ class MemoryRecorder:
         else:
             self.tracker.reset_peak()
 
-    def micro_batch(self) -> None:
+    def micro_batch(self, last: bool = False) -> None:  # noqa: ARG002 - the step's hook (toolkit.train.step)
         if self.tracker is not None:
             self.tracker.reset_mod_stats()     # MemTracker refuses a module called twice otherwise
+
+    def forward_done(self) -> None:
+        """Between a micro-batch's forward and backward: nothing to record in a run."""
+
+    def backward_done(self) -> None:
+        """The step's gradients, as the last backward left them (before mixed-* moves them to the masters)."""
+        if self.tracker is not None and self.current == self.steps[-1]:
+            from ..trace.memory import snapshot
+            self.before_step = snapshot(self.tracker, "current")
 
     @contextlib.contextmanager
     def optimizer_step(self, step: int):
         if self.tracker is None or step != self.steps[-1]:
             yield
             return
-        from ..trace.memory import snapshot
-        self.before_step = snapshot(self.tracker, "current")
         if self._deepspeed_offload():      # only the inner optimizer's step runs on the host, as the trace counts it
             inner = self.prog.optimizer.optimizer
             host_step = inner.step

@@ -47,8 +47,9 @@ def has_dtensors(params) -> bool:
 
 
 def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float, stage_group=None,
-                   counted: list[torch.nn.Parameter] | None = None) -> float:
-    """Clip gradients to `max_norm` (inf: only measure) and return the global norm before clipping.
+                   counted: list[torch.nn.Parameter] | None = None):
+    """Clip gradients to `max_norm` (inf: only measure) and return the global norm before clipping (a float, or a
+    0-d tensor: take float() of it).
 
     Plain tensors in one pipeline stage go through torch's own clip_grad_norm_ (bit for bit what the replicas
     always did). With DTensors (FSDP2 shards, tensor-parallel slices, mixed with plain replicated tensors) the
@@ -57,7 +58,7 @@ def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float, stage_grou
     (`stage_group`) add their squares over the group; `counted` leaves out copies held twice (a tied
     embedding's head), which are still clipped."""
     if stage_group is None and not has_dtensors(params):
-        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)     # (a 0-d tensor: no wait for its value here)
     grads = [p.grad for p in params if p.grad is not None]
     measured = grads if counted is None else [p.grad for p in counted if p.grad is not None]
     squares = torch.zeros((), dtype=torch.float64)
@@ -71,12 +72,23 @@ def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float, stage_grou
         device = grads[0].device if grads else torch.device("cpu")
         squares = squares.to(device)
         dist.all_reduce(squares, group=stage_group)
+    if _is_fake(squares):         # the tracer's fake tensors have no value: scaling in place allocates nothing
+        return squares.sqrt()
     total = math.sqrt(float(squares))
     coefficient = max_norm / (total + 1e-6)
     if coefficient < 1.0 and math.isfinite(total):
         for grad in grads:
             grad.mul_(coefficient)
     return total
+
+
+def _is_fake(tensor: torch.Tensor) -> bool:
+    """A FakeTensorMode tensor (the tracer's): no value to read."""
+    try:
+        from torch._subclasses.fake_tensor import FakeTensor
+    except ImportError:           # (a torch that moved it: toolkit.compat refuses the trace itself)
+        return False
+    return isinstance(tensor, FakeTensor)
 
 
 def _by_placement(grads: list[torch.Tensor]) -> dict:

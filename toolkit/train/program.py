@@ -22,7 +22,7 @@ from .precision import MasterWeights, use_fp32_norms
 from .qlora import apply_qlora
 from .state import Layout
 
-__all__ = ["_Program", "_build_program", "_backward", "_optimizer_step"]
+__all__ = ["_Program", "_build_program", "_backward", "_optimizer_step", "steppers"]
 
 
 def _build_model(job: Job, param_dtype: torch.dtype) -> torch.nn.Module:
@@ -76,12 +76,10 @@ def _build_program(job: Job, plan, device: torch.device, mesh) -> _Program:
     torch.manual_seed(job.training.seed)                      # the same initial weights on every rank
     raw = _build_model(job, plan.param_dtype).to(device)
     main_grads = job.precision.grad_dtype == "fp32"
-    master = MasterWeights(raw, main_grads=main_grads) if plan.master_weights else None
     # fp32 main gradients are all-reduced by hand once per step, as Megatron does: no DDP around them
     model = raw if main_grads else parallelize(raw, job, mesh, device)
-    params = master.params if master else [p for p in raw.parameters() if p.requires_grad]
     zero1 = job.parallel.zero == 1 and mesh is not None
-    optimizer = build_optimizer(job, params, zero1_group=mesh["dp"].get_group() if zero1 else None)
+    master, params, optimizer = steppers(job, plan, raw, mesh["dp"].get_group() if zero1 else None)
     layout = Layout(sharded=is_sharded(job) and mesh is not None, zero1=zero1)
     reduce_grads = None                 # (the tensors are looked up at each call: gradients are set to None)
     if main_grads and mesh is not None:
@@ -91,12 +89,26 @@ def _build_program(job: Job, plan, device: torch.device, mesh) -> _Program:
     return _Program(model, raw, optimizer, master, params, layout, reduce_grads)
 
 
+def steppers(job: Job, plan, raw: torch.nn.Module, zero1_group=None):
+    """(fp32 masters or None, what the optimizer steps, the optimizer) for a laid-out model: mixed-* modes step
+    fp32 masters of the 16-bit weights (toolkit.train.precision), the others the trainable parameters; torch's
+    ZeRO-1 shares the states out over `zero1_group`. The runner and the tracer (toolkit.trace.memory) both."""
+    master = MasterWeights(raw, main_grads=job.precision.grad_dtype == "fp32") if plan.master_weights else None
+    params = master.params if master else [p for p in raw.parameters() if p.requires_grad]
+    return master, params, build_optimizer(job, params, zero1_group=zero1_group)
+
+
 def _build_deepspeed(job: Job, plan) -> _Program:
     """The model in its 16-bit dtype and the job's optimizer, handed to DeepSpeed's engine (ZeRO as configured by
     deepspeed_config(job)); the fp32 masters start from the 16-bit weights, as MasterWeights' do in one process."""
-    from .deepspeed_backend import deepspeed_engine
     torch.manual_seed(job.training.seed)
-    raw = _build_model(job, plan.param_dtype)
+    return _deepspeed_program(job, _build_model(job, plan.param_dtype))
+
+
+def _deepspeed_program(job: Job, raw: torch.nn.Module) -> _Program:
+    """DeepSpeed's engine around a built model (the tracer builds its engine under its tracker: it sees every
+    flat buffer DeepSpeed makes)."""
+    from .deepspeed_backend import deepspeed_engine
     params = [p for p in raw.parameters() if p.requires_grad]
     engine, optimizer = deepspeed_engine(job, raw, build_optimizer(job, params))
     return _Program(engine, engine.module, optimizer, None, params, Layout(), engine=engine)

@@ -1,6 +1,12 @@
 """What one training step and one evaluation do on this rank, whatever the layout: the micro-batches through
 a pipeline schedule or the plain model, the loss every rank agrees on, and the ranks' agreement on a flag.
-toolkit.train.loop's Trainer calls them in order."""
+toolkit.train.loop's Trainer calls them in order, and so does the tracer (toolkit.trace) on fake tensors or its
+gloo ranks: `forward_backward`, `reduce_and_clip` and `apply_update` are the one step both run.
+
+A step's `recorder` sees it from inside (toolkit.train.memory_record.MemoryRecorder in a run, the tracer's
+hooks in a trace): `micro_batch(last)` before each micro-batch, `forward_done()` between its forward and
+backward, `backward_done()` once the step's gradients are all made (before any reaches the fp32 masters), and
+`optimizer_step(step)` as a context around the update."""
 from __future__ import annotations
 
 import contextlib
@@ -14,10 +20,64 @@ from ..runs import write_stage_timeline
 from ..specs import Job
 from .data import TokenShards
 from .parallel import loss_parallel
-from .program import _Program
+from .optim import clip_grad_norm
+from .program import _backward, _optimizer_step, _Program
 
-__all__ = ["pipeline_micro_batches", "timeline_of", "micro_batch_context", "local_value", "mean_step_loss", "agree",
-           "evaluate", "forward_loss"]
+__all__ = ["forward_backward", "reduce_and_clip", "apply_update", "pipeline_micro_batches", "timeline_of",
+           "micro_batch_context", "local_value", "mean_step_loss", "agree", "evaluate", "forward_loss"]
+
+
+def forward_backward(prog: _Program, job: Job, plan, scaler, batches, device, recorder, *, int8=None,
+                     micro_batches: int | None = None, timeline: dict | None = None,
+                     out: Path | None = None) -> torch.Tensor:
+    """One step's micro-batches, forward and backward (through the pipeline schedule when there is one); the sum
+    of their losses on this rank. `micro_batches` defaults to the job's accumulation (the tracer runs fewer)."""
+    if prog.schedule is not None:
+        recorder.micro_batch(True)
+        loss_sum = pipeline_micro_batches(prog, job, plan, batches, device, timeline, out)
+        recorder.backward_done()
+        return loss_sum
+    accum = micro_batches or job.grad_accum
+    loss_sum = torch.zeros((), device=device)
+    for micro in range(accum):
+        inputs, targets = next(batches)
+        inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+        last = micro == accum - 1
+        recorder.micro_batch(last)
+        with micro_batch_context(prog, job, last=last):
+            with plan.autocast(device.type), (int8 or contextlib.nullcontext()):
+                loss = prog.model(inputs, targets)
+            recorder.forward_done()
+            _backward(prog, scaler, loss, accum, last=last)
+        loss_sum += local_value(loss.detach()).float()
+    recorder.backward_done()
+    return loss_sum
+
+
+def reduce_and_clip(prog: _Program, scaler, max_norm: float):
+    """Gradients made ready for the update: 16-bit ones moved to the fp32 masters (mixed-*), averaged where no DDP
+    or FSDP2 does, unscaled (fp16), clipped to `max_norm` (inf: measured only). Returns the global norm before
+    clipping (a 0-d tensor; 0.0 under DeepSpeed, which clips inside its step)."""
+    if prog.master:
+        prog.master.grads_to_master()
+    if prog.reduce_grads:
+        prog.reduce_grads()
+    scaler.unscale_(prog.optimizer)
+    if prog.engine is not None:
+        return 0.0
+    return clip_grad_norm(prog.params, max_norm, prog.stage_group, prog.counted)
+
+
+def apply_update(prog: _Program, scaler, scale_before: float | None, recorder, step: int) -> bool:
+    """The optimizer's step (inside the recorder's `optimizer_step`), then the 16-bit weights from the masters.
+    True if an fp16 overflow skipped it."""
+    with recorder.optimizer_step(step):
+        skipped = _optimizer_step(prog, scaler, scale_before)
+    if prog.master:
+        prog.master.zero_grad()
+        if not skipped:
+            prog.master.master_to_model()
+    return skipped
 
 
 def pipeline_micro_batches(prog: _Program, job: Job, plan, batches, device, timeline: dict | None = None,
