@@ -24,7 +24,7 @@ from ..compat import require_internals
 from ..specs.backends import job_deepspeed_fp32
 from ..specs.job import TORCH_SEMANTICS, Job
 from ..train.precision import torch_precision
-from .memory import MAX_TRACED_MICRO_BATCHES, TraceResult, _DeviceTracker
+from .memory import MAX_TRACED_MICRO_BATCHES, DeviceTracker, TraceResult
 from .steps import snapshot as _snapshot
 from .steps import two_steps
 from .ranks import trace_on_ranks
@@ -106,7 +106,7 @@ def _trace_rank(job: Job, rank: int, world: int) -> TraceResult:
     # initialised weights: fp16 skips steps that overflow, which would hide the optimizer's states
     torch.manual_seed(job.training.seed)
     model = _build_model(traced, plan.param_dtype)
-    tracker = _DeviceTracker()
+    tracker = DeviceTracker()
     tracker.track_external(model)
     hooks = _ZeroHooks(tracker)
     offload = job.parallel.offload != "none"
