@@ -347,10 +347,10 @@ def pipeline_in_flight(job: Job, stage: str | None = "first", stages_after=None)
 
 
 def _loss_bytes(job: Job, tokens: float, vocab: float) -> float:
-    """Output projection and loss: fp32 log-softmax, target ids, the loss and nll's total weight, and the
-    projection's 16-bit weight cast under autocast."""
+    """Output projection and loss: fp32 log-softmax, target ids, the loss and nll's total weight, the step's running
+    loss sum (an fp32 scalar, toolkit.train.step), and the projection's 16-bit weight cast under autocast."""
     amp = element_bytes(job)[2]
-    return tokens * vocab * 4 + tokens * _INT64 + 2 * 4 + amp * 2 * job.model.hidden * vocab
+    return tokens * vocab * 4 + tokens * _INT64 + 3 * 4 + amp * 2 * job.model.hidden * vocab
 
 
 def _lora_activations(job: Job) -> ActivationBytes:
