@@ -66,7 +66,9 @@ def test_a_machine_that_holds_the_job_runs_it_as_planned_and_one_that_does_not_r
 
 
 def test_a_layout_the_runner_does_not_train_is_refused_in_words_before_run():
-    plan = run_plan(_job(pp=2, zero=3, offload="params"), CPU)       # offload under pipelines: estimated only
-    assert plan.job is None and "not available" in plan.text() and "pipeline" in plan.text()
+    plan = run_plan(_job(mode="mixed-bf16", zero=3, offload="params"), CPU)     # ZeRO-Infinity: estimated only
+    assert plan.job is None and "not available" in plan.text() and "ZeRO-Infinity" in plan.text()
+    staged = run_plan(_job(pp=2, zero=3, offload="params"), CPU)     # FSDP2's offload under pipelines: runs
+    assert staged.job is not None and staged.job.parallel.offload == "params" and staged.job.parallel.pp == 2
     megatron = run_plan(_job(tp=8, mode="mixed-bf16", count=64), CPU)     # estimated only: the proxy says so
     assert megatron.job.precision.mode == "amp-bf16" and any("Megatron" in c for c in megatron.changes)

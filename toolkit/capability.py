@@ -6,7 +6,7 @@ The torch backend (toolkit.train.parallelize, toolkit.train.pipeline) trains fp3
 data-parallel replicas (DDP), torch's ZeRO-1 (ZeroRedundancyOptimizer over DDP), ZeRO-2/3 (FSDP2, with or
 without parameter offload), tensor and sequence parallelism (DTensor), dp × tp meshes (DDP or FSDP2 over
 dp), and pipelines (torch's GPipe, 1F1B and interleaved 1F1B schedules, equal or uneven stages) alone,
-replicated over dp (with ZeRO-1's sharded optimizer) or FSDP2-sharded over it (ZeRO-2/3), tensor-parallel within each stage (tp × pp, dp × tp × pp); the mixed-* modes as replicas
+replicated over dp (with ZeRO-1's sharded optimizer) or FSDP2-sharded over it (ZeRO-2/3, offload included), tensor-parallel within each stage (tp × pp, dp × tp × pp); the mixed-* modes as replicas
 with fp32 master weights. The DeepSpeed backend (toolkit.train.deepspeed_backend) trains the mixed-* modes, and
 fp32 where parallel.backend names it, with ZeRO-1/2/3 over dp, ZeRO-Offload included. Megatron's program (mixed-* with tp or pp) and context parallelism are estimated only. Rules are checked in
 order; the first that applies is the reason given. Everything refused here is still estimated (and mostly
@@ -24,7 +24,8 @@ from .specs.stages import uneven_fits
 __all__ = ["run_refusal", "runnable_mask", "RUN_LAYOUTS", "CAPABILITIES", "capability_markdown"]
 
 RUN_LAYOUTS = ("dp", "zero1", "zero2", "zero3", "zero2/3 + offload params", "tp", "tp + sp", "dp x tp",
-               "dp x tp + zero2/3", "pp (GPipe, 1F1B, interleaved 1F1B)", "dp x pp", "dp x pp + zero1/2/3", "tp x pp",
+               "dp x tp + zero2/3", "pp (GPipe, 1F1B, interleaved 1F1B)", "dp x pp", "dp x pp + zero1/2/3",
+               "dp x pp + zero2/3 + offload params", "tp x pp",
                "dp x tp x pp",
                "DeepSpeed zero1/2/3 (+ offload optimizer)")
 """Layout families the runner trains."""
@@ -41,7 +42,8 @@ CAPABILITIES = (   # (backend, layout, precision modes, estimated, traced, run)
      True, True, True),
     ("torch", "pp with ZeRO-2/3: FSDP2 stages over dp, gathered through the step (torchtitan's)",
      "fp32, amp-bf16, pure-bf16", True, True, True),
-    ("torch", "pp with offload", "fp32, amp-*, pure-bf16", True, False, False),
+    ("torch", "pp with ZeRO-2/3 + offload params (FSDP2's CPUOffloadPolicy per stage)", "fp32, amp-bf16, pure-bf16",
+     True, True, True),
     ("deepspeed", "ZeRO-1/2/3 over dp, + offload optimizer (ZeRO-Offload)",
      "mixed-bf16 (mixed-fp16 on GPUs); fp32 where backend: deepspeed", True, True, True),
     ("deepspeed", "offload params (ZeRO-Infinity)", "mixed-*", True, False, False),
@@ -84,8 +86,9 @@ def _pipeline_rules(job: Job):
     par, m = job.parallel, job.grad_accum or 1
     if par.pp == 1:
         return
-    yield par.offload != "none", (
-        "parallel.offload", par.offload, "pipelines with offload are estimated and not run: use offload none")
+    yield par.offload == "optimizer", (
+        "parallel.offload", par.offload, "pipelines offload FSDP2's shards (offload params, zero 2 or 3); DeepSpeed's "
+                                         "optimizer offload under pipelines is estimated, not run")
     yield par.vpp > 1 and par.schedule == "gpipe", (
         "parallel.schedule", "gpipe", "interleaved stages (vpp > 1) run the interleaved 1F1B schedule; set "
                                       "schedule: 1f1b or vpp: 1")
@@ -155,7 +158,7 @@ def runnable_mask(job: Job) -> np.ndarray:
         & ~((tp > 1) & (zero == 1))
     ok &= named_backend_fits(par.backend, mode, zero, tp, pp)
     ok &= np.asarray(par.cp) == 1
-    stages_ok = ((offload == "none") & uneven_fits(job.model.layers, pp, vpp)
+    stages_ok = ((offload != "optimizer") & uneven_fits(job.model.layers, pp, vpp)
                  & ~((vpp > 1) & (schedule == "gpipe")) & np.where(vpp == 1, m >= pp, interleaved_rounds_fit(m, pp)))
     ok &= (pp == 1) | stages_ok
     if job.precision.grad_dtype == "fp32" or job.finetune.adapters or job.optimizer.name == "adamw-8bit":

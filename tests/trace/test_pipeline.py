@@ -57,16 +57,20 @@ def test_tensor_parallel_stages_match_the_model(mode, sp, vpp):
 
 @pytest.mark.parametrize("mode, zero, rec, vpp, vocab", [("amp-bf16", 2, "none", 1, 4000),
                                                          ("amp-bf16", 3, "selective-op", 2, 1000),
-                                                         ("amp-bf16", 1, "none", 1, 4000)])
+                                                         ("amp-bf16", 1, "none", 1, 4000),
+                                                         ("amp-bf16", "3+offload", "none", 1, 4000)])
 def test_zero_stages_match_the_model(mode, zero, rec, vpp, vocab):
     """dp 2 x pp 2 with ZeRO on 4 gloo ranks. At ZeRO-2/3 each stage is FSDP2-sharded over its dp pair, as
     torchtitan runs it (blocks gathered from the first forward to the last backward, whole gradients accumulating
     in fp32, one reduce-scatter after the last backward); beside replicas of the same stages (zero 0) the model
     without those terms was 7-10 % low, and the runner sent 16-bit streams into fp32 buffers until this trace ran
     it (garbage values: a NaN loss in the first step). At ZeRO-1 each stage's optimizer is a ZeroRedundancyOptimizer
-    over its dp pair. Each stage's busiest rank against the estimate."""
+    over its dp pair. With offload, FSDP2 keeps each stage's shards, their gradients and states on the host (counted
+    apart). Each stage's busiest rank against the estimate."""
+    offload = "params" if zero == "3+offload" else "none"     # FSDP2's CPUOffloadPolicy on every stage
+    zero = 3 if offload != "none" else zero
     data = {"model": dict(LLAMA, vocab=vocab), "batch": {"micro_batch": 2, "global_batch": 16},
-            "precision": {"mode": mode}, "parallel": {"pp": 2, "dp": 2, "zero": zero, "vpp": vpp},
+            "precision": {"mode": mode}, "parallel": {"pp": 2, "dp": 2, "zero": zero, "vpp": vpp, "offload": offload},
             "cluster": {"count": 4}, "memory": {"recompute": rec, "program": "cpu"}}
     job = Job.from_dict(data).resolve()[0]
     stages = trace_pipeline_stages(job)
@@ -74,6 +78,7 @@ def test_zero_stages_match_the_model(mode, zero, rec, vpp, vocab):
         est = stage_memory_estimate(job, rank)
         assert est.params_bytes == traced.params_bytes               # the stage's fp32 shards and buffers
         assert est.peak_bytes == pytest.approx(traced.peak_bytes, rel=0.02), est.phases
+        assert est.host_bytes == pytest.approx(traced.host_bytes, rel=0.01)   # offload: the host's shards, grads, states
 
 
 def test_gpipe_peaks_in_the_second_micro_batch_backward():

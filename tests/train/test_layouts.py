@@ -133,8 +133,9 @@ def test_a_sharded_checkpoint_resumes_in_one_process(tmp_path, corpus, one_proce
 
 
 @pytest.mark.parametrize("layout", [("--tp", "2", "--pp", "2", "--sp"), ("--dp", "2", "--pp", "2", "--zero", "2"),
-                                    ("--dp", "2", "--pp", "2", "--zero", "1")],
-                         ids=["tp2xpp2-sp", "dp2xpp2-zero2", "dp2xpp2-zero1"])
+                                    ("--dp", "2", "--pp", "2", "--zero", "1"),
+                                    ("--dp", "2", "--pp", "2", "--zero", "3", "--offload", "params")],
+                         ids=["tp2xpp2-sp", "dp2xpp2-zero2", "dp2xpp2-zero1", "dp2xpp2-zero3-offload"])
 def test_a_four_rank_pipeline_trains_as_one_process_and_its_checkpoint_resumes_in_one(tmp_path, corpus, one_process,
                                                                                       capsys, layout):
     """tp 2 × pp 2 with sequence parallelism: each pipeline stage is sharded by the DTensor plan, stages send their

@@ -153,7 +153,10 @@ def test_before_run_the_panel_says_in_words_what_run_will_start():
     assert "32 layers, hidden 4096" in note and not panel.run_button.disabled
     panel.controls["pp"].value = 2                                      # FSDP2 stages over dp: run
     assert not panel.run_button.disabled
-    panel.controls["offload"].value = "params"                          # offload under pipelines: estimated, not run
+    panel.controls["offload"].value = "params"                          # FSDP2's offload under pipelines: run
+    assert not panel.run_button.disabled
+    panel.controls["precision"].value = "mixed-bf16"                    # Megatron's program: the proxy trains amp
+    panel.controls["pp"].value = 1                                      # ZeRO-Infinity: estimated, not run
     assert panel.run_button.disabled and "not available here" in panel.run_note.value
     assert panel.run() is None                                          # the button is off, and so is the call
     panel.controls["tp"].value = 16                                     # not valid at all

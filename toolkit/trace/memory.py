@@ -55,6 +55,7 @@ from .steps import snapshot as _snapshot
 from .ddp import DDPBuckets
 
 __all__ = ["TraceResult", "trace_memory", "MAX_TRACED_MICRO_BATCHES", "DeviceTracker", "FSDPDeviceTracker", "snapshot",
+           "offloaded_shard_bytes",
            "fsdp_host_bytes", "FSDP_HOST"]
 
 MAX_TRACED_MICRO_BATCHES = 2
@@ -400,6 +401,19 @@ _FSDP_HOST = ("SHARDED_PARAM", "SHARDED_GRAD", "OPT")
 
 def _fsdp_host_bytes(snap: dict) -> int:
     return sum(v for k, v in snap.items() if getattr(k, "name", k) in _FSDP_HOST)
+
+
+def offloaded_shard_bytes(params: list, optimizer) -> int:
+    """What FSDP2's CPUOffloadPolicy keeps on the host, counted from the tensors (a pipeline stage's tracker has no
+    FSDP categories): each rank's shards of the parameters, of their gradients and of the optimizer's states, each
+    storage once."""
+    tensors = list(params) + [p.grad for p in params if p.grad is not None]
+    tensors += [t for state in optimizer.state.values() for t in state.values() if torch.is_tensor(t) and t.dim()]
+    seen = {}
+    for t in tensors:
+        storage = (t.to_local() if hasattr(t, "to_local") else t).untyped_storage()
+        seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
 
 
 # The runner records real runs with the same instrument (toolkit.train.memory_record): public names for it.

@@ -17,7 +17,7 @@ from ..estimate.memory import memory_estimate
 from ..specs.errors import SpecError
 from ..compat import require_internals
 from ..specs.job import TORCH_SEMANTICS, Job
-from .memory import StageTracker, TraceResult
+from .memory import StageTracker, TraceResult, offloaded_shard_bytes
 from .steps import TraceHooks, snapshot, two_steps
 from ..train.precision import torch_precision
 from .ranks import trace_on_ranks
@@ -31,8 +31,9 @@ MAX_PIPELINE_MICRO_BATCHES = 32
 
 def check_pipeline_traceable(job: Job, estimated_total_bytes: float) -> None:
     par, m = job.parallel, job.grad_accum or 1
-    if par.offload != "none":
-        raise SpecError("parallel.offload", par.offload, "pipelines are traced without offload so far")
+    if par.offload != "none" and (par.zero < 2 or job.precision.mode not in TORCH_SEMANTICS):
+        raise SpecError("parallel.offload", par.offload, "pipelines are traced with FSDP2's offload (zero 2 or 3, "
+                                                         "--offload params) only")
     if par.vpp > 1 and par.schedule == "gpipe":
         raise SpecError("parallel.schedule", par.schedule, "interleaved stages (vpp > 1) run the interleaved 1F1B "
                                                            "schedule; set schedule: 1f1b or vpp: 1")
@@ -95,18 +96,23 @@ def _trace_stage(job: Job, rank: int, world: int) -> TraceResult:  # noqa: ARG00
                            device_mesh(traced, "cpu"))
     tracker = StageTracker()
     tracker.track_external(prog.raw, prog.optimizer)
+    offload = par.offload != "none"          # FSDP2's: the shards, their gradients and states live on the host
+    if offload:
+        tracker.host_bytes = lambda _snap: offloaded_shard_bytes(prog.params, prog.optimizer)
     hooks = TraceHooks(tracker)
     with tracker:
         two_steps(prog, traced, tracker, hooks)
         after = snapshot(tracker, "current")
     peak = snapshot(tracker, "peak")
     tp_mesh = prog.tp_mesh
+    on_device = 0 if offload else 1
     return TraceResult(
-        params_bytes=after.get("PARAM", 0) + after.get("BUFFER", 0),
-        grads_bytes=hooks.snaps["before_step"].get("GRAD", 0),
-        optimizer_bytes=after.get("OPT", 0) + after.get("OTH", 0),
+        params_bytes=on_device * after.get("PARAM", 0) + after.get("BUFFER", 0),
+        grads_bytes=on_device * hooks.snaps["before_step"].get("GRAD", 0),
+        optimizer_bytes=on_device * (after.get("OPT", 0) + after.get("OTH", 0)),
         activations_bytes=0,                 # no single forward/backward boundary: micro-batches interleave
-        peak_bytes=peak.get("Total", 0),
+        host_bytes=hooks.snaps.get("host_bytes", 0),
+        peak_bytes=peak.get("Device" if offload else "Total", 0),
         peak_breakdown=peak,
         boundary_breakdown={},
         program=f"cpu, {'interleaved ' if par.vpp > 1 else ''}{par.schedule} stage {prog.pp_rank} of {par.pp}"

@@ -56,6 +56,8 @@ class TraceHooks:
 
     def backward_done(self) -> None:
         self.snaps["before_step"] = snapshot(self.tracker, "current")
+        if getattr(self.tracker, "host_bytes", None) is not None:     # offload: the host's states, gradients made
+            self.snaps["host_bytes"] = self.tracker.host_bytes(self.snaps["before_step"])
 
     @contextlib.contextmanager
     def optimizer_step(self, step: int):  # noqa: ARG002 - the step's hook

@@ -30,6 +30,7 @@ class MemoryRecorder:
         self.steps = list(range(first_step, min(first_step + 2, last_step)))     # 0-based steps recorded
         self.tracker = None
         self.before_step: dict = {}
+        self.host_at_step = 0
         self.current = -1
 
     def begin_step(self, step: int) -> None:
@@ -62,6 +63,8 @@ class MemoryRecorder:
         if self.tracker is not None and self.current == self.steps[-1]:
             from ..trace.memory import snapshot
             self.before_step = snapshot(self.tracker, "current")
+            if self.tracker.host_bytes is not None:
+                self.host_at_step = self.tracker.host_bytes(self.before_step)
 
     @contextlib.contextmanager
     def optimizer_step(self, step: int):
@@ -119,6 +122,9 @@ class MemoryRecorder:
         if self._deepspeed_offload():
             from ..trace.zero import offload_host_bytes
             tracker.host_bytes = lambda _snap: offload_host_bytes(prog.optimizer)
+        elif prog.schedule is not None and self.job.parallel.offload != "none":     # FSDP2 stages, offloaded
+            from ..trace.memory import offloaded_shard_bytes
+            tracker.host_bytes = lambda _snap: offloaded_shard_bytes(prog.params, prog.optimizer)
         if prog.master and prog.master.main_grads is not None:
             tracker.track_gradients(prog.master.main_grads)
         return tracker
@@ -130,10 +136,12 @@ class MemoryRecorder:
         self.tracker.__exit__(None, None, None)
         self.tracker = None
         fsdp_offload = self.job.parallel.offload != "none" and self.job.parallel.zero >= 2 and self.prog.engine is None
-        on_host = FSDP_HOST if fsdp_offload else ()     # what FSDP2's offload keeps in host memory
+        staged = fsdp_offload and self.prog.schedule is not None     # (the stage tracker has no FSDP categories)
+        on_host = ("PARAM", "GRAD", "OPT") if staged else FSDP_HOST if fsdp_offload else ()   # offload's host states
         states = {name: sum((self.before_step if name == "grads_bytes" else after).get(c, 0)
                             for c in cats if c not in on_host) for name, cats in _STATES.items()}
-        states["host_bytes"] = fsdp_host_bytes(self.before_step) if fsdp_offload else 0
+        states["host_bytes"] = self.host_at_step if staged else fsdp_host_bytes(self.before_step) if fsdp_offload \
+            else 0
         if self._deepspeed_offload():
             from ..trace.zero import offload_host_bytes
             states["host_bytes"] = offload_host_bytes(self.prog.optimizer)
@@ -146,3 +154,4 @@ class MemoryRecorder:
         reserved = int(torch.cuda.max_memory_reserved(self.device))
         return {"instrument": "torch.cuda allocator", "peak_bytes": allocated,
                 "categories": {"allocated_peak": allocated, "reserved_peak": reserved}, "states": None}
+
