@@ -101,3 +101,14 @@ def test_a_row_in_the_wrong_unit_or_without_a_source_is_named_with_the_fix(tmp_p
     with pytest.raises(SpecError) as refused:
         load_catalog(path)
     assert f"mine.yaml: {field}" in str(refused.value) and fix in str(refused.value)
+
+
+def test_a_slow_measured_memory_rate_is_not_taken_for_a_unit_slip(tmp_path):
+    """`toolkit calibrate` wrote 5.2e7 B/s for a CPU's element-wise rate under load (ci73): a figure, not a GB/s
+    slip (which would read 3.35), so a profile holding it loads."""
+    path = tmp_path / "profile.yaml"
+    path.write_text(NPU.format(memory=34359738368, fp16=200).replace("1.0e12", "5.2e7"))
+    assert load_catalog(path).accelerator("MY-NPU").memory_bw_bytes_per_s == 5.2e7
+    path.write_text(NPU.format(memory=34359738368, fp16=200).replace("1.0e12", "3.35"))
+    with pytest.raises(SpecError, match="looks like GB/s"):
+        load_catalog(path)
