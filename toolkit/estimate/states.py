@@ -26,7 +26,7 @@ from ..specs.backends import job_deepspeed_fp32
 from ..specs.job import TORCH_SEMANTICS, Job
 from ..specs.model import ModelSpec
 from ..specs.stages import stage_layer_counts
-from .params import count_params, projection_shapes
+from ..specs.params import count_params, projection_shapes, replicated_per_layer, vocab_per_rank
 
 __all__ = ["StateBytes", "adapter_params_per_layer", "bf16_optimizer", "by_stage", "job_stage_layers", "bytes_per_param", "largest_tensor", "model_state_bytes",
            "nf4_matrix_bytes", "params_per_device", "qlora_block_bytes", "replicated_per_layer", "vocab_per_rank",
@@ -126,18 +126,6 @@ def largest_tensor(model: ModelSpec, tp=1):
     m = model
     matrices = max(m.hidden * m.heads * m.head_dim_, m.hidden * m.ffn_) / np.asarray(tp)
     return np.maximum(vocab_per_rank(m, tp) * m.hidden, matrices)
-
-
-def vocab_per_rank(model: ModelSpec, tp=1):
-    """Vocabulary rows on the busiest tensor-parallel rank: torch shards an uneven vocabulary by ceil(V / tp)."""
-    return np.ceil(model.vocab / np.asarray(tp))
-
-
-def replicated_per_layer(model: ModelSpec) -> int:
-    """Parameters of one block that tensor parallelism does not split: the norms and the biases added after
-    the row-parallel o and down projections."""
-    norm = 2 * model.hidden if model.norm == "layernorm" else model.hidden
-    return 2 * norm + (2 * model.hidden if model.bias == "all" else 0)
 
 
 def adapter_params_per_layer(job: Job) -> int:

@@ -22,6 +22,7 @@ import re
 
 from .errors import SpecError
 from .model import ModelSpec
+from .params import count_params, replicated_per_layer, vocab_per_rank
 
 __all__ = ["PARTITION_METHODS", "layer_list", "balanced_parts", "uniform_parts", "partition_blocks"]
 
@@ -31,8 +32,6 @@ BLOCK, EMBEDDING, HEAD = "ParallelTransformerLayerPipe", "EmbeddingPipe", "LMHea
 
 def layer_list(model: ModelSpec, tp: int = 1, half: bool = True) -> list[tuple[str, int]]:
     """(class name, trainable parameters on one tensor-parallel rank) of each entry of GPTModelPipe's list."""
-    from ..estimate.params import count_params           # (the estimator's exact counts; it imports specs)
-    from ..estimate.states import replicated_per_layer, vocab_per_rank
     c = count_params(model)
     rows = int(vocab_per_rank(model, tp)) * model.hidden
     replicated = replicated_per_layer(model)

@@ -46,7 +46,7 @@ from ..train.lora import apply_lora
 from ..train.qlora import apply_qlora
 from ..train.model import GPT
 from ..train.parallel import loss_parallel, shard_embedding_grad, tensor_parallel
-from ..train.parallelize import apply_fsdp
+from ..train.parallelize import apply_fsdp, is_sharded
 from ..train.precision import TORCH_DTYPES, torch_precision
 from ..train.program import _Program, steppers
 from ..train.state import Layout
@@ -301,7 +301,7 @@ def _traced_program(job: Job, model: torch.nn.Module) -> _Program:
     master, params, optimizer = steppers(job, torch_precision(job.precision.mode), model,
                                          dist.group.WORLD if zero1 else None)
     return _Program(model, model, optimizer, master, params,
-                    Layout(sharded=job.parallel.zero >= 2 or job.parallel.tp > 1, zero1=zero1))
+                    Layout(sharded=is_sharded(job), zero1=zero1))
 
 
 def _run_steps(job: Job, tracker: MemTracker, prog: _Program, buckets: "DDPBuckets | None" = None) -> dict[str, dict]:

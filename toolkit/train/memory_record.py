@@ -154,4 +154,3 @@ class MemoryRecorder:
         reserved = int(torch.cuda.max_memory_reserved(self.device))
         return {"instrument": "torch.cuda allocator", "peak_bytes": allocated,
                 "categories": {"allocated_peak": allocated, "reserved_peak": reserved}, "states": None}
-

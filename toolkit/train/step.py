@@ -57,7 +57,7 @@ def forward_backward(prog: _Program, job: Job, plan, scaler, batches, device, re
 def reduce_and_clip(prog: _Program, scaler, max_norm: float):
     """Gradients made ready for the update: 16-bit ones moved to the fp32 masters (mixed-*), averaged where no DDP
     or FSDP2 does, unscaled (fp16), clipped to `max_norm` (inf: measured only). Returns the global norm before
-    clipping (a 0-d tensor; 0.0 under DeepSpeed, which clips inside its step)."""
+    clipping (a float or a 0-d tensor: take float() of it; 0.0 under DeepSpeed, which clips inside its step)."""
     if prog.master:
         prog.master.grads_to_master()
     if prog.reduce_grads:
