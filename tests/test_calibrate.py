@@ -49,8 +49,9 @@ def test_bad_calibrate_input_is_one_line(capsys, argv, expect):
 
 
 def test_a_tensor_parallel_job_calibrates_its_collectives_on_two_ranks(tmp_path):
-    """On 2 gloo ranks a tp 2 job's profile carries the measured fixed cost of a tensor-parallel collective (the
-    runner's DTensor layers around two real collectives), and the model prices the job's collectives with it."""
+    """On 2 gloo ranks a tp 2 job's profile carries the measured fixed cost of a tensor-parallel collective (one of
+    the job's blocks under the runner's DTensor plan, against its share unparallelized), and the model prices the
+    job's collectives with it."""
     import dataclasses
 
     from toolkit.calibrate import calibrate
@@ -65,3 +66,47 @@ def test_a_tensor_parallel_job_calibrates_its_collectives_on_two_ranks(tmp_path)
     hw = hardware_for(placed, catalog)
     slower = dataclasses.replace(hw.assumptions, tp_collective_s=2 * fixed_s)   # the measured figure is the one used
     assert step_time(placed, hw, slower).tp_comm_s > step_time(placed, hw).tp_comm_s > 0
+
+
+def test_an_fsdp2_job_calibrates_its_collectives_on_two_ranks(tmp_path):
+    """On 2 gloo ranks a ZeRO-2 (FSDP2) job's profile carries the measured cost of one FSDP2 collective beyond its
+    bytes (the job's blocks sharded as the runner shards them, against the same blocks whole), and the model's
+    gathers and reduce-scatters pay it: doubling it lengthens the step's data-parallel communication."""
+    import dataclasses
+
+    from toolkit.calibrate import calibrate
+    from toolkit.estimate.steptime import step_time
+    job = Job.from_dict(dict(SMALL, parallel={"zero": 2}))
+    profile = tmp_path / "profile.yaml"
+    row = calibrate(job, 2, profile)["accelerators"][0]
+    fixed_s = row["assumptions"]["fsdp_collective_s"]
+    assert 1e-6 < fixed_s < 1.0 and "tp_collective_s" not in row["assumptions"], row
+    catalog = load_catalog(profile)
+    placed, _ = job.replace(cluster=job.cluster.__class__(accelerator=row["name"], count=2)).resolve(catalog)
+    hw = hardware_for(placed, catalog)
+    slower = dataclasses.replace(hw.assumptions, fsdp_collective_s=2 * fixed_s)
+    assert step_time(placed, hw, slower).dp_comm_exposed_s > step_time(placed, hw).dp_comm_exposed_s > 0
+
+
+def test_in_model_matmul_flops_are_the_models_linear_layers_counted_by_torch():
+    """The in-model rate's FLOPs come from the profiler's recorded shapes: over one training step of the job's
+    model they must be forward and backward (3 products) of every linear layer torch holds, 2·tokens·in·out each,
+    the tied head included; and attention's from the fused kernel's shapes, 3·2·2·b·h·s²·d/2 (causal)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from toolkit.calibrate import kernel_totals
+    from toolkit.train.model import GPT
+    job = Job.from_dict(SMALL)
+    model = GPT(job.model)
+    tokens = torch.randint(0, job.model.vocab, (job.batch.micro_batch, job.model.seq_len))
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        model(tokens, tokens).backward()
+    totals = kernel_totals(prof)
+    n = tokens.numel()
+    linear = sum(mod.weight.numel() for mod in model.modules() if isinstance(mod, torch.nn.Linear))
+    assert totals["matmul_flops"] == 3 * 2 * n * linear, totals
+    m = job.model
+    assert totals["attention_flops"] == m.layers * 3 * 2 * 2 * job.batch.micro_batch * m.heads * m.seq_len ** 2 \
+        * m.head_dim_ / 2, totals
+    assert totals["matmul_s"] > 0 and totals["attention_s"] > 0

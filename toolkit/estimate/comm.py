@@ -138,6 +138,8 @@ def data_parallel_s(job: Job, hw, a, trainable, n, bw, accum, micro_s, units):
         gather_b = gather_b * (1 - linear) + 1.0 * linear
     g = hw.gpus_per_node
     latency = latency_s(n, np.maximum(g // np.asarray(job.parallel.tp), 1), a)
+    if a.fsdp_collective_s is not None:          # measured as FSDP2 issues a block's collectives (calibrate)
+        latency = np.where(torch_ & (zero >= 2), a.fsdp_collective_s, latency)
     grad_bytes = trainable * grad_b
     # DDP and DeepSpeed reduce in buckets of bucket_bytes; FSDP2 reduce-scatters each wrapped block on its own
     buckets = np.where(torch_ & (zero >= 2), units, np.maximum(np.ceil(grad_bytes / a.bucket_bytes), 1))

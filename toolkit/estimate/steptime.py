@@ -96,6 +96,14 @@ class Assumptions:
     DTensor, the dispatch and redistribution of the layer around it; None = the ring's latency. `toolkit
     calibrate` measures it for tensor-parallel jobs (on a 2-core CPU about 1 ms: a rank's collective often waits
     for its peer's thread to be scheduled)."""
+    fsdp_collective_s: float | None = None
+    """Cost of one FSDP2 collective (a block's gather or reduce-scatter) beyond its ring bytes, as the program
+    issues it: its latency and, on a CPU, the fresh buffers, the copies in and out and the hooks around it; None =
+    the ring's latency. `toolkit calibrate` measures it for FSDP2 jobs (2 gloo ranks on 2 cores: about 2 ms)."""
+    checkpoint_overhead_s: float = 0.0
+    """Fixed cost of one checkpointed region's recompute beyond its ops (torch's checkpoint: its frame, the
+    saved-tensor hooks, the early stop raised and unwound through autograd), per region per micro-batch. 0 for
+    catalog accelerators, whose kernels hide the host's work; `toolkit calibrate` measures it (a CPU: ~0.2 ms)."""
     op_overhead_s: float = 0.0
     """Fixed cost of one operation (dispatch, autograd, a kernel launch), per op unit: a forward op counts one,
     its backward two. 0 for catalog accelerators, whose asynchronous launches hide behind the previous kernel
@@ -411,8 +419,9 @@ def _overhead_s(job: Job, a: Assumptions, layers, accum, owns_head):
     """Fixed costs of the step's operations on the busiest rank, in op units (a forward op one, its backward two):
     each block's forward ops (two norms, q, k, v, o, the attention core, two residual adds, the MLP's two or
     three linears and its activation, dropouts, rotary embeddings) three times a micro-batch, once more under
-    full recompute (less the saved ones under per-op recompute); the embedding, the head and the loss; and once a step, the optimizer's ops on each tensor
-    (torch's for-loop AdamW: about eight per tensor; foreach and fused: a few per step)."""
+    full recompute (less the saved ones under per-op recompute); the embedding, the head and the loss; once a step,
+    the optimizer's ops on each tensor (torch's for-loop AdamW: about eight per tensor; foreach and fused: a few
+    per step); and each checkpointed region's own cost under recompute."""
     m = job.model
     block_ops = 14 + (2 if m.mlp == "swiglu" else 0) + (2 if m.dropout > 0 else 0) + (8 if m.position == "rope" else 0)
     recompute = np.asarray(job.memory.recompute)
@@ -421,7 +430,8 @@ def _overhead_s(job: Job, a: Assumptions, layers, accum, owns_head):
     micro_units = layers * (3 * block_ops + again) + 3 * 3 + np.where(owns_head, 3 * 4, 0)
     tensors = layers * (10 if m.bias == "all" else 8) + 4
     optimizer_units = np.where(optimizer_impl(job) == "for-loop", 8 * tensors, 24)
-    return (accum * micro_units + optimizer_units) * a.op_overhead_s
+    regions = layers * (recompute != "none")              # one checkpointed region per block (its core: selective)
+    return (accum * micro_units + optimizer_units) * a.op_overhead_s + accum * regions * a.checkpoint_overhead_s
 
 
 def _trainable(job: Job):

@@ -27,7 +27,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
 
 from .model import run_blocks
 
-__all__ = ["tensor_parallel", "vocab_parallel_loss", "shard_embedding_grad", "loss_parallel", "PipelineStage"]
+__all__ = ["tensor_parallel", "block_plan", "vocab_parallel_loss", "shard_embedding_grad", "loss_parallel", "PipelineStage"]
 
 
 def tensor_parallel(model: nn.Module, mesh: DeviceMesh, sequence_parallel: bool = False,
@@ -43,17 +43,7 @@ def tensor_parallel(model: nn.Module, mesh: DeviceMesh, sequence_parallel: bool 
     seq = Shard(1)                      # the token dimension of (batch, seq, hidden)
     stream = seq if sequence_parallel else Replicate()
     for block in model.blocks:
-        plan = {"attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(), "attn.v": ColwiseParallel(),
-                "attn.o": RowwiseParallel(output_layouts=stream),
-                "mlp.up": ColwiseParallel(), "mlp.down": RowwiseParallel(output_layouts=stream)}
-        if block.mlp.swiglu:
-            plan["mlp.gate"] = ColwiseParallel()
-        if sequence_parallel:
-            plan.update({"norm1": SequenceParallel(), "norm2": SequenceParallel(),
-                         "attn": PrepareModuleInput(input_layouts=(seq, None, None),
-                                                    desired_input_layouts=(Replicate(), None, None)),
-                         "mlp": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),))})
-        parallelize_module(block, mesh, plan)
+        parallelize_module(block, mesh, block_plan(block, sequence_parallel))
     learned, plan = model.pos is not None, {}
     if model.tok is not None:
         plan["tok"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate() if learned else stream)
@@ -72,6 +62,25 @@ def tensor_parallel(model: nn.Module, mesh: DeviceMesh, sequence_parallel: bool 
     if model.tok is not None and not model.tok.weight.is_meta:
         shard_embedding_grad(model)
     return model
+
+
+def block_plan(block: nn.Module, sequence_parallel: bool) -> dict:
+    """One block's DTensor plan (Megatron's split): q, k, v, up (and gate) by columns, o and down by rows; under
+    sequence parallelism the norms and the residual stream stay sharded by token and each branch gathers its
+    input. toolkit calibrate times a block under this same plan."""
+    seq = Shard(1)
+    stream = seq if sequence_parallel else Replicate()
+    plan = {"attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(), "attn.v": ColwiseParallel(),
+            "attn.o": RowwiseParallel(output_layouts=stream),
+            "mlp.up": ColwiseParallel(), "mlp.down": RowwiseParallel(output_layouts=stream)}
+    if block.mlp.swiglu:
+        plan["mlp.gate"] = ColwiseParallel()
+    if sequence_parallel:
+        plan.update({"norm1": SequenceParallel(), "norm2": SequenceParallel(),
+                     "attn": PrepareModuleInput(input_layouts=(seq, None, None),
+                                                desired_input_layouts=(Replicate(), None, None)),
+                     "mlp": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),))})
+    return plan
 
 
 def vocab_parallel_loss(mesh: DeviceMesh, vocab: int):
