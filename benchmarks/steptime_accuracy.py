@@ -124,24 +124,36 @@ SELF_CALIBRATION = [("1 rank", [], 1), ("1 rank, full recompute", ["--recompute"
 """The loop on this machine: train the README's small GPT, calibrate with its job on as many ranks, compare."""
 
 
-def self_calibration(work: Path) -> list[tuple[str, int, float]]:
-    """(layout, ranks, error of the modelled step against the measured median) for each SELF_CALIBRATION run."""
+def self_calibration(work: Path, repeats: int) -> list[tuple[str, int, float, float]]:
+    """(layout, ranks, median error, measured spread) of each SELF_CALIBRATION layout over `repeats` loops of
+    train, calibrate, compare. One loop is one sample of a shared machine: its measured step and its calibrated
+    rates each move by several per cent from one minute to the next, so each layout's error is the median of
+    its loops, and the spread of its measured steps ((max − min) / median) says how much of the error is the
+    machine's own noise."""
     import subprocess
     from toolkit.trace.report import compare_run
     toolkit = [sys.executable, "-m", "toolkit.cli"]
     out = []
     for i, (name, flags, ranks) in enumerate(SELF_CALIBRATION):
-        run, profile = work / f"run{i}", work / f"profile{i}.yaml"
-        subprocess.run([*toolkit, "train", *SMALL_GPT, *flags, "--nproc", str(ranks), "--out", str(run)],
-                       check=True, capture_output=True)
-        subprocess.run([*toolkit, "calibrate", "--nproc", str(ranks), "--config", str(run / "job.yaml"),
-                        "--out", str(profile)], check=True, capture_output=True)
-        step = compare_run(run, [profile], trace=False)["time"]["step_s"]
-        out.append((name, ranks, step["error"]))
-        row = yaml.safe_load(profile.read_text())["accelerators"][0]
-        matmul_gflops = 1e3 * max(v for v in row["peak_tflops"].values() if isinstance(v, float))
-        print(f"  {name:28} measured {step['measured']:.3f} s, modelled {step['estimate']:.3f} s, "
-              f"{step['error']:+.1%}  (matmuls {matmul_gflops:.0f} GFLOP/s a rank)", flush=True)
+        errors, measured = [], []
+        for k in range(repeats):
+            run, profile = work / f"run{i}-{k}", work / f"profile{i}-{k}.yaml"
+            subprocess.run([*toolkit, "train", *SMALL_GPT, *flags, "--nproc", str(ranks), "--out", str(run)],
+                           check=True, capture_output=True)
+            subprocess.run([*toolkit, "calibrate", "--nproc", str(ranks), "--config", str(run / "job.yaml"),
+                            "--out", str(profile)], check=True, capture_output=True)
+            step = compare_run(run, [profile], trace=False)["time"]["step_s"]
+            errors.append(step["error"])
+            measured.append(step["measured"])
+            row = yaml.safe_load(profile.read_text())["accelerators"][0]
+            matmul_gflops = 1e3 * max(v for v in row["peak_tflops"].values() if isinstance(v, float))
+            print(f"  {name:28} measured {step['measured']:.3f} s, modelled {step['estimate']:.3f} s, "
+                  f"{step['error']:+.1%}  (matmuls {matmul_gflops:.0f} GFLOP/s a rank)", flush=True)
+        spread = (max(measured) - min(measured)) / statistics.median(measured)
+        out.append((name, ranks, statistics.median(errors), spread))
+        if repeats > 1:
+            print(f"  {name:28} median {statistics.median(errors):+.1%}, measured steps spread {spread:.1%}",
+                  flush=True)
     return out
 
 
@@ -149,7 +161,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json", metavar="PATH")
     parser.add_argument("--reference", default=str(REFERENCE))
-    parser.add_argument("--no-runs", action="store_true", help="skip the self-calibration runs (about 3 minutes)")
+    parser.add_argument("--no-runs", action="store_true", help="skip the self-calibration runs (about 2 minutes a repeat)")
+    parser.add_argument("--repeats", type=int, default=3, help="loops of train, calibrate, compare per layout")
     args = parser.parse_args()
     rows = json.loads(Path(args.reference).read_text())["rows"]
     results = evaluate(rows)
@@ -166,7 +179,7 @@ def main() -> None:
         import tempfile
         print("\nself-calibration on this machine (toolkit train, toolkit calibrate, toolkit compare --catalog):")
         with tempfile.TemporaryDirectory() as work:
-            looped = self_calibration(Path(work))
+            looped = self_calibration(Path(work), args.repeats)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     print()
@@ -175,9 +188,11 @@ def main() -> None:
     print(f"median signed error: {100 * statistics.median(r['error'] for r in results if 'error' in r):+.1f} %")
     print(f"max |error|: {100 * max(errors):.1f} %")
     print(f"same-model pairs in measured order: {kept} of {total}")
-    for ranks in sorted({r for _n, r, _e in looped}):
-        worst = max(abs(e) for _n, r, e in looped if r == ranks)
+    for ranks in sorted({r for _n, r, _e, _s in looped}):
+        worst = max(abs(e) for _n, r, e, _s in looped if r == ranks)
         print(f"self-calibrated max |error|, {ranks} rank(s): {100 * worst:.1f} %")
+    if looped:
+        print(f"self-calibrated measured-step spread, max: {100 * max(s for *_x, s in looped):.1f} %")
 
 
 if __name__ == "__main__":
