@@ -110,3 +110,12 @@ def test_in_model_matmul_flops_are_the_models_linear_layers_counted_by_torch():
     assert totals["attention_flops"] == m.layers * 3 * 2 * 2 * job.batch.micro_batch * m.heads * m.seq_len ** 2 \
         * m.head_dim_ / 2, totals
     assert totals["matmul_s"] > 0 and totals["attention_s"] > 0
+
+
+def test_an_encoder_job_calibrates_its_matmuls_at_its_shapes():
+    """The runner's GPT builds decoders only: an encoder job's rates come from its shapes alone, not a crash."""
+    from toolkit.calibrate import job_shapes, measure_rank
+    job = Job.from_dict(dict(SMALL, model=dict(SMALL["model"], encoder=True))).resolve()[0]
+    figures = measure_rank(job, 0, 1)
+    assert figures["in_model"] is False and len(figures["matmul_flops"]) == len(job_shapes(job))
+    assert all(rate > 0 for rate in figures["matmul_flops"]) and figures["attention_flops"] > 0

@@ -211,7 +211,8 @@ def optimizer_params_per_s(job: Job) -> float:
     """Parameters per second the job's optimizer (AdamW, its implementation) steps, over the model's tensors."""
     from .estimate.phases import optimizer_impl
     from .train.model import GPT
-    model = GPT(job.model) if job.model.has_shape else torch.nn.Sequential(*[torch.nn.Linear(512, 512)] * 16)
+    decoder = job.model.has_shape and not job.model.encoder       # (the runner's GPT builds decoders)
+    model = GPT(job.model) if decoder else torch.nn.Sequential(*[torch.nn.Linear(512, 512)] * 16)
     for p in model.parameters():
         p.grad = torch.randn_like(p)
     impl = optimizer_impl(job)
@@ -403,11 +404,11 @@ class _Blocks(torch.nn.Module):
 
 def fsdp_collective_s(job: Job, world: int, reduce_scatter_bw: float | None, gather_bw: float | None,
                       seconds: float = 1.0) -> float | None:
-    """Seconds of one FSDP2 collective's cost beyond its ring bytes, as the runner's program issues it: one of the
-    job's blocks sharded as toolkit.train.parallelize.apply_fsdp shards it (its dp group, mixed-precision policy
-    and resharding) under an empty root, forward and backward, against the same block whole, in turns; the
-    difference, less the bytes at the measured gather and reduce-scatter bandwidths, over the block's collectives
-    in a micro-batch (a gather, a second one in backward at ZeRO-3, a reduce-scatter). On a CPU this is far
+    """Seconds of one FSDP2 collective's cost beyond its ring bytes, as the runner's program issues it: up to
+    FSDP_BLOCKS of the job's blocks sharded as toolkit.train.parallelize.apply_fsdp shards them (its dp group,
+    mixed-precision policy and resharding) under an empty root, forward and backward, against the same blocks
+    whole, in turns; the difference per block, less its bytes at the measured gather and reduce-scatter
+    bandwidths, over a block's collectives in a micro-batch (a gather, a second one in backward at ZeRO-3, a reduce-scatter). On a CPU this is far
     above the all-reduce's latency: fresh buffers for every gather and reduction (their pages are first touched
     then), the copies in and out of them, the hooks, and the wait for the peer's thread. None unless the job
     runs FSDP2 over more than one replica."""
@@ -471,9 +472,11 @@ def _measure_rank(job: Job, rank: int, world: int) -> dict:
 
 
 def _compute_rates(job: Job, shapes, dtype: torch.dtype) -> dict:
-    """Matmul and attention rates: inside the job's model where it has a shape, else over a sweep of shapes."""
-    if not job.model.has_shape:
-        return {"matmul_flops": matmul_flops(shapes, dtype), "attention_flops": None, "in_model": False}
+    """Matmul and attention rates: inside the job's model where the runner can build it, else at the job's
+    shapes alone (or a sweep of square shapes without a job)."""
+    if not job.model.has_shape or job.model.encoder:      # (the runner's GPT builds decoders)
+        return {"matmul_flops": matmul_flops(shapes, dtype),
+                "attention_flops": attention_flops(job, dtype) if job.model.has_shape else None, "in_model": False}
     matmul, attention = in_model_rates(job)
     return {"matmul_flops": [matmul], "attention_flops": attention or attention_flops(job, dtype), "in_model": True}
 
@@ -497,7 +500,6 @@ def profile_row(ranks: list[dict], world: int) -> dict:
     assumptions = {"gemm_fraction": 1.0, "link_efficiency": 1.0,
                    "comm_overlaps_compute": torch.cuda.is_available(),     # a CPU's cores do both in turn
                    "op_overhead_s": max(r["op_overhead_s"] for r in ranks),
-
                    "optimizer_params_per_s": min(r["optimizer_params_per_s"] for r in ranks)}
     if ranks[0]["attention_flops"]:
         assumptions["attention_fraction"] = min(r["attention_flops"] for r in ranks) / peak
