@@ -1,0 +1,266 @@
+"""What one rank computes, measured where the runner's program runs it: matmul and attention rates inside the
+job's own model (torch's profiler), element-wise bandwidth, the optimizer's rate, and the fixed costs of one
+operation and of one checkpointed region. toolkit.calibrate runs these on every rank at once."""
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+from .specs.job import Job
+
+__all__ = ["SWEEP", "job_shapes", "matmul_flops", "rank_spec", "in_model_rates", "kernel_totals",
+           "memory_bw_bytes_per_s", "attention_flops", "elementwise_bw_bytes_per_s", "optimizer_params_per_s",
+           "op_overhead_s", "checkpoint_overhead_s", "block_run", "timed_s"]
+
+SWEEP = (256, 512, 1024)
+"""Square matmul sizes measured without a job."""
+COLD_BYTES = 64 * 2**20
+"""Matmul operands are cycled through this much memory, more than a CPU's last-level cache."""
+
+
+def timed_s(fn, seconds: float = 0.3, least: int = 3) -> float:
+    """Median seconds of one call of fn, repeated for about `seconds` after a warm-up call."""
+    fn()
+    times, start = [], time.perf_counter()
+    while len(times) < least or time.perf_counter() - start < seconds:
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def job_shapes(job: Job) -> list[tuple[int, int, int]]:
+    """The (m, k, n) of the job's matmuls on one rank: q, k, v, o, the MLP and the output projection."""
+    from .estimate.steptime import block_matmul_shapes
+    tokens, vocab = job.batch.micro_batch * job.model.seq_len, -(-job.model.vocab // job.parallel.tp)
+    shapes = {tuple(int(x) for x in shape) for shape in block_matmul_shapes(job)}
+    return sorted(shapes | {(tokens, job.model.hidden, vocab)})
+
+
+def matmul_flops(shapes, dtype: torch.dtype, rounds: int = 3) -> list[float]:
+    """FLOP/s of each (m, k, n) linear layer as training runs it: the forward x·Wᵀ and the backward's two
+    products, gy·W and gyᵀ·x, each with its operands laid out as autograd passes them. The shapes take turns
+    over `rounds` rounds and each keeps its median round, so a burst of load on a shared machine spoils one
+    round of every shape rather than every round of one."""
+    runs = []
+    for m, k, n in shapes:
+        # operands cycled through more memory than the caches hold: in a training step they arrive cold
+        copies = max(2, int(COLD_BYTES // ((m * k + n * k + m * n) * torch.finfo(dtype).bits // 8)))
+        sets = [(torch.randn(m, k, dtype=dtype), torch.randn(n, k, dtype=dtype), torch.randn(m, n, dtype=dtype))
+                for _ in range(copies)]
+        turn = iter(range(10**9))
+
+        def linear(sets=sets, turn=turn, copies=copies):
+            x, w, gy = sets[next(turn) % copies]
+            x @ w.t(), gy @ w, gy.t() @ x
+        runs.append((3 * 2.0 * m * k * n, linear))
+    rates = [[] for _ in shapes]
+    for _ in range(rounds):
+        for i, (flops, linear) in enumerate(runs):
+            rates[i].append(flops / timed_s(linear, seconds=0.3 / rounds))
+    return [statistics.median(r) for r in rates]
+
+
+IN_MODEL_LAYERS = 4
+"""Blocks of the job's model the in-model rates are timed over (fewer when the job has fewer)."""
+IN_MODEL_SAMPLES = 12
+"""Training steps of that model the profiler records."""
+_MATMULS = {"aten::mm": (0, 1), "aten::addmm": (1, 2)}
+"""The linear layers' kernels, with the positions of their two matrices among the recorded input shapes."""
+_FLASH = ("aten::_scaled_dot_product_flash_attention_for_cpu",
+          "aten::_scaled_dot_product_flash_attention_for_cpu_backward")
+
+
+def rank_spec(job: Job):
+    """The job's model as one rank holds it: heads, MLP width and vocabulary over tp, tokens over cp."""
+    m, par = job.model, job.parallel
+    return dataclasses.replace(m, heads=m.heads // par.tp, kv_heads=m.kv_heads_ // par.tp, head_dim=m.head_dim_,
+                               ffn=m.ffn_ // par.tp, vocab=-(-m.vocab // par.tp), seq_len=m.seq_len // par.cp,
+                               max_positions=m.max_positions_, layers=min(m.layers, IN_MODEL_LAYERS))
+
+
+def in_model_rates(job: Job, seconds: float = 1.5) -> tuple[float, float | None]:
+    """(matmul FLOP/s, fused attention FLOP/s or None) as the job's own model runs them: this rank's share of the
+    model (`rank_spec`) trains forward and backward on random tokens, in the job's precision, and each rate is
+    its kernels' FLOPs over their time under torch's profiler. Without recompute: the profiler records the
+    product during which checkpoint's early stop is raised as a call (its kernel never runs), and per-op
+    recompute's cached products as calls too, FLOPs that no kernel computed. A kernel inside a model runs slower
+    than the same product alone (on this 2-core machine up to a third for products with a 1 MiB result: the
+    other kernels evict its operands), so the rates are taken where the step runs them. IN_MODEL_SAMPLES steps
+    are profiled, spread evenly over about `seconds` (reading a profile costs more than recording it); every
+    rank runs as many steps, so each one's kernels share the machine with the others' as in a run."""
+    from torch.profiler import ProfilerActivity, profile
+    from .train.model import GPT
+    from .train.precision import torch_precision
+    spec, plan = rank_spec(job), torch_precision(job.precision.mode or "fp32")
+    torch.manual_seed(0)
+    model = GPT(spec, attention=job.memory.attention, dtype=plan.param_dtype)
+    tokens = torch.randint(0, spec.vocab, (job.batch.micro_batch, spec.seq_len))
+
+    def step():
+        with plan.autocast("cpu"):
+            loss = model(tokens, tokens)
+        loss.backward()
+    step_s = torch.tensor([timed_s(step, seconds=0.0, least=1)])
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(step_s, op=dist.ReduceOp.MAX)           # one stride for all: the same number of steps
+    stride = max(1, round(seconds / (IN_MODEL_SAMPLES * float(step_s))))
+    totals = dict.fromkeys(("matmul_flops", "matmul_s", "attention_flops", "attention_s"), 0.0)
+    for i in range(IN_MODEL_SAMPLES * stride):
+        if i % stride:
+            step()
+            continue
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            step()
+        for key, value in kernel_totals(prof).items():
+            totals[key] += value
+    attention = totals["attention_flops"] / totals["attention_s"] if totals["attention_s"] else None
+    return totals["matmul_flops"] / totals["matmul_s"], attention
+
+
+def kernel_totals(prof) -> dict:
+    """FLOPs and seconds of the linear layers' products (mm, addmm) and of the fused attention kernels (forward
+    and backward) that a torch profiler recorded with shapes; FLOPs from the shapes, 2·m·k·n a product and
+    3·2·2·b·h·s²·d/2 a causal attention forward with its backward."""
+    totals = dict.fromkeys(("matmul_flops", "matmul_s", "attention_flops", "attention_s"), 0.0)
+    for event in prof.key_averages(group_by_input_shape=True):
+        if event.key in _MATMULS:
+            a, b = (event.input_shapes[i] for i in _MATMULS[event.key])
+            totals["matmul_flops"] += 2.0 * a[0] * a[1] * b[1] * event.count
+            totals["matmul_s"] += event.cpu_time_total / 1e6
+        elif event.key in _FLASH:
+            totals["attention_s"] += event.cpu_time_total / 1e6
+            if event.key == _FLASH[0]:                 # (batch, heads, seq, head dim); causal: half the products
+                batch, heads, seq, dim = event.input_shapes[0]
+                totals["attention_flops"] += 3 * 2 * 2.0 * batch * heads * seq * seq * dim / 2 * event.count
+    return totals
+
+
+def memory_bw_bytes_per_s(numel: int = 16 * 2**20) -> float:
+    """Bytes an out-of-place add moves per second (two reads, one write), on arrays far larger than the caches."""
+    x, y, out = torch.randn(numel), torch.randn(numel), torch.empty(numel)
+    return 3 * 4 * numel / timed_s(lambda: torch.add(x, y, out=out))
+
+
+def attention_flops(job: Job, dtype: torch.dtype) -> float:
+    """FLOP/s of the job's fused attention (torch's SDPA, causal) forward and backward at its shape on one rank."""
+    import torch.nn.functional as F
+    m = job.model
+    heads = max(1, m.heads // job.parallel.tp)
+    q, k, v = (torch.randn(job.batch.micro_batch, heads, m.seq_len, m.head_dim_, dtype=dtype, requires_grad=True)
+               for _ in range(3))
+
+    def run():
+        F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+    flops = 3 * 2 * 2.0 * job.batch.micro_batch * heads * m.seq_len * m.seq_len * m.head_dim_ / 2   # causal half
+    return flops / timed_s(run)
+
+
+def elementwise_bw_bytes_per_s(job: Job, dtype: torch.dtype) -> float:
+    """Bytes per second of one block's element-wise kernels (two norms, two residual adds, the MLP activation)
+    forward and backward at the job's shape, counting the bytes as the step-time model does
+    (toolkit.estimate.steptime); on a GPU they are bound by memory, on a CPU often by their arithmetic."""
+    import torch.nn.functional as F
+    from .estimate.steptime import _memory_bound_bytes_per_token
+    m = job.model
+    tokens = job.batch.micro_batch * m.seq_len
+    x = torch.randn(tokens, m.hidden, dtype=dtype, requires_grad=True)
+    up = torch.randn(tokens, m.ffn_ // job.parallel.tp, dtype=dtype, requires_grad=True)
+    gate = torch.randn_like(up, requires_grad=True)
+    norm = torch.nn.LayerNorm(m.hidden, dtype=dtype) if m.norm == "layernorm" else torch.nn.RMSNorm(m.hidden, dtype=dtype)
+
+    def run():
+        act = F.silu(gate) * up if m.mlp == "swiglu" else F.gelu(up, approximate="tanh")
+        y = norm(x) + norm(x) + x + x
+        (y.sum() + act.sum()).backward()
+    plain = job.replace(memory=dataclasses.replace(job.memory, attention="flash", recompute="none"),
+                        model=dataclasses.replace(m, dropout=0.0, position="learned"),
+                        parallel=dataclasses.replace(job.parallel, sp=False))
+    return float(_memory_bound_bytes_per_token(plain)) * tokens / timed_s(run)
+
+
+def optimizer_params_per_s(job: Job) -> float:
+    """Parameters per second the job's optimizer (AdamW, its implementation) steps, over the model's tensors."""
+    from .estimate.phases import optimizer_impl
+    from .train.model import GPT
+    decoder = job.model.has_shape and not job.model.encoder       # (the runner's GPT builds decoders)
+    model = GPT(job.model) if decoder else torch.nn.Sequential(*[torch.nn.Linear(512, 512)] * 16)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    impl = optimizer_impl(job)
+    opt = torch.optim.AdamW(model.parameters(), foreach=impl == "foreach", fused=impl == "fused" or None)
+    return sum(p.numel() for p in model.parameters()) / timed_s(opt.step)
+
+
+def op_overhead_s(chain: int = 200) -> float:
+    """Seconds of one operation's fixed cost: a chain of tiny ops forward and backward through autograd, per
+    op unit (a forward op is one, its backward two)."""
+    x = torch.ones(1, requires_grad=True)
+
+    def run():
+        y = x
+        for _ in range(chain):
+            y = y * 1.0001
+        y.backward()
+    return timed_s(run) / (3 * chain)
+
+
+def block_run(job: Job, tokens_per_rank: int):
+    """(run(block), build(spec)): one forward and backward of a toolkit.train.model.Block, built as the runner
+    builds the job's (its attention, its weights' dtype), on random activations of the job's micro-batch (this
+    rank's tokens), with rotary tables where the job has them, under autocast for amp-* as a micro-batch runs;
+    `run(block, checkpointed=True)` through torch's checkpoint, `backward=False` the forward alone."""
+    from .train.model import Block, rope_tables
+    from .train.precision import torch_precision
+    m, plan = job.model, torch_precision(job.precision.mode or "fp32")
+    x = torch.randn(job.batch.micro_batch, tokens_per_rank, m.hidden, dtype=plan.param_dtype, requires_grad=True)
+    rope = rope_tables(m.seq_len, m.head_dim_) if m.position == "rope" else (None, None)
+
+    def run(block, checkpointed: bool = False, backward: bool = True):
+        from torch.utils.checkpoint import checkpoint
+        with plan.autocast("cpu"):
+            out = checkpoint(block, x, *rope, use_reentrant=False) if checkpointed else block(x, *rope)
+        if backward:
+            out.float().sum().backward()
+
+    def build(spec):
+        return Block(spec, job.memory.attention, False).to(plan.param_dtype)
+    return run, build
+
+
+def checkpoint_overhead_s(job: Job) -> float:
+    """Seconds one checkpointed region costs beyond running its forward again: torch's checkpoint (non-reentrant,
+    as the runner's recompute) packs and unpacks every tensor the region saves through its hooks, records the
+    rerun's graph and raises its early stop through autograd. Fitted as a + b·saved on chains of tiny products
+    (2 and 32 saved tensors: checkpointed forward and backward, less the same without checkpoint, less the
+    chain's forward), then taken at the number of tensors the job's region saves (its block; under selective
+    recompute its attention core), counted with torch's saved-tensor hooks. Timing the job's block itself this
+    way leaves a difference of three large times, lost in a shared machine's noise; the chains' figure is a
+    floor (a 256-wide block's region costs about three times as much here, by torch's profiler)."""
+    from torch.utils.checkpoint import checkpoint
+    extra = {}
+    for n in (1, 16):
+        weights, x = [torch.ones(1, requires_grad=True) for _ in range(n)], torch.ones(1, requires_grad=True)
+
+        def region(y, weights=weights):
+            for w in weights:
+                y = y * w
+            return y
+        plain_s = timed_s(lambda: region(x).backward())
+        checkpointed_s = timed_s(lambda: checkpoint(region, x, use_reentrant=False).backward())
+        extra[2 * n] = checkpointed_s - plain_s - timed_s(lambda: region(x.detach()))
+    per_saved_s = max((extra[32] - extra[2]) / 30, 0.0)
+    fixed_s = max(extra[2] - 2 * per_saved_s, 0.0)
+    run, build = block_run(job, job.model.seq_len)
+    block, m, saved = build(job.model), job.model, [0]
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.__setitem__(0, saved[0] + 1) or t, lambda t: t):
+        if job.memory.recompute == "selective":       # the region is the attention core alone
+            block.attn.core(*(torch.randn(job.batch.micro_batch, m.heads, m.seq_len, m.head_dim_, requires_grad=True)
+                              for _ in range(3)))
+        else:
+            run(block, backward=False)
+    return fixed_s + per_saved_s * saved[0]
