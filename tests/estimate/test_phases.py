@@ -33,11 +33,11 @@ def _layer(done):
 
 
 CASES = {   # moment: (its function, a job whose trace peaks there)
-    "forward end": (ph.forward_end, job(SMALL_VOCAB, dp=8, zero=2)),
+    "forward end": (ph.forward_end, job(SMALL_VOCAB, b=2, dp=8, zero=2)),
     "loss": (ph.loss, job(SMALL_GPT, b=2)),
     "top layer": (_layer(lambda n: 0), job(SMALL_VOCAB, accum=2)),
     "top layer reduce-scatter": (ph.top_layer_reduce_scatter, job(SMALL_VOCAB, dp=8, zero=3)),
-    "layer below the top": (_layer(lambda n: 1), job(SMALL_VOCAB, rec="full", dp=8, zero=2)),
+    "layer below the top": (_layer(lambda n: 1), job(SMALL_VOCAB, b=2, rec="full", dp=8, zero=2)),
     "layer above the bottom": (_layer(lambda n: n - 2), job(SMALL_VOCAB, rec="full", dp=8, zero=3)),
     "bottom layer": (lambda t: ph.backward_layer(t, t.acts.stage_layers - 1, bottom=True),
                      job(SMALL_VOCAB, b=4, rec="full")),

@@ -219,3 +219,21 @@ def test_a_conflicting_accelerate_setting_is_refused_before_any_process_starts(t
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "ACCELERATE_MIXED_PRECISION = 'bf16': conflicts with precision.mode = fp32" in result.stderr
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_fsdp2_under_autocast_holds_what_gloo_holds_and_the_estimate_says_so(tmp_path, corpus, capsys):
+    """ZeRO-2 in amp-bf16 on 2 gloo ranks peaks while a block's fp32 gradients are reduce-scattered, and gloo, which
+    has no reduce-scatter, holds a clone of that input meanwhile (toolkit.estimate.phases.gloo_copy). The run's own
+    MemTracker reading is the reference: the estimate within 1 % (1.6 % low here without the clone, 4.35 % on
+    benchmarks/layouts.py's GPT) and the
+    fake-process-group trace, which clones as gloo does, within 0.5 %."""
+    result = toolkit_train(tmp_path, "--steps", "3", "--global-batch", "8", "--checkpoint-every", "0", "--zero", "2",
+                           "--precision", "amp-bf16", "--nproc", "2", "--data", str(corpus))
+    assert result.returncode == 0, result.stderr
+    capsys.readouterr()
+    assert main(["compare", "--run", str(tmp_path), "--json"]) == 0
+    ranks = json.loads(capsys.readouterr().out)["ranks"]
+    for rank in ranks:
+        peak = rank["peak_bytes"]
+        assert abs(peak["error"]) < 0.01
+        assert peak["trace"] == pytest.approx(peak["measured"], rel=0.005)

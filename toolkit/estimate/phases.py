@@ -104,16 +104,26 @@ def backward_layer(t: StageTerms, done_layers, bottom: bool = False):
             + tmp.recompute_dequant)
 
 
+def gloo_copy(job: Job, input_bytes):
+    """What gloo holds beside a reduce-scatter's input until the call returns. Gloo has no reduce-scatter: torch's
+    ProcessGroupGloo clones the input, all-reduces the clone and copies this rank's chunk out of it
+    (reduce_scatter_tensor_coalesced), so the CPU program (gloo ranks) holds the input twice; NCCL, and so the
+    cuda program, reduces in place."""
+    return input_bytes if job.memory.program == "cpu" else 0.0
+
+
 def top_layer_reduce_scatter(t: StageTerms):
-    """The top block's post-backward: its activations are gone, it is resharded, and its unsharded gradients are
-    copied into the reduce-scatter input (FSDP2 only; 0 elsewhere)."""
+    """The top block's post-backward (FSDP2 only; 0 elsewhere): its activations are gone and it is resharded. First
+    its unsharded gradients are copied into the reduce-scatter input; then they are freed, and the collective runs
+    with its output (1/dp of the input) made and, on gloo, the input's clone (`gloo_copy`). The larger of the two."""
     g = t.gathered
     base, held_acts, down_grad = _layer_parts(t, 0, False)
     block_grads = t.counts.per_layer / np.asarray(t.job.parallel.tp) * t.grads.unsharded_grad_b
-    resharded = np.where(g.blocks > 0, g.block, 0.0)
-    return np.where(g.reduce_scatter > 0,
-                    base - down_grad - resharded + held_acts - t.acts.freed_per_layer + block_grads + g.reduce_scatter,
-                    0.0)
+    resharded = np.where((g.blocks > 0) | (g.in_backward > 0), g.block, 0.0)     # (ZeRO-2's, or ZeRO-3's regathered)
+    around = base - down_grad - resharded + held_acts - t.acts.freed_per_layer + g.reduce_scatter
+    copy_in = around + block_grads
+    collective = around + g.reduce_scatter / degrees(t.job)[1] + gloo_copy(t.job, g.reduce_scatter)
+    return np.where(g.reduce_scatter > 0, np.maximum(copy_in, collective), 0.0)
 
 
 def backward_phases(t: StageTerms) -> dict:
@@ -195,13 +205,16 @@ def gradient_reduce(t: StageTerms):
 
 def stage_reduce_scatter(t: StageTerms):
     """FSDP2 under a pipeline schedule, after the step's last backward: every whole gradient is still there while
-    the first unit copies its own into the reduce-scatter input (the reduce dtype) and receives its shard."""
+    the first unit copies its own into the reduce-scatter input (the reduce dtype), or, on gloo, while the
+    collective runs on the input's clone (`gloo_copy`) and makes this rank's shard."""
     g, counts, tp = t.gathered, t.counts, np.asarray(t.job.parallel.tp)
     root = np.where(t.position.owns_head, counts.head + counts.final, 0) + np.where(
         t.position.owns_embedding, counts.embedding + counts.positions, 0)
     unit = np.maximum(counts.per_layer, root) / tp * accumulated_grad_bytes(t.job)
-    return np.where(pipelined_fsdp(t.job),
-                    t.held.persistent + t.held.grads_full + g.blocks + g.root + unit + t.held.step_grads, 0.0)
+    # then the collective: the unit's whole gradient freed, its output (1/dp) made and, on gloo, the input cloned
+    collective = unit / degrees(t.job)[1] + gloo_copy(t.job, unit) - unit
+    return np.where(pipelined_fsdp(t.job), t.held.persistent + t.held.grads_full + g.blocks + g.root + unit
+                    + np.maximum(collective, 0.0) + t.held.step_grads, 0.0)
 
 
 def _optimizer_temp_bytes(job: Job, largest_param: float, stage: str | None = None) -> float:

@@ -332,17 +332,40 @@ class _FSDPDeviceTracker(_DevicePeak, FSDPMemTracker):
 
 
 @contextlib.contextmanager
-def _fake_process_group(world_size: int, tp: int = 1):
+def _gloo_reduce_scatter():
+    """Reduce-scatters that hold what gloo holds: a clone of the input until the call returns (gloo has no
+    reduce-scatter; torch's ProcessGroupGloo all-reduces a clone and copies this rank's chunk out). The fake
+    process group moves nothing; with this it traces the CPU program as gloo ranks run it
+    (toolkit.estimate.phases.gloo_copy)."""
+    import torch.distributed.distributed_c10d as c10d
+    plain = c10d.reduce_scatter_single
+
+    def cloning(output, input, *args, **kwargs):
+        clone = torch.empty_like(input)              # (a tensor the memory tracker sees, as it sees gloo's)
+        work = plain(output, input, *args, **kwargs)
+        del clone
+        return work
+    dist.reduce_scatter_single = c10d.reduce_scatter_single = cloning
+    try:
+        yield
+    finally:
+        dist.reduce_scatter_single = c10d.reduce_scatter_single = plain
+
+
+@contextlib.contextmanager
+def _fake_process_group(world_size: int, tp: int = 1, gloo: bool = False):
     """A fake process group of `world_size` (× `tp`) ranks in this process: collectives return at once, moving
-    nothing. With tp > 1 the mesh has two dimensions, "dp" and "tp"."""
+    nothing; with `gloo` its reduce-scatters hold what gloo's do (`_gloo_reduce_scatter`). With tp > 1 the mesh
+    has two dimensions, "dp" and "tp"."""
     if dist.is_initialized():
         raise SpecError("parallel.dp", world_size, "a process group already exists in this process; trace FSDP "
                                                    "layouts from a fresh process (toolkit trace)")
     excepthook = sys.excepthook        # init_process_group wraps it to prefix "[rank0]:", once per call
     dist.init_process_group("fake", rank=0, world_size=world_size * tp, store=FakeStore())
     try:
-        yield (init_device_mesh("cpu", (world_size, tp), mesh_dim_names=("dp", "tp")) if tp > 1
-               else init_device_mesh("cpu", (world_size,)))
+        with _gloo_reduce_scatter() if gloo else contextlib.nullcontext():
+            yield (init_device_mesh("cpu", (world_size, tp), mesh_dim_names=("dp", "tp")) if tp > 1
+                   else init_device_mesh("cpu", (world_size,)))
     finally:
         dist.destroy_process_group()
         sys.excepthook = excepthook
@@ -365,7 +388,7 @@ def _trace_fsdp(job: Job) -> TraceResult:
     par = job.parallel
     weights_dtype = TORCH_DTYPES[job.precision.plan.weights]
     offload = par.offload != "none"
-    with _fake_process_group(par.dp, par.tp) as mesh:
+    with _fake_process_group(par.dp, par.tp, gloo=job.memory.program == "cpu") as mesh:
         with torch.device("meta"):
             model = GPT(job.model, attention=job.memory.attention, recompute=job.memory.recompute, dtype=weights_dtype)
         if par.tp > 1:      # torchtitan's order: tensor parallelism inside each data-parallel shard
