@@ -129,31 +129,95 @@ def self_calibration(work: Path, repeats: int) -> list[tuple[str, int, float, fl
     train, calibrate, compare. One loop is one sample of a shared machine: its measured step and its calibrated
     rates each move by several per cent from one minute to the next, so each layout's error is the median of
     its loops, and the spread of its measured steps ((max − min) / median) says how much of the error is the
-    machine's own noise."""
+    machine's own noise. The loops go round the layouts (every layout once, then again), so a slow spell of the
+    machine lands on several layouts' single loops, not on one layout's every loop."""
     import subprocess
     from toolkit.trace.report import compare_run
     toolkit = [sys.executable, "-m", "toolkit.cli"]
+    errors = {i: [] for i in range(len(SELF_CALIBRATION))}
+    measured = {i: [] for i in range(len(SELF_CALIBRATION))}
+    for k, (i, (name, flags, ranks)) in itertools.product(range(repeats), enumerate(SELF_CALIBRATION)):
+        run, profile = work / f"run{i}-{k}", work / f"profile{i}-{k}.yaml"
+        subprocess.run([*toolkit, "train", *SMALL_GPT, *flags, "--nproc", str(ranks), "--out", str(run)],
+                       check=True, capture_output=True)
+        subprocess.run([*toolkit, "calibrate", "--nproc", str(ranks), "--config", str(run / "job.yaml"),
+                        "--out", str(profile)], check=True, capture_output=True)
+        step = compare_run(run, [profile], trace=False)["time"]["step_s"]
+        errors[i].append(step["error"])
+        measured[i].append(step["measured"])
+        row = yaml.safe_load(profile.read_text())["accelerators"][0]
+        matmul_gflops = 1e3 * max(v for v in row["peak_tflops"].values() if isinstance(v, float))
+        print(f"  {name:28} measured {step['measured']:.3f} s, modelled {step['estimate']:.3f} s, "
+              f"{step['error']:+.1%}  (matmuls {matmul_gflops:.0f} GFLOP/s a rank)", flush=True)
     out = []
-    for i, (name, flags, ranks) in enumerate(SELF_CALIBRATION):
-        errors, measured = [], []
-        for k in range(repeats):
-            run, profile = work / f"run{i}-{k}", work / f"profile{i}-{k}.yaml"
-            subprocess.run([*toolkit, "train", *SMALL_GPT, *flags, "--nproc", str(ranks), "--out", str(run)],
-                           check=True, capture_output=True)
-            subprocess.run([*toolkit, "calibrate", "--nproc", str(ranks), "--config", str(run / "job.yaml"),
-                            "--out", str(profile)], check=True, capture_output=True)
-            step = compare_run(run, [profile], trace=False)["time"]["step_s"]
-            errors.append(step["error"])
-            measured.append(step["measured"])
-            row = yaml.safe_load(profile.read_text())["accelerators"][0]
-            matmul_gflops = 1e3 * max(v for v in row["peak_tflops"].values() if isinstance(v, float))
-            print(f"  {name:28} measured {step['measured']:.3f} s, modelled {step['estimate']:.3f} s, "
-                  f"{step['error']:+.1%}  (matmuls {matmul_gflops:.0f} GFLOP/s a rank)", flush=True)
-        spread = (max(measured) - min(measured)) / statistics.median(measured)
-        out.append((name, ranks, statistics.median(errors), spread))
+    for i, (name, _flags, ranks) in enumerate(SELF_CALIBRATION):
+        spread = (max(measured[i]) - min(measured[i])) / statistics.median(measured[i])
+        out.append((name, ranks, statistics.median(errors[i]), spread))
         if repeats > 1:
-            print(f"  {name:28} median {statistics.median(errors):+.1%}, measured steps spread {spread:.1%}",
+            print(f"  {name:28} median {statistics.median(errors[i]):+.1%}, measured steps spread {spread:.1%}",
                   flush=True)
+    return out
+
+
+VARIANTS = [("full recompute", {"memory": {"recompute": "full"}}),
+            ("per-op recompute (selective-op)", {"memory": {"recompute": "selective-op"}}),
+            ("micro-batch 4", {"batch": {"micro_batch": 4}}), ("micro-batch 1", {"batch": {"micro_batch": 1}}),
+            ("eager attention", {"memory": {"attention": "eager"}})]
+"""One-rank variants of the small GPT that the planner weighs against each other with one profile."""
+
+
+def variant_ratios(work: Path, rounds: int = 16) -> list[tuple[str, float, float]]:
+    """(variant, measured, modelled) step of each VARIANTS job over the small GPT's, with one profile calibrated
+    on the small GPT's job: what the planner does when it ranks layouts on this machine. Each variant trains in
+    this process beside the base job, a step of one then a step of the other, `rounds` times (the first three
+    dropped), and each side's median is taken: both see the same moments of a shared machine, so their ratio
+    keeps little of its noise (a loop of separate runs, above, keeps all of it)."""
+    import dataclasses
+    import subprocess
+    import time
+    from toolkit.estimate.report import estimate
+    from toolkit.train.determinism import pinned, rank_threads
+    from toolkit.train.loop import Trainer
+    toolkit = [sys.executable, "-m", "toolkit.cli"]
+    subprocess.run([*toolkit, "train", *SMALL_GPT, "--steps", "3", "--out", str(work / "base")], check=True,
+                   capture_output=True)
+    profile = work / "variant-profile.yaml"
+    subprocess.run([*toolkit, "calibrate", "--config", str(work / "base" / "job.yaml"), "--out", str(profile)],
+                   check=True, capture_output=True)
+    catalog = load_catalog(profile)
+    name = yaml.safe_load(profile.read_text())["accelerators"][0]["name"]
+    base = Job.from_yaml(work / "base" / "job.yaml")
+    base = dataclasses.replace(base, training=dataclasses.replace(base.training, steps=rounds + 8))
+
+    def modelled_s(job):
+        job = job.replace(cluster=dataclasses.replace(job.cluster, accelerator=name))
+        return estimate(job.resolve(catalog)[0], catalog)["time"]["step_s"]
+    out = []
+    threads = rank_threads(1)
+    with pinned(threads, "cpu"):
+        for label, fields in VARIANTS:
+            variant = base
+            for section, values in fields.items():
+                variant = dataclasses.replace(variant, **{section: dataclasses.replace(getattr(variant, section),
+                                                                                        **values)})
+            pair = [Trainer(job, work / f"{label.replace(' ', '_')}-{side}", threads, progress=False)
+                    for side, job in (("base", base), ("variant", variant))]
+            times = [[], []]
+            for trainer in pair:
+                trainer.loop_began = time.perf_counter()      # (fit() sets it; the steps here are driven one by one)
+                trainer.prog.model.train()
+            for step in range(3, 3 + rounds):                 # (after the steps whose memory a run records)
+                for side, trainer in enumerate(pair):
+                    began = time.perf_counter()
+                    trainer.train_step(step)
+                    times[side].append(time.perf_counter() - began)
+            for trainer in pair:
+                trainer.close()
+            measured = statistics.median(times[1][3:]) / statistics.median(times[0][3:])
+            predicted = modelled_s(variant) / modelled_s(base)
+            print(f"  {label:32} measured x{measured:.3f}, modelled x{predicted:.3f}, {predicted / measured - 1:+.1%}",
+                  flush=True)
+            out.append((label, measured, predicted))
     return out
 
 
@@ -163,6 +227,7 @@ def main() -> None:
     parser.add_argument("--reference", default=str(REFERENCE))
     parser.add_argument("--no-runs", action="store_true", help="skip the self-calibration runs (about 2 minutes a repeat)")
     parser.add_argument("--repeats", type=int, default=3, help="loops of train, calibrate, compare per layout")
+    parser.add_argument("--variants-only", action="store_true", help="of the runs, only the one-profile variants")
     args = parser.parse_args()
     rows = json.loads(Path(args.reference).read_text())["rows"]
     results = evaluate(rows)
@@ -174,12 +239,15 @@ def main() -> None:
             print(f"{r['id']:40} {r['measured_s']:11.3f} {r['predicted_s']:9.3f} {r['error']:+8.1%}  {r.get('note', '')}")
     errors = [abs(r["error"]) for r in results if "error" in r]
     kept, total = ordered_pairs(results)
-    looped = []
+    looped, ratios = [], []
     if not args.no_runs:
         import tempfile
         print("\nself-calibration on this machine (toolkit train, toolkit calibrate, toolkit compare --catalog):")
         with tempfile.TemporaryDirectory() as work:
-            looped = self_calibration(Path(work), args.repeats)
+            looped = [] if args.variants_only else self_calibration(Path(work), args.repeats)
+        print("\none profile, 1-rank variants against the small GPT (steps interleaved in one process):")
+        with tempfile.TemporaryDirectory() as work:
+            ratios = variant_ratios(Path(work))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     print()
@@ -193,6 +261,10 @@ def main() -> None:
         print(f"self-calibrated max |error|, {ranks} rank(s): {100 * worst:.1f} %")
     if looped:
         print(f"self-calibrated measured-step spread, max: {100 * max(s for *_x, s in looped):.1f} %")
+    if ratios:
+        ratio_errors = [abs(p / m - 1) for _n, m, p in ratios]
+        print(f"self-calibrated variant ratio mean |error|: {100 * statistics.mean(ratio_errors):.1f} %")
+        print(f"self-calibrated variant ratio max |error|: {100 * max(ratio_errors):.1f} %")
 
 
 if __name__ == "__main__":

@@ -119,3 +119,30 @@ def test_an_encoder_job_calibrates_its_matmuls_at_its_shapes():
     figures = measure_rank(job, 0, 1)
     assert figures["in_model"] is False and len(figures["matmul_flops"]) == len(job_shapes(job))
     assert all(rate > 0 for rate in figures["matmul_flops"]) and figures["attention_flops"] > 0
+
+
+@pytest.mark.parametrize("layers", [2, 8])
+def test_op_units_scale_as_the_dispatcher_counts_tensor_operations(layers):
+    """The step-time model counts a micro-batch's fixed costs in op units; calibrate prices a unit by the tensor
+    operations it stands for in the job's own model (about 3 for the runner's GPT: a linear's forward is a
+    transpose and a product, its backward two products, a sum and an add). Counted on 2 layers, the units must
+    then give what torch's dispatcher counts on 2 and 8 layers: the per-layer count is the model's, not a fit.
+    (Calibrate counts on up to 4 layers, as here.)"""
+    import dataclasses
+    import torch
+    from toolkit.calibrate_kernels import dispatched_ops, ops_per_unit, rank_spec
+    from toolkit.estimate.steptime import op_units
+    from toolkit.train.model import GPT
+    job = Job.from_dict(dict(SMALL, model=dict(SMALL["model"], layers=4))).resolve()[0]
+    per_unit = ops_per_unit(job)
+    assert 2 < per_unit < 6
+    deeper = job.replace(model=dataclasses.replace(job.model, layers=layers))
+    spec = dataclasses.replace(rank_spec(deeper), layers=layers)
+    model = GPT(spec, attention=deeper.memory.attention)
+    tokens = torch.randint(0, spec.vocab, (2, spec.seq_len))
+
+    def step():
+        model(tokens, tokens).backward()
+    step()
+    counted = dispatched_ops(step)
+    assert float(op_units(deeper, layers, True)) * per_unit == pytest.approx(counted, rel=0.06)

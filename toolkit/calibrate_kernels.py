@@ -14,7 +14,7 @@ from .specs.job import Job
 
 __all__ = ["SWEEP", "job_shapes", "matmul_flops", "rank_spec", "in_model_rates", "kernel_totals",
            "memory_bw_bytes_per_s", "attention_flops", "elementwise_bw_bytes_per_s", "optimizer_params_per_s",
-           "op_overhead_s", "checkpoint_overhead_s", "block_run", "timed_s"]
+           "op_overhead_s", "ops_per_unit", "dispatched_ops", "checkpoint_overhead_s", "block_run", "timed_s"]
 
 SWEEP = (256, 512, 1024)
 """Square matmul sizes measured without a job."""
@@ -196,9 +196,23 @@ def optimizer_params_per_s(job: Job) -> float:
     return sum(p.numel() for p in model.parameters()) / timed_s(opt.step)
 
 
+def dispatched_ops(fn) -> int:
+    """Tensor operations one call of fn dispatches (torch's dispatcher sees each: a view, a product, an add)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    count = [0]
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            count[0] += 1
+            return func(*args, **(kwargs or {}))
+    with Count():
+        fn()
+    return count[0]
+
+
 def op_overhead_s(chain: int = 200) -> float:
-    """Seconds of one operation's fixed cost: a chain of tiny ops forward and backward through autograd, per
-    op unit (a forward op is one, its backward two)."""
+    """Seconds of one tensor operation's fixed cost: a chain of tiny ops forward and backward through autograd,
+    over the operations it dispatches."""
     x = torch.ones(1, requires_grad=True)
 
     def run():
@@ -206,7 +220,27 @@ def op_overhead_s(chain: int = 200) -> float:
         for _ in range(chain):
             y = y * 1.0001
         y.backward()
-    return timed_s(run) / (3 * chain)
+    return timed_s(run) / dispatched_ops(run)
+
+
+def ops_per_unit(job: Job) -> float:
+    """Tensor operations one op unit of the step-time model stands for (toolkit.estimate.steptime.op_units), in
+    the job's own model: this rank's share (`rank_spec`), one micro-batch forward and backward in the job's
+    precision, counted at the dispatcher, over the units the model counts for that micro-batch."""
+    from .estimate.steptime import op_units
+    from .train.model import GPT
+    from .train.precision import torch_precision
+    spec, plan = rank_spec(job), torch_precision(job.precision.mode or "fp32")
+    model = GPT(spec, attention=job.memory.attention, dtype=plan.param_dtype)
+    tokens = torch.randint(0, spec.vocab, (job.batch.micro_batch, spec.seq_len))
+
+    def step():
+        with plan.autocast("cpu"):
+            loss = model(tokens, tokens)
+        loss.backward()
+    step()                                            # (the first backward makes the .grad tensors)
+    plain = job.replace(memory=dataclasses.replace(job.memory, recompute="none"))
+    return dispatched_ops(step) / float(op_units(plain, spec.layers, True))
 
 
 def block_run(job: Job, tokens_per_rank: int):

@@ -51,7 +51,7 @@ from .phases import optimizer_impl
 from .states import (adapter_params_per_layer, bytes_per_param, job_stage_layers, model_state_bytes,
                      params_per_device)
 
-__all__ = ["Hardware", "Assumptions", "StepTime", "hardware_for", "step_time", "block_matmul_shapes",
+__all__ = ["Hardware", "Assumptions", "StepTime", "hardware_for", "step_time", "block_matmul_shapes", "op_units",
            "node_network_bytes_per_s", "ASSUMED_NETWORK_BITS_PER_DEVICE"]
 
 
@@ -105,10 +105,13 @@ class Assumptions:
     saved-tensor hooks, the early stop raised and unwound through autograd), per region per micro-batch. 0 for
     catalog accelerators, whose kernels hide the host's work; `toolkit calibrate` measures it (a CPU: ~0.2 ms)."""
     op_overhead_s: float = 0.0
-    """Fixed cost of one operation (dispatch, autograd, a kernel launch), per op unit: a forward op counts one,
-    its backward two. 0 for catalog accelerators, whose asynchronous launches hide behind the previous kernel
-    at training sizes; `toolkit calibrate` measures it where it shows (a CPU: ~8 µs, far above a small model's
-    kernels)."""
+    """Fixed cost of one tensor operation (dispatch, autograd, a kernel launch). 0 for catalog accelerators, whose
+    asynchronous launches hide behind the previous kernel at training sizes; `toolkit calibrate` measures it where
+    it shows (a CPU: ~2 µs, far above a small model's kernels)."""
+    ops_per_unit: float = 1.0
+    """Tensor operations one op unit (`op_units`) stands for: a block's forward op and its backward run several
+    (a linear's forward a transpose and a product, its backward two products, a sum and the gradient's add).
+    `toolkit calibrate` counts them in the job's own model (the runner's GPT: about 3)."""
 
 
 @dataclass(frozen=True)
@@ -415,23 +418,32 @@ def _optimizer_s(job: Job, hw: Hardware, a: Assumptions, trainable, replicas):
     return np.where(offload != "none", host_s, device_s)
 
 
-def _overhead_s(job: Job, a: Assumptions, layers, accum, owns_head):
-    """Fixed costs of the step's operations on the busiest rank, in op units (a forward op one, its backward two):
-    each block's forward ops (two norms, q, k, v, o, the attention core, two residual adds, the MLP's two or
-    three linears and its activation, dropouts, rotary embeddings) three times a micro-batch, once more under
-    full recompute (less the saved ones under per-op recompute); the embedding, the head and the loss; once a step,
-    the optimizer's ops on each tensor (torch's for-loop AdamW: about eight per tensor; foreach and fused: a few
-    per step); and each checkpointed region's own cost under recompute."""
+def op_units(job: Job, layers, owns_head):
+    """Operations of one micro-batch, in op units (a forward op one, its backward two): each block's forward ops
+    (two norms, q, k, v, o, the attention core, two residual adds, the MLP's two or three linears and its
+    activation, dropouts, rotary embeddings) three times, once more under full recompute (less the saved ones
+    under per-op recompute); the embedding, the head and the loss. Each unit stands for the several tensor
+    operations torch runs for it (a linear: a transpose and a product; its backward: two products, a sum, a
+    gradient added in), which is why toolkit calibrate prices a unit from the job's own model."""
     m = job.model
     block_ops = 14 + (2 if m.mlp == "swiglu" else 0) + (2 if m.dropout > 0 else 0) + (8 if m.position == "rope" else 0)
     recompute = np.asarray(job.memory.recompute)
     # per-op recompute takes its policy's saved ops (every other matmul, the fused attention) from its cache
     again = np.select([recompute == "full", recompute == "selective-op"], [block_ops, block_ops - 4], 0)
-    micro_units = layers * (3 * block_ops + again) + 3 * 3 + np.where(owns_head, 3 * 4, 0)
+    return layers * (3 * block_ops + again) + 3 * 3 + np.where(owns_head, 3 * 4, 0)
+
+
+def _overhead_s(job: Job, a: Assumptions, layers, accum, owns_head):
+    """Fixed costs of the step's operations on the busiest rank: every micro-batch's op units (`op_units`); once
+    a step, the optimizer's ops on each tensor (torch's for-loop AdamW: about eight per tensor; foreach and fused:
+    a few per step, counted as tensor operations); and each checkpointed region's own cost under recompute."""
+    m = job.model
+    recompute = np.asarray(job.memory.recompute)
     tensors = layers * (10 if m.bias == "all" else 8) + 4
     optimizer_units = np.where(optimizer_impl(job) == "for-loop", 8 * tensors, 24)
     regions = layers * (recompute != "none")              # one checkpointed region per block (its core: selective)
-    return (accum * micro_units + optimizer_units) * a.op_overhead_s + accum * regions * a.checkpoint_overhead_s
+    return ((accum * op_units(job, layers, owns_head) * a.ops_per_unit + optimizer_units) * a.op_overhead_s
+            + accum * regions * a.checkpoint_overhead_s)
 
 
 def _trainable(job: Job):
