@@ -28,7 +28,7 @@ import yaml
 from .calibrate_comm import collective_fit, fsdp_collective_s, sharded_bw_bytes_per_s, tp_collective_s
 from .calibrate_kernels import (SWEEP, attention_flops, checkpoint_overhead_s, elementwise_bw_bytes_per_s,
                                 in_model_rates, job_shapes, kernel_totals, matmul_flops, memory_bw_bytes_per_s,
-                                op_overhead_s, ops_per_unit, optimizer_params_per_s)
+                                op_overhead_s, ops_per_unit, optimizer_params_per_s, selective_op_overhead_s)
 from .specs.catalog import DTYPES as DTYPE_NAMES
 from .specs.job import Job, compute_dtype
 from .train.precision import TORCH_DTYPES
@@ -58,6 +58,7 @@ def _measure_rank(job: Job, rank: int, world: int) -> dict:
                "optimizer_params_per_s": optimizer_params_per_s(job), "op_overhead_s": op_overhead_s(),
                "checkpoint_overhead_s": checkpoint_overhead_s(job) if shaped else None,
                "ops_per_unit": ops_per_unit(job) if shaped and not job.model.encoder else None,
+               "selective_op_overhead_s": selective_op_overhead_s(job) if shaped and not job.model.encoder else None,
                "bus_bw_bytes_per_s": bandwidth, "latency_s": latency, "tp_collective_s": tp_collective_s(job, world, dtype, bandwidth) if shaped else None,
                "fsdp_collective_s": fsdp_collective_s(job, world, reduce_scatter_bw, gather_bw) if shaped else None,
                "reduce_scatter_bw_bytes_per_s": reduce_scatter_bw, "gather_bw_bytes_per_s": gather_bw}
@@ -106,7 +107,7 @@ def profile_row(ranks: list[dict], world: int) -> dict:
     for key in ("tp_collective_s", "fsdp_collective_s"):
         if ranks[0].get(key) is not None:
             assumptions[key] = ranks[0][key]
-    for key in ("checkpoint_overhead_s", "ops_per_unit"):
+    for key in ("checkpoint_overhead_s", "ops_per_unit", "selective_op_overhead_s"):
         if ranks[0].get(key) is not None:
             assumptions[key] = max(r[key] for r in ranks)
     baselines = [r["baseline_bytes"] for r in ranks if r.get("baseline_bytes")]

@@ -104,6 +104,11 @@ class Assumptions:
     """Fixed cost of one checkpointed region's recompute beyond its ops (torch's checkpoint: its frame, the
     saved-tensor hooks, the early stop raised and unwound through autograd), per region per micro-batch. 0 for
     catalog accelerators, whose kernels hide the host's work; `toolkit calibrate` measures it (a CPU: ~0.2 ms)."""
+    selective_op_overhead_s: float = 0.0
+    """What a per-op-recompute region (selective-op) costs beyond checkpoint_overhead_s, per region per
+    micro-batch: torch's selective checkpoint runs each of the region's tensor operations, forward and recompute,
+    through a Python dispatch mode. 0 for catalog accelerators; `toolkit calibrate` measures it on the job's block
+    (a CPU, a 256-wide block: ~1.4 ms, as much as the recompute it saves)."""
     op_overhead_s: float = 0.0
     """Fixed cost of one tensor operation (dispatch, autograd, a kernel launch). 0 for catalog accelerators, whose
     asynchronous launches hide behind the previous kernel at training sizes; `toolkit calibrate` measures it where
@@ -436,14 +441,15 @@ def op_units(job: Job, layers, owns_head):
 def _overhead_s(job: Job, a: Assumptions, layers, accum, owns_head):
     """Fixed costs of the step's operations on the busiest rank: every micro-batch's op units (`op_units`); once
     a step, the optimizer's ops on each tensor (torch's for-loop AdamW: about eight per tensor; foreach and fused:
-    a few per step, counted as tensor operations); and each checkpointed region's own cost under recompute."""
+    a few per step, counted as tensor operations); and each checkpointed region's own cost under recompute (per-op
+    recompute's dispatch mode on top)."""
     m = job.model
     recompute = np.asarray(job.memory.recompute)
     tensors = layers * (10 if m.bias == "all" else 8) + 4
     optimizer_units = np.where(optimizer_impl(job) == "for-loop", 8 * tensors, 24)
     regions = layers * (recompute != "none")              # one checkpointed region per block (its core: selective)
     return ((accum * op_units(job, layers, owns_head) * a.ops_per_unit + optimizer_units) * a.op_overhead_s
-            + accum * regions * a.checkpoint_overhead_s)
+            + accum * regions * (a.checkpoint_overhead_s + (recompute == "selective-op") * a.selective_op_overhead_s))
 
 
 def _trainable(job: Job):
