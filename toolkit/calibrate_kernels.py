@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from .specs.job import Job
 
-__all__ = ["SWEEP", "job_shapes", "matmul_flops", "rank_spec", "in_model_rates", "kernel_totals",
+__all__ = ["SWEEP", "job_shapes", "matmul_flops", "rank_spec", "rank_step", "in_model_rates", "kernel_totals",
            "memory_bw_bytes_per_s", "attention_flops", "elementwise_bw_bytes_per_s", "optimizer_params_per_s",
            "op_overhead_s", "ops_per_unit", "dispatched_ops", "checkpoint_overhead_s", "selective_op_overhead_s",
            "block_run", "timed_s"]
@@ -84,17 +84,9 @@ def rank_spec(job: Job):
                                max_positions=m.max_positions_, layers=min(m.layers, IN_MODEL_LAYERS))
 
 
-def in_model_rates(job: Job, seconds: float = 1.5) -> tuple[float, float | None]:
-    """(matmul FLOP/s, fused attention FLOP/s or None) as the job's own model runs them: this rank's share of the
-    model (`rank_spec`) trains forward and backward on random tokens, in the job's precision, and each rate is
-    its kernels' FLOPs over their time under torch's profiler. Without recompute: the profiler records the
-    product during which checkpoint's early stop is raised as a call (its kernel never runs), and per-op
-    recompute's cached products as calls too, FLOPs that no kernel computed. A kernel inside a model runs slower
-    than the same product alone (on this 2-core machine up to a third for products with a 1 MiB result: the
-    other kernels evict its operands), so the rates are taken where the step runs them. IN_MODEL_SAMPLES steps
-    are profiled, spread evenly over about `seconds` (reading a profile costs more than recording it); every
-    rank runs as many steps, so each one's kernels share the machine with the others' as in a run."""
-    from torch.profiler import ProfilerActivity, profile
+def rank_step(job: Job):
+    """(spec, step()): this rank's share of the job's GPT (`rank_spec`, seeded weights in the job's dtype) and one
+    micro-batch of random tokens through it, forward and backward under the job's autocast."""
     from .train.model import GPT
     from .train.precision import torch_precision
     spec, plan = rank_spec(job), torch_precision(job.precision.mode or "fp32")
@@ -106,6 +98,21 @@ def in_model_rates(job: Job, seconds: float = 1.5) -> tuple[float, float | None]
         with plan.autocast("cpu"):
             loss = model(tokens, tokens)
         loss.backward()
+    return spec, step
+
+
+def in_model_rates(job: Job, seconds: float = 1.5) -> tuple[float, float | None]:
+    """(matmul FLOP/s, fused attention FLOP/s or None) as the job's own model runs them: this rank's share of the
+    model (`rank_spec`) trains forward and backward on random tokens, in the job's precision, and each rate is
+    its kernels' FLOPs over their time under torch's profiler. Without recompute: the profiler records the
+    product during which checkpoint's early stop is raised as a call (its kernel never runs), and per-op
+    recompute's cached products as calls too, FLOPs that no kernel computed. A kernel inside a model runs slower
+    than the same product alone (on this 2-core machine up to a third for products with a 1 MiB result: the
+    other kernels evict its operands), so the rates are taken where the step runs them. IN_MODEL_SAMPLES steps
+    are profiled, spread evenly over about `seconds` (reading a profile costs more than recording it); every
+    rank runs as many steps, so each one's kernels share the machine with the others' as in a run."""
+    from torch.profiler import ProfilerActivity, profile
+    _spec, step = rank_step(job)
     step_s = torch.tensor([timed_s(step, seconds=0.0, least=1)])
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(step_s, op=dist.ReduceOp.MAX)           # one stride for all: the same number of steps
@@ -229,16 +236,7 @@ def ops_per_unit(job: Job) -> float:
     the job's own model: this rank's share (`rank_spec`), one micro-batch forward and backward in the job's
     precision, counted at the dispatcher, over the units the model counts for that micro-batch."""
     from .estimate.steptime import op_units
-    from .train.model import GPT
-    from .train.precision import torch_precision
-    spec, plan = rank_spec(job), torch_precision(job.precision.mode or "fp32")
-    model = GPT(spec, attention=job.memory.attention, dtype=plan.param_dtype)
-    tokens = torch.randint(0, spec.vocab, (job.batch.micro_batch, spec.seq_len))
-
-    def step():
-        with plan.autocast("cpu"):
-            loss = model(tokens, tokens)
-        loss.backward()
+    spec, step = rank_step(job)
     step()                                            # (the first backward makes the .grad tensors)
     plain = job.replace(memory=dataclasses.replace(job.memory, recompute="none"))
     return dispatched_ops(step) / float(op_units(plain, spec.layers, True))
@@ -307,8 +305,9 @@ def selective_op_overhead_s(job: Job, rounds: int = 30) -> float:
     """Seconds a per-op-recompute region costs beyond a plainly checkpointed one: torch's selective checkpoint
     runs every tensor operation of the region, in forward and in recompute, through a Python dispatch mode (its
     policy, its cache). Measured on the job's block checkpointed both ways, the selective policy saving nothing
-    so that the same kernels run, a step of each in turn `rounds` times: the difference of their medians. Both
-    see the same moments of a shared machine (two runs here: 1.41 and 1.43 ms on a 256-wide block)."""
+    so that the same kernels run, a step of each in turn `rounds` times: the difference of their fastest steps. Both
+    see the same moments of a shared machine, and a fixed cost shows best in the steps no other process slowed
+    (one 256-wide block here: 1.0–1.6 ms)."""
     from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
     def nothing_saved():
@@ -321,4 +320,4 @@ def selective_op_overhead_s(job: Job, rounds: int = 30) -> float:
             began = time.perf_counter()
             run(block, checkpointed=True, context_fn=nothing_saved if selective else None)
             times[selective].append(time.perf_counter() - began)
-    return max(statistics.median(times[True][3:]) - statistics.median(times[False][3:]), 0.0)
+    return max(min(times[True][3:]) - min(times[False][3:]), 0.0)

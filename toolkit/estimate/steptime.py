@@ -108,7 +108,7 @@ class Assumptions:
     """What a per-op-recompute region (selective-op) costs beyond checkpoint_overhead_s, per region per
     micro-batch: torch's selective checkpoint runs each of the region's tensor operations, forward and recompute,
     through a Python dispatch mode. 0 for catalog accelerators; `toolkit calibrate` measures it on the job's block
-    (a CPU, a 256-wide block: ~1.4 ms, as much as the recompute it saves)."""
+    (a CPU, a 256-wide block: ~1 ms, about what the recompute it skips would cost)."""
     op_overhead_s: float = 0.0
     """Fixed cost of one tensor operation (dispatch, autograd, a kernel launch). 0 for catalog accelerators, whose
     asynchronous launches hide behind the previous kernel at training sizes; `toolkit calibrate` measures it where
