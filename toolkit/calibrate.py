@@ -10,9 +10,10 @@ the fixed cost of one operation and of one checkpointed region, and collectives 
 from 4 KiB to 16 MiB, fitted as latency + bytes / bandwidth; reduce-scatter and all-gather bandwidth; for
 tensor-parallel jobs the fixed cost of one collective as the runner's DTensor plan issues it in one of the job's
 blocks; for FSDP2 jobs the cost of one of its collectives beyond the bytes, as the runner shards the job's blocks).
-The row's peak is the job's matmuls' rate (their FLOPs over their time inside the model), so the profile sets the
-model's `gemm_fraction` to 1 (the roofline still slows thin shapes) and `link_efficiency` to 1 (the bandwidth is
-the one achieved).
+The row's peak is the job's matmuls' rate (their FLOPs over their time inside the model) lifted to the rate of large
+matrices by `gemm_half_size`, the size at which a dimension halves a product's rate, fitted to the job's products
+timed with their rows halved and doubled; so the profile sets the model's `gemm_fraction` to 1 (the model slows
+thin shapes by that size and the roofline) and `link_efficiency` to 1 (the bandwidth is the one achieved).
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ import torch
 import yaml
 
 from .calibrate_comm import collective_fit, fsdp_collective_s, sharded_bw_bytes_per_s, tp_collective_s
-from .calibrate_kernels import (SWEEP, attention_flops, checkpoint_overhead_s, elementwise_bw_bytes_per_s,
+from .calibrate_kernels import (IN_MODEL_LAYERS, SWEEP, attention_flops, half_size, thin_shapes, checkpoint_overhead_s, elementwise_bw_bytes_per_s,
                                 in_model_rates, job_shapes, kernel_totals, matmul_flops, memory_bw_bytes_per_s,
                                 op_overhead_s, ops_per_unit, optimizer_params_per_s, selective_op_overhead_s)
 from .specs.catalog import DTYPES as DTYPE_NAMES
@@ -69,12 +70,31 @@ def _measure_rank(job: Job, rank: int, world: int) -> dict:
 
 def _compute_rates(job: Job, shapes, dtype: torch.dtype) -> dict:
     """Matmul and attention rates: inside the job's model where the runner can build it, else at the job's
-    shapes alone (or a sweep of square shapes without a job)."""
+    shapes alone (or a sweep of square shapes without a job). Each as the large-matrix rate and the half-rate
+    size (`gemm_half_size`) fitted to the products around the job's (rows halved and doubled): the model slows
+    each product by its thin dimensions, so a micro-batch other than the job's is priced at its own shapes."""
+    around = thin_shapes(shapes) if job.model.has_shape else list(shapes)
+    timed = around + list(shapes) if job.model.has_shape else around
+    rate, half = half_size(timed, matmul_flops(timed, dtype, rounds=2))
     if not job.model.has_shape or job.model.encoder:      # (the runner's GPT builds decoders)
-        return {"matmul_flops": matmul_flops(shapes, dtype),
+        return {"matmul_flops": [rate], "gemm_half_size": half,
                 "attention_flops": attention_flops(job, dtype) if job.model.has_shape else None, "in_model": False}
     matmul, attention = in_model_rates(job)
-    return {"matmul_flops": [matmul], "attention_flops": attention or attention_flops(job, dtype), "in_model": True}
+    return {"matmul_flops": [_large_matrix_rate(job, matmul, half)], "gemm_half_size": half,
+            "attention_flops": attention or attention_flops(job, dtype), "in_model": True}
+
+
+def _large_matrix_rate(job: Job, rate: float, half: float) -> float:
+    """The rate the job's model ran its products at, lifted to the large-matrix rate: their FLOPs (the blocks'
+    products and the vocabulary projection, as in_model_rates times them) times each one's thin factor, over
+    their FLOPs."""
+    from .estimate.steptime import block_matmul_shapes, thin_factor
+    blocks = min(job.model.layers, IN_MODEL_LAYERS)
+    tokens, vocab = job.batch.micro_batch * job.model.seq_len, -(-job.model.vocab // job.parallel.tp)
+    weighted = [(shape, blocks) for shape in block_matmul_shapes(job)] + [((tokens, job.model.hidden, vocab), 1)]
+    flops = sum(count * m * k * n for (m, k, n), count in weighted)
+    slowed = sum(count * m * k * n * thin_factor(m, k, n, half) for (m, k, n), count in weighted)
+    return rate * float(slowed) / float(flops)
 
 
 def _resident_bytes() -> int | None:
@@ -107,6 +127,9 @@ def profile_row(ranks: list[dict], world: int) -> dict:
     for key in ("tp_collective_s", "fsdp_collective_s"):
         if ranks[0].get(key) is not None:
             assumptions[key] = ranks[0][key]
+    halves = sorted(r["gemm_half_size"] for r in ranks if r.get("gemm_half_size") is not None)
+    if halves:
+        assumptions["gemm_half_size"] = halves[len(halves) // 2]
     for key in ("checkpoint_overhead_s", "ops_per_unit", "selective_op_overhead_s"):
         if ranks[0].get(key) is not None:
             assumptions[key] = max(r[key] for r in ranks)

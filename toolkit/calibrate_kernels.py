@@ -7,12 +7,13 @@ import dataclasses
 import statistics
 import time
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from .specs.job import Job
 
-__all__ = ["SWEEP", "job_shapes", "matmul_flops", "rank_spec", "rank_step", "in_model_rates", "kernel_totals",
+__all__ = ["SWEEP", "job_shapes", "matmul_flops", "half_size", "thin_shapes", "rank_spec", "rank_step", "in_model_rates", "kernel_totals",
            "memory_bw_bytes_per_s", "attention_flops", "elementwise_bw_bytes_per_s", "optimizer_params_per_s",
            "op_overhead_s", "ops_per_unit", "dispatched_ops", "checkpoint_overhead_s", "selective_op_overhead_s",
            "block_run", "timed_s"]
@@ -64,6 +65,28 @@ def matmul_flops(shapes, dtype: torch.dtype, rounds: int = 3) -> list[float]:
         for i, (flops, linear) in enumerate(runs):
             rates[i].append(flops / timed_s(linear, seconds=0.3 / rounds))
     return [statistics.median(r) for r in rates]
+
+
+def half_size(shapes, rates) -> tuple[float, float]:
+    """(large-matrix FLOP/s, gemm_half_size) fitted to products' rates: each dimension x of a product runs at
+    x / (x + half_size) of one rate shared by all (toolkit.estimate.steptime.thin_factor), in log space so that
+    every shape weighs the same. The size is sought up to the thinnest dimension measured (beyond it the rate is
+    an extrapolation)."""
+    from .estimate.steptime import thin_factor
+    logs = np.log(np.asarray(rates, dtype=float))
+    best = None
+    for half in np.concatenate([[0.0], np.geomspace(1, min(min(shape) for shape in shapes), 300)]):
+        adjusted = logs + np.log([thin_factor(m, k, n, half) for m, k, n in shapes])
+        error = float(np.sum((adjusted - adjusted.mean()) ** 2))
+        if best is None or error < best[0]:
+            best = (error, float(np.exp(adjusted.mean())), float(half))
+    return best[1], best[2]
+
+
+def thin_shapes(shapes) -> list[tuple[int, int, int]]:
+    """Each (m, k, n) with its rows (tokens) halved and doubled: the shapes a smaller and a larger micro-batch
+    multiply, around the job's own."""
+    return sorted({(max(m // 2, 1), k, n) for m, k, n in shapes} | {(2 * m, k, n) for m, k, n in shapes})
 
 
 IN_MODEL_LAYERS = 4

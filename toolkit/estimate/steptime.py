@@ -52,7 +52,8 @@ from .states import (adapter_params_per_layer, bytes_per_param, job_stage_layers
                      params_per_device)
 
 __all__ = ["Hardware", "Assumptions", "StepTime", "hardware_for", "step_time", "block_matmul_shapes", "op_units",
-           "node_network_bytes_per_s", "ASSUMED_NETWORK_BITS_PER_DEVICE"]
+           "node_network_bytes_per_s", "ASSUMED_NETWORK_BITS_PER_DEVICE",
+           "thin_factor"]
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,12 @@ class Assumptions:
     """Fixed cost of one tensor operation (dispatch, autograd, a kernel launch). 0 for catalog accelerators, whose
     asynchronous launches hide behind the previous kernel at training sizes; `toolkit calibrate` measures it where
     it shows (a CPU: ~2 µs, far above a small model's kernels)."""
+    gemm_half_size: float = 0.0
+    """A matrix dimension at which a product runs at half its large-matrix rate, for each of its three dimensions:
+    the rate falls as x / (x + gemm_half_size) in each (every pass over a thin dimension pays a fixed cost of
+    packing, loop set-up and partial tiles). 0 for catalog accelerators, at whose training shapes (thousands of
+    tokens a micro-batch, thousands wide) tiles are full; `toolkit calibrate` measures it (this 2-core CPU:
+    about 40: a product 128 wide runs at 88 % of one 256 wide, one 32 wide at 54 %)."""
     ops_per_unit: float = 1.0
     """Tensor operations one op unit (`op_units`) stands for: a block's forward op and its backward run several
     (a linear's forward a transpose and a product, its backward two products, a sum and the gradient's add).
@@ -232,9 +239,16 @@ class StepTime:
 
 
 def _roofline_s(m, k, n, elem: float, hw: Hardware, a: Assumptions):
-    """One matmul (m×k)·(k×n): FLOP-bound at gemm_fraction of peak, or bound by moving its operands."""
-    return np.maximum(2.0 * m * k * n / (hw.gemm_peak * a.gemm_fraction), elem * (m * k + k * n + m * n)
-                      / hw.memory_bw_bytes_per_s)
+    """One matmul (m×k)·(k×n): FLOP-bound at gemm_fraction of peak (slower where a dimension is thin), or bound by
+    moving its operands."""
+    return np.maximum(2.0 * m * k * n * thin_factor(m, k, n, a.gemm_half_size) / (hw.gemm_peak * a.gemm_fraction),
+                      elem * (m * k + k * n + m * n) / hw.memory_bw_bytes_per_s)
+
+
+def thin_factor(m, k, n, half_size: float):
+    """How much longer a product of (m×k)·(k×n) takes than its FLOPs at the large-matrix rate: each dimension x
+    runs at x / (x + half_size) of it (Assumptions.gemm_half_size)."""
+    return (1 + half_size / m) * (1 + half_size / k) * (1 + half_size / n)
 
 
 def block_matmul_shapes(job: Job) -> list[tuple]:
@@ -429,9 +443,13 @@ def op_units(job: Job, layers, owns_head):
     activation, dropouts, rotary embeddings) three times, once more under full recompute (less the saved ones
     under per-op recompute); the embedding, the head and the loss. Each unit stands for the several tensor
     operations torch runs for it (a linear: a transpose and a product; its backward: two products, a sum, a
-    gradient added in), which is why toolkit calibrate prices a unit from the job's own model."""
+    gradient added in), which is why toolkit calibrate prices a unit from the job's own model. A fused attention
+    core is one op; an eager one five (the score product, its scaling, the causal mask, the softmax and the
+    product with v), and a sixth where dropout falls on its probabilities."""
     m = job.model
-    block_ops = 14 + (2 if m.mlp == "swiglu" else 0) + (2 if m.dropout > 0 else 0) + (8 if m.position == "rope" else 0)
+    core_ops = 1 if job.memory.attention != "eager" else 5 + (m.dropout > 0)
+    block_ops = 13 + core_ops + (2 if m.mlp == "swiglu" else 0) + (2 if m.dropout > 0 else 0) \
+        + (8 if m.position == "rope" else 0)
     recompute = np.asarray(job.memory.recompute)
     # per-op recompute takes its policy's saved ops (every other matmul, the fused attention) from its cache
     again = np.select([recompute == "full", recompute == "selective-op"], [block_ops, block_ops - 4], 0)
