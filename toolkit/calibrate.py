@@ -75,11 +75,12 @@ def _compute_rates(job: Job, shapes, dtype: torch.dtype) -> dict:
     each product by its thin dimensions, so a micro-batch other than the job's is priced at its own shapes."""
     around = thin_shapes(shapes) if job.model.has_shape else list(shapes)
     timed = around + list(shapes) if job.model.has_shape else around
-    rate, half = half_size(timed, matmul_flops(timed, dtype, rounds=2))
     if not job.model.has_shape or job.model.encoder:      # (the runner's GPT builds decoders)
+        rate, half = half_size(timed, matmul_flops(timed, dtype, rounds=2))
         return {"matmul_flops": [rate], "gemm_half_size": half,
                 "attention_flops": attention_flops(job, dtype) if job.model.has_shape else None, "in_model": False}
     matmul, attention = in_model_rates(job)
+    _rate, half = half_size(timed, matmul_flops(timed, dtype, rounds=2))
     return {"matmul_flops": [_large_matrix_rate(job, matmul, half)], "gemm_half_size": half,
             "attention_flops": attention or attention_flops(job, dtype), "in_model": True}
 
