@@ -27,9 +27,10 @@ import torch
 import yaml
 
 from .calibrate_comm import collective_fit, fsdp_collective_s, sharded_bw_bytes_per_s, tp_collective_s
-from .calibrate_kernels import (IN_MODEL_LAYERS, SWEEP, attention_flops, half_size, thin_shapes, checkpoint_overhead_s, elementwise_bw_bytes_per_s,
-                                in_model_rates, job_shapes, kernel_totals, matmul_flops, memory_bw_bytes_per_s,
-                                op_overhead_s, ops_per_unit, optimizer_params_per_s, selective_op_overhead_s)
+from .calibrate_kernels import (IN_MODEL_LAYERS, SWEEP, attention_flops, checkpoint_overhead_s,
+                                elementwise_bw_bytes_per_s, half_size, in_model_rates, job_shapes, kernel_totals,
+                                matmul_flops, memory_bw_bytes_per_s, op_overhead_s, ops_per_unit,
+                                optimizer_params_per_s, selective_op_overhead_s, thin_shapes)
 from .specs.catalog import DTYPES as DTYPE_NAMES
 from .specs.job import Job, compute_dtype
 from .train.precision import TORCH_DTYPES

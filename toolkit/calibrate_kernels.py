@@ -13,10 +13,10 @@ import torch.distributed as dist
 
 from .specs.job import Job
 
-__all__ = ["SWEEP", "job_shapes", "matmul_flops", "half_size", "thin_shapes", "rank_spec", "rank_step", "in_model_rates", "kernel_totals",
-           "memory_bw_bytes_per_s", "attention_flops", "elementwise_bw_bytes_per_s", "optimizer_params_per_s",
-           "op_overhead_s", "ops_per_unit", "dispatched_ops", "checkpoint_overhead_s", "selective_op_overhead_s",
-           "block_run", "timed_s"]
+__all__ = ["SWEEP", "job_shapes", "matmul_flops", "half_size", "thin_shapes", "rank_spec", "rank_step",
+           "in_model_rates", "kernel_totals", "memory_bw_bytes_per_s", "attention_flops",
+           "elementwise_bw_bytes_per_s", "optimizer_params_per_s", "op_overhead_s", "ops_per_unit",
+           "dispatched_ops", "checkpoint_overhead_s", "selective_op_overhead_s", "block_run", "timed_s"]
 
 SWEEP = (256, 512, 1024)
 """Square matmul sizes measured without a job."""

@@ -52,8 +52,7 @@ from .states import (adapter_params_per_layer, bytes_per_param, job_stage_layers
                      params_per_device)
 
 __all__ = ["Hardware", "Assumptions", "StepTime", "hardware_for", "step_time", "block_matmul_shapes", "op_units",
-           "node_network_bytes_per_s", "ASSUMED_NETWORK_BITS_PER_DEVICE",
-           "thin_factor"]
+           "node_network_bytes_per_s", "ASSUMED_NETWORK_BITS_PER_DEVICE", "thin_factor"]
 
 
 @dataclass(frozen=True)
@@ -119,7 +118,7 @@ class Assumptions:
     the rate falls as x / (x + gemm_half_size) in each (every pass over a thin dimension pays a fixed cost of
     packing, loop set-up and partial tiles). 0 for catalog accelerators, at whose training shapes (thousands of
     tokens a micro-batch, thousands wide) tiles are full; `toolkit calibrate` measures it (this 2-core CPU:
-    about 40: a product 128 wide runs at 88 % of one 256 wide, one 32 wide at 54 %)."""
+    16-40 by threads and load; a product 128 wide runs at 88 % of one 256 wide, one 32 wide at 54 %)."""
     ops_per_unit: float = 1.0
     """Tensor operations one op unit (`op_units`) stands for: a block's forward op and its backward run several
     (a linear's forward a transpose and a product, its backward two products, a sum and the gradient's add).
