@@ -28,8 +28,8 @@ import yaml
 
 from .calibrate_comm import collective_fit, fsdp_collective_s, sharded_bw_bytes_per_s, tp_collective_s
 from .calibrate_kernels import (IN_MODEL_LAYERS, SWEEP, attention_flops, checkpoint_overhead_s,
-                                elementwise_bw_bytes_per_s, half_size, in_model_rates, job_shapes, kernel_totals,
-                                matmul_flops, memory_bw_bytes_per_s, op_overhead_s, ops_per_unit,
+                                elementwise_bw_bytes_per_s, half_size, head_shape, in_model_rates, job_shapes,
+                                kernel_totals, matmul_flops, memory_bw_bytes_per_s, op_overhead_s, ops_per_unit,
                                 optimizer_params_per_s, selective_op_overhead_s, thin_shapes)
 from .specs.catalog import DTYPES as DTYPE_NAMES
 from .specs.job import Job, compute_dtype
@@ -92,8 +92,7 @@ def _large_matrix_rate(job: Job, rate: float, half: float) -> float:
     their FLOPs."""
     from .estimate.steptime import block_matmul_shapes, thin_factor
     blocks = min(job.model.layers, IN_MODEL_LAYERS)
-    tokens, vocab = job.batch.micro_batch * job.model.seq_len, -(-job.model.vocab // job.parallel.tp)
-    weighted = [(shape, blocks) for shape in block_matmul_shapes(job)] + [((tokens, job.model.hidden, vocab), 1)]
+    weighted = [(shape, blocks) for shape in block_matmul_shapes(job)] + [(head_shape(job), 1)]
     flops = sum(count * m * k * n for (m, k, n), count in weighted)
     slowed = sum(count * m * k * n * thin_factor(m, k, n, half) for (m, k, n), count in weighted)
     return rate * float(slowed) / float(flops)

@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from .specs.job import Job
 
-__all__ = ["SWEEP", "job_shapes", "matmul_flops", "half_size", "thin_shapes", "rank_spec", "rank_step",
+__all__ = ["SWEEP", "job_shapes", "head_shape", "matmul_flops", "half_size", "thin_shapes", "rank_spec", "rank_step",
            "in_model_rates", "kernel_totals", "memory_bw_bytes_per_s", "attention_flops",
            "elementwise_bw_bytes_per_s", "optimizer_params_per_s", "op_overhead_s", "ops_per_unit",
            "dispatched_ops", "checkpoint_overhead_s", "selective_op_overhead_s", "block_run", "timed_s"]
@@ -38,9 +38,13 @@ def timed_s(fn, seconds: float = 0.3, least: int = 3) -> float:
 def job_shapes(job: Job) -> list[tuple[int, int, int]]:
     """The (m, k, n) of the job's matmuls on one rank: q, k, v, o, the MLP and the output projection."""
     from .estimate.steptime import block_matmul_shapes
-    tokens, vocab = job.batch.micro_batch * job.model.seq_len, -(-job.model.vocab // job.parallel.tp)
     shapes = {tuple(int(x) for x in shape) for shape in block_matmul_shapes(job)}
-    return sorted(shapes | {(tokens, job.model.hidden, vocab)})
+    return sorted(shapes | {head_shape(job)})
+
+
+def head_shape(job: Job) -> tuple[int, int, int]:
+    """The (m, k, n) of the output projection on one rank: a micro-batch's tokens, hidden, vocabulary over tp."""
+    return job.batch.micro_batch * job.model.seq_len, job.model.hidden, -(-job.model.vocab // job.parallel.tp)
 
 
 def matmul_flops(shapes, dtype: torch.dtype, rounds: int = 3) -> list[float]:
