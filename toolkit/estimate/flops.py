@@ -93,15 +93,18 @@ def flops_per_token(job: Job, causal: bool = True) -> TokenFlops:
     attention = full_attention / 2 if causal and not m.encoder else full_attention
     head = 2 * h * m.vocab
     # torch's checkpoint stops recomputing once every saved tensor is back ("early stop"), so the last
-    # matmul whose output nothing saved is skipped: the down projection of a block, the probs·v
-    # product of an eager core (a fused SDPA kernel saves its output and is rerun whole)
+    # matmul whose output nothing saved is skipped: the down projection of a block (unless dropout follows
+    # it and saves its mask), the probs·v product of an eager core (a fused SDPA kernel saves its output
+    # and is rerun whole)
     mode = np.asarray(job.memory.recompute)             # an array when a grid varies it
     selective = attention / 2 if job.memory.attention == "eager" else attention
     # per-op recompute reruns the matmuls its policy did not save up to the last one backward needs (k and o;
-    # SwiGLU's up, not GELU's down) and the attention core unless a fused kernel saved its output
+    # SwiGLU's up; GELU's down only where dropout saves a mask of its output) and the attention core unless a
+    # fused kernel saved its output
     fused = job.memory.attention == "flash"
-    per_op = 2 * (h * kv + q * h + (h * f if m.mlp == "swiglu" else 0)) * m.layers + (0 if fused else attention)
+    mlp_again = h * f if m.mlp == "swiglu" or m.dropout > 0 else 0
+    per_op = 2 * (h * kv + q * h + mlp_again) * m.layers + (0 if fused else attention)
     recompute = np.select([mode == "full", mode == "selective", mode == "selective-op"],
-                          [layer_matmuls - 2 * h * f * m.layers + attention, selective, per_op], 0.0)
+                          [layer_matmuls - (m.dropout == 0) * 2 * h * f * m.layers + attention, selective, per_op], 0.0)
     recompute = recompute.item() if recompute.ndim == 0 else recompute
     return TokenFlops(layer_matmuls=layer_matmuls, attention=attention, head=head, recompute=recompute)
