@@ -16,7 +16,8 @@ from .specs.job import Job
 __all__ = ["SWEEP", "job_shapes", "head_shape", "matmul_flops", "half_size", "thin_shapes", "rank_spec", "rank_step",
            "in_model_rates", "kernel_totals", "memory_bw_bytes_per_s", "attention_flops",
            "elementwise_bw_bytes_per_s", "optimizer_params_per_s", "op_overhead_s", "ops_per_unit",
-           "dispatched_ops", "checkpoint_overhead_s", "selective_op_overhead_s", "block_run", "timed_s"]
+           "dispatched_ops", "checkpoint_overhead_s", "region_runs", "region_tail", "selective_op_overhead_s",
+           "block_run", "timed_s"]
 
 SWEEP = (256, 512, 1024)
 """Square matmul sizes measured without a job."""
@@ -294,38 +295,69 @@ def block_run(job: Job, tokens_per_rank: int):
     return run, build
 
 
-def checkpoint_overhead_s(job: Job) -> float:
+def checkpoint_overhead_s(job: Job, rounds: int = 30) -> float:
     """Seconds one checkpointed region costs beyond running its forward again: torch's checkpoint (non-reentrant,
     as the runner's recompute) packs and unpacks every tensor the region saves through its hooks, records the
-    rerun's graph and raises its early stop through autograd. Fitted as a + b·saved on chains of tiny products
-    (2 and 32 saved tensors: checkpointed forward and backward, less the same without checkpoint, less the
-    chain's forward), then taken at the number of tensors the job's region saves (its block; under selective
-    recompute its attention core), counted with torch's saved-tensor hooks. Timing the job's block itself this
-    way leaves a difference of three large times, lost in a shared machine's noise; the chains' figure is a
-    floor (a 256-wide block's region costs about three times as much here, by torch's profiler)."""
-    from torch.utils.checkpoint import checkpoint
-    extra = {}
-    for n in (1, 16):
-        weights, x = [torch.ones(1, requires_grad=True) for _ in range(n)], torch.ones(1, requires_grad=True)
+    rerun's graph and raises its early stop through autograd. Timed on the job's own region (its block; under
+    selective recompute its attention core), in `rounds` rounds of four calls (`region_runs`): checkpointed
+    forward and backward, plain forward and backward, the forward alone, and the forward's tail that the early
+    stop skips. Each round gives checkpointed − plain − (forward − tail); the cost is their median. The four
+    calls of a round see the same moments of a shared machine, and the median keeps the typical cost, which a
+    run's median step pays. (A 256-wide block here: about 1 ms on 2 threads, 1.5 ms on one; tiny regions of
+    one-element products, which an earlier version fitted and scaled, cost a third of that.)"""
+    runs = region_runs(job)
+    times = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, run in runs.items():
+            began = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - began)
+    rounds_s = [checkpointed - plain - (forward - tail) for checkpointed, plain, forward, tail in
+                zip(*(times[name][3:] for name in ("checkpointed", "plain", "forward", "tail")))]
+    return max(statistics.median(rounds_s), 0.0)
 
-        def region(y, weights=weights):
-            for w in weights:
-                y = y * w
-            return y
-        plain_s = timed_s(lambda: region(x).backward())
-        checkpointed_s = timed_s(lambda: checkpoint(region, x, use_reentrant=False).backward())
-        extra[2 * n] = checkpointed_s - plain_s - timed_s(lambda: region(x.detach()))
-    per_saved_s = max((extra[32] - extra[2]) / 30, 0.0)
-    fixed_s = max(extra[2] - 2 * per_saved_s, 0.0)
-    run, build = block_run(job, job.model.seq_len)
-    block, m, saved = build(job.model), job.model, [0]
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.__setitem__(0, saved[0] + 1) or t, lambda t: t):
-        if job.memory.recompute == "selective":       # the region is the attention core alone
-            block.attn.core(*(torch.randn(job.batch.micro_batch, m.heads, m.seq_len, m.head_dim_, requires_grad=True)
-                              for _ in range(3)))
-        else:
-            run(block, backward=False)
-    return fixed_s + per_saved_s * saved[0]
+
+def region_runs(job: Job) -> dict:
+    """{checkpointed, plain, forward, tail}: calls over the job's checkpointed region (`checkpoint_overhead_s`),
+    in its dtype and under its autocast as a micro-batch runs it."""
+    from torch.utils.checkpoint import checkpoint
+    from .train.precision import torch_precision
+    plan = torch_precision(job.precision.mode or "fp32")
+    run, build = block_run(job, job.model.seq_len // job.parallel.cp)
+    spec = rank_spec(job)
+    block, b, s = build(spec), job.batch.micro_batch, spec.seq_len
+
+    def autocast(fn):
+        def call():
+            with plan.autocast("cpu"):
+                return fn()
+        return call
+    if job.memory.recompute != "selective":
+        act = torch.randn(b, s, spec.ffn_, dtype=plan.param_dtype, requires_grad=True)
+        residual = torch.randn(b, s, spec.hidden, dtype=plan.param_dtype)
+        tail = (lambda: block.mlp.down(act) + residual) if region_tail(job) == "down" else (lambda: None)
+        return {"checkpointed": lambda: run(block, checkpointed=True), "plain": lambda: run(block),
+                "forward": lambda: run(block, backward=False), "tail": autocast(tail)}
+    q = torch.randn(b, spec.heads, s, spec.head_dim_, dtype=plan.param_dtype, requires_grad=True)
+    k, v = (torch.randn(b, spec.kv_heads_, s, spec.head_dim_, dtype=plan.param_dtype, requires_grad=True)
+            for _ in range(2))
+    probs = torch.randn(b, spec.heads, s, s, dtype=plan.param_dtype, requires_grad=True)
+    values = v.repeat_interleave(spec.heads // spec.kv_heads_, dim=1)
+    tail = (lambda: probs @ values) if region_tail(job) == "probs-v" else (lambda: None)
+    return {"checkpointed": autocast(lambda: checkpoint(block.attn.core, q, k, v, use_reentrant=False)
+                                     .float().sum().backward()),
+            "plain": autocast(lambda: block.attn.core(q, k, v).float().sum().backward()),
+            "forward": autocast(lambda: block.attn.core(q, k, v)), "tail": autocast(tail)}
+
+
+def region_tail(job: Job) -> str | None:
+    """The last product of a checkpointed region that its recompute skips: torch's checkpoint stops once every
+    tensor the backward needs is back, so a product whose output nothing in the region saves never reruns. A
+    block's down projection, unless dropout follows it (its mask is saved); an eager attention core's probs·v
+    (toolkit.estimate.flops counts the same)."""
+    if job.memory.recompute == "selective":
+        return "probs-v" if job.memory.attention == "eager" else None
+    return "down" if job.model.dropout == 0 else None
 
 
 def selective_op_overhead_s(job: Job, rounds: int = 30) -> float:

@@ -103,7 +103,8 @@ class Assumptions:
     checkpoint_overhead_s: float = 0.0
     """Fixed cost of one checkpointed region's recompute beyond its ops (torch's checkpoint: its frame, the
     saved-tensor hooks, the early stop raised and unwound through autograd), per region per micro-batch. 0 for
-    catalog accelerators, whose kernels hide the host's work; `toolkit calibrate` measures it (a CPU: ~0.2 ms)."""
+    catalog accelerators, whose kernels hide the host's work; `toolkit calibrate` measures it on the job's own
+    region (a CPU, a 256-wide block: about 1 ms, a third of that block's forward)."""
     selective_op_overhead_s: float = 0.0
     """What a per-op-recompute region (selective-op) costs beyond checkpoint_overhead_s, per region per
     micro-batch: torch's selective checkpoint runs each of the region's tensor operations, forward and recompute,
