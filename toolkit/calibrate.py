@@ -39,8 +39,7 @@ __all__ = ["calibrate", "measure_rank", "profile_row", "in_model_rates", "kernel
 
 def measure_rank(job: Job, rank: int, world: int) -> dict:
     """One rank's figures, measured while every other rank measures the same, with a training rank's settings:
-    its thread count and, on CPU, deterministic kernels (toolkit.train.determinism.pinned), under which every
-    fresh tensor is filled before use (torch.utils.deterministic.fill_uninitialized_memory)."""
+    its thread count and, on CPU, deterministic kernels (toolkit.train.determinism.pinned)."""
     importlib.import_module("toolkit.train.loop")     # what a training rank loads (accelerate, the runner)
     from .train.determinism import pinned, rank_threads
     with pinned(rank_threads(world), "cuda" if torch.cuda.is_available() else "cpu"):

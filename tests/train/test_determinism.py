@@ -30,3 +30,16 @@ def test_a_resume_on_another_thread_count_says_so_and_the_process_gets_its_threa
     out = capsys.readouterr().out
     assert "resumed with 1 intra-op threads per rank where the run began with 2" in out
     assert "OMP_NUM_THREADS=2" in out
+
+
+def test_a_pinned_block_runs_deterministic_kernels_without_filling_fresh_tensors_and_gives_the_settings_back():
+    """The fill costs 2-4 % of a small model's step (benchmarks/loop_overhead.py) and buys nothing here: the
+    bitwise resume (tests/train/test_runner.py) holds without it."""
+    import torch.utils.deterministic as deterministic
+    from toolkit.train.determinism import pinned
+    threads, fill = torch.get_num_threads(), deterministic.fill_uninitialized_memory
+    with pinned(1, "cpu"):
+        assert torch.are_deterministic_algorithms_enabled() and torch.get_num_threads() == 1
+        assert deterministic.fill_uninitialized_memory is False
+    assert torch.get_num_threads() == threads and deterministic.fill_uninitialized_memory is fill
+    assert not torch.are_deterministic_algorithms_enabled()

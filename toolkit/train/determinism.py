@@ -13,7 +13,11 @@ conditions for run-to-run reproducibility are a fixed number of threads with MKL
 - every run calls `torch.set_num_threads(n)` with n fixed per rank: OMP_NUM_THREADS when set, else the machine's
   cores divided by the ranks on it; the checkpoint records n and a resume with another n says that its last bits
   may differ from an uninterrupted run;
-- `torch.use_deterministic_algorithms(True)` on CPU (warn-only: an op without a deterministic kernel warns);
+- `torch.use_deterministic_algorithms(True)` on CPU (warn-only: an op without a deterministic kernel warns),
+  without torch's filling of every fresh tensor (`torch.utils.deterministic.fill_uninitialized_memory`, on by
+  default with it): the filling only makes a read of memory nothing wrote repeatable, the program makes no such
+  read (its resumes are bitwise without it, tests/train/test_runner.py), and it writes every op's output twice,
+  2-4 % of a small model's step on CPU (benchmarks/loop_overhead.py);
 - the data order, dropout masks and evaluation windows come from seeded generators (toolkit.train.data, loop).
 
 GPU runs get the same thread pinning; cuBLAS and cuDNN determinism is not forced (it costs speed and needs
@@ -51,17 +55,20 @@ def pinned(threads: int, device_type: str):
     """Run the block with `threads` intra-op threads (MKL's dynamic adjustment off) and deterministic kernels on
     CPU; the process's settings come back afterwards (a notebook kernel trains in-process)."""
     import torch
-    before_threads = torch.get_num_threads()
+    import torch.utils.deterministic as deterministic
+    before_threads, before_fill = torch.get_num_threads(), deterministic.fill_uninitialized_memory
     before_det, before_warn = torch.are_deterministic_algorithms_enabled(), \
         torch.is_deterministic_algorithms_warn_only_enabled()
     torch.set_num_threads(threads)                      # (also mkl_set_dynamic(false): ATen's ParallelOpenMP.cpp)
     if device_type == "cpu":
         torch.use_deterministic_algorithms(True, warn_only=True)
+        deterministic.fill_uninitialized_memory = False
     try:
         yield
     finally:
         torch.set_num_threads(before_threads)
         torch.use_deterministic_algorithms(before_det, warn_only=before_warn)
+        deterministic.fill_uninitialized_memory = before_fill
 
 
 def threads_note(saved: int | None, now: int) -> str | None:
