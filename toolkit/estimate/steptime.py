@@ -10,7 +10,7 @@ The step is built from parts, each from a published formula or a stated assumpti
   the accelerator's dense peak times a matrix-shape efficiency: every matmul of a block is put on
   a roofline (FLOPs at `gemm_fraction` of peak, or its operand bytes at HBM bandwidth, whichever
   is slower), so thin matrices (small micro-batches, wide tensor parallelism) run below peak;
-- memory-bound ops (norms, activations, residual adds, RoPE, softmax of eager attention):
+- memory-bound ops (norms, activations, residual adds, RoPE, eager attention's scale, mask and softmax):
   the bytes they read and write at HBM bandwidth;
 - tensor parallelism: 2 all-reduces of the block's activations in forward, 2 in backward
   (Megatron; torch's DTensor plan without sp: one per column-parallel layer), plus 2 per recomputed
@@ -313,7 +313,7 @@ def _compute_s(job: Job, hw: Hardware, a: Assumptions, tokens, eff):
 
 def _memory_bound_bytes_per_token(job: Job):
     """Bytes the element-wise kernels of one block move per token in a step: forward, backward (≈ 2× the
-    forward) and what recompute runs again (full and per-op: the block's forward; selective: the attention core's).
+    forward; an eager core's counted kernel by kernel) and what recompute runs again (full and per-op: the block's forward; selective: the attention core's).
     Under sequence parallelism the hidden-sized kernels (norms, residual adds, dropout) see s/tp tokens."""
     m, tp = job.model, np.asarray(job.parallel.tp)
     h, q, kv, f = m.hidden, m.heads * m.head_dim_ / tp, m.kv_heads_ * m.head_dim_ / tp, m.ffn_ / tp
@@ -327,16 +327,29 @@ def _memory_bound_bytes_per_token(job: Job):
     rope = 2 * 2 * (q + kv) * elem if m.position == "rope" else 0
     casts = 6 * h * elem if job.precision.plan.family == "amp" else 0   # autocast copies of each linear input
     block = (norms + adds + dropout) * hidden_share + act + rope + casts
-    core = 0
-    if job.memory.attention == "eager":                 # per score element of this rank's heads
-        scores = m.seq_len * m.heads / tp
-        core = scores * 2 * elem + (scores * (2 * elem + 1) if m.dropout > 0 else 0)   # softmax; dropout + mask
+    core_fwd, core_bwd = _eager_core_bytes_per_score(job) * m.seq_len * m.heads / tp if \
+        job.memory.attention == "eager" else (0, 0)      # per score element of this rank's heads, per token
     recompute = np.asarray(job.memory.recompute)
     # per-op recompute reruns the element-wise kernels too, and an eager core (a fused one saved its output)
-    op_core = core if job.memory.attention == "eager" else 0
     again = np.select([recompute == "full", recompute == "selective", recompute == "selective-op"],
-                      [block + core, core, block + op_core], 0)
-    return 3 * (block + core) + again
+                      [block + core_fwd, core_fwd, block + core_fwd], 0)
+    return 3 * block + core_fwd + core_bwd + again
+
+
+def _eager_core_bytes_per_score(job: Job):
+    """(forward, backward) bytes an eager attention core's element-wise kernels move per score element, as
+    numpy arrays over a layout grid. torch runs the scaling, the causal mask and the softmax as three kernels,
+    each reading and writing the scores (backward: 2, 2 and 3 elements); Megatron fuses them into one (forward
+    2, backward 3). Dropout on the probabilities: CUDA's fused kernel writes a byte mask (2 elements and a byte
+    each way); torch on CPU draws a float noise tensor, scales it and multiplies (6 elements forward, 3 back).
+    Counted op by op on the runner's core: tests/estimate/test_eager_core_bytes.py."""
+    elem = job.precision.plan.compute_bytes
+    fused = np.asarray(is_megatron(job))
+    fwd, bwd = np.where(fused, 2.0, 6.0) * elem, np.where(fused, 3.0, 7.0) * elem
+    if job.model.dropout > 0:
+        cpu = job.memory.program == "cpu"
+        fwd, bwd = fwd + (6 * elem if cpu else 2 * elem + 1), bwd + (3 * elem if cpu else 2 * elem + 1)
+    return np.stack([fwd, bwd])
 
 
 def step_time(job: Job, hw: Hardware, a: Assumptions | None = None) -> StepTime:
