@@ -301,10 +301,11 @@ def checkpoint_overhead_s(job: Job, rounds: int = 30) -> float:
     rerun's graph and raises its early stop through autograd. Timed on the job's own region (its block; under
     selective recompute its attention core), in `rounds` rounds of four calls (`region_runs`): checkpointed
     forward and backward, plain forward and backward, the forward alone, and the forward's tail that the early
-    stop skips. Each round gives checkpointed − plain − (forward − tail); the cost is their median. The four
-    calls of a round see the same moments of a shared machine, and the median keeps the typical cost, which a
-    run's median step pays. (A 256-wide block here: about 1 ms on 2 threads, 1.5 ms on one; tiny regions of
-    one-element products, which an earlier version fitted and scaled, cost a third of that.)"""
+    stop skips. Each round after the first three (warm-up) gives checkpointed − plain − (forward − tail); the
+    cost is their median. The four calls of a round see the same moments of a shared machine, and the median
+    keeps the typical cost, which a run's median step pays. (A 256-wide block here: about 1 ms on 2 threads,
+    1.5 ms on one; tiny regions of one-element products, which an earlier version fitted and scaled, cost a third
+    of that.)"""
     runs = region_runs(job)
     times = {name: [] for name in runs}
     for _ in range(rounds):

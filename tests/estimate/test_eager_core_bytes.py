@@ -12,8 +12,8 @@ from toolkit.specs import Job
 from toolkit.train.model import Attention
 
 PRODUCTS = {torch.ops.aten.bmm.default, torch.ops.aten.mm.default, torch.ops.aten.matmul.default}
-NO_READ = {torch.ops.aten.empty_like.default, torch.ops.aten.bernoulli_.float}   # they only write (or allocate)
 NO_TRAFFIC = {torch.ops.aten.empty_like.default, torch.ops.aten._unsafe_view.default}   # no bytes move
+NO_READ = {torch.ops.aten.bernoulli_.float}                      # it only writes its output
 
 
 def score_bytes(fn, score_numel: int) -> int:

@@ -33,8 +33,8 @@ def test_a_resume_on_another_thread_count_says_so_and_the_process_gets_its_threa
 
 
 def test_a_pinned_block_runs_deterministic_kernels_without_filling_fresh_tensors_and_gives_the_settings_back():
-    """The fill costs 2-4 % of a small model's step (benchmarks/loop_overhead.py) and buys nothing here: the
-    bitwise resume (tests/train/test_runner.py) holds without it."""
+    """The fill cost the runner about 3 % of a small model's step (benchmarks/loop_overhead.py) and buys nothing
+    here: the bitwise resume (tests/train/test_runner.py) holds without it."""
     import torch.utils.deterministic as deterministic
     from toolkit.train.determinism import pinned
     threads, fill = torch.get_num_threads(), deterministic.fill_uninitialized_memory

@@ -313,7 +313,8 @@ def _compute_s(job: Job, hw: Hardware, a: Assumptions, tokens, eff):
 
 def _memory_bound_bytes_per_token(job: Job):
     """Bytes the element-wise kernels of one block move per token in a step: forward, backward (≈ 2× the
-    forward; an eager core's counted kernel by kernel) and what recompute runs again (full and per-op: the block's forward; selective: the attention core's).
+    forward; an eager core's counted kernel by kernel) and what recompute runs again (full and per-op: the
+    block's forward; selective: the attention core's).
     Under sequence parallelism the hidden-sized kernels (norms, residual adds, dropout) see s/tp tokens."""
     m, tp = job.model, np.asarray(job.parallel.tp)
     h, q, kv, f = m.hidden, m.heads * m.head_dim_ / tp, m.kv_heads_ * m.head_dim_ / tp, m.ffn_ / tp
@@ -327,8 +328,9 @@ def _memory_bound_bytes_per_token(job: Job):
     rope = 2 * 2 * (q + kv) * elem if m.position == "rope" else 0
     casts = 6 * h * elem if job.precision.plan.family == "amp" else 0   # autocast copies of each linear input
     block = (norms + adds + dropout) * hidden_share + act + rope + casts
-    core_fwd, core_bwd = _eager_core_bytes_per_score(job) * m.seq_len * m.heads / tp if \
-        job.memory.attention == "eager" else (0, 0)      # per score element of this rank's heads, per token
+    core_fwd = core_bwd = 0
+    if job.memory.attention == "eager":                 # per score element of this rank's heads, per token
+        core_fwd, core_bwd = _eager_core_bytes_per_score(job) * m.seq_len * m.heads / tp
     recompute = np.asarray(job.memory.recompute)
     # per-op recompute reruns the element-wise kernels too, and an eager core (a fused one saved its output)
     again = np.select([recompute == "full", recompute == "selective", recompute == "selective-op"],

@@ -14,10 +14,10 @@ conditions for run-to-run reproducibility are a fixed number of threads with MKL
   cores divided by the ranks on it; the checkpoint records n and a resume with another n says that its last bits
   may differ from an uninterrupted run;
 - `torch.use_deterministic_algorithms(True)` on CPU (warn-only: an op without a deterministic kernel warns),
-  without torch's filling of every fresh tensor (`torch.utils.deterministic.fill_uninitialized_memory`, on by
-  default with it): the filling only makes a read of memory nothing wrote repeatable, the program makes no such
-  read (its resumes are bitwise without it, tests/train/test_runner.py), and it writes every op's output twice,
-  2-4 % of a small model's step on CPU (benchmarks/loop_overhead.py);
+  without torch's filling of fresh tensors (`torch.utils.deterministic.fill_uninitialized_memory`, on by default
+  with it): the filling only makes a read of memory nothing wrote repeatable, the program makes no such read (its
+  resumes are bitwise without it, tests/train/test_runner.py), and filling what torch.empty and its kin make
+  before the ops write it cost the runner about 3 % of a small model's step on CPU (benchmarks/loop_overhead.py);
 - the data order, dropout masks and evaluation windows come from seeded generators (toolkit.train.data, loop).
 
 GPU runs get the same thread pinning; cuBLAS and cuDNN determinism is not forced (it costs speed and needs
