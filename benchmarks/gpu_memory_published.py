@@ -12,10 +12,14 @@ Each published figure is compared with the estimate's figure of the same definit
   nvidia-smi's MiB / 1024, read as GiB. From 02-28 on they ran DeepSpeed's new BF16 optimizer (an fp32 gradient
   buffer of 4 bytes per parameter, not sharded, beside the bf16 gradients) and gave each embedding its own
   pipeline slot (`type:transformer|embedding`), which the rows give as DeepSpeed's partition method
-  (`parallel.partition`, toolkit.specs.partition).
+  (`parallel.partition`, toolkit.specs.partition). Their DeepSpeed configuration sets only the ZeRO stage
+  (train/tr11-176B-ml/tr11-176B-ml.slurm), so the rows keep DeepSpeed's default reduce bucket of 5e8 elements.
   The 14336 x 82 layout that ran out of memory (02-28) stays missed: its neighbours measured 59-63 GB (13312 x 82
   and 14336 x 70, at 64 to 128 heads: heads barely change the reading), which with one more block a stage puts its
-  steady state near 66 GiB; the document gives no cause, and no term of the step's memory reaches 80.
+  steady state near 66 GiB; the document gives no cause, and no term of the step's memory reaches 80. The same
+  day's 13312 x 94 (128 heads, the same dp 8 tp 4 pp 12 mb 2) ran at 67 GB with 0.9 % fewer parameters on its
+  embedding stage (4.557 B against 4.599 B) and a 7 % narrower block: a model that called 14336 x 82 out of
+  memory would call that one out of memory too.
   The same document measured the CUDA context of that software (every kernel loaded at start): 1,573 MiB on an
   A100-40GB; the rows use it instead of the default assumption.
 - torchtitan's Llama 3.1 benchmark (H100 96 GB HBM2e, FSDP2 / TP / PP / CP, bf16 parameters with fp32
@@ -60,7 +64,14 @@ def bloom(h, layers, heads, dp, tp, pp, mb, gbs=2048, partition="type:transforme
             "parallel": {"dp": dp, "tp": tp, "pp": pp, "zero": zero, "partition": partition if pp > 1 else None,
                          "backend": "deepspeed"},
             "memory": {"recompute": "full", "attention": "eager"},
-            "cluster": {"accelerator": "A100-80GB", "count": dp * tp * pp, "gpus_per_node": 8}}
+            "cluster": {"accelerator": "A100-80GB", "count": dp * tp * pp, "gpus_per_node": 8},
+            "training": {"bucket_cap_mb": DEEPSPEED_BUCKET_ELEMENTS * 2 / MIB}}
+
+
+DEEPSPEED_BUCKET_ELEMENTS = 5e8
+"""DeepSpeed's default reduce bucket (deepspeed/runtime/zero/config.py: reduce_bucket_size 5e8 elements): BLOOM's
+DeepSpeed configuration (train/tr11-176B-ml/tr11-176B-ml.slurm) sets only the ZeRO stage, so its ZeRO-1 keeps a
+1 GB bucket in bf16, not the toolkit's 25 MB default."""
 
 
 EMBEDDING_SLOTS = "type:transformer|embedding"
@@ -95,6 +106,14 @@ ROWS = [
     ("bloom 13824x84 dp4 tp8 pp12 mb2", BLOOM, "device", 39, bloom(13824, 84, 64, 4, 8, 12, 2), ()),
     ("bloom 13824x84 dp4 tp8 pp12 mb4", BLOOM, "device", 52, bloom(13824, 84, 64, 4, 8, 12, 4), ()),
     ("bloom 13824x84 dp8 tp8 pp6 mb4", BLOOM, "device", 56, bloom(13824, 84, 64, 8, 8, 6, 4), ()),
+    # 02-26 and 02-27: 13824 x 78 (78 blocks on 12 stages: DeepSpeed gives the last stage one), and the embedding
+    # slots before the BF16 optimizer
+    ("bloom 13824x78 dp8 tp4 pp12 mb2", BLOOM, "device", 48, bloom(13824, 78, 64, 8, 4, 12, 2), ()),
+    ("bloom 13824x78 dp8 tp4 pp12 mb2 h96", BLOOM, "device", 48, bloom(13824, 78, 96, 8, 4, 12, 2), ()),
+    ("bloom 13824x78 dp8 tp8 pp6 mb4 h96", BLOOM, "device", 59, bloom(13824, 78, 96, 8, 8, 6, 4), ()),
+    ("bloom 13824x78 dp16 tp4 pp6 mb4 h96", BLOOM, "device", 75, bloom(13824, 78, 96, 16, 4, 6, 4), ()),
+    ("bloom 12288x106 dp8 tp4 pp12 mb2 h96 slots", BLOOM, "device", 44,
+     bloom(12288, 106, 96, 8, 4, 12, 2, partition=EMBEDDING_SLOTS), ()),
     # 02-25: GBS and TP variations, 14336 x 72, 64 heads
     ("bloom 14336x72 dp8 tp8 pp6 mb6 gbs2016", BLOOM, "device", 66, bloom(14336, 72, 64, 8, 8, 6, 6, 2016), ()),
     ("bloom 14336x72 dp6 tp8 pp8 mb4 gbs2016", BLOOM, "device", 52, bloom(14336, 72, 64, 6, 8, 8, 4, 2016), ()),
@@ -133,6 +152,22 @@ ROWS = [
      bloom(14336, 70, 64, 8, 4, 12, 2, partition=EMBEDDING_SLOTS, grads="fp32"), ()),
     ("bloom 14336x70 dp8 tp4 pp12 mb4 bf16opt", BLOOM, "device", 73,
      bloom(14336, 70, 64, 8, 4, 12, 4, partition=EMBEDDING_SLOTS, grads="fp32"), ()),
+    ("bloom 12288x106 dp8 tp4 pp12 mb2 h96 bf16opt", BLOOM, "device", 65,
+     bloom(12288, 106, 96, 8, 4, 12, 2, partition=EMBEDDING_SLOTS, grads="fp32"), ()),
+    ("bloom 12288x106 dp8 tp4 pp12 mb2 h128 bf16opt", BLOOM, "device", 67,
+     bloom(12288, 106, 128, 8, 4, 12, 2, partition=EMBEDDING_SLOTS, grads="fp32"), ()),
+    ("bloom 12288x106 dp8 tp4 pp12 mb4 h96 bf16opt", BLOOM, "device", 79,
+     bloom(12288, 106, 96, 8, 4, 12, 4, partition=EMBEDDING_SLOTS, grads="fp32"), ()),
+    ("bloom 13312x82 dp8 tp4 pp12 mb2 h104 bf16opt", BLOOM, "device", 62,
+     bloom(13312, 82, 104, 8, 4, 12, 2, partition=EMBEDDING_SLOTS, grads="fp32"), ()),
+    ("bloom 13312x82 dp8 tp4 pp12 mb2 h128 bf16opt", BLOOM, "device", 60,
+     bloom(13312, 82, 128, 8, 4, 12, 2, partition=EMBEDDING_SLOTS, grads="fp32"), ()),
+    ("bloom 13312x94 dp8 tp4 pp12 mb2 h128 bf16opt", BLOOM, "device", 67,
+     bloom(13312, 94, 128, 8, 4, 12, 2, partition=EMBEDDING_SLOTS, grads="fp32"), ()),
+    ("bloom 14336x70 dp8 tp4 pp12 mb2 h112 bf16opt", BLOOM, "device", 59,
+     bloom(14336, 70, 112, 8, 4, 12, 2, partition=EMBEDDING_SLOTS, grads="fp32"), ()),
+    ("bloom 14336x70 dp8 tp4 pp12 mb2 h128 bf16opt", BLOOM, "device", 60,
+     bloom(14336, 70, 128, 8, 4, 12, 2, partition=EMBEDDING_SLOTS, grads="fp32"), ()),
     ("bloom 14336x82 dp8 tp4 pp12 mb2 bf16opt", BLOOM, "device", "OOM",
      bloom(14336, 82, 128, 8, 4, 12, 2, partition=EMBEDDING_SLOTS, grads="fp32"), ()),
     # torchtitan, Llama 3.1 on H100 96 GB (reserved)
