@@ -181,3 +181,23 @@ def test_html_pages_carry_the_figures(cli, tmp_path):
     plan = tmp_path / "plan.html"
     code, _, _ = cli("plan", "--model", "llama2-7b", "--offers", "p5.48xlarge", "--max-gpus", "16", "--html", str(plan))
     assert code == 0 and "Pareto front" in plan.read_text()
+
+
+def test_a_file_or_folder_that_cannot_be_written_is_one_line_not_a_traceback(cli, tmp_path):
+    """--html into a missing folder is refused before any work; a run folder under a file (the OS refuses to make
+    it) and a profile into a missing folder each give one line naming the path, and nothing is left behind."""
+    missing = tmp_path / "no-such-folder" / "page.html"
+    for argv in (("estimate", "--model", "gpt2-xl", "--html", str(missing)),
+                 ("pipeline", "--stages", "4", "--microbatches", "8", "--schedule", "1f1b", "--html", str(missing))):
+        code, out, err = cli(*argv)
+        assert code == 2 and err.count("\n") == 1 and "no-such-folder" in err and "does not exist" in err, err
+        assert out == ""                                             # refused before the estimate printed
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    code, _, err = cli("train", "--layers", "2", "--hidden", "32", "--heads", "2", "--vocab", "256", "--seq", "16",
+                       "--steps", "1", "--out", str(blocker / "run"))
+    assert code == 1 and err.count("\n") == 1 and "a-file" in err and "Traceback" not in err, err
+    assert blocker.read_text() == "not a folder"
+    code, _, err = cli("calibrate", "--out", str(missing))
+    assert code == 2 and err.count("\n") == 1 and "no-such-folder" in err
+    assert not missing.parent.exists()

@@ -21,6 +21,7 @@ import os
 import re
 import sys
 from typing import Literal, get_args, get_origin, get_type_hints
+from pathlib import Path
 
 from .cli_calibrate import add_calibrate_parser, cmd_calibrate
 from .cli_pipeline import add_pipeline_parser, cmd_pipeline
@@ -448,6 +449,15 @@ def _num(x) -> str:
     return "unknown" if x is None else f"{x:g}"
 
 
+def check_output_folder(flag: str, path: str) -> None:
+    """Refuse, in one line, a file to write whose folder is missing or read-only, before any work is done."""
+    folder = Path(path).expanduser().absolute().parent
+    if not folder.is_dir():
+        raise SpecError(flag, path, f"its folder {folder} does not exist; create it or write elsewhere")
+    if not os.access(folder, os.W_OK):
+        raise SpecError(flag, path, f"its folder {folder} is not writable; write elsewhere")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
@@ -455,6 +465,8 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as stop:  # --help, or a usage mistake already reported in one line
         return int(stop.code or 0)
     try:
+        if getattr(args, "html", None):            # before the work: a plan may take a while to reach its page
+            check_output_folder("--html", args.html)
         commands = {"estimate": cmd_estimate, "trace": cmd_trace, "compare": cmd_compare, "catalog": cmd_catalog,
                     "train": cmd_train, "data": cmd_data, "plan": cmd_plan, "doctor": cmd_doctor,
                     "pipeline": cmd_pipeline, "calibrate": cmd_calibrate, "claims": cmd_claims,
@@ -465,6 +477,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except MeasurementFailed as err:
         print(f"toolkit {args.command}: error: {err}", file=sys.stderr)
+        return 1
+    except OSError as err:       # a folder that cannot be made, a file that cannot be written, a full disk
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"toolkit {args.command}: error: {where}{err.strerror or err}; check the path, its permissions and the "
+              "disk's free space", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

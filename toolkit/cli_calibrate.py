@@ -26,9 +26,9 @@ def cmd_calibrate(args) -> int:
     from .calibrate import calibrate
     if args.nproc < 1:
         raise SpecError("--nproc", args.nproc, "must be 1 or more")
+    from .cli import check_output_folder
+    check_output_folder("--out", args.out)
     out = Path(args.out)
-    if not out.parent.is_dir():
-        raise SpecError("--out", args.out, f"its folder {out.parent} does not exist; create it or write elsewhere")
     job = None
     if args.config:
         job, _notes = Job.from_yaml(args.config).resolve(load_catalog())
