@@ -42,7 +42,7 @@ def measure_rank(job: Job, rank: int, world: int) -> dict:
     its thread count and, on CPU, deterministic kernels (toolkit.train.determinism.pinned)."""
     importlib.import_module("toolkit.train.loop")     # what a training rank loads (accelerate, the runner)
     from .train.determinism import pinned, rank_threads
-    with pinned(rank_threads(world), "cuda" if torch.cuda.is_available() else "cpu"):
+    with pinned(rank_threads(world), "cpu"):         # (its kernels run on CPU cores, GPU or not)
         return _measure_rank(job, rank, world)
 
 
@@ -114,7 +114,7 @@ def profile_row(ranks: list[dict], world: int) -> dict:
     peak = min(len(r["matmul_flops"]) / sum(1 / x for x in r["matmul_flops"]) for r in ranks)
     bus = ranks[0]["bus_bw_bytes_per_s"]
     assumptions = {"gemm_fraction": 1.0, "link_efficiency": 1.0,
-                   "comm_overlaps_compute": torch.cuda.is_available(),     # a CPU's cores do both in turn
+                   "comm_overlaps_compute": False,     # measured on CPU cores (gloo), which do both in turn
                    "op_overhead_s": max(r["op_overhead_s"] for r in ranks),
                    "optimizer_params_per_s": min(r["optimizer_params_per_s"] for r in ranks)}
     if ranks[0]["attention_flops"]:
@@ -141,8 +141,7 @@ def profile_row(ranks: list[dict], world: int) -> dict:
            # what a CPU rank holds beyond its tensors: the process itself (interpreter, torch's code and data, the
            # gloo group), measured; no CUDA context, cuBLAS workspace, caching allocator or NCCL buffers
            **({"device_memory": {"context_bytes": max(baselines), "workspace_bytes": 0, "fragmentation": 0.0,
-                                 "fragmentation_expandable": 0.0, "communicator_bytes": 0}}
-              if baselines and not torch.cuda.is_available() else {}),
+                                 "fragmentation_expandable": 0.0, "communicator_bytes": 0}} if baselines else {}),
            "source": f"measured on {host}, {today} by toolkit calibrate ({world} rank(s) busy at once, "
                      + (f"matmuls and attention timed inside the job's model, {dtype}, forward and backward)"
                         if ranks[0].get("in_model") else

@@ -3,6 +3,7 @@ cli.py's job commands. `toolkit compare --run DIR --catalog profile.yaml` then m
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from .specs import Job, SpecError, load_catalog
@@ -29,6 +30,10 @@ def cmd_calibrate(args) -> int:
     from .cli import check_output_folder
     check_output_folder("--out", args.out)
     out = Path(args.out)
+    import torch
+    if torch.cuda.is_available():       # (not silently: a CPU profile applied to GPU runs would mislead)
+        print("calibrate measures this host's CPU cores over gloo; GPU kernels and NCCL are not calibrated yet, so "
+              "the profile describes the CPU, not the GPUs", file=sys.stderr)
     job = None
     if args.config:
         job, _notes = Job.from_yaml(args.config).resolve(load_catalog())
