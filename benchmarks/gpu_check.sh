@@ -38,4 +38,9 @@ print(f"mfu: {s['mfu']:.3f}" if s["mfu"] is not None else "mfu: n/a")
 print(f"measured peak ({s['mem_kind']}): {s['measured_peak_bytes'] / 2**30:.2f} GiB")
 print(f"estimated peak: {s['estimated_peak_bytes'] / 2**30:.2f} GiB")
 print(f"memory ratio measured/estimate: {s['measured_peak_bytes'] / s['estimated_peak_bytes']:.3f}")
+for kind in ("reserved", "device"):        # issue 19: what the allocator and the device hold beyond the tensors
+    measured, modelled = s.get(f"{kind}_peak_bytes"), s.get(f"estimated_{kind}_peak_bytes")
+    if measured and modelled:
+        print(f"{kind} peak measured/estimate: {measured / 2**30:.2f} / {modelled / 2**30:.2f} GiB, "
+              f"ratio {measured / modelled:.3f}")
 PY

@@ -150,7 +150,14 @@ class MemoryRecorder:
                 "categories": peak, "states": states}
 
     def _cuda_record(self) -> dict:
+        """The allocator's allocated and reserved peaks, and what the device shows in use (nvidia-smi's figure:
+        the CUDA context, NCCL's buffers and the reserved pool, which the allocator keeps at its peak until
+        empty_cache, so the step's end shows it; every process on the device counts)."""
         allocated = int(torch.cuda.max_memory_allocated(self.device))
         reserved = int(torch.cuda.max_memory_reserved(self.device))
+        free, total = torch.cuda.mem_get_info(self.device)
+        device = max(int(total - free), reserved)
         return {"instrument": "torch.cuda allocator", "peak_bytes": allocated,
-                "categories": {"allocated_peak": allocated, "reserved_peak": reserved}, "states": None}
+                "reserved_peak_bytes": reserved, "device_peak_bytes": device,
+                "categories": {"allocated_peak": allocated, "reserved_peak": reserved, "device_peak": device},
+                "states": None}

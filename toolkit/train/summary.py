@@ -38,7 +38,21 @@ def run_summary(out_dir: str | Path) -> dict:
         "measured_growth_bytes": peak_mem - base if peak_mem is not None and base is not None else None,
         "estimated_peak_bytes": mem.peak_bytes, "estimated_phase": mem.peak_phase,
         "tensor_peak_bytes": max((r["peak_bytes"] for r in recorded), default=None),
+        **_device_peaks(job, catalog, recorded),
     }
+
+
+def _device_peaks(job: Job, catalog, recorded: list[dict]) -> dict:
+    """On a GPU, the busiest rank's reserved and device-visible peaks beside the estimate's (none on CPU)."""
+    reserved = [r["reserved_peak_bytes"] for r in recorded if r.get("reserved_peak_bytes") is not None]
+    device = [r["device_peak_bytes"] for r in recorded if r.get("device_peak_bytes") is not None]
+    if not reserved:
+        return {}
+    from ..estimate.report import estimate
+    est = estimate(job, catalog)["memory"]
+    return {"reserved_peak_bytes": max(reserved), "device_peak_bytes": max(device, default=None),
+            "estimated_reserved_peak_bytes": est["reserved_peak_bytes"],
+            "estimated_device_peak_bytes": est["device_peak_bytes"]}
 
 
 def render_run_summary(out_dir: str | Path) -> str:
@@ -60,4 +74,10 @@ def render_run_summary(out_dir: str | Path) -> str:
     if s["tensor_peak_bytes"] is not None:        # like with like: the ranks' own tensors (toolkit compare --run)
         measured = f"measured tensors {gib(s['tensor_peak_bytes'])} (busiest rank); {measured}"
     lines.append(f"  memory/rank   {estimate}; {measured}")
+    if "reserved_peak_bytes" in s:
+        def shown(key):
+            return gib(s[key]) if s[key] is not None else "n/a"
+        lines.append(f"  device/rank   reserved {shown('reserved_peak_bytes')} (estimate "
+                     f"{shown('estimated_reserved_peak_bytes')}), in use on the device {shown('device_peak_bytes')} "
+                     f"(estimate {shown('estimated_device_peak_bytes')})")
     return "\n".join(lines)
