@@ -13,7 +13,9 @@ Each published figure is compared with the estimate's figure of the same definit
   buffer of 4 bytes per parameter, not sharded, beside the bf16 gradients) and gave each embedding its own
   pipeline slot (`type:transformer|embedding`), which the rows give as DeepSpeed's partition method
   (`parallel.partition`, toolkit.specs.partition). Their DeepSpeed configuration sets only the ZeRO stage
-  (train/tr11-176B-ml/tr11-176B-ml.slurm), so the rows keep DeepSpeed's default reduce bucket of 5e8 elements.
+  (train/tr11-176B-ml/tr11-176B-ml.slurm), so the rows keep DeepSpeed's default reduce bucket of 5e8 elements, and
+  they kept Megatron's default dropout, 0.1 on attention and hidden states (train/tr11-176B-ml/README.md, "The
+  default Megatron-LM dropout settings are inherited"): its masks are held for every micro-batch in flight.
   The 14336 x 82 layout that ran out of memory (02-28) stays missed: its neighbours measured 59-63 GB (13312 x 82
   and 14336 x 70, at 64 to 128 heads: heads barely change the reading), which with one more block a stage puts its
   steady state near 66 GiB; the document gives no cause, and no term of the step's memory reaches 80. The same
@@ -54,11 +56,11 @@ BLOOM_CONTEXT_BYTES = 1573 * MIB
 
 
 def bloom(h, layers, heads, dp, tp, pp, mb, gbs=2048, partition="type:transformer", zero=1, grads="param"):
-    """A BLOOM-search job: Megatron-DeepSpeed GPT (ALiBi: no position table), tied 250k embeddings, DeepSpeed's
-    engine (grads fp32: its BF16 optimizer), stages split by DeepSpeed's `partition` method (GPTModelPipe's
-    `type:transformer` until 02-28)."""
+    """A BLOOM-search job: Megatron-DeepSpeed GPT (ALiBi: no position table), tied 250k embeddings, Megatron's
+    default dropout of 0.1, DeepSpeed's engine (grads fp32: its BF16 optimizer), stages split by DeepSpeed's
+    `partition` method (GPTModelPipe's `type:transformer` until 02-28)."""
     model = {"layers": layers, "hidden": h, "heads": heads, "vocab": 250880, "seq_len": 2048, "mlp": "gelu",
-             "norm": "layernorm", "position": "rope", "tie_embeddings": True, "dropout": 0.0}
+             "norm": "layernorm", "position": "rope", "tie_embeddings": True, "dropout": 0.1}
     return {"model": model, "batch": {"micro_batch": mb, "global_batch": gbs},
             "precision": {"mode": "mixed-bf16", "grad_dtype": grads},
             "parallel": {"dp": dp, "tp": tp, "pp": pp, "zero": zero, "partition": partition if pp > 1 else None,
