@@ -15,7 +15,8 @@ Each published figure is compared with the estimate's figure of the same definit
   (`parallel.partition`, toolkit.specs.partition). Their DeepSpeed configuration sets only the ZeRO stage
   (train/tr11-176B-ml/tr11-176B-ml.slurm), so the rows keep DeepSpeed's default reduce bucket of 5e8 elements, and
   they kept Megatron's default dropout, 0.1 on attention and hidden states (train/tr11-176B-ml/README.md, "The
-  default Megatron-LM dropout settings are inherited"): its masks are held for every micro-batch in flight.
+  default Megatron-LM dropout settings are inherited"): the embedding's mask is held for every micro-batch in
+  flight, a block's while that block recomputes.
   The 14336 x 82 layout that ran out of memory (02-28) stays missed: its neighbours measured 59-63 GB (13312 x 82
   and 14336 x 70, at 64 to 128 heads: heads barely change the reading), which with one more block a stage puts its
   steady state near 66 GiB; the document gives no cause, and no term of the step's memory reaches 80. The same
