@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# The runner's GPU check (issue 4): a ~1B-parameter GPT in bf16 for a few hundred steps on one GPU,
-# then MFU and the measured peak memory (torch.cuda.max_memory_allocated) against the estimate.
+# The runner's GPU check (issues 14 and 19): a ~1B-parameter GPT in bf16 on one GPU, trained in the torch
+# backend's layouts one GPU holds (plain, full recompute, ZeRO-3 on one rank, ZeRO-3 with its parameters
+# offloaded to the host), each run's MFU and measured peaks (torch.cuda's allocated and reserved, and what the
+# device shows in use) against the estimate's.
 #
 #   bash benchmarks/gpu_check.sh                      # on the GPU machine, from the repository root
 #   LAYERS=2 HIDDEN=64 HEADS=4 SEQ=64 MICRO=2 STEPS=3 WARMUP=1 bash benchmarks/gpu_check.sh    # smoke test on a CPU
+#   VARIANTS="plain recompute" bash benchmarks/gpu_check.sh                                      # some of them
 #
 # Needs only torch, accelerate, numpy, pyyaml, psutil and tqdm (no notebook stack); runs from the
-# source tree without installing it. Budget: under 4 minutes on an H100/H200.
+# source tree without installing it. Budget: about 4 minutes on an H100/H200 (60 steps a variant).
+# Headline lines come last, one per line, as `name: value`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-${TMPDIR:-/tmp}}/gpu-check
@@ -18,29 +22,55 @@ case "$NAME" in
 esac
 echo "device: ${NAME:-cpu} -> catalog ${ACC:-none}"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+VARIANTS=${VARIANTS:-plain recompute zero3 zero3-offload}
+
+variant_flags() {
+  case "$1" in
+    plain) echo "" ;;
+    recompute) echo "--recompute full" ;;
+    zero3) echo "--zero 3" ;;
+    zero3-offload) echo "--zero 3 --offload params" ;;
+    *) echo "unknown variant $1 (plain, recompute, zero3, zero3-offload)" >&2; exit 2 ;;
+  esac
+}
+
 # 20 layers x hidden 2048 (SwiGLU, ffn 5632): 1.0e9 parameters; 16k tokens a step
-time python -m toolkit.cli train \
-  --layers "${LAYERS:-20}" --hidden "${HIDDEN:-2048}" --heads "${HEADS:-16}" --vocab 256 --seq "${SEQ:-2048}" \
-  --mlp swiglu --norm rmsnorm --micro-batch "${MICRO:-8}" --global-batch "${MICRO:-8}" --precision amp-bf16 \
-  --steps "${STEPS:-200}" --warmup "${WARMUP:-10}" --lr 3e-4 --checkpoint-every 0 --num-workers 2 --no-progress \
-  --out "$OUT/run" ${ACC:+--gpus 1x$ACC}
-python - "$OUT/run" <<'PY'
+for v in $VARIANTS; do
+  echo "== $v"
+  # shellcheck disable=SC2046  # (the flags split into words on purpose)
+  time python -m toolkit.cli train \
+    --layers "${LAYERS:-20}" --hidden "${HIDDEN:-2048}" --heads "${HEADS:-16}" --vocab 256 --seq "${SEQ:-2048}" \
+    --mlp swiglu --norm rmsnorm --micro-batch "${MICRO:-8}" --global-batch "${MICRO:-8}" --precision amp-bf16 \
+    --steps "${STEPS:-60}" --warmup "${WARMUP:-10}" --lr 3e-4 --checkpoint-every 0 --num-workers 2 --no-progress \
+    $(variant_flags "$v") --out "$OUT/$v" ${ACC:+--gpus 1x$ACC} || echo "variant $v failed (exit $?)"
+done
+
+python - "$OUT" $VARIANTS <<'PY'
 import sys
+from pathlib import Path
 from toolkit.estimate import count_params
 from toolkit.specs import Job
 from toolkit.train.summary import run_summary
-s = run_summary(sys.argv[1])
-job, _ = Job.from_yaml(f"{sys.argv[1]}/job.yaml").resolve()
-print(f"params: {count_params(job.model).total:,}")
-print(f"tokens_per_s: {s['tokens_per_s']:,.0f}")
-print(f"tflops_per_gpu: {s['tflops_per_rank']:.1f}")
-print(f"mfu: {s['mfu']:.3f}" if s["mfu"] is not None else "mfu: n/a")
-print(f"measured peak ({s['mem_kind']}): {s['measured_peak_bytes'] / 2**30:.2f} GiB")
-print(f"estimated peak: {s['estimated_peak_bytes'] / 2**30:.2f} GiB")
-print(f"memory ratio measured/estimate: {s['measured_peak_bytes'] / s['estimated_peak_bytes']:.3f}")
-for kind in ("reserved", "device"):        # issue 19: what the allocator and the device hold beyond the tensors
-    measured, modelled = s.get(f"{kind}_peak_bytes"), s.get(f"estimated_{kind}_peak_bytes")
-    if measured and modelled:
-        print(f"{kind} peak measured/estimate: {measured / 2**30:.2f} / {modelled / 2**30:.2f} GiB, "
-              f"ratio {measured / modelled:.3f}")
+out, variants = Path(sys.argv[1]), sys.argv[2:]
+headlines = []
+for v in variants:
+    if not (out / v / "metrics.jsonl").exists():
+        print(f"{v}: no run")
+        continue
+    s = run_summary(out / v)
+    job, _ = Job.from_yaml(out / v / "job.yaml").resolve()
+    print(f"{v}: {count_params(job.model).total:,} params, {s['tokens_per_s']:,.0f} tokens/s, "
+          f"{s['tflops_per_rank']:.1f} TFLOP/s, MFU " + (f"{s['mfu']:.3f}" if s["mfu"] is not None else "n/a"))
+    print(f"  measured peak ({s['mem_kind']}) {s['measured_peak_bytes'] / 2**30:.2f} GiB, "
+          f"estimate {s['estimated_peak_bytes'] / 2**30:.2f} GiB at {s['estimated_phase']}")
+    if s["mfu"] is not None:
+        headlines.append(f"{v} mfu: {s['mfu']:.3f}")
+    headlines.append(f"{v} memory ratio measured/estimate: {s['measured_peak_bytes'] / s['estimated_peak_bytes']:.3f}")
+    for kind in ("reserved", "device"):        # what the allocator and the device hold beyond the tensors
+        measured, modelled = s.get(f"{kind}_peak_bytes"), s.get(f"estimated_{kind}_peak_bytes")
+        if measured and modelled:
+            print(f"  {kind} peak measured {measured / 2**30:.2f} GiB, estimate {modelled / 2**30:.2f} GiB")
+            headlines.append(f"{v} {kind} ratio measured/estimate: {measured / modelled:.3f}")
+print()
+print("\n".join(headlines))
 PY
