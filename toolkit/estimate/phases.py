@@ -108,8 +108,8 @@ def gloo_copy(job: Job, input_bytes):
     """What gloo holds beside a reduce-scatter's input until the call returns. Gloo has no reduce-scatter: torch's
     ProcessGroupGloo clones the input, all-reduces the clone and copies this rank's chunk out of it
     (reduce_scatter_tensor_coalesced), so the CPU program (gloo ranks) holds the input twice; NCCL, and so the
-    cuda program, reduces in place."""
-    return input_bytes if job.memory.program == "cpu" else 0.0
+    cuda program, reduces in place. Over one rank FSDP2 calls no collective: it copies the input to the output."""
+    return np.where((job.memory.program == "cpu") & (np.asarray(job.parallel.dp) > 1), input_bytes, 0.0)
 
 
 def top_layer_reduce_scatter(t: StageTerms):

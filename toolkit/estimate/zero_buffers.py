@@ -77,17 +77,21 @@ def gathered_params(job: Job, counts, stage_layers, owns_embedding, owns_head) -
     deepspeed3 = ~torch_semantics & (zero == 3)
     head = (counts.head or counts.embedding) / np.asarray(par.tp) * compute_bytes       # (tied: the embedding)
     fsdp = zero2 | zero3
+    # over one rank FSDP2 gathers nothing: each module's unsharded parameters are made from its shard as it runs
+    # (torch's FSDPParamGroup.unshard returns early, wait_for_unshard copies): no block prefetched ahead of its
+    # use, no all-gather output held past it
+    gathers = np.asarray(par.dp) > 1
     return Gathered(
         blocks=np.where(zero2, block * stage_layers, 0.0),
         root=np.where(fsdp, root, 0.0),
         # DeepSpeed's ZeRO-3 keeps up to two blocks' worth of parameters live: the head, gathered for its backward,
         # and as much of the top block as fits beside it (none beside a head larger than that)
-        at_loss=np.select([zero3, deepspeed3], [block, np.maximum(head, 2 * block)], 0.0),
-        in_backward=np.where(zero3 | deepspeed3, 2 * block, 0.0),      # (ZeRO-2's blocks are in `blocks`)
-        reduce_scatter=np.where(fsdp & ~piped, reduce_scatter, 0.0),   # (pipelines: after the last backward)
-        block=block,
-        prefetch=np.where(zero3, block, 0.0),
-        forward_tail=np.where(zero2 & ~piped, block, 0.0))
+        at_loss=np.select([zero3 & gathers, deepspeed3], [block, np.maximum(head, 2 * block)], 0.0),
+        in_backward=np.where(zero3 | deepspeed3, np.where(zero3 & ~gathers, 1, 2) * block, 0.0),   # (ZeRO-2's:
+        reduce_scatter=np.where(fsdp & ~piped, reduce_scatter, 0.0),   # in `blocks`; pipelines: reduce-scattered
+        block=block,                                                   # after the last backward)
+        prefetch=np.where(zero3 & gathers, block, 0.0),
+        forward_tail=np.where(zero2 & ~piped & gathers, block, 0.0))
 
 
 @dataclass(frozen=True)

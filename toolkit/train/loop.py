@@ -41,7 +41,7 @@ from .data import StepSampler, TokenShards, ensure_demo_corpus, make_loader
 from .determinism import pinned, rank_threads, threads_note
 from .memory_record import MemoryRecorder
 from .metrics import MetricsLog, memory_reading
-from .parallelize import device_mesh, dp_rank_and_size
+from .parallelize import device_mesh, dp_rank_and_size, leave_one_process_group
 from .precision import torch_precision
 from .run_state import checkpoint_state, first_error, load_checkpoint
 from .program import _build_program
@@ -347,6 +347,7 @@ class Trainer:
             signal.signal(signal.SIGTERM, self._previous_handler)
         if self.t.trackers:
             self.accelerator.end_training()
+        leave_one_process_group()         # (a one-process FSDP2 run's own group; nothing otherwise)
 
 
 def _main_thread() -> bool:

@@ -22,18 +22,51 @@ from ..specs.job import Job
 from .parallel import tensor_parallel
 from .precision import TORCH_DTYPES
 
-__all__ = ["device_mesh", "parallelize", "apply_fsdp", "apply_ddp", "dp_rank_and_size", "is_sharded",
+__all__ = ["device_mesh", "fsdp_in_one_process", "leave_one_process_group", "parallelize", "apply_fsdp", "apply_ddp", "dp_rank_and_size", "is_sharded",
            "needs_grad_all_reduce", "all_reduce_mean"]
 
 
 def device_mesh(job: Job, device_type: str):
     """The (pp, dp, tp) mesh over every rank, or None when the job runs in one process. Rank = (pp_rank · dp +
-    dp_rank) · tp + tp_rank: a tensor-parallel group is neighbouring ranks (one node), pipeline stages are far."""
+    dp_rank) · tp + tp_rank: a tensor-parallel group is neighbouring ranks (one node), pipeline stages are far.
+    ZeRO-2/3 of the torch backend is FSDP2 even in one process (its offload is how one GPU holds a model larger
+    than itself, and the estimate and the tracer model FSDP2 there): it gets a one-rank mesh, over a one-rank
+    process group started here if none runs (`leave_one_process_group` ends it)."""
     pp, dp, tp = job.parallel.pp, job.parallel.dp or 1, job.parallel.tp
     if pp * dp * tp == 1:
-        return None
+        if not fsdp_in_one_process(job):
+            return None
+        _join_one_process_group(device_type)
     from torch.distributed.device_mesh import init_device_mesh
     return init_device_mesh(device_type, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
+
+
+def fsdp_in_one_process(job: Job) -> bool:
+    """A one-process job that the torch backend still runs under FSDP2: ZeRO-2/3, with or without offload."""
+    par = job.parallel
+    return par.pp * (par.dp or 1) * par.tp == 1 and par.zero >= 2 and job.backend == "torch"
+
+
+_OWN_GROUP: list = []
+"""The one-rank process group this process started for FSDP2, if it did (ended by leave_one_process_group)."""
+
+
+def _join_one_process_group(device_type: str) -> None:
+    import torch.distributed as dist
+    if dist.is_initialized():
+        return
+    dist.init_process_group("nccl" if device_type == "cuda" else "gloo", store=dist.HashStore(), rank=0,
+                            world_size=1)
+    _OWN_GROUP.append(dist.group.WORLD)
+
+
+def leave_one_process_group() -> None:
+    """End the one-rank group device_mesh started, so that a later run in the same process (a notebook's) starts
+    afresh; a launched rank's group is its launcher's to end."""
+    import torch.distributed as dist
+    if _OWN_GROUP and dist.is_initialized():
+        dist.destroy_process_group()
+    _OWN_GROUP.clear()
 
 
 def dp_rank_and_size(mesh) -> tuple[int, int]:
