@@ -176,6 +176,8 @@ def _gradients(job: Job, stage, acts: ActivationBytes, counts: ParamCount, gathe
     layer_grad = np.where(held.no_growth, 0.0,
                           per_layer_trainable / tp * np.where(piped, accumulated_grad_bytes(job),
                                                               held.grad_b / np.where(zero >= 2, dp, 1)))
+    # FSDP2's CPU offload moves each block's sharded gradient to the host once reduce-scattered: none stays
+    layer_grad = np.where((gathered.reduce_scatter > 0) & (np.asarray(par.offload) != "none"), 0.0, layer_grad)
     head_param = np.where(where.owns_head, 0 if lora else (counts.head if counts.head else counts.embedding),
                           0)  # tied: at the head
     # FSDP2 computes gradients on the gathered (16-bit) weights and shards them at each module's post-backward:
