@@ -201,3 +201,14 @@ def test_a_file_or_folder_that_cannot_be_written_is_one_line_not_a_traceback(cli
     code, _, err = cli("calibrate", "--out", str(missing))
     assert code == 2 and err.count("\n") == 1 and "no-such-folder" in err
     assert not missing.parent.exists()
+
+
+def test_a_reader_that_leaves_early_is_no_error():
+    """`toolkit … | head`: the pipe closes under a large output; the command stops quietly with exit 0 (a broken
+    pipe is an OSError too, and must not reach the one-line handler for paths that cannot be written)."""
+    import subprocess
+    import sys
+    cmd = (f"{sys.executable} -m toolkit.cli pipeline --stages 32 --microbatches 256 --schedule 1f1b --json "
+           "| head -c 10 > /dev/null; echo ${PIPESTATUS[0]}")
+    done = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "0" and done.stderr == "", (done.stdout, done.stderr)

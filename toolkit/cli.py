@@ -478,16 +478,17 @@ def main(argv: list[str] | None = None) -> int:
     except MeasurementFailed as err:
         print(f"toolkit {args.command}: error: {err}", file=sys.stderr)
         return 1
-    except OSError as err:       # a folder that cannot be made, a file that cannot be written, a full disk
-        where = f"{err.filename}: " if err.filename else ""
-        print(f"toolkit {args.command}: error: {where}{err.strerror or err}; check the path, its permissions and the "
-              "disk's free space", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:                  # `toolkit ... | head`: the reader left; say nothing more
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as err:     # a folder that cannot be made, a file that cannot be written, a full disk (after
+        # BrokenPipeError, which is one of its kind)
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"toolkit {args.command}: error: {where}{err.strerror or err}; check the path, its permissions and the "
+              "disk's free space", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
