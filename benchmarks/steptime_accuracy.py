@@ -119,6 +119,7 @@ SMALL_GPT = ["--layers", "4", "--hidden", "256", "--heads", "8", "--vocab", "256
              "--num-workers", "0", "--checkpoint-every", "0"]
 SELF_CALIBRATION = [("1 rank", [], 1), ("1 rank, full recompute", ["--recompute", "full"], 1),
                     ("1 rank, micro-batch 4", ["--micro-batch", "4"], 1),
+                    ("1 rank, ZeRO-3 (FSDP2 over one rank)", ["--zero", "3"], 1),
                     ("2 ranks, dp (DDP)", [], 2), ("2 ranks, pp 2 (1F1B)", ["--pp", "2"], 2),
                     ("2 ranks, ZeRO-2 (FSDP2)", ["--zero", "2"], 2), ("2 ranks, tp 2", ["--tp", "2"], 2)]
 """The loop on this machine: train the README's small GPT, calibrate with its job on as many ranks, compare."""

@@ -139,16 +139,24 @@ def fsdp_collective_s(job: Job, world: int, reduce_scatter_bw: float | None, gat
     whole, in turns; the difference per block, less its bytes at the measured gather and reduce-scatter
     bandwidths, over a block's collectives in a micro-batch (a gather, a second one in backward at ZeRO-3, a reduce-scatter). On a CPU this is far
     above the all-reduce's latency: fresh buffers for every gather and reduction (their pages are first touched
-    then), the copies in and out of them, the hooks, and the wait for the peer's thread. None unless the job
-    runs FSDP2 over more than one replica."""
+    then), the copies in and out of them, the hooks, and the wait for the peer's thread. Over one replica FSDP2
+    moves nothing but still copies each shard out and each gradient through its reduce-scatter buffers, under
+    the same hooks (on the README's small GPT here, a ZeRO-3 step costs 1.5x the plain one): measured on a
+    one-rank group. None unless the job runs FSDP2."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from .estimate.states import bytes_per_param
-    from .train.parallelize import fsdp_policies
+    from .train.parallelize import fsdp_policies, join_one_process_group, leave_one_process_group
     par = job.parallel
     dp = world // (par.tp * par.pp)
-    if par.zero < 2 or job.backend != "torch" or dp <= 1 or world % (par.tp * par.pp):
+    if par.zero < 2 or job.backend != "torch" or world % (par.tp * par.pp):
         return None
+    if world == 1 and not dist.is_initialized():     # (calibrate's one rank runs in its own process)
+        join_one_process_group("cpu")
+        try:
+            return fsdp_collective_s(job, world, reduce_scatter_bw, gather_bw, seconds)
+        finally:
+            leave_one_process_group()
     mesh = init_device_mesh("cpu", (world // dp, dp), mesh_dim_names=("rest", "dp"))["dp"]
     run, build = block_run(job, job.model.seq_len)
     torch.manual_seed(0)

@@ -167,4 +167,6 @@ def data_parallel_s(job: Job, hw, a, trainable, n, bw, accum, micro_s, units):
     once_exposed = np.where(ov["param_gather"], np.maximum(once - micro_s * (1 - 1 / units), once / units), once)
     total = reduce_events * reduce_s + accum * micro_gathers + np.where(after_step, gather_s, 0.0) + once
     exposed = reduce_exposed + accum * micro_exposed + np.where(after_step, after_exposed, 0.0) + once_exposed
-    return np.where(n > 1, total, 0.0), np.where(n > 1, exposed, 0.0)
+    # over one rank FSDP2 still runs each collective's copies and hooks (fsdp_collective_s, when calibrated)
+    paid = (np.asarray(n) > 1) | (torch_ & (zero >= 2))
+    return np.where(paid, total, 0.0), np.where(paid, exposed, 0.0)

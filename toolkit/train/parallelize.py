@@ -22,7 +22,7 @@ from ..specs.job import Job
 from .parallel import tensor_parallel
 from .precision import TORCH_DTYPES
 
-__all__ = ["device_mesh", "fsdp_in_one_process", "leave_one_process_group", "parallelize", "apply_fsdp", "apply_ddp", "dp_rank_and_size", "is_sharded",
+__all__ = ["device_mesh", "fsdp_in_one_process", "join_one_process_group", "leave_one_process_group", "parallelize", "apply_fsdp", "apply_ddp", "dp_rank_and_size", "is_sharded",
            "needs_grad_all_reduce", "all_reduce_mean"]
 
 
@@ -36,7 +36,7 @@ def device_mesh(job: Job, device_type: str):
     if pp * dp * tp == 1:
         if not fsdp_in_one_process(job):
             return None
-        _join_one_process_group(device_type)
+        join_one_process_group(device_type)
     from torch.distributed.device_mesh import init_device_mesh
     return init_device_mesh(device_type, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
 
@@ -51,7 +51,8 @@ _OWN_GROUP: list = []
 """The one-rank process group this process started for FSDP2, if it did (ended by leave_one_process_group)."""
 
 
-def _join_one_process_group(device_type: str) -> None:
+def join_one_process_group(device_type: str) -> None:
+    """A one-rank process group for FSDP2 in one process, unless a group already runs."""
     import torch.distributed as dist
     if dist.is_initialized():
         return
