@@ -5,10 +5,15 @@
 
 Each published figure is compared with the estimate's figure of the same definition:
 
-- BigScience's BLOOM-176B layout search (A100-80GB, Megatron-DeepSpeed, bf16, ZeRO-1, full activation
-  checkpointing, sequence 2048, vocabulary 250k; `nvidia-smi` of the busiest node, the first or last stage with
-  the word embeddings): bigscience-workshop/bigscience, train/tr11-176B-ml/chronicles-prequel.md, sections
-  "48 node contenders" (2022-02-21), "GBS Variations" (02-25) and "Rebalancing layers" (02-28). "GB" there is
+- BigScience's BLOOM-176B layout search (A100-80GB, Megatron-DeepSpeed, bf16 (fp16 in three rows of 02-17),
+  ZeRO-1, full activation checkpointing, sequence 2048, vocabulary 250k; `nvidia-smi` of the busiest node, the
+  first or last stage with the word embeddings): bigscience-workshop/bigscience,
+  train/tr11-176B-ml/chronicles-prequel.md, from "Best TFLOPs" (2022-02-17) and "tile and wave quantization"
+  (02-20) to "48 node contenders" (02-21), "GBS Variations" (02-25), "Another round of NHEADS" and "Re-do"
+  (02-26/27) and "Rebalancing layers" (02-28); every row whose layer count the document fixes. Left out: the
+  02-20 topology table (its layer counts were "tweaked to fit PP" and not given) and 13824 x 84's dp 8 pp 6
+  micro-batch 2 reading of 02-21 (65 GB, 9 GB above the same layout at micro-batch 4, which no program that
+  holds more per micro-batch can give). "GB" there is
   nvidia-smi's MiB / 1024, read as GiB. From 02-28 on they ran DeepSpeed's new BF16 optimizer (an fp32 gradient
   buffer of 4 bytes per parameter, not sharded, beside the bf16 gradients) and gave each embedding its own
   pipeline slot (`type:transformer|embedding`), which the rows give as DeepSpeed's partition method
@@ -56,14 +61,15 @@ BLOOM_CONTEXT_BYTES = 1573 * MIB
 """CUDA context with eager kernel loading, measured in the BLOOM document (A100-40GB, 2022)."""
 
 
-def bloom(h, layers, heads, dp, tp, pp, mb, gbs=2048, partition="type:transformer", zero=1, grads="param"):
+def bloom(h, layers, heads, dp, tp, pp, mb, gbs=2048, partition="type:transformer", zero=1, grads="param",
+          mode="mixed-bf16"):
     """A BLOOM-search job: Megatron-DeepSpeed GPT (ALiBi: no position table), tied 250k embeddings, Megatron's
     default dropout of 0.1, DeepSpeed's engine (grads fp32: its BF16 optimizer), stages split by DeepSpeed's
     `partition` method (GPTModelPipe's `type:transformer` until 02-28)."""
     model = {"layers": layers, "hidden": h, "heads": heads, "vocab": 250880, "seq_len": 2048, "mlp": "gelu",
              "norm": "layernorm", "position": "rope", "tie_embeddings": True, "dropout": 0.1}
     return {"model": model, "batch": {"micro_batch": mb, "global_batch": gbs},
-            "precision": {"mode": "mixed-bf16", "grad_dtype": grads},
+            "precision": {"mode": mode, "grad_dtype": grads},
             "parallel": {"dp": dp, "tp": tp, "pp": pp, "zero": zero, "partition": partition if pp > 1 else None,
                          "backend": "deepspeed"},
             "memory": {"recompute": "full", "attention": "eager"},
@@ -117,6 +123,21 @@ ROWS = [
     ("bloom 13824x78 dp16 tp4 pp6 mb4 h96", BLOOM, "device", 75, bloom(13824, 78, 96, 16, 4, 6, 4), ()),
     ("bloom 12288x106 dp8 tp4 pp12 mb2 h96 slots", BLOOM, "device", 44,
      bloom(12288, 106, 96, 8, 4, 12, 2, partition=EMBEDDING_SLOTS), ()),
+    # 02-17: the first single-node and 10-node runs, 14400 wide (TP 8, micro-batch 1), in fp16 and in bf16
+    ("bloom 14400x8 h32 dp1 tp8 pp1 mb1 fp16", BLOOM, "device", 67,
+     bloom(14400, 8, 32, 1, 8, 1, 1, mode="mixed-fp16"), ()),
+    ("bloom 14400x80 h96 dp1 tp8 pp10 mb1 fp16", BLOOM, "device", 73,
+     bloom(14400, 80, 96, 1, 8, 10, 1, mode="mixed-fp16"), ()),
+    ("bloom 14400x80 h96 dp2 tp8 pp10 mb1 fp16", BLOOM, "device", 51,
+     bloom(14400, 80, 96, 2, 8, 10, 1, mode="mixed-fp16"), ()),
+    ("bloom 14400x8 h32 dp1 tp8 pp1 mb1", BLOOM, "device", 68, bloom(14400, 8, 32, 1, 8, 1, 1), ()),
+    ("bloom 14400x80 h96 dp1 tp8 pp10 mb1", BLOOM, "device", 75, bloom(14400, 80, 96, 1, 8, 10, 1), ()),
+    ("bloom 14400x80 h96 dp2 tp8 pp10 mb1", BLOOM, "device", 53, bloom(14400, 80, 96, 2, 8, 10, 1), ()),
+    # 02-20: 13824 x 80 on 40 nodes (187B)
+    ("bloom 13824x80 dp4 tp8 pp10 mb1", BLOOM, "device", 33, bloom(13824, 80, 64, 4, 8, 10, 1), ()),
+    ("bloom 13824x80 dp4 tp8 pp10 mb2", BLOOM, "device", 39, bloom(13824, 80, 64, 4, 8, 10, 2), ()),
+    ("bloom 13824x80 dp4 tp8 pp10 mb4", BLOOM, "device", 53, bloom(13824, 80, 64, 4, 8, 10, 4), ()),
+    ("bloom 13824x80 dp4 tp8 pp10 mb8", BLOOM, "device", 73, bloom(13824, 80, 64, 4, 8, 10, 8), ()),
     # 02-25: GBS and TP variations, 14336 x 72, 64 heads
     ("bloom 14336x72 dp8 tp8 pp6 mb6 gbs2016", BLOOM, "device", 66, bloom(14336, 72, 64, 8, 8, 6, 6, 2016), ()),
     ("bloom 14336x72 dp6 tp8 pp8 mb4 gbs2016", BLOOM, "device", 52, bloom(14336, 72, 64, 6, 8, 8, 4, 2016), ()),
