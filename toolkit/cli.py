@@ -21,7 +21,6 @@ import os
 import re
 import sys
 from typing import Literal, get_args, get_origin, get_type_hints
-from pathlib import Path
 
 from .cli_calibrate import add_calibrate_parser, cmd_calibrate
 from .cli_pipeline import add_pipeline_parser, cmd_pipeline
@@ -33,7 +32,7 @@ from .specs.fields import to_dict
 from .specs.job import (Batch, Cluster, Cost, Finetune, MemoryOptions, Optimizer, Overlap, Parallel, Precision,
                         Training)
 from .specs.model import ModelSpec
-from .specs.yamlio import read_yaml
+from .specs.yamlio import check_output_folder, read_yaml
 
 __all__ = ["main", "build_parser"]
 
@@ -447,15 +446,6 @@ def _peak(acc, dtype) -> str:
 
 def _num(x) -> str:
     return "unknown" if x is None else f"{x:g}"
-
-
-def check_output_folder(flag: str, path: str) -> None:
-    """Refuse, in one line, a file to write whose folder is missing or read-only, before any work is done."""
-    folder = Path(path).expanduser().absolute().parent
-    if not folder.is_dir():
-        raise SpecError(flag, path, f"its folder {folder} does not exist; create it or write elsewhere")
-    if not os.access(folder, os.W_OK):
-        raise SpecError(flag, path, f"its folder {folder} is not writable; write elsewhere")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from .specs import Job, SpecError, load_catalog
+from .specs.yamlio import check_output_folder
 
 __all__ = ["add_calibrate_parser", "cmd_calibrate"]
 
@@ -27,7 +28,6 @@ def cmd_calibrate(args) -> int:
     from .calibrate import calibrate
     if args.nproc < 1:
         raise SpecError("--nproc", args.nproc, "must be 1 or more")
-    from .cli import check_output_folder
     check_output_folder("--out", args.out)
     out = Path(args.out)
     import torch

@@ -1,14 +1,16 @@
-"""Reading YAML and JSON files with errors that name the file and the line."""
+"""Reading YAML and JSON files with errors that name the file and the line, and checking the folder a file
+will be written into before any work is done."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import yaml
 
 from .errors import SpecError
 
-__all__ = ["read_yaml", "read_json"]
+__all__ = ["read_yaml", "read_json", "check_output_folder"]
 
 
 def _read_text(path: str | Path, what: str) -> str:
@@ -40,3 +42,12 @@ def read_json(path: str | Path, what: str = "file"):
         return json.loads(text)
     except json.JSONDecodeError as err:
         raise SpecError(what, str(path), f"is not valid JSON at line {err.lineno}, column {err.colno}: {err.msg}") from None
+
+
+def check_output_folder(flag: str, path: str | Path) -> None:
+    """Refuse, in one line, a file to write whose folder is missing or read-only."""
+    folder = Path(path).expanduser().absolute().parent
+    if not folder.is_dir():
+        raise SpecError(flag, str(path), f"its folder {folder} does not exist; create it or write elsewhere")
+    if not os.access(folder, os.W_OK):
+        raise SpecError(flag, str(path), f"its folder {folder} is not writable; write elsewhere")

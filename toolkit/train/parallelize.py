@@ -22,8 +22,8 @@ from ..specs.job import Job
 from .parallel import tensor_parallel
 from .precision import TORCH_DTYPES
 
-__all__ = ["device_mesh", "fsdp_in_one_process", "join_one_process_group", "leave_one_process_group", "parallelize", "apply_fsdp", "apply_ddp", "dp_rank_and_size", "is_sharded",
-           "needs_grad_all_reduce", "all_reduce_mean"]
+__all__ = ["device_mesh", "join_one_process_group", "leave_one_process_group", "parallelize", "apply_fsdp",
+           "apply_ddp", "dp_rank_and_size", "is_sharded", "needs_grad_all_reduce", "all_reduce_mean"]
 
 
 def device_mesh(job: Job, device_type: str):
@@ -34,17 +34,11 @@ def device_mesh(job: Job, device_type: str):
     process group started here if none runs (`leave_one_process_group` ends it)."""
     pp, dp, tp = job.parallel.pp, job.parallel.dp or 1, job.parallel.tp
     if pp * dp * tp == 1:
-        if not fsdp_in_one_process(job):
+        if job.parallel.zero < 2 or job.backend != "torch":
             return None
         join_one_process_group(device_type)
     from torch.distributed.device_mesh import init_device_mesh
     return init_device_mesh(device_type, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
-
-
-def fsdp_in_one_process(job: Job) -> bool:
-    """A one-process job that the torch backend still runs under FSDP2: ZeRO-2/3, with or without offload."""
-    par = job.parallel
-    return par.pp * (par.dp or 1) * par.tp == 1 and par.zero >= 2 and job.backend == "torch"
 
 
 _OWN_GROUP: list = []
