@@ -1,6 +1,7 @@
 """`toolkit calibrate`: a profile of this machine that the catalog takes, and a run compared with the step-time
 model on it. How close the model comes is benchmarks/steptime_accuracy.py's to say, on a quiet machine: beside
-another test worker, two threads per op on two busy cores measure element-wise kernels 100x slower than alone."""
+another test worker, two threads per op on two busy cores measure element-wise kernels 100x slower than alone.
+The tests that time a cost against a reference are marked `quiet`, and `make test` runs them after the rest."""
 import dataclasses
 import statistics
 
@@ -58,6 +59,7 @@ def test_bad_calibrate_input_is_one_line(capsys, argv, expect):
     assert len(err.splitlines()) == 1 and expect in err, err
 
 
+@pytest.mark.quiet
 def test_a_tensor_parallel_job_calibrates_its_collectives_on_two_ranks(tmp_path):
     """On 2 gloo ranks a tp 2 job's profile carries the measured fixed cost of a tensor-parallel collective (one of
     the job's blocks under the runner's DTensor plan, against its share unparallelized), and the model prices the
@@ -78,6 +80,7 @@ def test_a_tensor_parallel_job_calibrates_its_collectives_on_two_ranks(tmp_path)
     assert step_time(placed, hw, slower).tp_comm_s > step_time(placed, hw).tp_comm_s > 0
 
 
+@pytest.mark.quiet
 def test_an_fsdp2_job_calibrates_its_collectives_on_two_ranks(tmp_path):
     """On 2 gloo ranks a ZeRO-2 (FSDP2) job's profile carries the measured cost of one FSDP2 collective beyond its
     bytes (the job's blocks sharded as the runner shards them, against the same blocks whole), and the model's
@@ -98,6 +101,7 @@ def test_an_fsdp2_job_calibrates_its_collectives_on_two_ranks(tmp_path):
     assert step_time(placed, hw, slower).dp_comm_exposed_s > step_time(placed, hw).dp_comm_exposed_s > 0
 
 
+@pytest.mark.quiet
 def test_a_one_process_zero3_job_calibrates_what_fsdp2_costs_over_one_rank(tmp_path):
     """ZeRO-3 in one process is FSDP2 over one rank (toolkit.train.parallelize): nothing moves, yet every shard is
     copied out and every gradient through its reduce-scatter buffers, under FSDP2's hooks. Calibrate measures that
@@ -156,6 +160,7 @@ def test_an_encoder_job_calibrates_its_matmuls_at_its_shapes():
     assert figures["matmul_flops"][0] > 0 and figures["gemm_half_size"] >= 0 and figures["attention_flops"] > 0
 
 
+@pytest.mark.quiet
 def test_a_thin_dimension_slows_a_product_as_the_fitted_half_size_says():
     """calibrate fits gemm_half_size to the job's products timed with their rows halved and doubled. The same size
     must predict products it was not fitted to, thin in their inner or outer dimension (32 and 64 wide against
@@ -210,6 +215,7 @@ def test_op_units_scale_as_the_dispatcher_counts_tensor_operations(layers, atten
     assert float(op_units(deeper, layers, True)) * per_unit == pytest.approx(counted, rel=0.06)
 
 
+@pytest.mark.quiet
 def test_per_op_recompute_pays_for_its_dispatch_mode_as_torchs_profiler_sees_it():
     """A per-op-recompute region runs each tensor operation through torch's selective-checkpoint dispatch mode,
     in forward and in recompute; calibrate times the job's block checkpointed with and without that mode. Torch's
@@ -240,6 +246,7 @@ def test_per_op_recompute_pays_for_its_dispatch_mode_as_torchs_profiler_sees_it(
     assert charged == pytest.approx(2 * 4 * measured)
 
 
+@pytest.mark.quiet
 def test_a_checkpointed_region_costs_at_least_what_torchs_profiler_sees_outside_its_kernels():
     """torch's checkpoint runs Python around every region: its saved-tensor hooks pack and unpack, and the unpack
     reruns the forward with its own frames. Torch's profiler, an independent instrument, sees that work as time

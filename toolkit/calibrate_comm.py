@@ -3,6 +3,7 @@ reduce-scatter and all-gather bandwidth, and the collectives of tensor paralleli
 program issues them in the job's blocks. toolkit.calibrate runs these on every rank at once."""
 from __future__ import annotations
 
+import statistics
 import time
 
 import numpy as np
@@ -64,24 +65,26 @@ def sharded_bw_bytes_per_s(world: int, nbytes: int = 16 * 2**20, repeats: int = 
 
 
 def _extra_s(layout, local, run, seconds: float) -> float:
-    """Mean seconds `run(layout)` takes beyond `run(local)`, timed in turns (3 calls each) for about `seconds`
-    while the other ranks do the same (they agree when to stop, so all call as often); the group's maximum."""
-    spent = {layout: 0.0, local: 0.0}
-    for module in spent:
+    """Seconds `run(layout)` takes beyond `run(local)`: timed in turns (3 calls of each) for about `seconds` while
+    the other ranks do the same (they agree when to stop, so all call as often); the median turn's difference per
+    call, the group's maximum. A turn's two halves see the same moments of a shared machine and the median drops
+    the turns another process cut into (a mean of the totals read 0 under a parallel test run's load)."""
+    for module in (layout, local):
         run(module)
-    runs, start = 0, time.perf_counter()
+    turns_s, start = [], time.perf_counter()
     while True:
-        for module in spent:
+        spent = []
+        for module in (layout, local):
             began = time.perf_counter()
             for _ in range(3):
                 run(module)
-            spent[module] += time.perf_counter() - began
-        runs += 3
+            spent.append(time.perf_counter() - began)
+        turns_s.append((spent[0] - spent[1]) / 3)
         done = torch.tensor([float(time.perf_counter() - start > seconds)])
         dist.all_reduce(done, op=dist.ReduceOp.MAX)
         if done.item():
             break
-    extra = torch.tensor([(spent[layout] - spent[local]) / runs])
+    extra = torch.tensor([statistics.median(turns_s)])
     dist.all_reduce(extra, op=dist.ReduceOp.MAX)
     return float(extra)
 
