@@ -2,14 +2,15 @@
 # The runner's GPU check (issues 14 and 19): a ~1B-parameter GPT in bf16 on one GPU, trained in the torch
 # backend's layouts one GPU holds (plain, full recompute, ZeRO-3 on one rank, ZeRO-3 with its parameters
 # offloaded to the host), each run's MFU and measured peaks (torch.cuda's allocated and reserved, and what the
-# device shows in use) against the estimate's.
+# device shows in use) against the estimate's: with the default device terms, and with the terms `toolkit
+# calibrate --device-memory-only` measured on this GPU from a smaller job.
 #
 #   bash benchmarks/gpu_check.sh                      # on the GPU machine, from the repository root
 #   LAYERS=2 HIDDEN=64 HEADS=4 SEQ=64 MICRO=2 STEPS=3 WARMUP=1 bash benchmarks/gpu_check.sh    # smoke test on a CPU
 #   VARIANTS="plain recompute" bash benchmarks/gpu_check.sh                                      # some of them
 #
 # Needs only torch, accelerate, numpy, pyyaml, psutil and tqdm (no notebook stack); runs from the
-# source tree without installing it. Budget: about 4 minutes on an H100/H200 (60 steps a variant).
+# source tree without installing it. Budget: about 5 minutes on an H100/H200 (60 steps a variant, two short probe runs).
 # Headline lines come last, one per line, as `name: value`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -45,13 +46,29 @@ for v in $VARIANTS; do
     $(variant_flags "$v") --out "$OUT/$v" ${ACC:+--gpus 1x$ACC} || echo "variant $v failed (exit $?)"
 done
 
+# What the device holds beyond the tensors, measured by calibrate on a smaller job than the variants (8 layers of
+# 1536, micro-batch 4), so the variants' reserved and device peaks are predicted, not fitted.
+echo "== calibrate --device-memory-only"
+python -c "
+import sys
+from toolkit.specs import Job
+Job.from_dict({'model': {'layers': 8, 'hidden': 1536, 'heads': 12, 'vocab': 256, 'seq_len': int(sys.argv[1]),
+                         'mlp': 'swiglu', 'norm': 'rmsnorm'}, 'batch': {'micro_batch': 4, 'global_batch': 4},
+               'precision': {'mode': 'amp-bf16'}, 'cluster': {'accelerator': sys.argv[2] or None, 'count': 1},
+               'training': {'num_workers': 2}}).to_yaml(sys.argv[3])
+" "${SEQ:-2048}" "$ACC" "$OUT/probe-job.yaml"
+time python -m toolkit.cli calibrate --device-memory-only --config "$OUT/probe-job.yaml" \
+  --out "$OUT/profile.yaml" || echo "calibrate failed (exit $?)"
+
 python - "$OUT" $VARIANTS <<'PY'
 import sys
 from pathlib import Path
-from toolkit.estimate import count_params
-from toolkit.specs import Job
+from toolkit.estimate import count_params, estimate
+from toolkit.specs import Job, load_catalog
 from toolkit.train.summary import run_summary
 out, variants = Path(sys.argv[1]), sys.argv[2:]
+profile = out / "profile.yaml"
+calibrated = load_catalog(profile) if profile.exists() else None
 headlines = []
 for v in variants:
     if not (out / v / "metrics.jsonl").exists():
@@ -71,6 +88,10 @@ for v in variants:
         if measured and modelled:
             print(f"  {kind} peak measured {measured / 2**30:.2f} GiB, estimate {modelled / 2**30:.2f} GiB")
             headlines.append(f"{v} {kind} ratio measured/estimate: {measured / modelled:.3f}")
+            if calibrated is not None and job.cluster.accelerator:     # the same with this device's measured terms
+                mine = estimate(job, calibrated)["memory"][f"{kind}_peak_bytes"]
+                print(f"  {kind} peak estimated with the calibrated device terms {mine / 2**30:.2f} GiB")
+                headlines.append(f"{v} {kind} ratio measured/calibrated estimate: {measured / mine:.3f}")
 print()
 print("\n".join(headlines))
 PY

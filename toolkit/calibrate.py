@@ -22,6 +22,7 @@ import gc
 import importlib
 import os
 import platform
+import sys
 
 import torch
 import yaml
@@ -32,6 +33,7 @@ from .calibrate_kernels import (IN_MODEL_LAYERS, SWEEP, attention_flops, checkpo
                                 kernel_totals, matmul_flops, memory_bw_bytes_per_s, op_overhead_s, ops_per_unit,
                                 optimizer_params_per_s, selective_op_overhead_s, thin_shapes)
 from .specs.catalog import DTYPES as DTYPE_NAMES
+from .specs.errors import SpecError
 from .specs.job import Job, compute_dtype
 from .train.precision import TORCH_DTYPES
 
@@ -159,14 +161,42 @@ def _memory_bytes(world: int) -> int | str:
         return "unknown"
 
 
-def calibrate(job: Job | None, nproc: int, out_path) -> dict:
-    """Measure on nproc gloo ranks at once and write the profile YAML; returns the profile."""
+def calibrate(job: Job | None, nproc: int, out_path, device_memory_only: bool = False) -> dict:
+    """Measure on nproc gloo ranks at once and write the profile YAML; returns the profile. On a host with a GPU
+    the profile gains that GPU's row with its device memory measured (toolkit.calibrate_device);
+    `device_memory_only` measures that alone (the CPU figures at a large job's shapes take long on CPU cores)."""
     from .trace.ranks import trace_on_ranks
+    if device_memory_only and not torch.cuda.device_count():
+        raise SpecError("--device-memory-only", True, "needs a CUDA GPU on this host; leave it out to calibrate "
+                                                       "the CPU cores")
+    if device_memory_only and (job is None or not job.model.has_shape):
+        raise SpecError("--device-memory-only", True, "needs --config JOB.yaml: the probe trains the job's blocks")
     job = job or Job()
-    measured = trace_on_ranks(measure_rank, job, nproc, "calibration", "rank", "measure on fewer ranks",
-                              result=dict) if nproc > 1 else [measure_rank(job, 0, 1)]
-    profile = profile_row(measured, nproc)
+    rows = []
+    if not device_memory_only:
+        measured = trace_on_ranks(measure_rank, job, nproc, "calibration", "rank", "measure on fewer ranks",
+                                  result=dict) if nproc > 1 else [measure_rank(job, 0, 1)]
+        rows = profile_row(measured, nproc)["accelerators"]
+    if torch.cuda.device_count():
+        try:
+            rows.append(_gpu_row(job, out_path))
+        except RuntimeError as err:
+            if device_memory_only:
+                raise SpecError("", None, f"device memory not measured: {err}") from err
+            print(f"device memory not measured: {err}", file=sys.stderr)
+    profile = {"accelerators": rows}
     with open(out_path, "w", encoding="utf-8") as f:
-        f.write(f"# {profile['accelerators'][0]['source']}\n")
+        f.write(f"# {rows[0]['source']}\n")
         yaml.safe_dump(profile, f, sort_keys=False)
     return profile
+
+
+def _gpu_row(job: Job, out_path) -> dict:
+    """This host's GPU row with its device memory measured (toolkit.calibrate_device); probe runs are kept beside
+    the profile. RuntimeError says why not (no job to probe, or a probe failed)."""
+    from pathlib import Path
+    from .calibrate_device import gpu_row
+    from .specs import load_catalog
+    if not job.model.has_shape:
+        raise RuntimeError("give --config JOB.yaml (the probe trains the job's blocks on the GPU)")
+    return gpu_row(job, load_catalog(), Path(out_path).with_name(Path(out_path).stem + "-device-probe"))

@@ -21,6 +21,9 @@ def add_calibrate_parser(sub) -> argparse.ArgumentParser:
     cal.add_argument("--nproc", metavar="N", type=int, default=1, help="ranks measuring at once (as in training)")
     cal.add_argument("--config", metavar="JOB.yaml", help="a job (or a run's job.yaml): its shapes and precision")
     cal.add_argument("--out", metavar="PROFILE.yaml", required=True, help="where to write the profile")
+    cal.add_argument("--device-memory-only", action="store_true",
+                     help="on a GPU host, measure only what the GPU holds beyond the tensors (CUDA context, cuBLAS "
+                          "workspaces, allocator fragmentation) by training a few steps of the job's blocks")
     return cal
 
 
@@ -31,19 +34,30 @@ def cmd_calibrate(args) -> int:
     check_output_folder("--out", args.out)
     out = Path(args.out)
     import torch
-    if torch.cuda.is_available():       # (not silently: a CPU profile applied to GPU runs would mislead)
-        print("calibrate measures this host's CPU cores over gloo; GPU kernels and NCCL are not calibrated yet, so "
-              "the profile describes the CPU, not the GPUs", file=sys.stderr)
+    if torch.cuda.is_available() and not args.device_memory_only:   # (not silently: CPU figures applied to GPUs mislead)
+        print("calibrate times this host's CPU cores over gloo; GPU kernels and NCCL are not calibrated yet, so the "
+              "first row describes the CPU; the GPU's row holds what the device keeps beyond the tensors",
+              file=sys.stderr)
     job = None
     if args.config:
         job, _notes = Job.from_yaml(args.config).resolve(load_catalog())
-    profile = calibrate(job, args.nproc, out)
-    row = profile["accelerators"][0]
+    profile = calibrate(job, args.nproc, out, device_memory_only=args.device_memory_only)
+    for row in profile["accelerators"]:
+        print(_row_line(row))
+    print(f"written to {out}; use it with: toolkit compare --run DIR --catalog {out}, or toolkit estimate --catalog {out}")
+    return 0
+
+
+def _row_line(row: dict) -> str:
+    """One line of what a profile row measured: the CPU's rates, or a GPU's memory beyond the tensors."""
+    if "assumptions" not in row:
+        terms, gib = row["device_memory"], 2**30
+        return (f"{row['name']}: CUDA context {terms['context_bytes'] / gib:.2f} GiB, cuBLAS workspaces "
+                f"{terms['workspace_bytes'] / 2**20:.0f} MiB, cached blocks {terms['fragmentation']:.1%} of the pool "
+                f"({terms['fragmentation_expandable']:.1%} with expandable segments)")
     rate = max(v for v in row["peak_tflops"].values() if not isinstance(v, str))
     link = row["link_bw_bytes_per_s"]
-    print(f"{row['name']}: matmuls {rate * 1e3:.1f} GFLOP/s, memory {row['memory_bw_bytes_per_s'] / 1e9:.1f} GB/s, "
-          f"per-op {row['assumptions']['op_overhead_s'] * 1e6:.1f} µs"
-          + (f", all-reduce {link / 2 / 1e9:.2f} GB/s and {row['assumptions']['latency_intra_s'] * 1e6:.0f} µs a step"
-             if not isinstance(link, str) else "")
-          + f"\nwritten to {out}; use it with: toolkit compare --run DIR --catalog {out}")
-    return 0
+    return (f"{row['name']}: matmuls {rate * 1e3:.1f} GFLOP/s, memory {row['memory_bw_bytes_per_s'] / 1e9:.1f} GB/s, "
+            f"per-op {row['assumptions']['op_overhead_s'] * 1e6:.1f} µs"
+            + (f", all-reduce {link / 2 / 1e9:.2f} GB/s and {row['assumptions']['latency_intra_s'] * 1e6:.0f} µs a step"
+               if not isinstance(link, str) else ""))

@@ -302,9 +302,10 @@ class Trainer:
         return evaluate(self.prog, self.val_set, self.job, self.plan, self.device, self.dp_rank, self.dp_world,
                          before_forward=self.recorder.micro_batch)
 
-    def fit(self) -> RunResult:
+    def fit(self, checkpoints: bool = True) -> RunResult:
         """Steps from the resumed one to training.steps: evaluation, metrics and checkpoints at their cadence, a
-        checkpoint and a stop when any rank got SIGTERM."""
+        checkpoint and a stop when any rank got SIGTERM. checkpoints=False saves none (calibrate's short probe
+        runs, toolkit.calibrate_device, whose final checkpoint would cost more than their steps)."""
         t, acc = self.t, self.accelerator
         self.loop_began = time.perf_counter()
         final_loss, stopped_by_signal, done = None, False, self.start_step
@@ -325,7 +326,7 @@ class Trainer:
                     shown = record["loss"] if record["loss"] is not None else float("nan")     # (an fp16 skip)
                     self.bar.set_postfix(loss=f"{shown:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
                 stop = agree(self._stop_requested, self.device, self.world)
-                if last or stop or (t.checkpoint_every and (step + 1) % t.checkpoint_every == 0):
+                if checkpoints and (last or stop or (t.checkpoint_every and (step + 1) % t.checkpoint_every == 0)):
                     self.save(step + 1)
                 done = step + 1
                 if stop:
