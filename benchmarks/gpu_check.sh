@@ -2,8 +2,9 @@
 # The runner's GPU check (issues 14 and 19): a ~1B-parameter GPT in bf16 on one GPU, trained in the torch
 # backend's layouts one GPU holds (plain, full recompute, ZeRO-3 on one rank, ZeRO-3 with its parameters
 # offloaded to the host), each run's MFU and measured peaks (torch.cuda's allocated and reserved, and what the
-# device shows in use) against the estimate's: with the default device terms, and with the terms `toolkit
-# calibrate --device-memory-only` measured on this GPU from a smaller job.
+# device shows in use) against the estimate's, and each run's median step against the step-time model's: with the
+# catalog's figures, and with those `toolkit calibrate --gpu-only` measured on this GPU from a smaller
+# job (its memory beyond the tensors and its kernels' rates).
 #
 #   bash benchmarks/gpu_check.sh                      # on the GPU machine, from the repository root
 #   LAYERS=2 HIDDEN=64 HEADS=4 SEQ=64 MICRO=2 STEPS=3 WARMUP=1 bash benchmarks/gpu_check.sh    # smoke test on a CPU
@@ -46,9 +47,9 @@ for v in $VARIANTS; do
     $(variant_flags "$v") --out "$OUT/$v" ${ACC:+--gpus 1x$ACC} || echo "variant $v failed (exit $?)"
 done
 
-# What the device holds beyond the tensors, measured by calibrate on a smaller job than the variants (8 layers of
-# 1536, micro-batch 4), so the variants' reserved and device peaks are predicted, not fitted.
-echo "== calibrate --device-memory-only"
+# This GPU measured by calibrate (what it holds beyond the tensors, its kernels' rates) on a smaller job than the
+# variants (8 layers of 1536, micro-batch 4), so the variants' peaks and step times are predicted, not fitted.
+echo "== calibrate --gpu-only"
 python -c "
 import sys
 from toolkit.specs import Job
@@ -57,7 +58,7 @@ Job.from_dict({'model': {'layers': 8, 'hidden': 1536, 'heads': 12, 'vocab': 256,
                'precision': {'mode': 'amp-bf16'}, 'cluster': {'accelerator': sys.argv[2] or None, 'count': 1},
                'training': {'num_workers': 2}}).to_yaml(sys.argv[3])
 " "${SEQ:-2048}" "$ACC" "$OUT/probe-job.yaml"
-time python -m toolkit.cli calibrate --device-memory-only --config "$OUT/probe-job.yaml" \
+time python -m toolkit.cli calibrate --gpu-only --config "$OUT/probe-job.yaml" \
   --out "$OUT/profile.yaml" || echo "calibrate failed (exit $?)"
 
 python - "$OUT" $VARIANTS <<'PY'
@@ -65,6 +66,7 @@ import sys
 from pathlib import Path
 from toolkit.estimate import count_params, estimate
 from toolkit.specs import Job, load_catalog
+from toolkit.trace.report import compare_run
 from toolkit.train.summary import run_summary
 out, variants = Path(sys.argv[1]), sys.argv[2:]
 profile = out / "profile.yaml"
@@ -82,6 +84,14 @@ for v in variants:
           f"estimate {s['estimated_peak_bytes'] / 2**30:.2f} GiB at {s['estimated_phase']}")
     if s["mfu"] is not None:
         headlines.append(f"{v} mfu: {s['mfu']:.3f}")
+    if job.cluster.accelerator:          # the step-time model against the run: datasheet, then calibrated here
+        for label, files in (("catalog", []), ("calibrated", [profile] if calibrated is not None else None)):
+            if files is None:
+                continue
+            step = compare_run(out / v, files, trace=False)["time"]["step_s"]
+            print(f"  step {step['measured']:.3f} s measured, {step['estimate']:.3f} s modelled ({label}): "
+                  f"{step['error']:+.1%}")
+            headlines.append(f"{v} step error ({label}): {step['error']:+.3f}")
     headlines.append(f"{v} memory ratio measured/estimate: {s['measured_peak_bytes'] / s['estimated_peak_bytes']:.3f}")
     for kind in ("reserved", "device"):        # what the allocator and the device hold beyond the tensors
         measured, modelled = s.get(f"{kind}_peak_bytes"), s.get(f"estimated_{kind}_peak_bytes")

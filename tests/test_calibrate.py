@@ -21,7 +21,7 @@ SMALL = {"model": {"layers": 2, "hidden": 128, "heads": 4, "vocab": 256, "seq_le
 
 def test_a_calibrated_profile_models_a_real_run(tmp_path, capsys, monkeypatch):
     """A run calibrated, then compared. Calibrate measures CPU cores over gloo: on a host with GPUs (here one that
-    says it has them) it says so and its profile stays a CPU's (no compute hidden behind communication)."""
+    says it has them) it says so and its CPU row stays a CPU's (no compute hidden behind communication)."""
     import torch
     from toolkit.train.data import ensure_demo_corpus
     from toolkit.train.launch import prepare_run
@@ -34,7 +34,7 @@ def test_a_calibrated_profile_models_a_real_run(tmp_path, capsys, monkeypatch):
         patch.setattr(torch.cuda, "is_available", lambda: True)
         assert main(["calibrate", "--config", str(run / "job.yaml"), "--out", str(profile)]) == 0
     out, err = capsys.readouterr()
-    assert "matmuls" in out and "GPU kernels and NCCL are not calibrated yet" in err
+    assert "matmuls" in out and "NCCL collectives are not calibrated yet" in err
     row = yaml.safe_load(profile.read_text())["accelerators"][0]
     assert row["source"].startswith("measured on ") and row["as_of"]
     catalog = load_catalog(profile)                  # a catalog row like any other, with its figures' source

@@ -64,7 +64,7 @@ def test_the_probe_is_the_jobs_blocks_on_one_device_and_the_runner_trains_it(tmp
 def test_device_memory_alone_needs_a_gpu(tmp_path, capsys, monkeypatch):
     import torch
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)        # (a host without one)
-    assert main(["calibrate", "--device-memory-only", "--out", str(tmp_path / "p.yaml")]) == 2
+    assert main(["calibrate", "--gpu-only", "--out", str(tmp_path / "p.yaml")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "needs a CUDA GPU" in err, err
     assert not (tmp_path / "p.yaml").exists()

@@ -161,19 +161,18 @@ def _memory_bytes(world: int) -> int | str:
         return "unknown"
 
 
-def calibrate(job: Job | None, nproc: int, out_path, device_memory_only: bool = False) -> dict:
+def calibrate(job: Job | None, nproc: int, out_path, gpu_only: bool = False) -> dict:
     """Measure on nproc gloo ranks at once and write the profile YAML; returns the profile. On a host with a GPU
-    the profile gains that GPU's row with its device memory measured (toolkit.calibrate_device);
-    `device_memory_only` measures that alone (the CPU figures at a large job's shapes take long on CPU cores)."""
+    the profile gains that GPU's row, measured on it (toolkit.calibrate_device); `gpu_only` measures that alone
+    (the CPU figures at a large job's shapes take long on CPU cores)."""
     from .trace.ranks import trace_on_ranks
-    if device_memory_only and not torch.cuda.device_count():
-        raise SpecError("--device-memory-only", True, "needs a CUDA GPU on this host; leave it out to calibrate "
-                                                       "the CPU cores")
-    if device_memory_only and (job is None or not job.model.has_shape):
-        raise SpecError("--device-memory-only", True, "needs --config JOB.yaml: the probe trains the job's blocks")
+    if gpu_only and not torch.cuda.device_count():
+        raise SpecError("--gpu-only", True, "needs a CUDA GPU on this host; leave it out to calibrate the CPU cores")
+    if gpu_only and (job is None or not job.model.has_shape):
+        raise SpecError("--gpu-only", True, "needs --config JOB.yaml: the probe trains the job's blocks")
     job = job or Job()
     rows = []
-    if not device_memory_only:
+    if not gpu_only:
         measured = trace_on_ranks(measure_rank, job, nproc, "calibration", "rank", "measure on fewer ranks",
                                   result=dict) if nproc > 1 else [measure_rank(job, 0, 1)]
         rows = profile_row(measured, nproc)["accelerators"]
@@ -181,9 +180,9 @@ def calibrate(job: Job | None, nproc: int, out_path, device_memory_only: bool = 
         try:
             rows.append(_gpu_row(job, out_path))
         except RuntimeError as err:
-            if device_memory_only:
-                raise SpecError("", None, f"device memory not measured: {err}") from err
-            print(f"device memory not measured: {err}", file=sys.stderr)
+            if gpu_only:
+                raise SpecError("", None, f"the GPU was not measured: {err}") from err
+            print(f"the GPU was not measured: {err}", file=sys.stderr)
     profile = {"accelerators": rows}
     with open(out_path, "w", encoding="utf-8") as f:
         f.write(f"# {rows[0]['source']}\n")
@@ -192,8 +191,8 @@ def calibrate(job: Job | None, nproc: int, out_path, device_memory_only: bool = 
 
 
 def _gpu_row(job: Job, out_path) -> dict:
-    """This host's GPU row with its device memory measured (toolkit.calibrate_device); probe runs are kept beside
-    the profile. RuntimeError says why not (no job to probe, or a probe failed)."""
+    """This host's GPU row, measured on it (toolkit.calibrate_device); probe runs are kept beside the profile.
+    RuntimeError says why not (no job to probe, or a probe failed)."""
     from pathlib import Path
     from .calibrate_device import gpu_row
     from .specs import load_catalog

@@ -1,15 +1,17 @@
-"""What a GPU holds beyond the program's tensors, measured on this machine: the figures toolkit.estimate.device
-otherwise assumes. The CUDA context with the kernels a training step loads, the cuBLAS workspaces torch's
+"""This host's GPU, measured: what it holds beyond the program's tensors (the figures toolkit.estimate.device
+otherwise assumes: the CUDA context with the kernels a training step loads, the cuBLAS workspaces torch's
 allocator hands out, and the share of the caching allocator's pool that holds no live tensor at the peak, with
-and without expandable segments.
+and without expandable segments), and how fast it runs the job's kernels (the step-time model's assumptions).
 
 They are read from the runner's own program: one process trains a few steps of one tensor-parallel rank's share
 of the job's blocks on the first GPU (the job's width, sequence, micro-batch, precision, recompute and optimizer; as
 many of its layers as the estimate puts within half the device; no parallelism, so no NCCL communicator is
 counted), once per allocator setting and each in a fresh process, since torch reads PYTORCH_CUDA_ALLOC_CONF once
 and a context only grows. `toolkit
-calibrate` writes them into the catalog row of this GPU (`device_memory`), so `--catalog profile.yaml` predicts
-this machine's reserved and nvidia-smi peaks.
+calibrate` writes them into the catalog row of this GPU (`device_memory`, `assumptions`), so `--catalog
+profile.yaml` predicts this machine's reserved and nvidia-smi peaks and its step time. What runs on the host
+between kernels (per-op and checkpoint costs) stays 0 as for catalog rows: a GPU's asynchronous launches hide it
+at training sizes; collectives are not measured (one GPU's process, no NCCL).
 """
 from __future__ import annotations
 
@@ -34,25 +36,39 @@ PROBE_SHARE = 0.5
 
 
 def gpu_row(job: Job, catalog: Catalog, out_dir: str | Path) -> dict:
-    """The catalog row of this host's first GPU with its `device_memory` measured: merged over the catalog's row of
-    the same GPU (its datasheet figures kept, its source extended), or a row of its own (capacity measured, peaks
-    unknown) when the catalog does not know it. Probe runs are kept under OUT_DIR."""
+    """The catalog row of this host's first GPU as measured here: its `device_memory`, and its kernels' rates as
+    the step-time model's assumptions (`gemm_fraction` and `attention_fraction` of the datasheet's peak,
+    `gemm_half_size`, the optimizer's rate) with the element-wise bandwidth as its memory bandwidth. Merged over the
+    catalog's row of the same GPU (its other figures kept, its source extended), or a row of its own (capacity
+    measured, the matmul rate as its peak) when the catalog does not know it. Probe runs are kept under OUT_DIR."""
     import torch
     props = torch.cuda.get_device_properties(0)
     name = catalog_row_for(props.name, props.total_memory, catalog)
-    terms = device_memory_terms(job.replace(cluster=dataclasses.replace(job.cluster, accelerator=name)), out_dir)
-    layers = terms.pop("probe_layers")
+    probe = probe_job(job.replace(cluster=dataclasses.replace(job.cluster, accelerator=name)), props.total_memory)
+    terms = device_memory_terms(probe, out_dir)
+    kernels = _in_fresh_process("_kernel_figures", probe.to_dict())
     host, today = platform.node() or "this-host", datetime.date.today().isoformat()
-    how = (f"device_memory measured on {host} ({props.name}), {today} by toolkit calibrate: {PROBE_STEPS} steps of "
-           f"{layers} of the job's layers in one process, under torch's default allocator and expandable segments")
-    if name:
-        base = catalog.accelerator(name)
-        return {"name": base.name, "device_memory": terms, "source": f"{base.source} (as of {base.as_of}); {how}",
-                "as_of": today}
-    return {"name": re.sub(r"[^A-Za-z0-9]+", "-", props.name).strip("-"), "vendor": props.name.split()[0],
-            "memory_bytes": int(props.total_memory), "memory_bw_bytes_per_s": "unknown",
-            "link_bw_bytes_per_s": "unknown", "tdp_w": "unknown", "peak_tflops": {d: "unknown" for d in DTYPES},
-            "device_memory": terms, "source": how, "as_of": today}
+    how = (f"measured on {host} ({props.name}), {today} by toolkit calibrate: device_memory from {PROBE_STEPS} steps "
+           f"of {probe.model.layers} layers of one tensor-parallel rank's share of the job in one process, under "
+           f"torch's default allocator and expandable segments; the job's {kernels['dtype']} products, attention, "
+           "element-wise kernels and optimizer timed on the device")
+    base = catalog.accelerator(name) if name else None
+    peak = base.peak_flops(kernels["dtype"]) if base else None
+    row = {"name": base.name, "source": f"{base.source} (as of {base.as_of}); {how}"} if base else {
+        "name": re.sub(r"[^A-Za-z0-9]+", "-", props.name).strip("-"), "vendor": props.name.split()[0],
+        "memory_bytes": int(props.total_memory), "link_bw_bytes_per_s": "unknown", "tdp_w": "unknown",
+        "source": how}
+    if peak is None:          # (the catalog gives no peak for this dtype: the measured rate stands for it)
+        peak = kernels["matmul_flops"]
+        known = {d: "n/a" if d in base.unsupported else v for d, v in base.peak_tflops.items()} if base else {}
+        row["peak_tflops"] = {d: "unknown" if known.get(d) is None else known[d] for d in DTYPES}
+        row["peak_tflops"][kernels["dtype"]] = peak / 1e12
+    row.update({"memory_bw_bytes_per_s": kernels["memory_bw_bytes_per_s"], "device_memory": terms, "as_of": today,
+                "assumptions": {"gemm_fraction": kernels["matmul_flops"] / peak,
+                                "gemm_half_size": kernels["gemm_half_size"],
+                                "attention_fraction": kernels["attention_flops"] / peak,
+                                "optimizer_params_per_s": kernels["optimizer_params_per_s"]}})
+    return row
 
 
 def catalog_row_for(device_name: str, total_bytes: float, catalog: Catalog) -> str | None:
@@ -101,25 +117,22 @@ def probe_job(job: Job, capacity_bytes: float) -> Job:
     return best
 
 
-def device_memory_terms(job: Job, out_dir: str | Path) -> dict:
-    """{context_bytes, workspace_bytes, fragmentation, fragmentation_expandable} of the first GPU, each read from
-    probe runs of `probe_job(job)` under OUT_DIR (see the module's docstring)."""
+def device_memory_terms(probe: Job, out_dir: str | Path) -> dict:
+    """{context_bytes, workspace_bytes, fragmentation, fragmentation_expandable} of the first GPU, read from runs
+    of `probe` (a `probe_job`) under OUT_DIR (see the module's docstring)."""
     import torch
     free, total = torch.cuda.mem_get_info(0)
     others = total - free             # already on the device: other processes and this one's own context
-    probe = probe_job(job, total)
     peaks = {}
     for expandable in (False, True):
         run = Path(out_dir) / ("expandable" if expandable else "default")
         setting = dataclasses.replace(probe.memory, expandable_segments=expandable)
         peaks[expandable] = _probe_peaks(probe.replace(memory=setting), run)
     plain = peaks[False]
-    workspace = _in_fresh_process("_workspace_bytes", probe.to_dict())
     return {"context_bytes": int(max(plain["device_peak_bytes"] - plain["reserved_peak_bytes"] - others, 0)),
-            "workspace_bytes": workspace,
+            "workspace_bytes": _in_fresh_process("_workspace_bytes", probe.to_dict()),
             "fragmentation": 1 - plain["peak_bytes"] / plain["reserved_peak_bytes"],
-            "fragmentation_expandable": 1 - peaks[True]["peak_bytes"] / peaks[True]["reserved_peak_bytes"],
-            "probe_layers": probe.model.layers}
+            "fragmentation_expandable": 1 - peaks[True]["peak_bytes"] / peaks[True]["reserved_peak_bytes"]}
 
 
 def _probe_peaks(probe: Job, run: Path) -> dict:
@@ -180,3 +193,23 @@ def _workspace_bytes(job_dict: dict) -> int:
     x.grad, layer.weight.grad = None, None
     torch.cuda.synchronize(device)
     return int(torch.cuda.memory_allocated(device) - before)
+
+
+def _kernel_figures(job_dict: dict, device: str = "cuda") -> dict:
+    """In a fresh process: the probe's products (its own, and with their rows halved and doubled) timed on the GPU
+    and fitted to a large-matrix rate and `gemm_half_size`; its fused attention's rate, its block's element-wise
+    bandwidth (bytes counted as the step-time model counts them) and its optimizer's rate, in its compute dtype."""
+    from .calibrate_kernels import (attention_flops, elementwise_bw_bytes_per_s, half_size, job_shapes,
+                                    matmul_flops, optimizer_params_per_s, thin_shapes)
+    from .specs.job import compute_dtype
+    from .train.precision import TORCH_DTYPES
+    job, _ = Job.from_dict(job_dict).resolve()
+    dtype_name = compute_dtype(job.precision.mode or "fp32")
+    dtype = TORCH_DTYPES[dtype_name]
+    shapes = job_shapes(job)
+    timed = thin_shapes(shapes) + shapes
+    rate, half = half_size(timed, matmul_flops(timed, dtype, rounds=2, device=device))
+    return {"dtype": dtype_name, "matmul_flops": rate, "gemm_half_size": half,
+            "attention_flops": attention_flops(job, dtype, device=device),
+            "memory_bw_bytes_per_s": elementwise_bw_bytes_per_s(job, dtype, device=device),
+            "optimizer_params_per_s": optimizer_params_per_s(job, device=device)}

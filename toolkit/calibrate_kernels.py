@@ -25,13 +25,17 @@ COLD_BYTES = 64 * 2**20
 """Matmul operands are cycled through this much memory, more than a CPU's last-level cache."""
 
 
-def timed_s(fn, seconds: float = 0.3, least: int = 3) -> float:
-    """Median seconds of one call of fn, repeated for about `seconds` after a warm-up call."""
+def timed_s(fn, seconds: float = 0.3, least: int = 3, device: str = "cpu") -> float:
+    """Median seconds of one call of fn, repeated for about `seconds` after a warm-up call; on a GPU each call
+    ends when the device has run what it queued."""
+    wait = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
     fn()
+    wait()
     times, start = [], time.perf_counter()
     while len(times) < least or time.perf_counter() - start < seconds:
         t = time.perf_counter()
         fn()
+        wait()
         times.append(time.perf_counter() - t)
     return statistics.median(times)
 
@@ -48,16 +52,16 @@ def head_shape(job: Job) -> tuple[int, int, int]:
     return job.batch.micro_batch * job.model.seq_len, job.model.hidden, -(-job.model.vocab // job.parallel.tp)
 
 
-def matmul_flops(shapes, dtype: torch.dtype, rounds: int = 3) -> list[float]:
+def matmul_flops(shapes, dtype: torch.dtype, rounds: int = 3, device: str = "cpu") -> list[float]:
     """FLOP/s of each (m, k, n) linear layer as training runs it: the forward x·Wᵀ and the backward's two
     products, gy·W and gyᵀ·x, each with its operands laid out as autograd passes them. The shapes take turns
     over `rounds` rounds and each keeps its median round, so a burst of load on a shared machine spoils one
-    round of every shape rather than every round of one."""
+    round of every shape rather than every round of one. `device`: where they run (a GPU: "cuda")."""
     runs = []
     for m, k, n in shapes:
         # operands cycled through more memory than the caches hold: in a training step they arrive cold
         copies = max(2, int(COLD_BYTES // ((m * k + n * k + m * n) * torch.finfo(dtype).bits // 8)))
-        sets = [(torch.randn(m, k, dtype=dtype), torch.randn(n, k, dtype=dtype), torch.randn(m, n, dtype=dtype))
+        sets = [tuple(torch.randn(r, c, dtype=dtype, device=device) for r, c in ((m, k), (n, k), (m, n)))
                 for _ in range(copies)]
         turn = iter(range(10**9))
 
@@ -68,7 +72,7 @@ def matmul_flops(shapes, dtype: torch.dtype, rounds: int = 3) -> list[float]:
     rates = [[] for _ in shapes]
     for _ in range(rounds):
         for i, (flops, linear) in enumerate(runs):
-            rates[i].append(flops / timed_s(linear, seconds=0.3 / rounds))
+            rates[i].append(flops / timed_s(linear, seconds=0.3 / rounds, device=device))
     return [statistics.median(r) for r in rates]
 
 
@@ -182,21 +186,21 @@ def memory_bw_bytes_per_s(numel: int = 16 * 2**20) -> float:
     return 3 * 4 * numel / timed_s(lambda: torch.add(x, y, out=out))
 
 
-def attention_flops(job: Job, dtype: torch.dtype) -> float:
+def attention_flops(job: Job, dtype: torch.dtype, device: str = "cpu") -> float:
     """FLOP/s of the job's fused attention (torch's SDPA, causal) forward and backward at its shape on one rank."""
     import torch.nn.functional as F
     m = job.model
     heads = max(1, m.heads // job.parallel.tp)
-    q, k, v = (torch.randn(job.batch.micro_batch, heads, m.seq_len, m.head_dim_, dtype=dtype, requires_grad=True)
-               for _ in range(3))
+    q, k, v = (torch.randn(job.batch.micro_batch, heads, m.seq_len, m.head_dim_, dtype=dtype, device=device,
+                           requires_grad=True) for _ in range(3))
 
     def run():
         F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
     flops = 3 * 2 * 2.0 * job.batch.micro_batch * heads * m.seq_len * m.seq_len * m.head_dim_ / 2   # causal half
-    return flops / timed_s(run)
+    return flops / timed_s(run, device=device)
 
 
-def elementwise_bw_bytes_per_s(job: Job, dtype: torch.dtype) -> float:
+def elementwise_bw_bytes_per_s(job: Job, dtype: torch.dtype, device: str = "cpu") -> float:
     """Bytes per second of one block's element-wise kernels (two norms, two residual adds, the MLP activation)
     forward and backward at the job's shape, counting the bytes as the step-time model does
     (toolkit.estimate.steptime); on a GPU they are bound by memory, on a CPU often by their arithmetic."""
@@ -204,10 +208,11 @@ def elementwise_bw_bytes_per_s(job: Job, dtype: torch.dtype) -> float:
     from .estimate.steptime import _memory_bound_bytes_per_token
     m = job.model
     tokens = job.batch.micro_batch * m.seq_len
-    x = torch.randn(tokens, m.hidden, dtype=dtype, requires_grad=True)
-    up = torch.randn(tokens, m.ffn_ // job.parallel.tp, dtype=dtype, requires_grad=True)
+    x = torch.randn(tokens, m.hidden, dtype=dtype, device=device, requires_grad=True)
+    up = torch.randn(tokens, m.ffn_ // job.parallel.tp, dtype=dtype, device=device, requires_grad=True)
     gate = torch.randn_like(up, requires_grad=True)
-    norm = torch.nn.LayerNorm(m.hidden, dtype=dtype) if m.norm == "layernorm" else torch.nn.RMSNorm(m.hidden, dtype=dtype)
+    kind = torch.nn.LayerNorm if m.norm == "layernorm" else torch.nn.RMSNorm
+    norm = kind(m.hidden, dtype=dtype, device=device)
 
     def run():
         act = F.silu(gate) * up if m.mlp == "swiglu" else F.gelu(up, approximate="tanh")
@@ -216,20 +221,21 @@ def elementwise_bw_bytes_per_s(job: Job, dtype: torch.dtype) -> float:
     plain = job.replace(memory=dataclasses.replace(job.memory, attention="flash", recompute="none"),
                         model=dataclasses.replace(m, dropout=0.0, position="learned"),
                         parallel=dataclasses.replace(job.parallel, sp=False))
-    return float(_memory_bound_bytes_per_token(plain)) * tokens / timed_s(run)
+    return float(_memory_bound_bytes_per_token(plain)) * tokens / timed_s(run, device=device)
 
 
-def optimizer_params_per_s(job: Job) -> float:
+def optimizer_params_per_s(job: Job, device: str = "cpu") -> float:
     """Parameters per second the job's optimizer (AdamW, its implementation) steps, over the model's tensors."""
     from .estimate.phases import optimizer_impl
     from .train.model import GPT
     decoder = job.model.has_shape and not job.model.encoder       # (the runner's GPT builds decoders)
     model = GPT(job.model) if decoder else torch.nn.Sequential(*[torch.nn.Linear(512, 512)] * 16)
+    model = model.to(device)
     for p in model.parameters():
         p.grad = torch.randn_like(p)
     impl = optimizer_impl(job)
     opt = torch.optim.AdamW(model.parameters(), foreach=impl == "foreach", fused=impl == "fused" or None)
-    return sum(p.numel() for p in model.parameters()) / timed_s(opt.step)
+    return sum(p.numel() for p in model.parameters()) / timed_s(opt.step, device=device)
 
 
 def dispatched_ops(fn) -> int:

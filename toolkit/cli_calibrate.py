@@ -21,9 +21,10 @@ def add_calibrate_parser(sub) -> argparse.ArgumentParser:
     cal.add_argument("--nproc", metavar="N", type=int, default=1, help="ranks measuring at once (as in training)")
     cal.add_argument("--config", metavar="JOB.yaml", help="a job (or a run's job.yaml): its shapes and precision")
     cal.add_argument("--out", metavar="PROFILE.yaml", required=True, help="where to write the profile")
-    cal.add_argument("--device-memory-only", action="store_true",
-                     help="on a GPU host, measure only what the GPU holds beyond the tensors (CUDA context, cuBLAS "
-                          "workspaces, allocator fragmentation) by training a few steps of the job's blocks")
+    cal.add_argument("--gpu-only", action="store_true",
+                     help="on a GPU host, measure only its GPU, not the CPU cores: the job's kernels' rates, and "
+                          "what the GPU holds beyond the tensors (CUDA context, cuBLAS workspaces, allocator "
+                          "fragmentation) from a few steps of the job's blocks")
     return cal
 
 
@@ -34,14 +35,14 @@ def cmd_calibrate(args) -> int:
     check_output_folder("--out", args.out)
     out = Path(args.out)
     import torch
-    if torch.cuda.is_available() and not args.device_memory_only:   # (not silently: CPU figures applied to GPUs mislead)
-        print("calibrate times this host's CPU cores over gloo; GPU kernels and NCCL are not calibrated yet, so the "
-              "first row describes the CPU; the GPU's row holds what the device keeps beyond the tensors",
+    if torch.cuda.is_available() and not args.gpu_only:   # (not silently: CPU figures applied to GPUs mislead)
+        print("calibrate times this host's CPU cores over gloo for its first row; the GPU gets a row of its own, "
+              "measured on the device (--gpu-only: that row alone); NCCL collectives are not calibrated yet",
               file=sys.stderr)
     job = None
     if args.config:
         job, _notes = Job.from_yaml(args.config).resolve(load_catalog())
-    profile = calibrate(job, args.nproc, out, device_memory_only=args.device_memory_only)
+    profile = calibrate(job, args.nproc, out, gpu_only=args.gpu_only)
     for row in profile["accelerators"]:
         print(_row_line(row))
     print(f"written to {out}; use it with: toolkit compare --run DIR --catalog {out}, or toolkit estimate --catalog {out}")
@@ -49,10 +50,12 @@ def cmd_calibrate(args) -> int:
 
 
 def _row_line(row: dict) -> str:
-    """One line of what a profile row measured: the CPU's rates, or a GPU's memory beyond the tensors."""
-    if "assumptions" not in row:
-        terms, gib = row["device_memory"], 2**30
-        return (f"{row['name']}: CUDA context {terms['context_bytes'] / gib:.2f} GiB, cuBLAS workspaces "
+    """One line of what a profile row measured: the CPU's rates, or a GPU's rates and memory beyond the tensors."""
+    if row.get("vendor") != "measured":          # a GPU's row (toolkit.calibrate_device)
+        terms, a, gib = row["device_memory"], row["assumptions"], 2**30
+        return (f"{row['name']}: matmuls at {a['gemm_fraction']:.0%} of peak (half rate at {a['gemm_half_size']:.0f}), "
+                f"attention {a['attention_fraction']:.0%}, element-wise {row['memory_bw_bytes_per_s'] / 1e9:.0f} GB/s; "
+                f"CUDA context {terms['context_bytes'] / gib:.2f} GiB, cuBLAS workspaces "
                 f"{terms['workspace_bytes'] / 2**20:.0f} MiB, cached blocks {terms['fragmentation']:.1%} of the pool "
                 f"({terms['fragmentation_expandable']:.1%} with expandable segments)")
     rate = max(v for v in row["peak_tflops"].values() if not isinstance(v, str))
