@@ -212,4 +212,6 @@ def _kernel_figures(job_dict: dict, device: str = "cuda") -> dict:
     return {"dtype": dtype_name, "matmul_flops": rate, "gemm_half_size": half,
             "attention_flops": attention_flops(job, dtype, device=device),
             "memory_bw_bytes_per_s": elementwise_bw_bytes_per_s(job, dtype, device=device),
-            "optimizer_params_per_s": optimizer_params_per_s(job, device=device)}
+            # (one block: its rate per parameter is the model's, and the probe's layers would not fit twice over)
+            "optimizer_params_per_s": optimizer_params_per_s(
+                job.replace(model=dataclasses.replace(job.model, layers=1)), device=device)}
