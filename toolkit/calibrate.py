@@ -179,7 +179,7 @@ def calibrate(job: Job | None, nproc: int, out_path, gpu_only: bool = False) -> 
     if torch.cuda.device_count():
         try:
             rows.append(_gpu_row(job, out_path))
-        except RuntimeError as err:
+        except (RuntimeError, SpecError) as err:       # (the CPU row measured above is still written)
             if gpu_only:
                 raise SpecError("", None, f"the GPU was not measured: {err}") from err
             print(f"the GPU was not measured: {err}", file=sys.stderr)
@@ -192,7 +192,7 @@ def calibrate(job: Job | None, nproc: int, out_path, gpu_only: bool = False) -> 
 
 def _gpu_row(job: Job, out_path) -> dict:
     """This host's GPU row, measured on it (toolkit.calibrate_device); probe runs are kept beside the profile.
-    RuntimeError says why not (no job to probe, or a probe failed)."""
+    RuntimeError or SpecError says why not (no job to probe, a probe refused or failed)."""
     from pathlib import Path
     from .calibrate_device import gpu_row
     from .specs import load_catalog
