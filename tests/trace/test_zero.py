@@ -112,6 +112,26 @@ def test_zero_offload_keeps_fp32_states_and_gradients_on_the_host(zero, m):
     assert traced.peak_bytes < on_device.peak_bytes - on_device.optimizer_bytes / 2
 
 
+@pytest.mark.parametrize("layers, vocab, phase", [(8, 4000, "gradient reduce"), (4, 8000, "loss")])
+def test_bf16_optimizer_keeps_fp32_gradients_and_casts_them_to_reduce(layers, vocab, phase):
+    """DeepSpeed's BF16 optimizer (mixed-bf16, fp32 gradient accumulation, ZeRO-1): an fp32 gradient buffer of the
+    whole model beside the bf16 gradients, master weights and moments sharded. After the last backward the engine
+    all-reduces the buffers of its two parameter groups as one bucket: concatenated (fp32) and cast to bf16, 6
+    bytes a parameter for a moment. Where the logits are small that moment is the peak (8 layers); with a larger
+    vocabulary the loss is (the same program, 4 layers)."""
+    model = {"layers": layers, "hidden": 256, "heads": 8, "vocab": vocab, "seq_len": 128}
+    job = Job.from_dict({"model": model, "batch": {"micro_batch": 2, "global_batch": 8},
+                         "precision": {"mode": "mixed-bf16", "grad_dtype": "fp32"},
+                         "parallel": {"zero": 1, "dp": 2, "backend": "deepspeed"}, "cluster": {"count": 2},
+                         "memory": {"program": "cpu"}}).resolve()[0]
+    traced = trace_memory(job)
+    assert "ZeRO-1" in traced.program
+    est = assert_matches(job, traced, rel=0.005)
+    params = est.params_bytes / 2                                   # bf16 weights
+    assert traced.grads_bytes == pytest.approx(6 * params, rel=0.01)   # bf16 gradients and the fp32 buffer
+    assert est.peak_phase == phase
+
+
 def test_deepspeed_config_is_what_the_estimate_models():
     config = deepspeed_config(zero_job(3, bucket_mb=8.0))
     zero = config["zero_optimization"]

@@ -11,7 +11,7 @@ The moments, in the order the step reaches them (the busiest one is the stage's 
   while the next one runs and prefetches no block below the bottom one, also one layer in from either end);
 - `embedding backward`: the token embedding's gradient, whole under tensor parallelism;
 - `next micro-batch`, `step end`: pipeline schedules (GPipe's second backward, the interleaved schedule's end);
-- `head gradient`, `gradient reduce`: DeepSpeed ZeRO-1/2's buckets;
+- `head gradient`, `gradient reduce`: DeepSpeed ZeRO-1/2's buckets, and its BF16 optimizer's all-reduce;
 - `optimizer step`: all gradients plus the optimizer's temporaries.
 Each is checked against the traced program where it holds the peak (tests/estimate/test_phases.py).
 """
@@ -22,7 +22,7 @@ import numpy as np
 from ..specs.backends import job_deepspeed_fp32
 from ..specs.job import Job
 from .stage_terms import StageTerms, ddp_buckets, degrees, optimizer_impl, stage_terms, trainable_per_device
-from .states import vocab_per_rank
+from .states import bf16_optimizer, vocab_per_rank
 from .zero_buffers import accumulated_grad_bytes, largest_matrix, pipelined_fsdp
 
 __all__ = ["StageTerms", "stage_terms", "stage_phases", "optimizer_impl", "ddp_buckets", "BACKWARD_LAYERS"]
@@ -194,13 +194,31 @@ def head_gradient(t: StageTerms):
 
 def gradient_reduce(t: StageTerms):
     """DeepSpeed ZeRO-1/2, the backward's end: the last bucket flattened for its reduction; ZeRO-1 reduces its whole
-    gradients only now, so those not yet in the bucket are still there."""
+    gradients only now, so those not yet in the bucket are still there. DeepSpeed's BF16 optimizer: its own
+    reduction (`bf16_optimizer_reduce`)."""
     ds = t.held.ds
-    return np.where(
+    zero_buckets = np.where(
         ds.bucket > 0,
         t.held.persistent + ds.bucket + ds.flat_copy
         + np.where(ds.stage1, np.maximum(ds.grads - ds.bucket, 0.0),
                    np.where(t.position.accumulating | (ds.grads > ds.bucket), ds.partition, 0.0)), 0.0)
+    return np.maximum(zero_buckets, bf16_optimizer_reduce(t))
+
+
+BF16_REDUCE_ELEMENTS = 5e8
+"""DeepSpeed's MEMORY_OPT_ALLREDUCE_SIZE: the elements its fallback all-reduce gathers into one bucket."""
+
+
+def bf16_optimizer_reduce(t: StageTerms):
+    """DeepSpeed's BF16 optimizer after the step's last backward: the engine all-reduces its fp32 gradient buffers
+    (one per parameter group: matrices, and the vectors without weight decay) in buckets that close once they pass
+    BF16_REDUCE_ELEMENTS; a bucket of two buffers is concatenated (4 bytes an element; one alone is a view) and cast
+    to bf16, the communication dtype (2 bytes), while the bf16 gradients are still there (deepspeed/runtime/engine.py,
+    allreduce_bucket; traced on gloo ranks). Up to 5e8 parameters a stage both buffers share a bucket: 6 bytes a
+    parameter; beyond, the matrices' buffer goes alone: 2 (counted on all of them, the vectors being few)."""
+    n = trainable_per_device(t.job, t.stage)
+    transient = np.where(n > BF16_REDUCE_ELEMENTS, 2.0, 6.0) * n
+    return np.where(bf16_optimizer(t.job), t.held.persistent + t.held.grads_full + transient, 0.0)
 
 
 def stage_reduce_scatter(t: StageTerms):

@@ -21,6 +21,7 @@ import torch
 from ..estimate.memory import memory_estimate
 from ..specs.errors import SpecError
 from ..compat import require_internals
+from ..estimate.states import bf16_optimizer
 from ..specs.backends import job_deepspeed_fp32
 from ..specs.job import TORCH_SEMANTICS, Job
 from ..train.precision import torch_precision
@@ -53,8 +54,9 @@ def check_zero_traceable(job: Job, estimated_total_bytes: float) -> None:
         raise SpecError("precision.mode", job.precision.mode, "DeepSpeed runs fp16 on GPUs only; trace mixed-bf16 "
                                                               "here (the estimate treats both alike but for the loss "
                                                               "scaler's overflow checks)")
-    if job.precision.grad_dtype == "fp32":
-        raise SpecError("precision.grad_dtype", "fp32", "fp32 main gradients are not traced yet; use param")
+    if job.precision.grad_dtype == "fp32" and not (bf16_optimizer(job) and par.zero == 1):
+        raise SpecError("precision.grad_dtype", "fp32", "fp32 gradients are traced as DeepSpeed's BF16 optimizer: "
+                                                        "mixed-bf16, backend deepspeed, zero 1")
     if estimated_total_bytes > MAX_ZERO_TRACE_BYTES:
         raise SpecError("model", job.model.name,
                         f"a DeepSpeed trace allocates real memory ({estimated_total_bytes / 2**30:.1f} GiB over "
@@ -123,8 +125,8 @@ def _trace_rank(job: Job, rank: int, world: int) -> TraceResult:
                 with tracker.optimizer_step():
                     return inner_step(*args, **kwargs)
             zero.optimizer.step = host_step
-        if job.parallel.zero == 1:      # ZeRO-1 reduces once backward is over: measure the gradients before
-            reduce = zero.reduce_gradients
+        if job.parallel.zero == 1 and hasattr(zero, "reduce_gradients"):   # ZeRO-1 reduces once backward is over:
+            reduce = zero.reduce_gradients                                    # measure the gradients before
 
             def measured_reduce(*args, **kwargs):
                 hooks.reduced_grads = _storage_bytes([p.grad for p in engine.module.parameters()])
@@ -215,8 +217,11 @@ def _offload_host_tensors(zero) -> list:
 
 
 def _grad_bytes(zero) -> int:
-    """The 16-bit gradients ZeRO-2 and ZeRO-3 hold when the backward ends: this rank's partition
-    (`averaged_gradients`; stage 3: its flat gradient partitions)."""
+    """The gradients ZeRO-2 and ZeRO-3 hold when the backward ends: this rank's 16-bit partition
+    (`averaged_gradients`; stage 3: its flat gradient partitions); the BF16 optimizer: its whole fp32 buffer and
+    the bf16 gradients beside it."""
+    if hasattr(zero, "fp32_groups_gradients_flat"):
+        return _storage_bytes(list(zero.fp32_groups_gradients_flat) + [p.grad for g in zero.bf16_groups for p in g])
     if hasattr(zero, "grad_partitions_flat_buffer"):
         return _storage_bytes([zero.grad_partitions_flat_buffer])
     return _storage_bytes(t for grads in zero.averaged_gradients.values() for t in (grads or []))
