@@ -33,14 +33,14 @@ def matrix() -> list[tuple[str, dict]]:
 
     def add(name, model, mode="amp-bf16", b=2, accum=1, rec="none", att="flash", opt="adamw", impl=None,
             momentum=0.9, dropout=None, dp=1, zero=0, lora=None, compress="none", tp=1, sp=False, pp=1,
-            schedule="1f1b", method="lora", vpp=1, bucket_mb=25.0, grads="param", offload="none"):
+            schedule="1f1b", method="lora", vpp=1, bucket_mb=25.0, grads="param", offload="none", backend=None):
         if dropout is not None:
             model = dict(model, dropout=dropout)
         finetune = {"method": method, "rank": 8, "targets": lora} if lora else {}
         rows.append((name, {"model": model, "batch": {"micro_batch": b, "global_batch": b * accum * dp},
                             "precision": {"mode": mode, "grad_dtype": grads}, "optimizer": {"name": opt, "impl": impl, "momentum": momentum},
                             "parallel": {"zero": zero, "offload": offload, "tp": tp, "sp": sp, "pp": pp, "vpp": vpp,
-                                                         "schedule": schedule},
+                                         "schedule": schedule, "backend": backend},
                             "cluster": {"count": dp * tp * pp},
                             "finetune": finetune, "training": {"bucket_cap_mb": bucket_mb},
                             "memory": {"recompute": rec, "attention": att, "program": "cpu",
@@ -211,6 +211,11 @@ def matrix() -> list[tuple[str, dict]]:
     add("llama-s256/ds-zero3/mixed-bf16/full/accum2", ds_llama, mode="mixed-bf16", rec="full", accum=2, dp=2, zero=3)
     add("llama-v1000/ds-zero3/mixed-bf16/selective/b4/dp4", dict(ds_llama, vocab=1000), mode="mixed-bf16",
         rec="selective", b=4, dp=4, zero=3, bucket_mb=4.0)
+    # DeepSpeed's BF16 optimizer (fp32 gradient accumulation at ZeRO-1): its fp32 buffer, and its all-reduce's cast
+    add("gpt/ds-bf16opt/mixed-bf16/none", SMALL_GPT, mode="mixed-bf16", grads="fp32", dp=2, zero=1,
+        backend="deepspeed")
+    add("llama-s256/ds-bf16opt/mixed-bf16/full/accum2", ds_llama, mode="mixed-bf16", grads="fp32", rec="full",
+        accum=2, dp=2, zero=1, backend="deepspeed")
     # DeepSpeed's ZeRO-Offload: fp32 states, gradients and the step on the host
     add("gpt/ds-zero2-offload/mixed-bf16/none", SMALL_GPT, mode="mixed-bf16", dp=2, zero=2, offload="optimizer")
     add("llama-s256/ds-zero1-offload/mixed-bf16/full/accum2", ds_llama, mode="mixed-bf16", rec="full", accum=2,
