@@ -264,11 +264,15 @@ def optimizer_step(t: StageTerms):
     if masters or np.any(ds32):
         n = trainable_per_device(job, t.stage)
         dp = np.asarray(1 if par.dp is None else par.dp)
-        # DeepSpeed steps one flat fp32 partition: its fp32 gradient replaces the 16-bit one, and the optimizer's
-        # temporaries are copies of the whole partition (for-loop: two, foreach: one, fused: none)
+        # DeepSpeed steps one flat fp32 partition, made from its 16-bit gradient partition, which it keeps through
+        # the step (ZeRO-1/2's contiguous buffer): a flat 16-bit copy cast to fp32 (in fp32 the copy is the
+        # gradient), then the optimizer's temporaries, copies of the whole partition (for-loop: two, foreach: one,
+        # fused: none). Traced on gloo ranks: a ZeRO-2 step held 2 bytes a parameter over dp more than the maximum
+        # of the two had said.
         flat = {"for-loop": 2, "foreach": 1, "fused": 0}[optimizer_impl(job)] if job.optimizer.name != "sgd" else 0
         partition = np.where(held.ds.fixed > 0, 0.0, held.ds.partition)     # (ZeRO-3's: in persistent)
-        deepspeed = persistent + 4 * n / dp + np.maximum(partition, flat * 4 * n / dp)
+        cast_copy = np.where(ds32, 0.0, partition)
+        deepspeed = persistent + partition + 4 * n / dp + np.maximum(cast_copy, flat * 4 * n / dp)
         replicas = np.where(held.main_grads, step, step + 4 * n - grads_full) if masters else step  # (fp32 copies
         step = np.where(np.asarray(par.zero) == 0, replicas, np.where(masters | ds32, deepspeed, step))  # of 16-bit)
     return np.where(np.asarray(par.offload) != "none", persistent + grads_full, step)   # offload: step on the host
