@@ -21,6 +21,7 @@ import numpy as np
 
 from ..specs.backends import job_deepspeed_fp32
 from ..specs.job import Job
+from .comm import is_megatron
 from .stage_terms import StageTerms, ddp_buckets, degrees, optimizer_impl, stage_terms, trainable_per_device
 from .states import bf16_optimizer, vocab_per_rank
 from .zero_buffers import accumulated_grad_bytes, largest_matrix, pipelined_fsdp
@@ -264,15 +265,17 @@ def optimizer_step(t: StageTerms):
     if masters or np.any(ds32):
         n = trainable_per_device(job, t.stage)
         dp = np.asarray(1 if par.dp is None else par.dp)
-        # DeepSpeed steps one flat fp32 partition, made from its 16-bit gradient partition, which it keeps through
-        # the step (ZeRO-1/2's contiguous buffer): a flat 16-bit copy cast to fp32 (in fp32 the copy is the
+        # DeepSpeed steps one flat fp32 partition, made from its 16-bit gradient partition, which its engine keeps
+        # through the step (ZeRO-1/2's contiguous buffer): a flat 16-bit copy cast to fp32 (in fp32 the copy is the
         # gradient), then the optimizer's temporaries, copies of the whole partition (for-loop: two, foreach: one,
         # fused: none). Traced on gloo ranks: a ZeRO-2 step held 2 bytes a parameter over dp more than the maximum
-        # of the two had said.
+        # of the two had said. (Megatron's distributed optimizer, modelled only, shards its one gradient buffer in
+        # place: nothing kept beside it.)
         flat = {"for-loop": 2, "foreach": 1, "fused": 0}[optimizer_impl(job)] if job.optimizer.name != "sgd" else 0
         partition = np.where(held.ds.fixed > 0, 0.0, held.ds.partition)     # (ZeRO-3's: in persistent)
+        kept = np.where(is_megatron(job), 0.0, partition)
         cast_copy = np.where(ds32, 0.0, partition)
-        deepspeed = persistent + partition + 4 * n / dp + np.maximum(cast_copy, flat * 4 * n / dp)
+        deepspeed = persistent + kept + 4 * n / dp + np.maximum(cast_copy, flat * 4 * n / dp)
         replicas = np.where(held.main_grads, step, step + 4 * n - grads_full) if masters else step  # (fp32 copies
         step = np.where(np.asarray(par.zero) == 0, replicas, np.where(masters | ds32, deepspeed, step))  # of 16-bit)
     return np.where(np.asarray(par.offload) != "none", persistent + grads_full, step)   # offload: step on the host
