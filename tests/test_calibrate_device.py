@@ -2,6 +2,7 @@
 a few steps of the job's blocks. The measurement itself needs a GPU (benchmarks/gpu_check.sh runs it); here, what
 a CPU can check: that a GPU is matched to its catalog row from the name and capacity nvidia-smi reports, and that
 the probe is a job the runner trains on one device."""
+import dataclasses
 import json
 
 import pytest
@@ -47,8 +48,8 @@ def test_the_probe_is_the_jobs_blocks_on_one_device_and_the_runner_trains_it(tmp
     assert 1 <= probe.model.layers < 70 and probe.precision.mode == "mixed-bf16"
 
     def peak(layers):
-        return estimate_result(probe.replace(model=probe.model.__class__(**{**probe.model.__dict__,
-                                                                           "layers": layers}))).memory.device_peak_bytes
+        deeper = probe.replace(model=dataclasses.replace(probe.model, layers=layers))
+        return estimate_result(deeper).memory.device_peak_bytes
     assert peak(probe.model.layers) <= PROBE_SHARE * capacity < peak(probe.model.layers + 1)
 
     small, _ = Job.from_dict({"model": {"layers": 3, "hidden": 64, "heads": 4, "vocab": 256, "seq_len": 32},

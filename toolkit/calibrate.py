@@ -168,8 +168,6 @@ def calibrate(job: Job | None, nproc: int, out_path, gpu_only: bool = False) -> 
     from .trace.ranks import trace_on_ranks
     if gpu_only and not torch.cuda.device_count():
         raise SpecError("--gpu-only", True, "needs a CUDA GPU on this host; leave it out to calibrate the CPU cores")
-    if gpu_only and (job is None or not job.model.has_shape):
-        raise SpecError("--gpu-only", True, "needs --config JOB.yaml: the probe trains the job's blocks")
     job = job or Job()
     rows = []
     if not gpu_only:

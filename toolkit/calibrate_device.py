@@ -153,7 +153,8 @@ def _probe_run(job_dict: dict, out: str) -> dict:
     from .train.loop import Trainer
     job = prepare_run(Job.from_dict(job_dict), out, 1)
     kept = [o for o in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "").split(",") if o and "expandable_segments" not in o]
-    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = ",".join(kept + ["expandable_segments:True"] * job.memory.expandable_segments)
+    expandable = ["expandable_segments:True"] if job.memory.expandable_segments else []
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = ",".join(kept + expandable)
     # (read at CUDA's first allocation; a user's own expandable setting would blur the two probes)
     with pinned(rank_threads(1), "cuda"):
         Trainer(job, out, rank_threads(1), progress=False).fit(checkpoints=False)
