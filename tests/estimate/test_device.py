@@ -1,15 +1,17 @@
 """What a GPU holds beyond the tensors (toolkit.estimate.device), checked against published nvidia-smi readings,
 the process groups torch really creates, and the planner's and doctor's use of it."""
 import dataclasses
+import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
 from benchmarks.gpu_memory_published import EMBEDDING_SLOTS, bloom, titan
 from benchmarks.gpu_memory_published import _catalog as published_catalog
-from toolkit.estimate.device import comm_groups
+from toolkit.estimate.device import assumptions_for, comm_groups
 from toolkit.estimate.report import estimate
 from toolkit.plan import search
 from toolkit.plan.doctor import diagnose_job
@@ -116,6 +118,39 @@ def test_process_groups_are_those_torch_creates_for_the_mesh():
                              "cluster": {"accelerator": "A100-80GB", "count": 8}}).resolve()[0]
         # (with cp the gradients reduce over dp × cp, which takes the place of the mesh's plain dp group)
         assert comm_groups(job)[0] == torch_count, (layout, torch_count)
+
+
+def test_deepspeeds_pipeline_engine_communicates_on_the_groups_counted(tmp_path):
+    """A first-stage rank of DeepSpeed's pipeline engine (dp 2 x tp 2 x pp 2, tied embeddings, bf16 ZeRO-1, clipping)
+    runs collectives on six groups, recorded on 8 gloo ranks (record_ds_groups.py): Megatron's tensor-parallel
+    group and DeepSpeed's own slice group over the same ranks, the replica's model-parallel group, dp, the tied
+    embedding's group and the pipe group (the last two over the same two ranks). The estimate counts those and the
+    world group, which Megatron-DeepSpeed's training loop barriers on (megatron/training.py, print_datetime)."""
+    out = tmp_path / "groups.json"
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "8",
+                           str(Path(__file__).with_name("record_ds_groups.py")), str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    recorded = json.loads(out.read_text())
+    assert sorted(map(len, recorded)) == [2, 2, 2, 2, 2, 4]
+    job = Job.from_dict({"model": {"layers": 4, "hidden": 64, "heads": 4, "vocab": 64, "seq_len": 8},
+                         "precision": {"mode": "mixed-bf16"}, "batch": {"micro_batch": 1, "global_batch": 4},
+                         "parallel": {"dp": 2, "tp": 2, "pp": 2, "zero": 1, "backend": "deepspeed"},
+                         "cluster": {"accelerator": "A100-80GB", "count": 8}}).resolve()[0]
+    assert comm_groups(job)[0] == len(recorded) + 1
+
+
+def test_nccl_opens_the_channels_its_logs_show_and_a_communicator_holds_what_was_measured():
+    """Channels: 24 on 8 x A100 SXM4 (NVIDIA/nccl-tests#100's log, `Channel 23/24`), 32 on 8 x H100 (NVIDIA/nccl#1685);
+    two over PCIe (NVIDIA/nccl-tests#228). One communicator on A100: NVIDIA/nccl#964 measured 544 MB (2 ranks) and 688 MB (4 ranks) on
+    rank 0 of 4 x A100 with NVLink, through torch, after one all-reduce. The model's ring and tree connections give
+    less than either, by under a third (the 16 channels it assumed before gave 308 MB, 43 % under the smaller)."""
+    cat = load_catalog()
+    channels = {name: assumptions_for(cat.accelerator(name)).comm_channels
+                for name in ("A100-80GB", "A100-40GB", "H100-SXM", "RTX-4090")}
+    assert channels == {"A100-80GB": 24, "A100-40GB": 24, "H100-SXM": 32, "RTX-4090": 2}
+    one = assumptions_for(cat.accelerator("A100-80GB")).comm_group_bytes
+    assert 688e6 * 2 / 3 < one < 544e6
 
 
 def test_pipeline_ranks_talk_to_their_neighbours():

@@ -64,8 +64,9 @@ class DeviceAssumptions:
     (PyTorch CUDA semantics notes). Assumed; range 0–0.1 (GMLake's virtual-memory stitching, the same idea,
     leaves almost none)."""
     comm_channels: int = 16
-    """Channels an NCCL collective communicator connects, ring and tree each. Assumed; NCCL picks 2–32 by
-    topology (NVLink nodes use the most; NCCL_MIN_NCHANNELS / NCCL_MAX_NCHANNELS bound it)."""
+    """Channels an NCCL collective communicator connects, ring and tree each. NVIDIA GPUs take it from their
+    intra-node link (`nvlink_channels`); elsewhere assumed: NCCL picks 2–32 by topology (NCCL_MIN_NCHANNELS /
+    NCCL_MAX_NCHANNELS bound it)."""
     p2p_channels: int = 2
     """Channels per pipeline peer (NCCL_NCHANNELS_PER_NET_PEER defaults to 2)."""
     communicator_bytes: float | None = None
@@ -91,9 +92,28 @@ _XLA = DeviceAssumptions(context_bytes=0.0, workspace_bytes=0.0, fragmentation=0
 """TPUs: XLA plans every buffer ahead of the step and has no caching allocator or NCCL; nothing is added."""
 
 
+NCCL_MAX_CHANNELS = 32
+"""NCCL's MAXCHANNELS (src/include/device.h): no communicator opens more."""
+NVLINK_LINK_BYTES_PER_S = 50e9
+"""One NVLink link, both directions (NVLink2, 3 and 4 alike: V100's 6 links make its 300 GB/s, A100's 12 its 600,
+H100's 18 its 900)."""
+
+
+def nvlink_channels(link_bytes_per_s: float) -> int:
+    """The channels NCCL opens for a collective over a node's GPUs: two per NVLink link, up to its 32. Logged:
+    24 on 8 × A100 SXM4 with NVSwitch (12 links; NVIDIA/nccl-tests#100, `Channel 23/24`) and on 4 × A100 with
+    NVLink (NVIDIA/nccl#1785, confirmed there by an NCCL maintainer); 32 per pair on 8 × H100 (18 links;
+    NVIDIA/nccl#1685); 2 over PCIe (NVIDIA/nccl-tests#228's log: channels 00 and 01 on 8 GPUs through shared
+    memory). Groups that span nodes may open fewer (2 nodes of 2 H20 opened 8: NVIDIA/nccl#1189); not modelled."""
+    links = link_bytes_per_s / NVLINK_LINK_BYTES_PER_S
+    return int(min(NCCL_MAX_CHANNELS, max(2, 2 * links)))
+
+
 def assumptions_for(accelerator: Accelerator) -> DeviceAssumptions:
     """The device terms of a catalog row: its measured `device_memory`, else the defaults of its stack."""
     base = DeviceAssumptions()
+    if accelerator.vendor.lower() == "nvidia" and accelerator.link_bw_bytes_per_s:
+        base = DeviceAssumptions(comm_channels=nvlink_channels(accelerator.link_bw_bytes_per_s))
     if accelerator.vendor.lower() == "google":
         base = _XLA
     elif accelerator.vendor.lower() == "huawei":
@@ -117,7 +137,13 @@ def comm_groups(job: Job):
     gradients reduce over), tensor, context; and for tied embeddings across pipeline stages, the group of the
     first and last stage that sums their gradients (Megatron's embedding group). A 1-D layout's group is the
     world group itself. Pipeline ranks talk to two neighbours (one at a plain pipeline's ends, but the first
-    stage of an interleaved schedule also talks to the last)."""
+    stage of an interleaved schedule also talks to the last).
+
+    DeepSpeed's pipeline engine (a PipelineModule, as Megatron-DeepSpeed builds its GPT) communicates on groups of
+    its own besides: the pipe group its loss is broadcast over, the model-parallel group of a replica's stages its
+    gradient norm sums over, and with tp its own slice group, which gathers the partitioned activations and
+    gradients it passes between stages (deepspeed/runtime/pipe/engine.py and topology.py; recorded on gloo ranks:
+    tests/estimate/test_device.py). Each is a communicator of its own beside Megatron's tensor-parallel group."""
     par = job.parallel
     dp = np.asarray(1 if par.dp is None else par.dp)
     tp, pp, cp, vpp = (np.asarray(v) for v in (par.tp, par.pp, par.cp, par.vpp))
@@ -125,7 +151,9 @@ def comm_groups(job: Job):
     one_dim = (dims <= 1) & (pp == 1)
     world = (dp * tp * pp * cp > 1).astype(int)
     tied = (pp > 1) & bool(job.model.tie_embeddings) if job.model.has_shape else np.zeros_like(pp, dtype=bool)
-    groups = np.where(one_dim, world, world + dims + tied)
+    deepspeed_pipe = (pp > 1) & (par.backend == "deepspeed")      # (inferred, pp is Megatron's)
+    engine = np.where(deepspeed_pipe, 2 + (tp > 1), 0)
+    groups = np.where(one_dim, world, world + dims + tied + engine)
     peers = np.where(pp == 1, 0, np.where((pp > 2) | (vpp > 1), 2, 1))
     return groups, peers
 
