@@ -142,9 +142,10 @@ def test_deepspeeds_pipeline_engine_communicates_on_the_groups_counted(tmp_path)
 
 def test_nccl_opens_the_channels_its_logs_show_and_a_communicator_holds_what_was_measured():
     """Channels: 24 on 8 x A100 SXM4 (NVIDIA/nccl-tests#100's log, `Channel 23/24`), 32 on 8 x H100 (NVIDIA/nccl#1685);
-    two over PCIe (NVIDIA/nccl-tests#228). One communicator on A100: NVIDIA/nccl#964 measured 544 MB (2 ranks) and 688 MB (4 ranks) on
-    rank 0 of 4 x A100 with NVLink, through torch, after one all-reduce. The model's ring and tree connections give
-    less than either, by under a third (the 16 channels it assumed before gave 308 MB, 43 % under the smaller)."""
+    two over PCIe (NVIDIA/nccl-tests#228). One communicator on A100: NVIDIA/nccl#964 measured 544 MB (2 ranks) and
+    688 MB (4 ranks) on rank 0 of 4 x A100 with NVLink, through torch, after one all-reduce. The model's ring and tree
+    connections give less than either, by under a third (the 16 channels it assumed before gave 308 MB, 43 % under
+    the smaller)."""
     cat = load_catalog()
     channels = {name: assumptions_for(cat.accelerator(name)).comm_channels
                 for name in ("A100-80GB", "A100-40GB", "H100-SXM", "RTX-4090")}
