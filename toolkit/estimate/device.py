@@ -167,6 +167,8 @@ class DeviceMemory:
     comm_bytes: float | np.ndarray
     comm_groups: int | np.ndarray
     p2p_peers: int | np.ndarray
+    comm_channels: int = 0
+    """NCCL channels each collective communicator connects (0 where the library is not NCCL's design)."""
 
     @property
     def reserved_bytes(self):
@@ -182,7 +184,7 @@ class DeviceMemory:
         """The parts above the tensors, for the estimate's JSON and its memory chart."""
         return {"workspace_bytes": self.workspace_bytes, "fragmentation_bytes": self.fragmentation_bytes,
                 "context_bytes": self.context_bytes, "comm_bytes": self.comm_bytes,
-                "comm_groups": self.comm_groups, "p2p_peers": self.p2p_peers}
+                "comm_groups": self.comm_groups, "p2p_peers": self.p2p_peers, "comm_channels": self.comm_channels}
 
 
 def device_memory(job: Job, allocated_bytes, accelerator: Accelerator) -> DeviceMemory:
@@ -195,4 +197,5 @@ def device_memory(job: Job, allocated_bytes, accelerator: Accelerator) -> Device
     comm = groups * a.comm_group_bytes + peers * a.p2p_peer_bytes
     return DeviceMemory(allocated_bytes=allocated_bytes, workspace_bytes=a.workspace_bytes,
                         fragmentation_bytes=fragmentation, context_bytes=a.context_bytes, comm_bytes=comm,
-                        comm_groups=groups, p2p_peers=peers)
+                        comm_groups=groups, p2p_peers=peers,
+                        comm_channels=0 if a.communicator_bytes is not None else a.comm_channels)

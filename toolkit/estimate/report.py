@@ -181,8 +181,9 @@ def _device_note(held, job: Job) -> str:
             f"{' with expandable segments' if job.memory.expandable_segments else ''}, "
             f"+{held.workspace_bytes / gib:.2f} GiB cuBLAS workspaces: reserved {held.reserved_bytes / gib:.1f} GiB), "
             f"the CUDA context ({held.context_bytes / gib:.2f} GiB) and communication buffers "
-            f"({held.comm_bytes / gib:.2f} GiB for {int(held.comm_groups)} group(s) and {int(held.p2p_peers)} pipeline "
-            f"peer(s)): {held.device_bytes / gib:.1f} GiB as nvidia-smi shows it; the fit is decided on that")
+            f"({held.comm_bytes / gib:.2f} GiB for {int(held.comm_groups)} group(s)"
+            f"{f' of {held.comm_channels} NCCL channels' if held.comm_channels else ''} and {int(held.p2p_peers)} "
+            f"pipeline peer(s)): {held.device_bytes / gib:.1f} GiB as nvidia-smi shows it; the fit is decided on that")
 
 
 def _overlap_note(job: Job, overlap: dict) -> str:
