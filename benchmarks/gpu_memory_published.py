@@ -36,9 +36,10 @@ Each published figure is compared with the estimate's figure of the same definit
   trainer logs `max_reserved_gib`). And Trainy's Llama 3.1 8B on 4 and 8 nodes of 8 H200 (FSDP2 over all of them,
   local batch 2, torch.compile, Float8 with FSDP's float8 all-gather, the 8B config's per-op selective
   checkpointing, sequence 8192; "Memory(GiB)" at the 100th step): benchmarks/llama3_8b_h200_2025-06_torchtitan.md
-  (2025-06). Its two rows read about 22 GiB under the estimate: the activations of per-op checkpointing, which the
-  same layout without torch.compile and Float8 matches on H100 (the fsdp8 sac row), are what compiled blocks keep
-  less of; the cause is not checked.
+  (2025-06). Its two rows read about 22 GiB under the estimate, though the same policy without torch.compile and
+  Float8 is matched on H100 (the fsdp8 sac row). A block compiled under that policy keeps what the eager one does
+  but its last matmul's output, which its backward never reads (checked on CPU, torch 2.13): about 4 GiB of it.
+  The rest is not explained.
 
 torchtitan's "selective" rows use its per-op policy (train_configs/llama3_8b.toml: `mode = 'selective'`,
 `selective_ac_option = 'op'`), which the estimate models as `recompute: selective-op` (the runner's program keeps the same tensors).
