@@ -151,7 +151,7 @@ def comm_groups(job: Job):
     one_dim = (dims <= 1) & (pp == 1)
     world = (dp * tp * pp * cp > 1).astype(int)
     tied = (pp > 1) & bool(job.model.tie_embeddings) if job.model.has_shape else np.zeros_like(pp, dtype=bool)
-    deepspeed_pipe = (pp > 1) & (par.backend == "deepspeed")      # (inferred, pp is Megatron's)
+    deepspeed_pipe = (pp > 1) & (par.backend == "deepspeed")      # (only where named: inferred, pp is Megatron's)
     engine = np.where(deepspeed_pipe, 2 + (tp > 1), 0)
     groups = np.where(one_dim, world, world + dims + tied + engine)
     peers = np.where(pp == 1, 0, np.where((pp > 2) | (vpp > 1), 2, 1))
