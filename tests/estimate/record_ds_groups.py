@@ -24,7 +24,7 @@ COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor"
 used: dict[int, list[int]] = {}
 
 
-def record(name, fn):
+def record(fn):
     def wrapped(*args, **kwargs):
         group = kwargs.get("group")
         group = dist.group.WORLD if group is None else group
@@ -39,7 +39,7 @@ def main(out: str) -> None:
         if fn is not None:
             for module in (c10d, dist):
                 if getattr(module, name, None) is fn:
-                    setattr(module, name, record(name, fn))
+                    setattr(module, name, record(fn))
     import deepspeed
     from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
     from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology

@@ -111,13 +111,13 @@ def nvlink_channels(link_bytes_per_s: float) -> int:
 
 def assumptions_for(accelerator: Accelerator) -> DeviceAssumptions:
     """The device terms of a catalog row: its measured `device_memory`, else the defaults of its stack."""
-    base = DeviceAssumptions()
-    if accelerator.vendor.lower() == "nvidia" and accelerator.link_bw_bytes_per_s:
-        base = DeviceAssumptions(comm_channels=nvlink_channels(accelerator.link_bw_bytes_per_s))
-    if accelerator.vendor.lower() == "google":
+    vendor, base = accelerator.vendor.lower(), DeviceAssumptions()
+    if vendor == "google":
         base = _XLA
-    elif accelerator.vendor.lower() == "huawei":
+    elif vendor == "huawei":
         base = DeviceAssumptions(communicator_bytes=HCCL_COMMUNICATOR_BYTES)
+    elif vendor == "nvidia" and accelerator.link_bw_bytes_per_s:
+        base = DeviceAssumptions(comm_channels=nvlink_channels(accelerator.link_bw_bytes_per_s))
     measured = accelerator.device_memory
     if not measured:
         return base
