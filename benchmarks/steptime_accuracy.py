@@ -30,6 +30,23 @@ from toolkit.estimate.steptime import hardware_for, step_time  # noqa: E402
 from toolkit.specs import Job, SpecError, load_catalog  # noqa: E402
 
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "measured-throughput.json"
+THROUGHPUT_KINDS = ("step_s", "tflops_per_gpu", "tokens_per_s_per_gpu")
+
+
+def load_rows(reference: Path) -> list[dict]:
+    """The throughput rows of the reference file and of every file in measured/ beside it (memory rows skipped).
+    A row whose recompute the source leaves out takes its `fallback`, said in its note."""
+    rows = json.loads(reference.read_text())["rows"]
+    for extra in sorted((reference.parent / "measured").glob("*.json")):
+        rows += json.loads(extra.read_text())["rows"]
+    out = []
+    for row in rows:
+        if row["measured"]["kind"] not in THROUGHPUT_KINDS:
+            continue
+        if row["memory"].get("recompute") is None and "fallback" in row:
+            row = {**row, "memory": {**row["memory"], "recompute": row["fallback"]["memory.recompute"]}}
+        out.append(row)
+    return out
 
 CORRECTIONS = {
     "opt175b-s2.4-992": ({"batch": {"micro_batch": 8}, "model": {"dropout": 0.1}},
@@ -64,6 +81,8 @@ def measured_step_s(row: dict, job: Job) -> float:
     measured = row["measured"]
     if measured["kind"] == "step_s":
         return float(measured["value"])
+    if measured["kind"] == "tokens_per_s_per_gpu":
+        return row["batch"]["global_batch"] * job.model.seq_len / (measured["value"] * job.cluster.count)
     m, b = job.model, row["batch"]["global_batch"]                   # the published batch
     s, L, h, V = m.seq_len, m.layers, m.hidden, m.vocab
     convention = measured["convention"]
@@ -230,7 +249,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="loops of train, calibrate, compare per layout")
     parser.add_argument("--variants-only", action="store_true", help="of the runs, only the one-profile variants")
     args = parser.parse_args()
-    rows = json.loads(Path(args.reference).read_text())["rows"]
+    rows = load_rows(Path(args.reference))
     results = evaluate(rows)
     print(f"{'run':40} {'measured s':>11} {'model s':>9} {'error':>8}")
     for r in results:

@@ -173,13 +173,17 @@ def test_energy_line(catalog):
 
 
 def test_an_assumed_network_is_said_in_the_notes(catalog):
-    """Across nodes without a figure the model assumes 200 Gb/s per device and says so; a job inside one node,
-    or with the network given (or an offer that has one), does not carry the note."""
-    def notes(**cluster):
+    """Across nodes without a figure the model takes the accelerator's reference system (DGX A100: 200 Gb/s a GPU,
+    DGX H100: 400) and says so, or assumes 200 Gb/s where the catalog row has none; a job inside one node, or with
+    the network given (or an offer that has one), does not carry the note."""
+    def notes(accelerator="A100-80GB", **cluster):
         data = {"model": {"preset": "llama2-7b"}, "precision": {"mode": "mixed-bf16"},
-                "cluster": {"accelerator": "A100-80GB", **cluster}}
+                "cluster": {"accelerator": accelerator, **cluster}}
         return [n for n in estimate(Job.from_dict(data, catalog), catalog)["notes"] if n.startswith("network")]
-    assert len(notes(count=64)) == 1 and "200 Gb/s per device assumed" in notes(count=64)[0]
+    assert len(notes(count=64)) == 1 and "200 Gb/s per device, A100-80GB's reference system (NVIDIA DGX A100" \
+        in notes(count=64)[0]
+    assert "400 Gb/s per device, H100-SXM's reference system (NVIDIA DGX H100" in notes("H100-SXM", count=64)[0]
+    assert "200 Gb/s per device assumed" in notes("MI300X", count=64)[0]
     assert notes(count=8) == []
     assert notes(count=64, inter_node_bw_bytes_per_s=8 * 25e9) == []
 

@@ -15,26 +15,55 @@ from .params import count_params, linear_params_per_layer
 from .states import bytes_per_param
 from .zero_buffers import pipelined_fsdp
 
-__all__ = ["ring_s", "latency_s", "ring_attention_s", "is_megatron", "backends", "overlap_settings",
+__all__ = ["ring_s", "latency_s", "placement", "bus_bw_bytes_per_s", "ring_attention_s", "is_megatron", "backends", "overlap_settings",
            "data_parallel_s", "tp_collectives_per_block", "tp_embedding_collectives", "TP_HEAD_COLLECTIVES",
            "TP_LOSS_COLLECTIVES"]
 
 
-def ring_s(volume_factor, size_bytes, n, bw, a):
-    """Bandwidth time of a ring collective moving volume_factor·(n−1)/n·size over bandwidth bw."""
+def ring_s(volume_factor, size_bytes, n, bus_bw):
+    """Bandwidth time of a ring collective moving volume_factor·(n−1)/n·size at bus bandwidth bus_bw (bytes/s,
+    achieved: `bus_bw_bytes_per_s`)."""
     n = np.asarray(n, dtype=float)
-    return np.where(n > 1, volume_factor * np.maximum(n - 1, 0) / np.maximum(n, 1) * size_bytes
-                    / (bw * a.link_efficiency), 0.0)
+    return np.where(n > 1, volume_factor * np.maximum(n - 1, 0) / np.maximum(n, 1) * size_bytes / bus_bw, 0.0)
 
 
-def latency_s(n, gpus_per_node: int, a):
-    """Start-up cost of one all-reduce over n ranks: a ring inside the node, a tree across nodes (as NCCL
-    picks for large groups), there and back."""
+def placement(n, stride, gpus_per_node: int):
+    """(ranks per node, nodes) of a process group of n ranks whose members sit `stride` global ranks apart (the
+    product of the axes inside it: tp for cp, tp·cp for dp, ...), ranks filling nodes in order as Megatron and
+    torch's DeviceMesh place them."""
+    n, stride = np.asarray(n, dtype=float), np.asarray(stride, dtype=float)
+    per_node = np.clip(np.floor(gpus_per_node / stride), 1, None)
+    per_node = np.minimum(per_node, n)
+    return per_node, np.ceil(n / per_node)
+
+
+def bus_bw_bytes_per_s(n, stride, hw, a):
+    """Achieved bus bandwidth of a ring (or tree) collective over a group (nccl-tests' busbw). Inside a node: the
+    device's link at link_efficiency. Across nodes, every rank's traffic leaves through the NICs of its node,
+    and a ring enters and leaves each node once per channel: with r of the group's ranks on a node, their r
+    NICs carry its traffic side by side, so the bus bandwidth is r × the per-device network at
+    network_efficiency, capped by the link inside the node. (A group with one rank per node, e.g. dp beside tp
+    8, gets one NIC.)"""
+    per_node, nodes = placement(n, stride, hw.gpus_per_node)
+    intra = hw.intra_bw_bytes_per_s * a.link_efficiency
+    inter = np.minimum(intra, per_node * hw.inter_bw_bytes_per_s * a.network_efficiency)
+    return np.where(nodes > 1, inter, intra)
+
+
+def latency_s(n, stride, gpus_per_node: int, a, kind: str = "all_reduce"):
+    """Start-up cost of one collective over n ranks as NCCL picks its algorithm: a ring costs a hop per rank
+    (twice round for an all-reduce: reduce-scatter then all-gather), a hop between nodes at latency_inter_s; an
+    all-reduce across nodes may take a tree instead (a ring inside each node, log2(nodes) levels between nodes,
+    up and down), whichever starts sooner. All-gather and reduce-scatter run on rings."""
     n = np.asarray(n, dtype=float)
-    inside = np.minimum(n, gpus_per_node)
-    nodes = np.maximum(n / gpus_per_node, 1)
-    return np.where(n > 1, 2 * (inside - 1) * a.latency_intra_s + 2 * np.ceil(np.log2(nodes)) * a.latency_inter_s,
-                    0.0)
+    per_node, nodes = placement(n, stride, gpus_per_node)
+    rounds = 2 if kind == "all_reduce" else 1
+    ring = rounds * ((n - nodes) * a.latency_intra_s + nodes * np.where(nodes > 1, a.latency_inter_s,
+                                                                       a.latency_intra_s))
+    if kind == "all_reduce":
+        tree = 2 * (per_node - 1) * a.latency_intra_s + 2 * np.ceil(np.log2(nodes)) * a.latency_inter_s
+        ring = np.where(nodes > 1, np.minimum(ring, tree), ring)
+    return np.where(n > 1, ring - np.where(nodes > 1, 0.0, rounds * a.latency_intra_s), 0.0)
 
 
 TP_HEAD_COLLECTIVES = 1
@@ -76,13 +105,14 @@ def tp_embedding_collectives(job: Job):
 
 
 def ring_attention_s(job: Job, a, micro_tokens, attention_s, bw):
+    # bw: a rank's achieved point-to-point bandwidth to its neighbour (bytes/s)
     """Context parallelism's ring, per block: each of cp − 1 steps passes this rank's keys and values on
     (forward), and keys, values and their gradients in backward (3× the forward's bytes); the ring overlaps this
     with the attention products, so only what exceeds them shows, plus each step's latency (Liu et al. 2023)."""
     m, cp = job.model, np.asarray(job.parallel.cp)
     elem = job.precision.plan.compute_bytes
     kv_bytes = 2 * micro_tokens / cp * m.kv_heads_ * m.head_dim_ / np.asarray(job.parallel.tp) * elem
-    ring_s = 3 * (cp - 1) * kv_bytes / (bw * a.link_efficiency)
+    ring_s = 3 * (cp - 1) * kv_bytes / bw
     return np.where(cp > 1, np.maximum(ring_s - attention_s, 0.0) + 3 * (cp - 1) * a.latency_intra_s, 0.0)
 
 
@@ -116,16 +146,21 @@ def overlap_settings(job: Job) -> dict:
     return {"grad_reduce": grad, "param_gather": gather, "tp_comm": np.asarray(ov.tp_comm)}
 
 
-def data_parallel_s(job: Job, hw, a, trainable, n, bw, accum, micro_s, units):
-    """(all, exposed) seconds of gradient reduction and parameter gathers over n replicas, as each backend runs
-    them: DDP all-reduces once a step (no_sync while accumulating), Megatron (its distributed optimizer keeps a
-    whole fp32 gradient buffer) and ZeRO-1 reduce(-scatter) once a step; ZeRO-2/3 of FSDP2 and DeepSpeed
-    reduce-scatter every micro-batch, as sharded gradients cannot accumulate whole. ZeRO-3 gathers in every micro-batch's forward and backward, FSDP2's ZeRO-2 in its forward; ZeRO-1,
+def data_parallel_s(job: Job, hw, a, trainable, n, stride, accum, micro_s, units):
+    """(all, exposed) seconds of gradient reduction and parameter gathers over n replicas whose ranks sit
+    `stride` apart, as each backend runs them: DDP all-reduces once a step (no_sync while accumulating), Megatron
+    (its distributed optimizer keeps a whole fp32 gradient buffer) and ZeRO-1 reduce(-scatter) once a step;
+    ZeRO-2/3 of FSDP2 and DeepSpeed reduce-scatter every micro-batch, as sharded gradients cannot accumulate
+    whole. ZeRO-3 gathers in every micro-batch's forward and backward, FSDP2's ZeRO-2 in its forward; ZeRO-1,
     DeepSpeed's ZeRO-2 and Megatron's distributed optimizer gather the updated shards once after the step
     (torch's ZeRO-1 broadcasts them). FSDP2 under a pipeline schedule gathers each block once a step (its first
     forward) and reduce-scatters once, after the stage's last backward, with nothing left to hide behind.
-    Overlapped, a collective hides bucket by bucket (a gather: block by block) behind its micro-batch's backward
-    (a gather: its compute; after the step: the next forward); the last bucket always shows."""
+
+    Overlap: a micro-batch's collectives share one network and one compute window. Gathers prefetched block by
+    block and reduce-scatters issued block by block queue on the same NICs, so what hides is their sum against
+    the micro-batch's compute (`hidden_s`): the first block's gather and the last block's reduction always
+    show. DDP's once-a-step all-reduce hides behind the last micro-batch's backward, bucket by bucket; gathers
+    after the step behind the next forward."""
     zero = np.asarray(job.parallel.zero)
     megatron, deepspeed, torch_ = backends(job)
     ov = overlap_settings(job)
@@ -137,36 +172,57 @@ def data_parallel_s(job: Job, hw, a, trainable, n, bw, accum, micro_s, units):
         linear = job.model.layers * linear_params_per_layer(job.model) / count_params(job.model).total
         gather_b = gather_b * (1 - linear) + 1.0 * linear
     g = hw.gpus_per_node
-    latency = latency_s(n, np.maximum(g // np.asarray(job.parallel.tp), 1), a)
+    bus = bus_bw_bytes_per_s(n, stride, hw, a)
+    scatters = ~((zero == 0) | (torch_ & (zero == 1)))          # the rest all-reduce (2x the bytes)
+    reduce_latency = np.where(scatters, latency_s(n, stride, g, a, "reduce_scatter"), latency_s(n, stride, g, a))
+    gather_latency = latency_s(n, stride, g, a, "all_gather")
     if a.fsdp_collective_s is not None:          # measured as FSDP2 issues a block's collectives (calibrate)
-        latency = np.where(torch_ & (zero >= 2), a.fsdp_collective_s, latency)
+        reduce_latency = np.where(torch_ & (zero >= 2), a.fsdp_collective_s, reduce_latency)
+        gather_latency = np.where(torch_ & (zero >= 2), a.fsdp_collective_s, gather_latency)
     grad_bytes = trainable * grad_b
     # DDP and DeepSpeed reduce in buckets of bucket_bytes; FSDP2 reduce-scatters each wrapped block on its own
     buckets = np.where(torch_ & (zero >= 2), units, np.maximum(np.ceil(grad_bytes / a.bucket_bytes), 1))
-    scatters = ~((zero == 0) | (torch_ & (zero == 1)))          # the rest all-reduce (2x the bytes)
     reduce_bw = np.where(scatters & (a.reduce_scatter_bw_bytes_per_s is not None),
-                         a.reduce_scatter_bw_bytes_per_s or 1.0, bw)
-    reduce_s = ring_s(np.where(scatters, 1.0, 2.0), grad_bytes, n, reduce_bw, a) \
-        + buckets * latency
+                         a.reduce_scatter_bw_bytes_per_s or 1.0, bus)
+    reduce_s = ring_s(np.where(scatters, 1.0, 2.0), grad_bytes, n, reduce_bw) + buckets * reduce_latency
+    gather_s = ring_s(1.0, trainable * gather_b, n, a.gather_bw_bytes_per_s or bus) + units * gather_latency
     # sharded gradients cannot accumulate whole; Megatron's distributed optimizer accumulates in a full fp32
     # buffer and reduce-scatters once (its "ZeRO-2" shards only what the step keeps)
     piped = pipelined_fsdp(job)
-    reduce_events = np.where((zero >= 2) & ~megatron & ~piped, accum, 1)
-    hidden = np.maximum(reduce_s - micro_s * 2 / 3 * (1 - 1 / buckets), reduce_s / buckets)
-    reduce_exposed = reduce_events * np.where(ov["grad_reduce"] & ~piped, hidden, reduce_s)
-
-    gather_s = ring_s(1.0, trainable * gather_b, n, a.gather_bw_bytes_per_s or bw, a) + units * latency
-    per_micro = np.where(piped, 0, np.where(zero == 3, 2, np.where((zero == 2) & torch_, 1, 0)))  # sharded: every
-    micro_gathers = per_micro * gather_s                  # one micro-batch's gathers                    # forward
-    micro_exposed = np.where(ov["param_gather"], np.maximum(micro_gathers - micro_s * (1 - 1 / units),
-                                                            micro_gathers / units), micro_gathers)
-    after_step = (zero >= 1) & (per_micro == 0) & ~piped
+    reduce_every_micro = (zero >= 2) & ~megatron & ~piped
+    gathers_per_micro = np.where(piped, 0, np.where(zero == 3, 2, np.where((zero == 2) & torch_, 1, 0)))
+    # ---- every micro-batch: its gathers and (sharded) reductions in its compute window ----
+    micro_comm = gathers_per_micro * gather_s + np.where(reduce_every_micro, reduce_s, 0.0)
+    edges = np.where(gathers_per_micro > 0, gather_s / units, 0.0) + np.where(reduce_every_micro,
+                                                                              reduce_s / buckets, 0.0)
+    both = ov["param_gather"] & np.where(reduce_every_micro, ov["grad_reduce"], True)
+    micro_exposed = np.where(both, hidden_s(micro_comm, micro_s, edges), micro_comm)
+    # a backend that overlaps only one of the two: that one hides alone, the other shows whole
+    one_side = ~both & (ov["param_gather"] | ov["grad_reduce"])
+    gathers_only = gathers_per_micro * gather_s
+    reduces_only = np.where(reduce_every_micro, reduce_s, 0.0)
+    micro_exposed = np.where(one_side & ov["param_gather"], hidden_s(gathers_only, micro_s, gather_s / units)
+                             + reduces_only, micro_exposed)
+    micro_exposed = np.where(one_side & ov["grad_reduce"] & ~ov["param_gather"], gathers_only
+                             + hidden_s(reduces_only, micro_s * 2 / 3, reduce_s / buckets), micro_exposed)
+    # ---- once a step: the reduction (DDP, ZeRO-1, Megatron) in the last backward, gathers after the step ----
+    step_reduce = np.where(reduce_every_micro, 0.0, reduce_s)
+    step_reduce_exposed = np.where(ov["grad_reduce"] & ~piped, hidden_s(step_reduce, micro_s * 2 / 3,
+                                                                        step_reduce / buckets), step_reduce)
+    after_step = (zero >= 1) & (gathers_per_micro == 0) & ~piped
     ahead = ov["param_gather"] & ~(torch_ & (zero == 1))  # ZeroRedundancyOptimizer's broadcast never hides
-    after_exposed = np.where(ahead, np.maximum(gather_s - micro_s / 3 * (1 - 1 / units), gather_s / units), gather_s)
+    after_exposed = np.where(ahead, hidden_s(gather_s, micro_s / 3, gather_s / units), gather_s)
     once = np.where(piped, gather_s, 0.0)                 # pipelines: the first forward's, block by block
-    once_exposed = np.where(ov["param_gather"], np.maximum(once - micro_s * (1 - 1 / units), once / units), once)
-    total = reduce_events * reduce_s + accum * micro_gathers + np.where(after_step, gather_s, 0.0) + once
-    exposed = reduce_exposed + accum * micro_exposed + np.where(after_step, after_exposed, 0.0) + once_exposed
+    once_exposed = np.where(ov["param_gather"], hidden_s(once, micro_s, once / units), once)
+    total = accum * micro_comm + step_reduce + np.where(after_step, gather_s, 0.0) + once
+    exposed = accum * micro_exposed + step_reduce_exposed + np.where(after_step, after_exposed, 0.0) + once_exposed
     # over one rank FSDP2 still runs each collective's copies and hooks (fsdp_collective_s, when calibrated)
     paid = (np.asarray(n) > 1) | (torch_ & (zero >= 2))
     return np.where(paid, total, 0.0), np.where(paid, exposed, 0.0)
+
+
+def hidden_s(comm_s, window_s, edge_s):
+    """What shows of `comm_s` seconds of collectives issued piece by piece beside `window_s` seconds of compute:
+    the pieces that do not fit in the window, and at least the edge (the first gather before any compute, the
+    last reduction after it)."""
+    return np.maximum(comm_s - window_s, 0.0) + np.minimum(edge_s, comm_s)

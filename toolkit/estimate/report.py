@@ -15,7 +15,7 @@ from .params import count_params
 from .result import ComputePart, CostPart, Estimate, MemoryPart, ModelPart, TimePart
 from .states import job_stage_layers, model_state_bytes, params_per_device
 from .spot import spot_run
-from .steptime import (ASSUMED_NETWORK_BITS_PER_DEVICE, hardware_for, node_network_bytes_per_s, overlap_settings,
+from .steptime import (ASSUMED_NETWORK_BITS_PER_DEVICE, hardware_for, network_figure, overlap_settings,
                        step_time)
 
 __all__ = ["estimate", "estimate_result"]
@@ -106,10 +106,17 @@ def _time_part(job: Job, catalog: Catalog, accelerator, compute: ComputePart, pe
     work = compute.total_flops if compute.total_flops is not None else (flops.flops_6nd if flops else None)
     hw = hardware_for(job, catalog) if per_token is not None else None
     steps = step_time(job, hw) if hw is not None else None
-    if hw is not None and devices > job.cluster.gpus_per_node and node_network_bytes_per_s(job, catalog) is None:
-        notes.append(f"network across nodes: {ASSUMED_NETWORK_BITS_PER_DEVICE / 1e9:.0f} Gb/s per device assumed "
-                     "(DGX A100 class), not a published figure for this cluster: give "
-                     "cluster.inter_node_bw_bytes_per_s or an offer (--offer) whose row has one")
+    if hw is not None and devices > job.cluster.gpus_per_node:
+        net, where = network_figure(job, catalog)
+        per_device = net * 8 / job.cluster.gpus_per_node / 1e9
+        if where == "accelerator":
+            notes.append(f"network across nodes: {per_device:.0f} Gb/s per device, {accelerator.name}'s reference "
+                         f"system ({accelerator.network_source.split(':')[0]}); give cluster.inter_node_bw_bytes_per_s "
+                         "or an offer (--offer) for your cluster's")
+        elif where == "assumed":
+            notes.append(f"network across nodes: {ASSUMED_NETWORK_BITS_PER_DEVICE / 1e9:.0f} Gb/s per device assumed "
+                         "(DGX A100 class), not a published figure for this cluster: give "
+                         "cluster.inter_node_bw_bytes_per_s or an offer (--offer) whose row has one")
     step = {}
     if steps is not None:
         overlap = {k: bool(v) for k, v in overlap_settings(job).items()}

@@ -44,15 +44,16 @@ import numpy as np
 from ..specs.catalog import Catalog
 from ..specs.errors import SpecError
 from ..specs.job import Job, compute_dtype
-from .comm import (TP_HEAD_COLLECTIVES, TP_LOSS_COLLECTIVES, data_parallel_s, is_megatron, latency_s,
-                   overlap_settings, ring_attention_s, ring_s, tp_collectives_per_block, tp_embedding_collectives)
+from .comm import (TP_HEAD_COLLECTIVES, TP_LOSS_COLLECTIVES, bus_bw_bytes_per_s, data_parallel_s, is_megatron,
+                   latency_s, overlap_settings, ring_attention_s, ring_s, tp_collectives_per_block,
+                   tp_embedding_collectives)
 from .flops import flops_per_token
 from .phases import optimizer_impl
 from .states import (adapter_params_per_layer, bytes_per_param, job_stage_layers, model_state_bytes,
                      params_per_device)
 
 __all__ = ["Hardware", "Assumptions", "StepTime", "hardware_for", "step_time", "block_matmul_shapes", "op_units",
-           "node_network_bytes_per_s", "ASSUMED_NETWORK_BITS_PER_DEVICE", "thin_factor"]
+           "node_network_bytes_per_s", "network_figure", "ASSUMED_NETWORK_BITS_PER_DEVICE", "thin_factor"]
 
 
 @dataclass(frozen=True)
@@ -65,11 +66,15 @@ class Assumptions:
     projection on the last stage that run comes out 6 % slow, and raising the fraction to fit it would make
     the rest of the measured runs faster than measured (benchmarks/steptime_accuracy.py)."""
     link_efficiency: float = 0.8
-    """Share of a link's nominal one-way bandwidth a ring collective achieves (NCCL bus bandwidth)."""
+    """Share of the intra-node link's nominal one-way bandwidth a ring collective achieves (nccl-tests' bus
+    bandwidth inside one node: tests/estimate/test_collectives.py checks it against published runs)."""
+    network_efficiency: float = 0.9
+    """Share of the NICs' nominal bandwidth a collective across nodes achieves (nccl-tests' bus bandwidth over
+    InfiniBand: tests/estimate/test_collectives.py)."""
     latency_intra_s: float = 2e-6
     """Per-hop latency of a ring inside a node (an 8-device all-reduce starts in ~30 µs)."""
     latency_inter_s: float = 10e-6
-    """Per-level latency of a tree across nodes."""
+    """Latency of a hop between nodes (a ring's, or a tree's level)."""
     pcie_bytes_per_s: float = 25e9
     """Host <-> device copies for offload (PCIe 4.0 x16, one direction, achieved)."""
     host_adam_params_per_s: float = 1e9
@@ -158,6 +163,18 @@ def node_network_bytes_per_s(job: Job, catalog: Catalog) -> float | None:
     return catalog.offer(job.cost.offer).network_bw_bytes_per_s if job.cost.offer else None
 
 
+def network_figure(job: Job, catalog: Catalog) -> tuple[float, str]:
+    """(a node's network in bytes/s one way, where the figure comes from): the job's or its offer's; else the
+    accelerator's reference system (its catalog row: DGX A100, DGX H100); else the stated assumption."""
+    given = node_network_bytes_per_s(job, catalog)
+    if given is not None:
+        return given, "given"
+    acc = catalog.accelerator(job.cluster.accelerator) if job.cluster.accelerator else None
+    if acc is not None and acc.network_bits_per_s_per_device:
+        return acc.network_bits_per_s_per_device / 8 * job.cluster.gpus_per_node, "accelerator"
+    return ASSUMED_NETWORK_BITS_PER_DEVICE / 8 * job.cluster.gpus_per_node, "assumed"
+
+
 def hardware_for(job: Job, catalog: Catalog) -> Hardware | None:
     """The figures of a resolved job's accelerator, links and network; None when a figure is unknown."""
     if not job.cluster.accelerator:
@@ -168,7 +185,7 @@ def hardware_for(job: Job, catalog: Catalog) -> Hardware | None:
     intra = cl.intra_node_bw_bytes_per_s or (acc.link_bw_bytes_per_s / 2 if acc.link_bw_bytes_per_s else None)
     if intra is None and cl.count == 1:
         intra = float("inf")                  # one device sends nothing: an unknown link does not matter
-    node_net = node_network_bytes_per_s(job, catalog) or ASSUMED_NETWORK_BITS_PER_DEVICE / 8 * cl.gpus_per_node
+    node_net, _where = network_figure(job, catalog)
     if peak is None or acc.memory_bw_bytes_per_s is None or intra is None:
         return None
     fp8 = acc.peak_flops("fp8") if job.precision.fp8 else None
@@ -370,9 +387,10 @@ def step_time(job: Job, hw: Hardware, a: Assumptions | None = None) -> StepTime:
 
     # ---- where groups sit: tp innermost, then cp, dp, pp (Megatron's order) -----------------------------
     g = hw.gpus_per_node
-    bw = lambda inside: np.where(inside, hw.intra_bw_bytes_per_s, hw.inter_bw_bytes_per_s)  # noqa: E731
-    tp_inside, cp_inside, dp_inside = tp <= g, tp * cp <= g, tp * cp * dp <= g
-    pp_inside = devices <= g
+    p2p_bw = lambda inside: np.where(inside, hw.intra_bw_bytes_per_s * a.link_efficiency,  # noqa: E731
+                                     hw.inter_bw_bytes_per_s * a.network_efficiency)
+    tp_bus = bus_bw_bytes_per_s(tp, 1, hw, a)
+    cp_inside, pp_inside = tp * cp <= g, devices <= g
 
     # ---- one micro-batch on each pipeline rank: first, middle, last (without pipelining all three are one) ----
     # tensor parallel: all-reduces of this rank's tokens' activation, per block as the backend runs them
@@ -380,15 +398,15 @@ def step_time(job: Job, hw: Hardware, a: Assumptions | None = None) -> StepTime:
     # vocabulary-parallel loss's three one-float-per-token reductions
     act_elem = job.precision.plan.compute_bytes
     block_act = micro_tokens / cp * m.hidden * act_elem
-    tp_fixed_s = latency_s(tp, g, a) if a.tp_collective_s is None else np.where(tp > 1, a.tp_collective_s, 0.0)
-    tp_allreduce_s = ring_s(2.0, block_act, tp, bw(tp_inside), a) + tp_fixed_s
+    tp_fixed_s = latency_s(tp, 1, g, a) if a.tp_collective_s is None else np.where(tp > 1, a.tp_collective_s, 0.0)
+    tp_allreduce_s = ring_s(2.0, block_act, tp, tp_bus) + tp_fixed_s
     tp_layer_s = tp_allreduce_s * tp_collectives_per_block(job)
-    tp_loss_s = TP_LOSS_COLLECTIVES * (ring_s(2.0, micro_tokens / cp * 4, tp, bw(tp_inside), a) + tp_fixed_s)
+    tp_loss_s = TP_LOSS_COLLECTIVES * (ring_s(2.0, micro_tokens / cp * 4, tp, tp_bus) + tp_fixed_s)
     bytes_layer = _memory_bound_bytes_per_token(job) * micro_tokens / cp
     single = pp == 1
 
     block_s, head_s, attention_s = _compute_s(job, hw, a, micro_tokens / cp, eff)
-    cp_ring_s = ring_attention_s(job, a, micro_tokens, attention_s, bw(cp_inside))
+    cp_ring_s = ring_attention_s(job, a, micro_tokens, attention_s, p2p_bw(cp_inside))
 
     overlap_tp = overlap_settings(job)["tp_comm"]
 
@@ -414,16 +432,15 @@ def step_time(job: Job, hw: Hardware, a: Assumptions | None = None) -> StepTime:
     # (1F1B and GPipe: (p − 1) stage times when the stages are equal; interleaved: 1/v of that)
     all_ranks = totals[0] + np.maximum(pp - 2, 0) * totals[1] + totals[2]
     bubble_s = np.where(pp > 1, (all_ranks - per_micro_s) / vpp, 0.0)
-    pp_bw = bw(pp_inside)
     # each tensor-parallel rank sends its 1/tp share of the boundary activation (Megatron's scatter-gather)
     pp_latency = np.where(pp_inside, a.latency_intra_s, a.latency_inter_s)
-    pp_s = np.where(pp > 1, 2 * accum * vpp * (block_act / tp / (pp_bw * a.link_efficiency) + pp_latency), 0.0)
+    pp_s = np.where(pp > 1, 2 * accum * vpp * (block_act / tp / p2p_bw(pp_inside) + pp_latency), 0.0)
 
     overhead_s = _overhead_s(job, a, pick_layers, accum, single | (busiest == 2))
 
     # ---- data parallel / ZeRO: over dp × cp (context-parallel ranks hold the same weights) ----------------
     trainable = _trainable(job)
-    dp_s, exposed = data_parallel_s(job, hw, a, trainable, dp * cp, bw(dp_inside), accum,
+    dp_s, exposed = data_parallel_s(job, hw, a, trainable, dp * cp, tp, accum,
                                     (compute_s + memory_s) / accum, np.maximum(pick_layers, 1))
     optimizer_s = _optimizer_s(job, hw, a, trainable, dp * cp)
 

@@ -44,6 +44,11 @@ class Accelerator:
     assumptions: dict[str, Any] | None = None
     """Figures measured on this device that replace the step-time model's assumptions (toolkit calibrate writes
     them: gemm_fraction, link_efficiency, latency_intra_s, op_overhead_s, ...)."""
+    network_bits_per_s_per_device: float | None = None
+    """Network across nodes in the device's reference system, bits/s per device one way (DGX A100: 8 × 200 Gb/s
+    for 8 GPUs): the default when neither the job nor its offer gives a figure."""
+    network_source: str | None = None
+    """Where network_bits_per_s_per_device comes from."""
     device_memory: dict[str, Any] | None = None
     """Figures measured on this device that replace the device-memory assumptions (toolkit.estimate.device:
     context_bytes, workspace_bytes, fragmentation, comm_channels, ...)."""
@@ -130,6 +135,8 @@ _UNITS = {   # field: (lowest plausible, highest plausible, the fix when a figur
     "network_bw_bytes_per_s": (1e8, 1e14, "is in bytes per second per instance and this looks like Gb/s: write "
                                           "3,200 Gb/s as 400e9"),
     "tdp_w": (1, 1e4, "is in watts per device"),
+    "network_bits_per_s_per_device": (1e8, 1e14, "is in bits per second per device and this looks like Gb/s: write "
+                                                 "400 Gb/s as 400e9"),
 }
 """A unit slip (GB for bytes, Gb/s for bytes per second) is off by 10^9 or more: outside these ranges a figure
 is refused with the fix, instead of a 1,000,000,000-fold answer."""
