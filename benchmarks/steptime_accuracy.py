@@ -15,8 +15,14 @@ measured median step.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import datetime
 import itertools
+import math
+import platform
+import subprocess
 import json
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -29,7 +35,15 @@ from toolkit.estimate.params import count_params  # noqa: E402
 from toolkit.estimate.steptime import hardware_for, step_time  # noqa: E402
 from toolkit.specs import Job, SpecError, load_catalog  # noqa: E402
 
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "measured-throughput.json"
+REFERENCE = Path(__file__).resolve().parent / "reference" / "measured-throughput.json"
+"""A copy of ../shared/reference (its sources are in each row), so a clone reproduces every figure."""
+SOURCES = {"fms-fsdp-compile": "fms-fsdp", "fms-fsdp-eager": "fms-fsdp"}
+"""Source groups that are one publication (a table published twice): left out together."""
+
+
+def source_of(row: dict) -> str:
+    group = row.get("source_group") or row.get("group")
+    return "torchtune" if group.startswith("torchtune") else SOURCES.get(group, group)
 THROUGHPUT_KINDS = ("step_s", "tflops_per_gpu", "tokens_per_s_per_gpu")
 
 
@@ -72,8 +86,10 @@ def job_of(row: dict) -> Job:
     replicas = batch["micro_batch"] * parallel.get("dp", 1)
     if batch["global_batch"] % replicas:     # OPT: 2M tokens on 124 replicas; the nearest whole batch, said below
         batch["global_batch"] = round(batch["global_batch"] / replicas) * replicas
+    finetune = {k: v for k, v in row.get("finetune", {}).items() if k in ("method", "rank", "targets")}
     return Job.from_dict({"model": model, "batch": batch, "parallel": parallel, "memory": row["memory"],
-                          "precision": row["precision"], "optimizer": {"name": row["optimizer"]}, "cluster": cluster})
+                          "precision": row["precision"], "optimizer": {"name": row["optimizer"]}, "cluster": cluster,
+                          "finetune": finetune})
 
 
 def measured_step_s(row: dict, job: Job) -> float:
@@ -96,17 +112,23 @@ def measured_step_s(row: dict, job: Job) -> float:
     return flops / (measured["value"] * 1e12 * job.cluster.count)
 
 
-def evaluate(rows: list[dict]) -> list[dict]:
+def evaluate(rows: list[dict], sustained: float | None = None) -> list[dict]:
+    """Each row modelled against its measurement; `sustained` replaces the kernel profiles' sustained_fraction
+    (the one figure fitted on training runs) where given."""
     catalog = load_catalog()
     out = []
     for row in rows:
-        entry = {"id": row["id"], "group": row["source_group"]}
+        entry = {"id": row["id"], "group": row["source_group"], "source": source_of(row)}
         try:
             job, _ = job_of(row).resolve(catalog)
         except SpecError as err:
             out.append(dict(entry, refused=str(err)))
             continue
-        st = step_time(job, hardware_for(job, catalog))
+        hw = hardware_for(job, catalog)
+        entry["fitted"] = hw.kernels is not None          # its step depends on the fitted figure
+        if sustained is not None and hw.kernels is not None:
+            hw = dataclasses.replace(hw, kernels=dataclasses.replace(hw.kernels, sustained_fraction=sustained))
+        st = step_time(job, hw)
         measured = measured_step_s(row, job)
         predicted = float(st.step_s)
         notes = [CORRECTIONS[row["id"]][1]] if row["id"] in CORRECTIONS else []
@@ -119,6 +141,36 @@ def evaluate(rows: list[dict]) -> list[dict]:
                         model=f"{job.model.layers}x{job.model.hidden}", breakdown={k: float(v) for k, v in
                                                                                   st.breakdown().items()}))
     return out
+
+
+def source_score(results: list[dict]) -> float:
+    """Mean over sources of each source's mean |log(modelled / measured)|: every source weighs alike, however
+    many rows it has."""
+    by_source: dict[str, list[float]] = {}
+    for r in results:
+        if "error" in r and r["fitted"]:
+            by_source.setdefault(r["source"], []).append(abs(math.log1p(r["error"])))
+    return statistics.mean(statistics.mean(v) for v in by_source.values()) if by_source else 0.0
+
+
+FIT_GRID = [round(0.5 + 0.005 * i, 3) for i in range(101)]
+"""sustained_fraction's candidates, 0.50 to 1.00."""
+
+
+def fit_sustained(rows: list[dict]) -> float:
+    """The sustained_fraction that scores `rows` best (source_score), over FIT_GRID."""
+    return min(FIT_GRID, key=lambda x: source_score(evaluate(rows, x)))
+
+
+def leave_one_source_out(rows: list[dict]) -> tuple[list[dict], dict[str, float]]:
+    """Each source's rows modelled with sustained_fraction fitted on the other sources only: what a source the
+    model never saw would read. Returns the results and the figure each source was scored with."""
+    out, fitted = [], {}
+    for source in sorted({source_of(r) for r in rows}):
+        held = [r for r in rows if source_of(r) == source]
+        fitted[source] = fit_sustained([r for r in rows if source_of(r) != source])
+        out += evaluate(held, fitted[source])
+    return out, fitted
 
 
 def ordered_pairs(results: list[dict]) -> tuple[int, int]:
@@ -241,24 +293,48 @@ def variant_ratios(work: Path, rounds: int = 16) -> list[tuple[str, float, float
     return out
 
 
+def summary(results: list[dict]) -> dict:
+    errors = [abs(r["error"]) for r in results if "error" in r]
+    kept, total = ordered_pairs(results)
+    by_source = {}
+    for src in sorted({r["source"] for r in results}):
+        errs = [abs(r["error"]) for r in results if r["source"] == src and "error" in r]
+        by_source[src] = {"rows": len(errs), "mean_abs_error": statistics.mean(errs) if errs else None,
+                          "max_abs_error": max(errs) if errs else None}
+    return {"rows": len(errors), "refused": len(results) - len(errors), "mean_abs_error": statistics.mean(errors),
+            "median_signed_error": statistics.median(r["error"] for r in results if "error" in r),
+            "max_abs_error": max(errors), "pairs_in_order": [kept, total], "by_source": by_source}
+
+
+def provenance() -> dict:
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=Path(__file__).parent).stdout.strip()
+    return {"date": datetime.date.today().isoformat(), "commit": commit or "unknown",
+            "machine": f"{platform.machine()}, {platform.system()}, {os.cpu_count()} cores, Python {platform.python_version()}"}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--json", metavar="PATH")
+    parser.add_argument("--json", metavar="PATH", help="write the figures and every row here")
     parser.add_argument("--reference", default=str(REFERENCE))
     parser.add_argument("--no-runs", action="store_true", help="skip the self-calibration runs (about 2 minutes a repeat)")
     parser.add_argument("--repeats", type=int, default=3, help="loops of train, calibrate, compare per layout")
     parser.add_argument("--variants-only", action="store_true", help="of the runs, only the one-profile variants")
     args = parser.parse_args()
     rows = load_rows(Path(args.reference))
-    results = evaluate(rows)
-    print(f"{'run':40} {'measured s':>11} {'model s':>9} {'error':>8}")
+    sustained = fit_sustained(rows)
+    results = evaluate(rows, sustained)
+    held_out, per_source = leave_one_source_out(rows)
+    held = {r["id"]: r for r in held_out}
+    print(f"sustained_fraction fitted on all visible sources: {sustained}; left out one at a time: "
+          + ", ".join(f"{k} {v}" for k, v in per_source.items()))
+    print(f"{'run':52} {'measured s':>10} {'model s':>9} {'in-sample':>9} {'held-out':>9}")
     for r in results:
         if "refused" in r:
-            print(f"{r['id']:40} refused: {r['refused']}")
+            print(f"{r['id']:52} refused: {r['refused']}")
         else:
-            print(f"{r['id']:40} {r['measured_s']:11.3f} {r['predicted_s']:9.3f} {r['error']:+8.1%}  {r.get('note', '')}")
-    errors = [abs(r["error"]) for r in results if "error" in r]
-    kept, total = ordered_pairs(results)
+            print(f"{r['id']:52} {r['measured_s']:10.3f} {r['predicted_s']:9.3f} {r['error']:+9.1%} "
+                  f"{held[r['id']]['error']:+9.1%}  {r.get('note', '')}")
     looped, ratios = [], []
     if not args.no_runs:
         import tempfile
@@ -268,14 +344,22 @@ def main() -> None:
         print("\none profile, 1-rank variants against the small GPT (steps interleaved in one process):")
         with tempfile.TemporaryDirectory() as work:
             ratios = variant_ratios(Path(work))
+    inside, outside = summary(results), summary(held_out)
+    print("\nby source (held out: the fitted figure refitted without it):")
+    for src, fig in outside["by_source"].items():
+        ins = inside["by_source"][src]
+        print(f"  {src:32} rows {fig['rows']:3}  in-sample {100 * ins['mean_abs_error']:5.1f} %  "
+              f"held-out {100 * fig['mean_abs_error']:5.1f} % (max {100 * fig['max_abs_error']:.1f} %)")
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
+        Path(args.json).write_text(json.dumps({**provenance(), "fitted": {"sustained_fraction": sustained,
+                                               "left_out": per_source}, "in_sample": inside, "held_out": outside,
+                                               "rows": results, "held_out_rows": held_out}, indent=1) + "\n")
     print()
-    print(f"rows: {len(errors)} of {len(results)} (refused: {len(results) - len(errors)})")
-    print(f"mean |error|: {100 * statistics.mean(errors):.1f} %")
-    print(f"median signed error: {100 * statistics.median(r['error'] for r in results if 'error' in r):+.1f} %")
-    print(f"max |error|: {100 * max(errors):.1f} %")
-    print(f"same-model pairs in measured order: {kept} of {total}")
+    print(f"rows: {outside['rows']} of {outside['rows'] + outside['refused']} (refused: {outside['refused']})")
+    print(f"median signed error (held-out): {100 * outside['median_signed_error']:+.1f} %")
+    print(f"max |error| (held-out): {100 * outside['max_abs_error']:.1f} %")
+    print(f"same-model pairs in measured order (held-out): {outside['pairs_in_order'][0]} of "
+          f"{outside['pairs_in_order'][1]}")
     for ranks in sorted({r for _n, r, _e, _s in looped}):
         worst = max(abs(e) for _n, r, e, _s in looped if r == ranks)
         print(f"self-calibrated max |error|, {ranks} rank(s): {100 * worst:.1f} %")
@@ -285,6 +369,8 @@ def main() -> None:
         ratio_errors = [abs(p / m - 1) for _n, m, p in ratios]
         print(f"self-calibrated variant ratio mean |error|: {100 * statistics.mean(ratio_errors):.1f} %")
         print(f"self-calibrated variant ratio max |error|: {100 * max(ratio_errors):.1f} %")
+    print(f"in-sample mean |error|: {100 * inside['mean_abs_error']:.1f} %")
+    print(f"held-out mean |error|: {100 * outside['mean_abs_error']:.1f} %")
 
 
 if __name__ == "__main__":

@@ -61,6 +61,7 @@ OVERRIDES = {
     "overlap_tp_comm": ("overlap", "tp_comm", Overlap),
     "recompute": ("memory", "recompute", MemoryOptions), "act_compress": ("memory", "act_compress", MemoryOptions),
     "attention": ("memory", "attention", MemoryOptions),
+    "attention_kernel": ("memory", "attention_kernel", MemoryOptions),
     "headroom": ("memory", "headroom_fraction", MemoryOptions),
     "expandable_segments": ("memory", "expandable_segments", MemoryOptions),
     "gpus_per_node": ("cluster", "gpus_per_node", Cluster),

@@ -44,10 +44,12 @@ import numpy as np
 from ..specs.catalog import Catalog
 from ..specs.errors import SpecError
 from ..specs.job import Job, compute_dtype
-from .comm import (TP_HEAD_COLLECTIVES, TP_LOSS_COLLECTIVES, bus_bw_bytes_per_s, data_parallel_s, is_megatron,
+from .comm import (TP_HEAD_COLLECTIVES, TP_LOSS_COLLECTIVES, backends, bus_bw_bytes_per_s, data_parallel_s,
+                   is_megatron,
                    latency_s, overlap_settings, ring_attention_s, ring_s, tp_collectives_per_block,
                    tp_embedding_collectives)
 from .flops import flops_per_token
+from .kernels import FA_BACKWARD_FACTOR, KernelProfile, attention_fraction, attention_kernel_of, gemm_s, kernel_profile
 from .phases import optimizer_impl
 from .states import (adapter_params_per_layer, bytes_per_param, job_stage_layers, model_state_bytes,
                      params_per_device)
@@ -145,6 +147,9 @@ class Hardware:
     """Peak the matmuls run at when it differs (FP8 matmuls with bf16 everything else); None = peak_flops."""
     assumptions: Assumptions | None = None
     """Figures measured on this device (its catalog row's `assumptions`), used in place of the defaults."""
+    kernels: KernelProfile | None = None
+    """What the device's kernels achieve (toolkit/data/kernels.yaml), for a catalog GPU that has a profile and no
+    measured figures of its own; memory_bw_bytes_per_s is then the achieved bandwidth."""
 
     @property
     def gemm_peak(self) -> float:
@@ -189,7 +194,9 @@ def hardware_for(job: Job, catalog: Catalog) -> Hardware | None:
     if peak is None or acc.memory_bw_bytes_per_s is None or intra is None:
         return None
     fp8 = acc.peak_flops("fp8") if job.precision.fp8 else None
-    measured = None
+    measured, kernels = None, None
+    if not acc.assumptions:
+        kernels = kernel_profile(acc.name)
     if acc.assumptions:
         known = {f.name for f in dataclasses.fields(Assumptions)}
         wrong = sorted(set(acc.assumptions) - known)
@@ -197,9 +204,10 @@ def hardware_for(job: Job, catalog: Catalog) -> Hardware | None:
             raise SpecError(f"{acc.name}.assumptions.{wrong[0]}", acc.assumptions[wrong[0]],
                             f"unknown figure; allowed: {', '.join(sorted(known))}")
         measured = dataclasses.replace(Assumptions(), **acc.assumptions)
-    return Hardware(peak_flops=peak, memory_bw_bytes_per_s=acc.memory_bw_bytes_per_s, intra_bw_bytes_per_s=intra,
+    memory_bw = acc.memory_bw_bytes_per_s * (kernels.memory_fraction if kernels else 1.0)
+    return Hardware(peak_flops=peak, memory_bw_bytes_per_s=memory_bw, intra_bw_bytes_per_s=intra,
                     inter_bw_bytes_per_s=node_net / cl.gpus_per_node, gpus_per_node=cl.gpus_per_node,
-                    matmul_peak_flops=fp8, assumptions=measured)
+                    matmul_peak_flops=fp8, assumptions=measured, kernels=kernels)
 
 
 @dataclass(frozen=True)
@@ -280,9 +288,17 @@ def block_matmul_shapes(job: Job) -> list[tuple]:
 
 
 def _gemm_efficiency(job: Job, hw: Hardware, a: Assumptions):
-    """FLOPs of a block's matmuls divided by their roofline time, as a share of peak."""
+    """FLOPs of a block's matmuls divided by their time, as a share of peak: with a kernel profile, each product's
+    forward, input-gradient and weight-gradient shapes priced as the device runs them (`kernels.gemm_s`); else on
+    the roofline at gemm_fraction."""
     elem = job.precision.plan.compute_bytes
     shapes = block_matmul_shapes(job)
+    if hw.kernels is not None:
+        flops = sum(3 * 2.0 * x * y * z for x, y, z in shapes)
+        def run(m, k, n):  # noqa: E306
+            return gemm_s(m, k, n, hw.gemm_peak, hw.memory_bw_bytes_per_s, elem, hw.kernels)
+        seconds = sum(run(x, y, z) + run(x, z, y) + run(y, x, z) for x, y, z in shapes)  # forward, dgrad, wgrad
+        return flops / (seconds * hw.gemm_peak)
     flops = sum(2.0 * x * y * z for x, y, z in shapes)
     seconds = sum(_roofline_s(x, y, z, elem, hw, a) for x, y, z in shapes)
     return flops / (seconds * hw.gemm_peak)
@@ -293,6 +309,8 @@ def _attention_efficiency(job: Job, hw: Hardware, a: Assumptions):
     chip and runs compute-bound; an eager core writes and reads the s×s scores of every head, so q·kᵀ and
     probs·v are two batched matmuls with an inner or outer dimension of one head (d = 64–128): on an A100
     (ridge ~150 FLOP/byte in 16 bits) they are bound by memory, not by FLOPs."""
+    if job.memory.attention != "eager" and hw.kernels is not None:
+        return _fused_attention_fraction(job, hw.kernels)
     if job.memory.attention != "eager":
         return a.gemm_fraction if a.attention_fraction is None else a.attention_fraction
     m = job.model
@@ -301,6 +319,19 @@ def _attention_efficiency(job: Job, hw: Hardware, a: Assumptions):
     flops = 2 * (2.0 * s * s * d)                        # q·kᵀ and probs·v of one head
     seconds = _roofline_s(s, d, s, elem, hw, a) + _roofline_s(s, s, d, elem, hw, a)
     return flops / (seconds * hw.gemm_peak)
+
+
+def _fused_attention_fraction(job: Job, prof: KernelProfile):
+    """Share of peak of the fused attention each layout's backend runs here, forward and backward, at the
+    sequence each rank attends over (seq / cp)."""
+    m = job.model
+    seq = m.seq_len / np.asarray(job.parallel.cp)
+    causal = not m.encoder
+    megatron, deepspeed, _torch = backends(job)
+    chosen = job.memory.attention_kernel
+    rate = {b: attention_fraction(prof, attention_kernel_of(prof, b, chosen), seq, m.head_dim_, causal)
+            for b in ("torch", "megatron", "deepspeed")}
+    return np.where(megatron, rate["megatron"], np.where(deepspeed, rate["deepspeed"], rate["torch"]))
 
 
 def _compute_s(job: Job, hw: Hardware, a: Assumptions, tokens, eff):
@@ -320,29 +351,41 @@ def _compute_s(job: Job, hw: Hardware, a: Assumptions, tokens, eff):
                                [np.where(megatron, tf.layer_matmuls, tf.recompute - tf.attention),
                                 tf.recompute - op_core], 0.0)
     scale = tokens / np.asarray(job.parallel.tp) / hw.gemm_peak
-    # FP8 runs the linear layers only (Transformer Engine): the attention products stay at the 16-bit peak
-    attention_s = tokens / np.asarray(job.parallel.tp) / hw.peak_flops * 3 * tf.attention / job.model.layers \
+    # FP8 runs the linear layers only (Transformer Engine): the attention products stay at the 16-bit peak. A
+    # measured fused kernel's rate is in FlashAttention's count (backward 2.5× the forward); else 2×
+    passes = 1 + (FA_BACKWARD_FACTOR if hw.kernels is not None and job.memory.attention != "eager" else 2.0)
+    attention_s = tokens / np.asarray(job.parallel.tp) / hw.peak_flops * passes * tf.attention / job.model.layers \
         / _attention_efficiency(job, hw, a)
-    block_s = scale * (3 * tf.layer_matmuls + proj_recompute) / job.model.layers / eff \
-        + attention_s * (1 + attn_recompute / (3 * tf.attention))
-    return block_s, scale * 3 * tf.head / eff, attention_s
+    # frozen weights (LoRA, QLoRA) need no weight gradient: forward and input gradient only (the adapters' own
+    # products are a rank-r sliver, left out)
+    passes_w = 2 if job.finetune.adapters else 3
+    block_s = scale * (passes_w * tf.layer_matmuls + proj_recompute) / job.model.layers / eff \
+        + attention_s * (1 + attn_recompute / (passes * tf.attention))
+    return block_s, scale * passes_w * tf.head / eff, attention_s
 
 
-def _memory_bound_bytes_per_token(job: Job):
+def _memory_bound_bytes_per_token(job: Job, eager):
     """Bytes the element-wise kernels of one block move per token in a step: forward, backward (≈ 2× the
     forward; an eager core's counted kernel by kernel) and what recompute runs again (full and per-op: the
     block's forward; selective: the attention core's).
-    Under sequence parallelism the hidden-sized kernels (norms, residual adds, dropout) see s/tp tokens."""
+    Under sequence parallelism the hidden-sized kernels (norms, residual adds, dropout) see s/tp tokens.
+    `eager` (a torch program on a GPU, where no kernel fuses them): RMSNorm runs as Llama's composite of casts,
+    pow, mean, rsqrt and two products in fp32, and rotary embeddings as rotate_half's slices, negation,
+    concatenation, two products and a sum, each kernel reading and writing whole tensors."""
     m, tp = job.model, np.asarray(job.parallel.tp)
     h, q, kv, f = m.hidden, m.heads * m.head_dim_ / tp, m.kv_heads_ * m.head_dim_ / tp, m.ffn_ / tp
     elem = job.precision.plan.compute_bytes
     residual = job.precision.plan.weight_bytes        # (the residual stream keeps the weights' dtype)
     hidden_share = np.where(np.asarray(job.parallel.sp), 1 / tp, 1.0)
-    norms = 2 * 2 * h * residual                        # two norms: read and write the residual stream
+    # fused: read and write the residual stream; composite: x.float() (r, w 4), pow (4, 4), mean (4), x·rsqrt
+    # (4, 4), .to(dtype) (4, elem), weight· (elem, elem)
+    per_norm = np.where(eager & (m.norm == "rmsnorm"), residual + 28 + 3 * elem, 2 * residual)
+    norms = 2 * per_norm * h                            # two norms
     adds = 2 * 3 * h * residual                         # two residual adds: two reads, one write
     dropout = 2 * 3 * h * elem if m.dropout > 0 else 0  # two hidden dropouts: read, write, mask
     act = (5 if m.mlp == "swiglu" else 2) * f * elem    # silu·mul reads gate and up, writes; GELU reads, writes
-    rope = 2 * 2 * (q + kv) * elem if m.position == "rope" else 0
+    # fused: read, write; rotate_half: x·cos (2), slice and negate (2), cat (2), ·sin (2), sum (3) elements
+    rope = np.where(eager, 11, 2) * 2 * (q + kv) * elem / 2 if m.position == "rope" else 0
     casts = 6 * h * elem if job.precision.plan.family == "amp" else 0   # autocast copies of each linear input
     block = (norms + adds + dropout) * hidden_share + act + rope + casts
     core_fwd = core_bwd = 0
@@ -353,6 +396,14 @@ def _memory_bound_bytes_per_token(job: Job):
     again = np.select([recompute == "full", recompute == "selective", recompute == "selective-op"],
                       [block + core_fwd, core_fwd, block + core_fwd], 0)
     return 3 * block + core_fwd + core_bwd + again
+
+
+def _loss_bytes_per_token(job: Job):
+    """Bytes the loss moves per token over this rank's share of the vocabulary: cross-entropy in fp32 over 16-bit
+    logits reads them and writes fp32 log-probabilities, and its backward reads those, writes their fp32
+    gradient and casts it back (2·elem + 16 bytes a logit; fp32 logits: 20)."""
+    elem = job.precision.plan.compute_bytes
+    return job.model.vocab / np.asarray(job.parallel.tp) * (2 * elem + 16)
 
 
 def _eager_core_bytes_per_score(job: Job):
@@ -402,13 +453,16 @@ def step_time(job: Job, hw: Hardware, a: Assumptions | None = None) -> StepTime:
     tp_allreduce_s = ring_s(2.0, block_act, tp, tp_bus) + tp_fixed_s
     tp_layer_s = tp_allreduce_s * tp_collectives_per_block(job)
     tp_loss_s = TP_LOSS_COLLECTIVES * (ring_s(2.0, micro_tokens / cp * 4, tp, tp_bus) + tp_fixed_s)
-    bytes_layer = _memory_bound_bytes_per_token(job) * micro_tokens / cp
+    eager = (hw.kernels is not None) & ~is_megatron(job) & ~backends(job)[1]
+    bytes_layer = _memory_bound_bytes_per_token(job, eager) * micro_tokens / cp
+    loss_s = _loss_bytes_per_token(job) * micro_tokens / cp / hw.memory_bw_bytes_per_s
     single = pp == 1
 
     block_s, head_s, attention_s = _compute_s(job, hw, a, micro_tokens / cp, eff)
     cp_ring_s = ring_attention_s(job, a, micro_tokens, attention_s, p2p_bw(cp_inside))
 
     overlap_tp = overlap_settings(job)["tp_comm"]
+    sustained = hw.kernels.sustained_fraction if hw.kernels is not None else 1.0
 
     def stage(layers, owns_embedding, owns_head):
         owns_embedding, owns_head = owns_embedding | single, owns_head | single
@@ -416,7 +470,8 @@ def step_time(job: Job, hw: Hardware, a: Assumptions | None = None) -> StepTime:
         tp_all_s = tp_layer_s * layers + np.where(owns_embedding, tp_embedding_collectives(job) * tp_allreduce_s, 0.0) \
             + np.where(owns_head, TP_HEAD_COLLECTIVES * tp_allreduce_s + tp_loss_s, 0.0)
         tp_s = np.where(overlap_tp, np.maximum(tp_all_s - matmuls_s, 0.0), tp_all_s)
-        return matmuls_s, bytes_layer * layers / hw.memory_bw_bytes_per_s, tp_s, cp_ring_s * layers
+        memory_s = bytes_layer * layers / hw.memory_bw_bytes_per_s + np.where(owns_head, loss_s, 0.0)
+        return matmuls_s / sustained, memory_s / sustained, tp_s, cp_ring_s * layers
 
     first, middle, last = job_stage_layers(job)
     parts = [stage(first, True, False), stage(middle, False, False), stage(last, False, True)]

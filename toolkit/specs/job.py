@@ -127,6 +127,10 @@ class MemoryOptions:
     attention: Literal["flash", "eager"] = "flash"
     """flash: fused attention (SDPA) that stores no score matrix; eager: explicit ops that store scores,
     softmax and its dropout mask (the Megatron-style block)."""
+    attention_kernel: Literal["fa2", "fa3", "cudnn"] | None = None
+    """The fused attention implementation (FlashAttention-2 or -3, cuDNN's) the step-time model prices; None = the
+    backend's usual one on the device (toolkit/data/kernels.yaml: torch's SDPA runs FlashAttention-2, Megatron-Core
+    on Hopper cuDNN's). Memory is the same for all three."""
     program: Literal["cuda", "cpu"] | None = None
     """Which kernels the activation model follows; None = cuda on an accelerator, cpu without one."""
     act_compress: Literal["none", "int8"] = "none"
