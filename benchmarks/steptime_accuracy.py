@@ -306,6 +306,28 @@ def summary(results: list[dict]) -> dict:
             "max_abs_error": max(errors), "pairs_in_order": [kept, total], "by_source": by_source}
 
 
+def write_band(held_out: list[dict]) -> None:
+    """The 10th and 90th percentiles of the held-out signed errors of each regime, into the band file (the
+    calibrated regime, measured by the self-calibration loop on this machine, is kept as it stands)."""
+    from toolkit.estimate.band import BAND_FILE
+    data = yaml.safe_load(BAND_FILE.read_text())
+    for regime, fitted in (("kernel_profile", True), ("assumed", False)):
+        errors = sorted(r["error"] for r in held_out if "error" in r and r["fitted"] == fitted)
+        deciles = statistics.quantiles(errors, n=10, method="inclusive")
+        low, high = deciles[0], deciles[-1]
+        if len(errors) < 10:                    # too few runs to trust their spread: at least ±50 %
+            low, high = min(low, -0.5), max(high, 0.5)
+        data["regimes"][regime].update(error_low=round(low, 4), error_high=round(high, 4), rows=len(errors))
+    data.update(provenance())
+    BAND_FILE.write_text(BAND_HEADER + yaml.safe_dump(data, sort_keys=False, width=120))
+
+
+BAND_HEADER = """# The step-time model's error band (toolkit/estimate/band.py), WRITTEN BY benchmarks/steptime_accuracy.py
+# --write-band: per regime, the 10th and 90th percentiles of the signed errors (modelled - measured) / measured
+# on the visible sources, each scored leaving its own source out. Do not edit by hand.
+"""
+
+
 def provenance() -> dict:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=Path(__file__).parent).stdout.strip()
@@ -320,6 +342,8 @@ def main() -> None:
     parser.add_argument("--no-runs", action="store_true", help="skip the self-calibration runs (about 2 minutes a repeat)")
     parser.add_argument("--repeats", type=int, default=3, help="loops of train, calibrate, compare per layout")
     parser.add_argument("--variants-only", action="store_true", help="of the runs, only the one-profile variants")
+    parser.add_argument("--write-band", action="store_true", help="write the held-out error band of each regime "
+                        "to toolkit/data/steptime_band.yaml (what `toolkit estimate` shows as step_s_range)")
     args = parser.parse_args()
     rows = load_rows(Path(args.reference))
     sustained = fit_sustained(rows)
@@ -350,6 +374,8 @@ def main() -> None:
         ins = inside["by_source"][src]
         print(f"  {src:32} rows {fig['rows']:3}  in-sample {100 * ins['mean_abs_error']:5.1f} %  "
               f"held-out {100 * fig['mean_abs_error']:5.1f} % (max {100 * fig['max_abs_error']:.1f} %)")
+    if args.write_band:
+        write_band(held_out)
     if args.json:
         Path(args.json).write_text(json.dumps({**provenance(), "fitted": {"sustained_fraction": sustained,
                                                "left_out": per_source}, "in_sample": inside, "held_out": outside,

@@ -91,7 +91,10 @@ def render_estimate(est: dict) -> str:
                if time["mfu"] is not None else ", no MFU given)")]
     if time["step_s"] is not None:
         parts = ", ".join(f"{_PART_NAMES[k]} {v:.3g}" for k, v in time["breakdown"].items() if v > 0)
+        low, high = time.get("step_s_range") or (time["step_s"], time["step_s"])
         out += _rows([("step (modelled)", f"{time['step_s']:.3g} s = {parts} (s)"),
+                      ("likely range", f"{low:.3g}–{high:.3g} s (where measured steps fell on held-out runs, "
+                                       f"{time.get('step_s_regime')} regime)"),
                       ("throughput", f"{time['tokens_per_s']:,.0f} tokens/s, MFU {time['mfu_modelled']:.1%}, "
                                      f"HFU {time['hfu_modelled']:.1%}, matmul efficiency "
                                      f"{time['gemm_efficiency']:.0%} of peak")])

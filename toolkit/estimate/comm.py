@@ -37,17 +37,22 @@ def placement(n, stride, gpus_per_node: int):
     return per_node, np.ceil(n / per_node)
 
 
-def bus_bw_bytes_per_s(n, stride, hw, a):
-    """Achieved bus bandwidth of a ring (or tree) collective over a group (nccl-tests' busbw). Inside a node: the
-    device's link at link_efficiency. Across nodes, every rank's traffic leaves through the NICs of its node,
-    and a ring enters and leaves each node once per channel: with r of the group's ranks on a node, their r
-    NICs carry its traffic side by side, so the bus bandwidth is r × the per-device network at
-    network_efficiency, capped by the link inside the node. (A group with one rank per node, e.g. dp beside tp
-    8, gets one NIC.)"""
+def bus_bw_bytes_per_s(n, stride, hw, a, kind: str = "all_reduce"):
+    """Achieved bus bandwidth of a collective over a group (nccl-tests' busbw: the group's ranks each move
+    vol·(n−1)/n of the buffer). Inside a node: the device's link at link_efficiency, or for an all-reduce the
+    NVLink SHARP figure where the catalog row has one (the switch reduces). Across nodes each node must bring in
+    or send out (k−1)/k of the data over the NICs of the group's r ranks on it, side by side, at
+    network_efficiency; both legs pipeline, so the slower one sets the pace. (One rank a node, as dp beside tp
+    8, gets one NIC; two nodes move half the data across and beat the NICs' own figure, as nccl-tests show.)
+    tests/estimate/test_collectives.py checks this against published nccl-tests runs."""
+    n = np.asarray(n, dtype=float)
     per_node, nodes = placement(n, stride, hw.gpus_per_node)
     intra = hw.intra_bw_bytes_per_s * a.link_efficiency
-    inter = np.minimum(intra, per_node * hw.inter_bw_bytes_per_s * a.network_efficiency)
-    return np.where(nodes > 1, inter, intra)
+    if kind == "all_reduce" and hw.allreduce_bus_bw_bytes_per_s:
+        intra = hw.allreduce_bus_bw_bytes_per_s
+    nics = per_node * hw.inter_bw_bytes_per_s * a.network_efficiency
+    across = nics * ((n - 1) / np.maximum(n, 1)) / np.maximum((nodes - 1) / nodes, 1e-9)
+    return np.where(nodes > 1, np.minimum(intra, across), intra)
 
 
 def latency_s(n, stride, gpus_per_node: int, a, kind: str = "all_reduce"):
@@ -172,7 +177,6 @@ def data_parallel_s(job: Job, hw, a, trainable, n, stride, accum, micro_s, units
         linear = job.model.layers * linear_params_per_layer(job.model) / count_params(job.model).total
         gather_b = gather_b * (1 - linear) + 1.0 * linear
     g = hw.gpus_per_node
-    bus = bus_bw_bytes_per_s(n, stride, hw, a)
     scatters = ~((zero == 0) | (torch_ & (zero == 1)))          # the rest all-reduce (2x the bytes)
     reduce_latency = np.where(scatters, latency_s(n, stride, g, a, "reduce_scatter"), latency_s(n, stride, g, a))
     gather_latency = latency_s(n, stride, g, a, "all_gather")
@@ -182,10 +186,12 @@ def data_parallel_s(job: Job, hw, a, trainable, n, stride, accum, micro_s, units
     grad_bytes = trainable * grad_b
     # DDP and DeepSpeed reduce in buckets of bucket_bytes; FSDP2 reduce-scatters each wrapped block on its own
     buckets = np.where(torch_ & (zero >= 2), units, np.maximum(np.ceil(grad_bytes / a.bucket_bytes), 1))
+    bus = np.where(scatters, bus_bw_bytes_per_s(n, stride, hw, a, "reduce_scatter"), bus_bw_bytes_per_s(n, stride, hw, a))
     reduce_bw = np.where(scatters & (a.reduce_scatter_bw_bytes_per_s is not None),
                          a.reduce_scatter_bw_bytes_per_s or 1.0, bus)
     reduce_s = ring_s(np.where(scatters, 1.0, 2.0), grad_bytes, n, reduce_bw) + buckets * reduce_latency
-    gather_s = ring_s(1.0, trainable * gather_b, n, a.gather_bw_bytes_per_s or bus) + units * gather_latency
+    gather_bus = a.gather_bw_bytes_per_s or bus_bw_bytes_per_s(n, stride, hw, a, "all_gather")
+    gather_s = ring_s(1.0, trainable * gather_b, n, gather_bus) + units * gather_latency
     # sharded gradients cannot accumulate whole; Megatron's distributed optimizer accumulates in a full fp32
     # buffer and reduce-scatters once (its "ZeRO-2" shards only what the step keeps)
     piped = pipelined_fsdp(job)

@@ -14,6 +14,7 @@ from .memory import memory_estimate, memory_notes
 from .params import count_params
 from .result import ComputePart, CostPart, Estimate, MemoryPart, ModelPart, TimePart
 from .states import job_stage_layers, model_state_bytes, params_per_device
+from .band import regime_of, step_range
 from .spot import spot_run
 from .steptime import (ASSUMED_NETWORK_BITS_PER_DEVICE, hardware_for, network_figure, overlap_settings,
                        step_time)
@@ -120,7 +121,9 @@ def _time_part(job: Job, catalog: Catalog, accelerator, compute: ComputePart, pe
     step = {}
     if steps is not None:
         overlap = {k: bool(v) for k, v in overlap_settings(job).items()}
-        step = dict(step_s=steps.step_s, tokens_per_s=steps.tokens_per_s, mfu_modelled=steps.mfu,
+        low, high = step_range(float(steps.step_s), regime_of(hw))
+        step = dict(step_s=steps.step_s, step_s_range=[low, high], step_s_regime=regime_of(hw),
+                    tokens_per_s=steps.tokens_per_s, mfu_modelled=steps.mfu,
                     hfu_modelled=steps.mfu * per_token.hardware / per_token.model, breakdown=steps.breakdown(),
                     gemm_efficiency=steps.gemm_efficiency, overlap=overlap)
         if job.devices > 1:

@@ -72,6 +72,10 @@ class TimePart:
     train_days: float | None = None
     device_hours: float | None = None
     step_s: float | None = None
+    step_s_range: list | None = None
+    """[low, high] seconds: where measured steps fell around the model's on runs it never saw (estimate.band)."""
+    step_s_regime: str | None = None
+    """Which held-out spread step_s_range comes from: kernel_profile, calibrated or assumed."""
     tokens_per_s: float | None = None
     mfu_modelled: float | None = None
     hfu_modelled: float | None = None

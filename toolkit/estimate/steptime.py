@@ -147,6 +147,8 @@ class Hardware:
     """Peak the matmuls run at when it differs (FP8 matmuls with bf16 everything else); None = peak_flops."""
     assumptions: Assumptions | None = None
     """Figures measured on this device (its catalog row's `assumptions`), used in place of the defaults."""
+    allreduce_bus_bw_bytes_per_s: float | None = None
+    """An all-reduce's bus bandwidth inside a node where the switch reduces (NVLink SHARP); None = the link's."""
     kernels: KernelProfile | None = None
     """What the device's kernels achieve (toolkit/data/kernels.yaml), for a catalog GPU that has a profile and no
     measured figures of its own; memory_bw_bytes_per_s is then the achieved bandwidth."""
@@ -207,7 +209,8 @@ def hardware_for(job: Job, catalog: Catalog) -> Hardware | None:
     memory_bw = acc.memory_bw_bytes_per_s * (kernels.memory_fraction if kernels else 1.0)
     return Hardware(peak_flops=peak, memory_bw_bytes_per_s=memory_bw, intra_bw_bytes_per_s=intra,
                     inter_bw_bytes_per_s=node_net / cl.gpus_per_node, gpus_per_node=cl.gpus_per_node,
-                    matmul_peak_flops=fp8, assumptions=measured, kernels=kernels)
+                    matmul_peak_flops=fp8, assumptions=measured, kernels=kernels,
+                    allreduce_bus_bw_bytes_per_s=None if cl.intra_node_bw_bytes_per_s else acc.allreduce_bus_bw_bytes_per_s)
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,9 @@ class Accelerator:
     for 8 GPUs): the default when neither the job nor its offer gives a figure."""
     network_source: str | None = None
     """Where network_bits_per_s_per_device comes from."""
+    allreduce_bus_bw_bytes_per_s: float | None = None
+    """Measured all-reduce bus bandwidth inside one node where the switch reduces (NVLink SHARP on HGX H100/H200),
+    above what the link alone gives a ring; None = the ring's."""
     device_memory: dict[str, Any] | None = None
     """Figures measured on this device that replace the device-memory assumptions (toolkit.estimate.device:
     context_bytes, workspace_bytes, fragmentation, comm_channels, ...)."""
@@ -135,6 +138,8 @@ _UNITS = {   # field: (lowest plausible, highest plausible, the fix when a figur
     "network_bw_bytes_per_s": (1e8, 1e14, "is in bytes per second per instance and this looks like Gb/s: write "
                                           "3,200 Gb/s as 400e9"),
     "tdp_w": (1, 1e4, "is in watts per device"),
+    "allreduce_bus_bw_bytes_per_s": (1e8, 1e14, "is in bytes per second and this looks like GB/s: write 480 GB/s "
+                                                "as 480e9"),
     "network_bits_per_s_per_device": (1e8, 1e14, "is in bits per second per device and this looks like Gb/s: write "
                                                  "400 Gb/s as 400e9"),
 }

@@ -1,0 +1,43 @@
+"""The step-time model's honest error band: the range a measured step fell in, on runs the model never saw.
+
+    low, high = step_range(step_s, regime_of(hw))
+
+benchmarks/steptime_accuracy.py --write-band scores every visible source with the fitted figure refitted without
+it (leave-one-source-out) and writes the 10th and 90th percentiles of the signed errors of each regime to
+toolkit/data/steptime_band.yaml. A modelled step s with errors between e_lo and e_hi was measured between
+s / (1 + e_hi) and s / (1 + e_lo).
+"""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import yaml
+
+__all__ = ["BAND_FILE", "regime_of", "step_range", "band"]
+
+BAND_FILE = Path(__file__).resolve().parents[1] / "data" / "steptime_band.yaml"
+
+
+@functools.cache
+def _bands() -> dict:
+    return yaml.safe_load(BAND_FILE.read_text())
+
+
+def band(regime: str) -> dict:
+    """{error_low, error_high, rows, what}: the regime's held-out signed errors (10th, 90th percentile)."""
+    return _bands()["regimes"][regime]
+
+
+def regime_of(hw) -> str:
+    """kernel_profile: a catalog GPU priced from kernel measurements; calibrated: a device measured by toolkit
+    calibrate; assumed: a catalog device with neither (the model's stated assumptions)."""
+    if hw.kernels is not None:
+        return "kernel_profile"
+    return "calibrated" if hw.assumptions is not None else "assumed"
+
+
+def step_range(step_s, regime: str) -> tuple[float, float]:
+    """(low, high) seconds a step modelled at step_s was measured at, on the regime's held-out runs."""
+    b = band(regime)
+    return step_s / (1 + b["error_high"]), step_s / (1 + b["error_low"])
