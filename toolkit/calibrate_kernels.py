@@ -221,7 +221,7 @@ def elementwise_bw_bytes_per_s(job: Job, dtype: torch.dtype, device: str = "cpu"
     plain = job.replace(memory=dataclasses.replace(job.memory, attention="flash", recompute="none"),
                         model=dataclasses.replace(m, dropout=0.0, position="learned"),
                         parallel=dataclasses.replace(job.parallel, sp=False))
-    return float(_memory_bound_bytes_per_token(plain)) * tokens / timed_s(run, device=device)
+    return float(_memory_bound_bytes_per_token(plain, False)) * tokens / timed_s(run, device=device)
 
 
 def optimizer_params_per_s(job: Job, device: str = "cpu") -> float:

@@ -122,9 +122,9 @@ def test_full_recompute_costs_a_forward(catalog):
 def test_calibration_point_holds(catalog, preset, gpus, pp, vpp, measured_s):
     """Korthikanti et al. 2022 (arXiv 2205.05198), Table 5: selective recompute and sequence parallelism, tp 8,
     one sequence per micro-batch (1T: 512 sequences on 512 A100s in 71.49 s; 175B, interleaved over 3: 64 on 64
-    in 13.75 s). The
-    matmul efficiency was chosen on the 1T run when the head was spread over all stages; with the head on the
-    last stage, as Megatron runs it, the 1T run (2 layers a stage) comes out 6 % slow and the 175B run 4 % fast."""
+    in 13.75 s). Kernels come from kernel measurements; the one figure fitted on training runs
+    (sustained_fraction) was fitted on every visible source, this one included: benchmarks/steptime_accuracy.py
+    scores it with that figure refitted without it (+5.8 % and -1.6 % there)."""
     job, _ = Job.from_dict({"model": {"preset": preset, "dropout": 0.1}, "batch": {"global_batch": gpus,
                             "micro_batch": 1}, "parallel": {"tp": 8, "pp": pp, "vpp": vpp, "sp": True},
                             "cluster": {"accelerator": "A100-80GB", "count": gpus},
@@ -149,10 +149,12 @@ def test_fp8_speeds_the_matmuls_and_is_refused_without_fp8_units(catalog):
     bf16, hw = _job(catalog)
     fp8, hw8 = _job(catalog, precision={"fp8": True})
     a, b = step_time(bf16, hw), step_time(fp8, hw8)
-    assert b.compute_s < 0.6 * a.compute_s                              # H100: 1978.9 vs 989.4 TFLOP/s dense
+    assert b.compute_s < 0.7 * a.compute_s          # H100: 1978.9 vs 989.4 TFLOP/s dense, achieved 71 vs 80 %
     no_attention = _job(catalog, model={"seq_len": 256})                 # (attention ~3 % of the matmuls)
     c, d = step_time(*no_attention), step_time(no_attention[0].replace(precision=fp8.precision), hw8)
-    assert float(d.compute_s) == pytest.approx(float(c.compute_s) / 2, rel=0.04)
+    # FLOP-bound products take 0.5 × 0.803 / 0.709 = 0.57 of the time (MAMF); each product's fixed time and its
+    # operands' bytes do not halve
+    assert 0.57 < float(d.compute_s) / float(c.compute_s) < 0.7
     # attention stays 16-bit: at 32K tokens, where its products dominate, FP8 gains far less than 2x
     long_bf16 = _job(catalog, model={"seq_len": 32768}, batch={"global_batch": 64})
     long_fp8 = step_time(long_bf16[0].replace(precision=fp8.precision), hw8)

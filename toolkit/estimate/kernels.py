@@ -48,6 +48,8 @@ class KernelProfile:
     attention: dict
     """implementation -> [{head_dim, causal, tflops: [...]}] over seq_lens."""
     seq_lens: tuple[int, ...]
+    gemm_fraction_fp8: float | None = None
+    """Best achieved FP8 matmul rate over the FP8 dense peak (MAMF), where the device has FP8 units."""
     sustained_fraction: float = 1.0
     """Share of the kernels' benchmarked rates a whole training step sustains (clocks under the power limit over
     minutes, kernels interleaved with others): the one figure FITTED ON TRAINING RUNS (kernels.yaml says which;
@@ -64,7 +66,8 @@ def _profiles() -> dict[str, KernelProfile]:
                              memory_fraction=row["memory_fraction"], host_op_s=float(row["host_op_s"]),
                              attention_default=row["attention_default"],
                              attention_peak_flops=row["attention_peak_tflops"] * 1e12, attention=row["attention"],
-                             seq_lens=tuple(data["seq_lens"]), sustained_fraction=data["sustained_fraction"])
+                             seq_lens=tuple(data["seq_lens"]), sustained_fraction=data["sustained_fraction"],
+                             gemm_fraction_fp8=row.get("gemm_fraction_fp8"))
         for name in row["accelerators"]:
             out[name.lower()] = prof
     return out

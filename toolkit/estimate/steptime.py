@@ -297,9 +297,12 @@ def _gemm_efficiency(job: Job, hw: Hardware, a: Assumptions):
     elem = job.precision.plan.compute_bytes
     shapes = block_matmul_shapes(job)
     if hw.kernels is not None:
+        prof = hw.kernels
+        if hw.matmul_peak_flops and prof.gemm_fraction_fp8:        # FP8 matmuls at FP8's own achieved share
+            prof = dataclasses.replace(prof, gemm_fraction=prof.gemm_fraction_fp8)
         flops = sum(3 * 2.0 * x * y * z for x, y, z in shapes)
         def run(m, k, n):  # noqa: E306
-            return gemm_s(m, k, n, hw.gemm_peak, hw.memory_bw_bytes_per_s, elem, hw.kernels)
+            return gemm_s(m, k, n, hw.gemm_peak, hw.memory_bw_bytes_per_s, elem, prof)
         seconds = sum(run(x, y, z) + run(x, z, y) + run(y, x, z) for x, y, z in shapes)  # forward, dgrad, wgrad
         return flops / (seconds * hw.gemm_peak)
     flops = sum(2.0 * x * y * z for x, y, z in shapes)
