@@ -5,8 +5,11 @@ an answer. Memory figures are per device, for the busiest device.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ..specs.catalog import Catalog, load_catalog
 from ..specs.job import Job, compute_dtype
+from .band import regime_of, step_range
 from .cost import offer_cost, train_seconds
 from .device import device_memory
 from .flops import PF_DAY_FLOPS, flops_per_token, training_flops
@@ -14,7 +17,6 @@ from .memory import memory_estimate, memory_notes
 from .params import count_params
 from .result import ComputePart, CostPart, Estimate, MemoryPart, ModelPart, TimePart
 from .states import job_stage_layers, model_state_bytes, params_per_device
-from .band import regime_of, step_range
 from .spot import spot_run
 from .steptime import (ASSUMED_NETWORK_BITS_PER_DEVICE, hardware_for, network_figure, overlap_settings,
                        step_time)
@@ -128,6 +130,7 @@ def _time_part(job: Job, catalog: Catalog, accelerator, compute: ComputePart, pe
                     gemm_efficiency=steps.gemm_efficiency, overlap=overlap)
         if job.devices > 1:
             notes.append(_overlap_note(job, overlap))
+        notes.extend(_regime_notes(job, hw))
     if work is not None and peak is not None and job.mfu is not None:
         train_s = train_seconds(work, devices, peak, job.mfu)
         if compute.total_flops is None:
@@ -141,6 +144,20 @@ def _time_part(job: Job, catalog: Catalog, accelerator, compute: ComputePart, pe
         mfu_source="given" if job.mfu is not None else ("step-time model" if steps is not None else None),
         train_s=train_s, train_days=None if train_s is None else train_s / 86400,
         device_hours=None if train_s is None else train_s * devices / 3600, **step), steps
+
+
+def _regime_notes(job: Job, hw) -> list[str]:
+    """Where the step-time model has no measurement to stand on, said plainly."""
+    notes = []
+    if regime_of(hw) == "assumed":
+        notes.append(f"step time: {job.cluster.accelerator} has no kernel profile (toolkit/data/kernels.yaml): its "
+                     "matmuls, attention and element-wise rates are the model's assumptions, and its likely range "
+                     "is a wide ±50 % until measured kernels or `toolkit calibrate` replace them")
+    if hw.kernels is not None and job.memory.attention != "eager" \
+            and np.any(job.model.seq_len / np.asarray(job.parallel.cp) > max(hw.kernels.seq_lens)):
+        notes.append(f"step time: fused attention was measured up to {max(hw.kernels.seq_lens):,} tokens; "
+                     "longer sequences are priced at that length's rate")
+    return notes
 
 
 def _cost_part(job: Job, catalog: Catalog, train_s, states, accelerator, notes: list[str]) -> CostPart:
