@@ -80,6 +80,8 @@ def job_of(row: dict) -> Job:
     if gbps is not None:
         cluster["inter_node_bw_bytes_per_s"] = gbps * 1e9 / 8 * cluster.get("gpus_per_node", 8)
     parallel = {k: v for k, v in row["parallel"].items() if k != "cp" or v not in (None, 1)}
+    if "-hsdp-" in row["id"]:         # fms-fsdp's HSDP: shard within the 8-GPU node, replicate across nodes
+        parallel["dp_replicate"] = row["cluster"]["count"] // row["cluster"].get("gpus_per_node", 8)
     model = dict(row["model"])
     model.setdefault("tie_embeddings", row.get("assumed", {}).get("model.tie_embeddings", "").startswith("true"))
     batch = dict(row["batch"])

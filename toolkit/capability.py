@@ -79,6 +79,9 @@ def _layout_rules(job: Job):
                             "use zero 2 or 3 with tp")
     yield par.offload == "params" and par.zero < 2, (
         "parallel.offload", "params", "FSDP2 offloads sharded states: needs zero 2 or 3")
+    yield par.dp_replicate > 1 and (par.tp > 1 or par.pp > 1), (
+        "parallel.dp_replicate", par.dp_replicate, "HSDP beside tensor or pipeline parallelism is estimated, not run; "
+                                                   "train HSDP with tp 1 and pp 1")
     yield from _pipeline_rules(job)
 
 
@@ -158,6 +161,7 @@ def runnable_mask(job: Job) -> np.ndarray:
         & ~((tp > 1) & (zero == 1))
     ok &= named_backend_fits(par.backend, mode, zero, tp, pp)
     ok &= np.asarray(par.cp) == 1
+    ok &= (np.asarray(par.dp_replicate) == 1) | ((tp == 1) & (pp == 1))
     stages_ok = ((offload != "optimizer") & uneven_fits(job.model.layers, pp, vpp)
                  & ~((vpp > 1) & (schedule == "gpipe")) & np.where(vpp == 1, m >= pp, interleaved_rounds_fit(m, pp)))
     ok &= (pp == 1) | stages_ok

@@ -55,6 +55,7 @@ OVERRIDES = {
     "stage_layers": ("parallel", "stage_layers", Parallel), "partition": ("parallel", "partition", Parallel),
     "schedule": ("parallel", "schedule", Parallel),
     "zero": ("parallel", "zero", Parallel), "offload": ("parallel", "offload", Parallel),
+    "dp_replicate": ("parallel", "dp_replicate", Parallel),
     "backend": ("parallel", "backend", Parallel),
     "overlap_grad_reduce": ("overlap", "grad_reduce", Overlap),
     "overlap_param_gather": ("overlap", "param_gather", Overlap),
@@ -313,11 +314,12 @@ def cmd_compare(args) -> int:
 
 def _fixed_axes(args) -> set[str]:
     """Layout axes the user fixed on the command line or in the job file: the search leaves them alone."""
-    fixed = {name for name in ("tp", "pp", "vpp", "cp", "sp", "zero", "offload", "micro_batch", "recompute")
+    fixed = {name for name in ("tp", "pp", "vpp", "cp", "sp", "zero", "dp_replicate", "offload", "micro_batch",
+                               "recompute")
              if getattr(args, name, None) is not None}
     if args.config:
         data = read_yaml(args.config, what="job file") or {}
-        for section, names in (("parallel", ("tp", "pp", "vpp", "cp", "sp", "zero", "offload")),
+        for section, names in (("parallel", ("tp", "pp", "vpp", "cp", "sp", "zero", "dp_replicate", "offload")),
                                ("batch", ("micro_batch",)), ("memory", ("recompute",))):
             fixed |= {n for n in names if n in (data.get(section) or {})}
     return fixed

@@ -181,6 +181,8 @@ def layout_text(layout: dict) -> str:
     if layout.get("sp"):
         parts.append("sp")
     parts.append(f"ZeRO-{layout['zero']}")
+    if layout.get("dp_replicate", 1) > 1:
+        parts.append(f"HSDP ({layout['dp_replicate']} copies)")
     if layout.get("offload", "none") != "none":
         parts.append(f"offload {layout['offload']}")
     parts.append(f"mb {layout['micro_batch']}")
@@ -197,11 +199,15 @@ def render_plan(result: dict) -> str:
     rows = [head]
     for i, p in enumerate(result["plans"], 1):
         where = f"{p['devices']}x{p['accelerator']}" + (f" ({p['instances']}x {p['offer']})" if p["offer"] else "")
-        rows.append((str(i), where, layout_text(p["layout"]), f"{gib(p['device_peak_bytes'])}/{gib(p['usable_bytes'])}",
+        mark = "≈" if p.get("within_error") and i > 1 else ""
+        rows.append((f"{i}{mark}", where, layout_text(p["layout"]), f"{gib(p['device_peak_bytes'])}/{gib(p['usable_bytes'])}",
                      f"{p['step_s']:.2f} s", f"{p['mfu']:.0%}", f"{p['train_days']:,.1f}",
                      money(p["cost"], p["currency"]) if p["cost"] is not None else "—"))
     widths = [max(len(r[c]) for r in rows) for c in range(len(head))]
     out += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    if any(p.get("within_error") for p in result["plans"][1:]):
+        out.append("  ≈ within the model's error of #1: their likely ranges (held-out spread of the step-time model) "
+                   "overlap, so measure before trusting the order")
     simulated = [(i, p["pipeline"]) for i, p in enumerate(result["plans"], 1)
                  if (p.get("pipeline") or {}).get("simulated_s")]
     if simulated:

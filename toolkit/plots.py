@@ -112,6 +112,13 @@ def metrics_figure(records: list[dict], est: Estimate | dict | None = None, rank
         if est.time.tokens_per_s:
             fig.add_trace(go.Scatter(x=span, y=[est.time.tokens_per_s] * 2, name="estimated tokens/s",
                                      mode="lines", line_dash="dash"), 1, 2)
+            if est.time.step_s_range:               # the model's held-out spread, as a shaded band
+                low_s, high_s = est.time.step_s_range
+                rate = est.time.tokens_per_s * est.time.step_s
+                fig.add_trace(go.Scatter(x=span, y=[rate / high_s] * 2, mode="lines", line_width=0,
+                                         showlegend=False, hoverinfo="skip"), 1, 2)
+                fig.add_trace(go.Scatter(x=span, y=[rate / low_s] * 2, mode="lines", line_width=0, fill="tonexty",
+                                         fillcolor="rgba(99,110,250,0.15)", name="estimated range"), 1, 2)
         if use_mfu and est.time.mfu_modelled:
             fig.add_trace(go.Scatter(x=span, y=[est.time.mfu_modelled] * 2, name="estimated MFU",
                                      mode="lines", line_dash="dash"), 2, 1)

@@ -315,8 +315,11 @@ class PlannerPanel(PanelText, W.VBox):
             apply.on_click(lambda _b, plan=plan: self.apply_plan(plan))
             rows.append(W.HBox([apply, W.HTML(
                 f"{plan['devices']}x{plan['accelerator']} · {html.escape(layout_text(plan['layout']))} · "
-                f"{plan['device_peak_bytes'] / 2**30:.1f} GiB · step {plan['step_s']:.3g} s · MFU {plan['mfu']:.0%} · "
-                f"{plan['train_days']:,.1f} days {_money(plan['cost'], plan['currency'])}")]))
+                f"{plan['device_peak_bytes'] / 2**30:.1f} GiB · step {plan['step_s']:.3g} s "
+                f"({plan['step_s_range'][0]:.3g}–{plan['step_s_range'][1]:.3g}) · MFU {plan['mfu']:.0%} · "
+                f"{plan['train_days']:,.1f} days {_money(plan['cost'], plan['currency'])}"
+                + (" · <i>within the model's error of the best</i>" if plan.get("within_error")
+                   and plan is not result["plans"][0] else ""))]))
         table = W.VBox([W.HTML(f"<p>{result['fitting']:,} of {result['evaluated']:,} layouts fit (apply sets the "
                                "controls; vpp and cp, which have none, go with the exported job)</p>"), *rows])
         self._plans = result["plans"]
@@ -337,6 +340,10 @@ def _summary_html(result: Estimate) -> str:
     if t.train_days is not None:
         mfu = f"MFU {t.mfu:.1%} {'given' if t.mfu_source == 'given' else 'modelled'}" if t.mfu is not None else ""
         lines.append(f"<b>time to train:</b> {t.train_days:,.1f} days ({t.device_hours:,.0f} device-hours; {mfu})")
+    if t.step_s is not None and t.step_s_range:
+        low, high = t.step_s_range
+        lines.append(f"<b>step:</b> {t.step_s:.3g} s, likely {low:.3g}–{high:.3g} s (where measured steps fell around "
+                     "the model's on runs it never saw)")
     if cost.amount is not None:
         line = f"<b>cost:</b> {cost.amount:,.0f} {cost.currency} on {cost.instances} × {cost.offer}"
         if cost.spot_run:

@@ -79,6 +79,21 @@ def test_fsdp2_on_a_fake_process_group(mode, zero, rec):
     assert model_mem.peak_bytes == pytest.approx(traced.peak_bytes, rel=0.03)
 
 
+def test_hsdp_shards_over_its_shard_group_and_the_trace_holds_what_the_estimate_says():
+    """HSDP over 8 ranks, 4 copies of shards over 2: one rank traced on a 4 × 2 fake mesh holds half the states
+    (not an eighth), as the estimate says; the peak as FSDP2's tolerance above."""
+    model = {"preset": "llama2-7b", "layers": 3, "hidden": 256, "heads": 4, "kv_heads": 2, "ffn": 688,
+             "seq_len": 256, "vocab": 4000}
+    data = {"model": model, "batch": {"micro_batch": 2, "global_batch": 16}, "precision": {"mode": "amp-bf16"},
+            "parallel": {"zero": 3, "dp_replicate": 4}, "memory": {"program": "cpu"}, "cluster": {"count": 8}}
+    job, _ = Job.from_dict(data).resolve()
+    traced, model_mem = trace_memory(job), memory_estimate(job)
+    flat, _ = Job.from_dict({**data, "parallel": {"zero": 3}}).resolve()
+    assert traced.optimizer_bytes == pytest.approx(model_mem.optimizer_bytes, rel=1e-3)
+    assert traced.optimizer_bytes == pytest.approx(4 * memory_estimate(flat).optimizer_bytes, rel=1e-3)
+    assert model_mem.peak_bytes == pytest.approx(traced.peak_bytes, rel=0.03)
+
+
 def test_fsdp2_accumulating_holds_the_root_gradient_whole_until_backward_ends():
     """A second micro-batch's backward under FSDP2: the first one's sharded gradients, plus the head's whole 16-bit
     gradient (the root reduce-scatters last); without the head the estimate was 3.0 % low here."""

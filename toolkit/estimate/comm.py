@@ -160,6 +160,8 @@ def data_parallel_s(job: Job, hw, a, trainable, n, stride, accum, micro_s, units
     DeepSpeed's ZeRO-2 and Megatron's distributed optimizer gather the updated shards once after the step
     (torch's ZeRO-1 broadcasts them). FSDP2 under a pipeline schedule gathers each block once a step (its first
     forward) and reduce-scatters once, after the stage's last backward, with nothing left to hide behind.
+    HSDP (parallel.dp_replicate = R): gathers and reduce-scatters within a shard group of n / R ranks, then each
+    shard's gradient is all-reduced across its R copies (ranks n / R groups apart).
 
     Overlap: a micro-batch's collectives share one network and one compute window. Gathers prefetched block by
     block and reduce-scatters issued block by block queue on the same NICs, so what hides is their sum against
@@ -177,6 +179,8 @@ def data_parallel_s(job: Job, hw, a, trainable, n, stride, accum, micro_s, units
         linear = job.model.layers * linear_params_per_layer(job.model) / count_params(job.model).total
         gather_b = gather_b * (1 - linear) + 1.0 * linear
     g = hw.gpus_per_node
+    replicas = np.asarray(job.parallel.dp_replicate)
+    n_all, n = n, np.maximum(np.asarray(n) // replicas, 1)      # n: the shard group's ranks from here on
     scatters = ~((zero == 0) | (torch_ & (zero == 1)))          # the rest all-reduce (2x the bytes)
     reduce_latency = np.where(scatters, latency_s(n, stride, g, a, "reduce_scatter"), latency_s(n, stride, g, a))
     gather_latency = latency_s(n, stride, g, a, "all_gather")
@@ -190,6 +194,9 @@ def data_parallel_s(job: Job, hw, a, trainable, n, stride, accum, micro_s, units
     reduce_bw = np.where(scatters & (a.reduce_scatter_bw_bytes_per_s is not None),
                          a.reduce_scatter_bw_bytes_per_s or 1.0, bus)
     reduce_s = ring_s(np.where(scatters, 1.0, 2.0), grad_bytes, n, reduce_bw) + buckets * reduce_latency
+    across = stride * n                                         # HSDP: the shard's copies, a shard group apart
+    reduce_s = reduce_s + ring_s(2.0, grad_bytes / n, replicas, bus_bw_bytes_per_s(replicas, across, hw, a)) \
+        + buckets * latency_s(replicas, across, g, a)
     gather_bus = a.gather_bw_bytes_per_s or bus_bw_bytes_per_s(n, stride, hw, a, "all_gather")
     gather_s = ring_s(1.0, trainable * gather_b, n, gather_bus) + units * gather_latency
     # sharded gradients cannot accumulate whole; Megatron's distributed optimizer accumulates in a full fp32
@@ -223,7 +230,7 @@ def data_parallel_s(job: Job, hw, a, trainable, n, stride, accum, micro_s, units
     total = accum * micro_comm + step_reduce + np.where(after_step, gather_s, 0.0) + once
     exposed = accum * micro_exposed + step_reduce_exposed + np.where(after_step, after_exposed, 0.0) + once_exposed
     # over one rank FSDP2 still runs each collective's copies and hooks (fsdp_collective_s, when calibrated)
-    paid = (np.asarray(n) > 1) | (torch_ & (zero >= 2))
+    paid = (np.asarray(n_all) > 1) | (torch_ & (zero >= 2))
     return np.where(paid, total, 0.0), np.where(paid, exposed, 0.0)
 
 

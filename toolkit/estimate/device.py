@@ -147,7 +147,7 @@ def comm_groups(job: Job):
     par = job.parallel
     dp = np.asarray(1 if par.dp is None else par.dp)
     tp, pp, cp, vpp = (np.asarray(v) for v in (par.tp, par.pp, par.cp, par.vpp))
-    dims = (dp * cp > 1).astype(int) + (tp > 1) + (cp > 1)
+    dims = (dp * cp > 1).astype(int) + (tp > 1) + (cp > 1) + (np.asarray(par.dp_replicate) > 1)  # (HSDP: two)
     one_dim = (dims <= 1) & (pp == 1)
     world = (dp * tp * pp * cp > 1).astype(int)
     tied = (pp > 1) & bool(job.model.tie_embeddings) if job.model.has_shape else np.zeros_like(pp, dtype=bool)

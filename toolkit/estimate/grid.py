@@ -22,7 +22,7 @@ from ..specs.rules import layout_valid
 __all__ = ["LayoutGrid", "layout_grid", "AXES"]
 
 AXES = {"tp": "parallel", "pp": "parallel", "vpp": "parallel", "cp": "parallel", "sp": "parallel", "zero": "parallel",
-        "offload": "parallel", "micro_batch": "batch", "recompute": "memory"}
+        "dp_replicate": "parallel", "offload": "parallel", "micro_batch": "batch", "recompute": "memory"}
 """The fields a grid may vary, and the Job section each lives in. dp follows: devices / (tp·pp·cp)."""
 
 

@@ -177,7 +177,8 @@ def model_state_bytes(job: Job, stage: str | None = None) -> StateBytes:
         n = n + trainable
     # context-parallel ranks hold the same weights and reduce gradients with the data-parallel ones: ZeRO shards
     # over both (Megatron's distributed optimizer uses the dp × cp group)
-    dp = np.asarray(1 if par.dp is None else par.dp) * par.cp
+    # (HSDP shards over dp / dp_replicate of them and keeps dp_replicate copies)
+    dp = np.maximum(np.asarray(1 if par.dp is None else par.dp) * par.cp // np.asarray(par.dp_replicate), 1)
     zero, offload = np.asarray(par.zero), np.asarray(par.offload)
     ds32 = job_deepspeed_fp32(job)                 # DeepSpeed's program in fp32: its ZeRO-2 keeps whole weights
     torch_semantics = (job.precision.mode in TORCH_SEMANTICS) & ~ds32

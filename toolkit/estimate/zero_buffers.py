@@ -80,7 +80,7 @@ def gathered_params(job: Job, counts, stage_layers, owns_embedding, owns_head) -
     # over one rank FSDP2 gathers nothing: each module's unsharded parameters are made from its shard as it runs
     # (torch's FSDPParamGroup.unshard returns early, wait_for_unshard copies): no block prefetched ahead of its
     # use, no all-gather output held past it
-    gathers = np.asarray(par.dp) > 1
+    gathers = np.asarray(par.dp) // np.asarray(par.dp_replicate) > 1     # (HSDP gathers within a shard group)
     return Gathered(
         blocks=np.where(zero2, block * stage_layers, 0.0),
         root=np.where(fsdp, root, 0.0),

@@ -20,6 +20,7 @@ import math
 import numpy as np
 
 from ..capability import runnable_mask
+from ..estimate.band import band, regime_of
 from ..estimate.device import device_memory
 from ..estimate.grid import layout_grid
 from ..estimate.memory import memory_estimate
@@ -35,7 +36,7 @@ __all__ = ["search", "AXIS_VALUES", "pareto_front", "plan_job"]
 
 AXIS_VALUES = {"tp": (1, 2, 4, 8), "pp": (1, 2, 4, 8, 16), "vpp": (1, 2), "cp": (1, 2, 4, 8, 16),
                "sp": (False, True),
-               "zero": (0, 1, 2, 3), "offload": ("none", "optimizer", "params"),
+               "zero": (0, 1, 2, 3), "dp_replicate": (1,), "offload": ("none", "optimizer", "params"),
                "micro_batch": (1, 2, 4, 8), "recompute": ("none", "selective", "selective-op", "full")}
 """Values tried per axis (filtered by what the model and cluster allow)."""
 
@@ -77,6 +78,8 @@ def _axes(job: Job, devices: int, fixed: set[str]) -> dict:
                       and devices % c == 0] or [1]
         if name == "pp":
             values = [p for p in values if uneven_fits(m.layers, p) and devices % p == 0]    # uneven stages too
+        if name == "dp_replicate" and devices > job.cluster.gpus_per_node:   # HSDP as torchtitan runs it: shard
+            values = [1, devices // job.cluster.gpus_per_node]             # within a node, a copy per node
         axes[name] = list(values)
     return axes
 
@@ -123,7 +126,7 @@ def search(job: Job, catalog: Catalog, *, gpus: tuple[int, str] | None = None, o
     for accelerator, count, offer_name in _clusters(catalog, gpus, offers, max_gpus):
         base = job.replace(cluster=dataclasses.replace(job.cluster, accelerator=accelerator, count=count),
                            parallel=dataclasses.replace(job.parallel, dp=None, tp=1, pp=1, vpp=1, cp=1, sp=False,
-                                                        zero=0, offload="none", stage_layers=None, partition=None),
+                                                        zero=0, dp_replicate=1, offload="none", stage_layers=None, partition=None),
                            cost=dataclasses.replace(job.cost, offer=offer_name or job.cost.offer))
         try:
             resolved = _resolve_base(base, catalog)
@@ -163,6 +166,7 @@ def search(job: Job, catalog: Catalog, *, gpus: tuple[int, str] | None = None, o
         if deadline_days is not None:
             ok &= train_s <= deadline_days * 86400
         blocks.append({"grid": grid, "mem": peak, "reserved": reserved_peak, "device": device_peak, "st": st,
+                       "band": band(regime_of(hw)),
                        "train_s": train_s, "cost": cost, "cost_usd": cost_usd,
                        "ok": ok,
                        "accelerator": accelerator, "devices": count, "offer": resolved.cost.offer,
@@ -180,6 +184,7 @@ def search(job: Job, catalog: Catalog, *, gpus: tuple[int, str] | None = None, o
     budget = {"actions": SIMULATED_ACTIONS}           # and each pipeline simulated, by its times
     for plan in plans:
         _simulate_pipeline(plan, job, budget)
+    _mark_within_error(plans, objective)
     pareto = [_describe(*which[i]) for i in pareto_front(times, costs)] if priced else []
     return {"evaluated": evaluated, "fitting": len(which), "objective": objective, "runnable_only": runnable,
             "plans": plans, "pareto": pareto, "refused_clusters": refusals}
@@ -195,11 +200,29 @@ def _describe(block: dict, i: int) -> dict:
             "peak_bytes": float(block["mem"][i]), "reserved_peak_bytes": float(block["reserved"][i]),
             "device_peak_bytes": float(block["device"][i]), "usable_bytes": block["usable"],
             "step_s": pick(st.step_s), "tokens_per_s": pick(st.tokens_per_s), "mfu": pick(st.mfu),
+            "step_s_range": [pick(st.step_s) / (1 + block["band"]["error_high"]),
+                             pick(st.step_s) / (1 + block["band"]["error_low"])],
             "train_days": float(block["train_s"][i] / 86400),
             "cost": None if np.isnan(block["cost"][i]) else float(block["cost"][i]), "currency": block["currency"],
             "cost_usd": None if np.isnan(block["cost_usd"][i]) else float(block["cost_usd"][i]),
             "breakdown": {k: pick(v) for k, v in st.breakdown().items()},
             "stage_micro_s": [pick(v) for v in st.stage_micro_s]}
+
+
+def _mark_within_error(plans: list[dict], objective: str) -> None:
+    """`within_error`: the plan's likely range (its step's held-out band, toolkit.estimate.band) overlaps the best
+    plan's, so the model cannot tell which is faster (or, by cost, cheaper): not a strict order."""
+    if not plans:
+        return
+    key = "train_days" if objective == "time" else "cost_usd"
+    best = plans[0]
+    for plan in plans:
+        if plan[key] is None or best[key] is None:
+            plan["within_error"] = None
+            continue
+        low = plan[key] * plan["step_s_range"][0] / plan["step_s"]
+        best_high = best[key] * best["step_s_range"][1] / best["step_s"]
+        plan["within_error"] = bool(low <= best_high)
 
 
 SIMULATED_ACTIONS = 20_000
@@ -245,7 +268,8 @@ def plan_job(job: Job, plan: dict) -> Job:
     return job.replace(
         cluster=dataclasses.replace(job.cluster, accelerator=plan["accelerator"], count=plan["devices"]),
         parallel=dataclasses.replace(job.parallel, stage_layers=None, partition=None,   # (the plan's split rule)
-                                     **{k: lay[k] for k in ("dp", "tp", "pp", "vpp", "cp", "sp", "zero", "offload")}),
+                                     **{k: lay[k] for k in ("dp", "tp", "pp", "vpp", "cp", "sp", "zero", "dp_replicate",
+                                                            "offload")}),
         batch=dataclasses.replace(job.batch, micro_batch=lay["micro_batch"]),
         memory=dataclasses.replace(job.memory, recompute=lay["recompute"]),
         cost=dataclasses.replace(job.cost, offer=plan["offer"] or job.cost.offer))

@@ -92,6 +92,10 @@ class Parallel:
     """Pipeline schedule; with vpp > 1, 1F1B is interleaved."""
     zero: Literal[0, 1, 2, 3] = 0
     """ZeRO stage: 1 shards optimizer states, 2 also gradients, 3 also parameters."""
+    dp_replicate: int = 1
+    """HSDP (torchtitan's dp_replicate × dp_shard, FSDP2 on a 2-D mesh): ZeRO-2/3 shards over dp / dp_replicate
+    ranks (a node, typically) and keeps dp_replicate copies of each shard, whose gradients are all-reduced across
+    them; 1 = shard over all of dp."""
     offload: Literal["none", "optimizer", "params"] = "none"
     """CPU offload: optimizer states (DeepSpeed ZeRO-Offload) or params+grads+optimizer (FSDP2, ZeRO-3)."""
     backend: Literal["torch", "deepspeed", "megatron"] | None = None

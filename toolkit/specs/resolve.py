@@ -255,6 +255,15 @@ def _resolve_layout(job: Job, cluster, notes: list[str]):
                         if count % model_parallel == 0 else
                         f"dp × {named} = {par.dp * model_parallel} but cluster.count = {count}, "
                         f"which {named} = {model_parallel} does not divide")
+    if par.dp_replicate < 1 or par.dp % par.dp_replicate:
+        raise SpecError("parallel.dp_replicate", par.dp_replicate,
+                        f"must divide dp = {par.dp} (shards over dp / dp_replicate ranks); allowed: "
+                        f"{_listing(divisors(par.dp))}")
+    hsdp_program = par.zero >= 2 and job.precision.mode in TORCH_SEMANTICS and par.backend in (None, "torch")
+    if par.dp_replicate > 1 and not hsdp_program:
+        raise SpecError("parallel.dp_replicate", par.dp_replicate,
+                        "HSDP replicates FSDP2's shards: needs --zero 2 or 3 with an amp-*, fp32 or pure-bf16 "
+                        "mode (torch's program); or set it to 1")
     if par.tp > cluster.gpus_per_node:
         notes.append(f"tp = {par.tp} crosses nodes of {cluster.gpus_per_node} devices: its all-reduces "
                      "run over the network")

@@ -92,6 +92,12 @@ def per_op_recompute_fits(recompute, backend: str | None, mode: str, zero, tp, p
     return (np.asarray(recompute) != "selective-op") | (torch_program & plain_blocks)
 
 
+def replicas_fit(dp_replicate, dp, zero, torch_semantics: bool):
+    """HSDP replicates FSDP2's shards: dp_replicate must divide dp, and above 1 needs ZeRO-2/3 of torch's program."""
+    replicate = np.asarray(dp_replicate)
+    return (np.asarray(dp) % replicate == 0) & ((replicate == 1) | (torch_semantics & (np.asarray(zero) >= 2)))
+
+
 def layout_valid(job, devices: int):
     """Every layout rule at once, for a job whose layout fields are arrays over layouts (dp = devices / tp·pp·cp)."""
     m, par, micro = job.model, job.parallel, job.batch.micro_batch
@@ -106,6 +112,7 @@ def layout_valid(job, devices: int):
              optimizer_offload_fits(par.offload, par.zero, torch_semantics),
              params_offload_fits(par.offload, par.zero, torch_semantics),
              named_backend_fits(par.backend, job.precision.mode, par.zero, par.tp, par.pp),
+             replicas_fit(par.dp_replicate, par.dp, par.zero, torch_semantics),
              per_op_recompute_fits(job.memory.recompute, par.backend, job.precision.mode, par.zero, par.tp, par.pp,
                                    not job.finetune.adapters and job.memory.act_compress == "none")]
     if job.finetune.adapters:

@@ -353,10 +353,10 @@ def _gloo_reduce_scatter():
 
 
 @contextlib.contextmanager
-def _fake_process_group(world_size: int, tp: int = 1, gloo: bool = False):
+def _fake_process_group(world_size: int, tp: int = 1, gloo: bool = False, replicas: int = 1):
     """A fake process group of `world_size` (× `tp`) ranks in this process: collectives return at once, moving
     nothing; with `gloo` its reduce-scatters hold what gloo's do (`_gloo_reduce_scatter`). With tp > 1 the mesh
-    has two dimensions, "dp" and "tp"."""
+    has two dimensions, "dp" and "tp"; with HSDP (`replicas` > 1) three, "dp_replicate", "dp_shard" and "tp"."""
     if dist.is_initialized():
         raise SpecError("parallel.dp", world_size, "a process group already exists in this process; trace FSDP "
                                                    "layouts from a fresh process (toolkit trace)")
@@ -364,8 +364,12 @@ def _fake_process_group(world_size: int, tp: int = 1, gloo: bool = False):
     dist.init_process_group("fake", rank=0, world_size=world_size * tp, store=FakeStore())
     try:
         with _gloo_reduce_scatter() if gloo else contextlib.nullcontext():
-            yield (init_device_mesh("cpu", (world_size, tp), mesh_dim_names=("dp", "tp")) if tp > 1
-                   else init_device_mesh("cpu", (world_size,)))
+            if replicas > 1:
+                yield init_device_mesh("cpu", (replicas, world_size // replicas, tp),
+                                       mesh_dim_names=("dp_replicate", "dp_shard", "tp"))
+            else:
+                yield (init_device_mesh("cpu", (world_size, tp), mesh_dim_names=("dp", "tp")) if tp > 1
+                       else init_device_mesh("cpu", (world_size,)))
     finally:
         dist.destroy_process_group()
         sys.excepthook = excepthook
@@ -388,13 +392,14 @@ def _trace_fsdp(job: Job) -> TraceResult:
     par = job.parallel
     weights_dtype = TORCH_DTYPES[job.precision.plan.weights]
     offload = par.offload != "none"
-    with _fake_process_group(par.dp, par.tp, gloo=job.memory.program == "cpu") as mesh:
+    with _fake_process_group(par.dp, par.tp, gloo=job.memory.program == "cpu", replicas=par.dp_replicate) as mesh:
         with torch.device("meta"):
             model = GPT(job.model, attention=job.memory.attention, recompute=job.memory.recompute, dtype=weights_dtype)
         if par.tp > 1:      # torchtitan's order: tensor parallelism inside each data-parallel shard
             tensor_parallel(model, mesh["tp"], sequence_parallel=par.sp)
         # the runner's own wrapping (toolkit.train.parallelize); fake tensors cannot be pinned
-        apply_fsdp(model, job, mesh["dp"] if par.tp > 1 else mesh, pin_memory=False)
+        shard_over = mesh["dp_replicate", "dp_shard"] if par.dp_replicate > 1 else mesh["dp"] if par.tp > 1 else mesh
+        apply_fsdp(model, job, shard_over, pin_memory=False)
         with FakeTensorMode(allow_non_fake_inputs=True), _propagation_apart():
             model.to_empty(device="cpu")
             prog = _traced_program(job, model)

@@ -22,7 +22,7 @@ from ..specs.job import Job
 from .parallel import tensor_parallel
 from .precision import TORCH_DTYPES
 
-__all__ = ["device_mesh", "join_one_process_group", "leave_one_process_group", "parallelize", "apply_fsdp",
+__all__ = ["device_mesh", "fsdp_mesh", "join_one_process_group", "leave_one_process_group", "parallelize", "apply_fsdp",
            "apply_ddp", "dp_rank_and_size", "is_sharded", "needs_grad_all_reduce", "all_reduce_mean"]
 
 
@@ -38,7 +38,21 @@ def device_mesh(job: Job, device_type: str):
             return None
         join_one_process_group(device_type)
     from torch.distributed.device_mesh import init_device_mesh
-    return init_device_mesh(device_type, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
+    replicas = job.parallel.dp_replicate
+    if replicas == 1:
+        return init_device_mesh(device_type, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
+    # HSDP: dp split into copies (outer) of a shard group (inner); "dp" names both together, as the data loader
+    # and the other dp users see it
+    mesh = init_device_mesh(device_type, (pp, replicas, dp // replicas, tp),
+                            mesh_dim_names=("pp", "dp_replicate", "dp_shard", "tp"))
+    mesh["dp_replicate", "dp_shard"]._flatten("dp")
+    return mesh
+
+
+def fsdp_mesh(mesh, job: Job):
+    """The mesh FSDP2 shards over: the dp dimension, or under HSDP the (dp_replicate, dp_shard) pair, on which
+    fully_shard shards over the inner dimension and replicates over the outer."""
+    return mesh["dp_replicate", "dp_shard"] if job.parallel.dp_replicate > 1 else mesh["dp"]
 
 
 _OWN_GROUP: list = []
@@ -84,7 +98,7 @@ def parallelize(model: nn.Module, job: Job, mesh, device: torch.device | None = 
     if par.tp > 1:
         tensor_parallel(model, mesh["tp"], sequence_parallel=par.sp)
     if par.zero >= 2:       # pinned host memory needs an accelerator
-        return apply_fsdp(model, job, mesh["dp"], pin_memory=device is not None and device.type == "cuda")
+        return apply_fsdp(model, job, fsdp_mesh(mesh, job), pin_memory=device is not None and device.type == "cuda")
     if mesh["dp"].size() > 1 and par.tp == 1:
         return apply_ddp(model, job, mesh["dp"], device)
     return model            # dp x tp at ZeRO-0/1: the runner calls all_reduce_mean after the last backward

@@ -17,7 +17,7 @@ from .lora import apply_lora
 from .model import GPT
 from .optim import build_optimizer
 from .parallel import tensor_parallel
-from .parallelize import all_reduce_mean, apply_fsdp, is_sharded, needs_grad_all_reduce, parallelize
+from .parallelize import all_reduce_mean, apply_fsdp, fsdp_mesh, is_sharded, needs_grad_all_reduce, parallelize
 from .precision import MasterWeights, use_fp32_norms
 from .qlora import apply_qlora
 from .state import Layout
@@ -135,7 +135,7 @@ def _build_pipeline(job: Job, plan, device: torch.device, mesh) -> _Program:
     fsdp = job.parallel.zero >= 2
     if fsdp:                                    # each chunk its own FSDP2 root over dp (torch's schedule drives it)
         for stage in stages:
-            apply_fsdp(stage, job, mesh["dp"], pin_memory=device.type == "cuda")
+            apply_fsdp(stage, job, fsdp_mesh(mesh, job), pin_memory=device.type == "cuda")
     zero1 = job.parallel.zero == 1 and mesh["dp"].size() > 1      # each stage's replicas share out its states
     layout = Layout(sharded=fsdp, zero1=zero1, stage_keys=keys,
                     stage_params={id(p): whole_names[n] for n, p in stages.named_parameters()})
