@@ -233,6 +233,33 @@ def self_calibration(work: Path, repeats: int) -> list[tuple[str, int, float, fl
     return out
 
 
+ONE_CALIBRATION = [("2 ranks, dp (DDP)", []), ("2 ranks, ZeRO-2 (FSDP2)", ["--zero", "2"]),
+                   ("2 ranks, ZeRO-3 (FSDP2)", ["--zero", "3"]), ("2 ranks, tp 2", ["--tp", "2"])]
+"""Layouts trained on 2 ranks and modelled with ONE profile, calibrated once on the DDP job: what the planner does
+when it ranks layouts it has not run (calibrate measures every layout's collectives, not only its job's)."""
+
+
+def one_calibration(work: Path, repeats: int) -> list[tuple[str, float]]:
+    """(layout, median error) of each ONE_CALIBRATION run against the model with the DDP job's profile."""
+    toolkit = [sys.executable, "-m", "toolkit.cli"]
+    from toolkit.trace.report import compare_run
+    subprocess.run([*toolkit, "train", *SMALL_GPT, "--steps", "3", "--nproc", "2", "--out", str(work / "base")],
+                   check=True, capture_output=True)
+    profile = work / "one-profile.yaml"
+    subprocess.run([*toolkit, "calibrate", "--nproc", "2", "--config", str(work / "base" / "job.yaml"), "--out",
+                    str(profile)], check=True, capture_output=True)
+    errors: dict[str, list[float]] = {name: [] for name, _f in ONE_CALIBRATION}
+    for k, (name, flags) in itertools.product(range(repeats), ONE_CALIBRATION):
+        run = work / f"one-{len(errors[name])}-{name.split(',')[1].strip().replace(' ', '_')}-{k}"
+        subprocess.run([*toolkit, "train", *SMALL_GPT, *flags, "--nproc", "2", "--out", str(run)], check=True,
+                       capture_output=True)
+        step = compare_run(run, [profile], trace=False)["time"]["step_s"]
+        errors[name].append(step["error"])
+        print(f"  {name:28} measured {step['measured']:.3f} s, modelled {step['estimate']:.3f} s, "
+              f"{step['error']:+.1%}", flush=True)
+    return [(name, statistics.median(v)) for name, v in errors.items()]
+
+
 VARIANTS = [("full recompute", {"memory": {"recompute": "full"}}),
             ("per-op recompute (selective-op)", {"memory": {"recompute": "selective-op"}}),
             ("micro-batch 4", {"batch": {"micro_batch": 4}}), ("micro-batch 1", {"batch": {"micro_batch": 1}}),
@@ -344,6 +371,8 @@ def main() -> None:
     parser.add_argument("--no-runs", action="store_true", help="skip the self-calibration runs (about 2 minutes a repeat)")
     parser.add_argument("--repeats", type=int, default=3, help="loops of train, calibrate, compare per layout")
     parser.add_argument("--variants-only", action="store_true", help="of the runs, only the one-profile variants")
+    parser.add_argument("--one-calibration-only", action="store_true",
+                        help="of the runs, only the layouts modelled with one profile calibrated on the DDP job")
     parser.add_argument("--write-band", action="store_true", help="write the held-out error band of each regime "
                         "to toolkit/data/steptime_band.yaml (what `toolkit estimate` shows as step_s_range)")
     args = parser.parse_args()
@@ -361,15 +390,19 @@ def main() -> None:
         else:
             print(f"{r['id']:52} {r['measured_s']:10.3f} {r['predicted_s']:9.3f} {r['error']:+9.1%} "
                   f"{held[r['id']]['error']:+9.1%}  {r.get('note', '')}")
-    looped, ratios = [], []
+    looped, ratios, once = [], [], []
     if not args.no_runs:
         import tempfile
-        print("\nself-calibration on this machine (toolkit train, toolkit calibrate, toolkit compare --catalog):")
+        print("\none calibration (the 2-rank DDP job's profile) for every 2-rank layout:")
         with tempfile.TemporaryDirectory() as work:
-            looped = [] if args.variants_only else self_calibration(Path(work), args.repeats)
-        print("\none profile, 1-rank variants against the small GPT (steps interleaved in one process):")
-        with tempfile.TemporaryDirectory() as work:
-            ratios = variant_ratios(Path(work))
+            once = one_calibration(Path(work), args.repeats)
+        if not args.one_calibration_only:
+            print("\nself-calibration on this machine (toolkit train, toolkit calibrate, toolkit compare --catalog):")
+            with tempfile.TemporaryDirectory() as work:
+                looped = [] if args.variants_only else self_calibration(Path(work), args.repeats)
+            print("\none profile, 1-rank variants against the small GPT (steps interleaved in one process):")
+            with tempfile.TemporaryDirectory() as work:
+                ratios = variant_ratios(Path(work))
     inside, outside = summary(results), summary(held_out)
     print("\nby source (held out: the fitted figure refitted without it):")
     for src, fig in outside["by_source"].items():
@@ -381,6 +414,7 @@ def main() -> None:
     if args.json:
         Path(args.json).write_text(json.dumps({**provenance(), "fitted": {"sustained_fraction": sustained,
                                                "left_out": per_source}, "in_sample": inside, "held_out": outside,
+                                               "one_calibration": dict(once) or None,
                                                "rows": results, "held_out_rows": held_out}, indent=1) + "\n")
     print()
     print(f"rows: {outside['rows']} of {outside['rows'] + outside['refused']} (refused: {outside['refused']})")
@@ -393,6 +427,10 @@ def main() -> None:
         print(f"self-calibrated max |error|, {ranks} rank(s): {100 * worst:.1f} %")
     if looped:
         print(f"self-calibrated measured-step spread, max: {100 * max(s for *_x, s in looped):.1f} %")
+    for name, error in once:
+        print(f"one calibration, {name}: {100 * error:+.1f} %")
+    if once:
+        print(f"one calibration max |error|, 2 ranks: {100 * max(abs(e) for _n, e in once):.1f} %")
     if ratios:
         ratio_errors = [abs(p / m - 1) for _n, m, p in ratios]
         print(f"self-calibrated variant ratio mean |error|: {100 * statistics.mean(ratio_errors):.1f} %")

@@ -7,9 +7,11 @@ Every rank measures at once, as in training (every rank busy, each with the runn
 its deterministic kernels): the matmul and fused-attention rates inside one rank's share of the job's own model
 under torch's profiler (a sweep of square shapes without a job), the memory bandwidth of a large element-wise op,
 the fixed cost of one operation and of one checkpointed region, and collectives on the process group (all-reduces
-from 4 KiB to 16 MiB, fitted as latency + bytes / bandwidth; reduce-scatter and all-gather bandwidth; for
-tensor-parallel jobs the fixed cost of one collective as the runner's DTensor plan issues it in one of the job's
-blocks; for FSDP2 jobs the cost of one of its collectives beyond the bytes, as the runner shards the job's blocks).
+from 4 KiB to 16 MiB, fitted as latency + bytes / bandwidth; reduce-scatter and all-gather bandwidth; the fixed
+cost of one tensor-parallel collective as the runner's DTensor plan issues it in one of the job's blocks; the cost
+of one FSDP2 collective beyond its bytes, as the runner shards the job's blocks). The last two are measured for
+every job, as if it ran tensor-parallel or FSDP2 over the ranks where it does not (`as_tp`, `as_fsdp`): one
+calibration prices every layout the planner weighs, not only the job's own.
 The row's peak is the job's matmuls' rate (their FLOPs over their time inside the model) lifted to the rate of large
 matrices by `gemm_half_size`, the size at which a dimension halves a product's rate, fitted to the job's products
 timed with their rows halved and doubled; so the profile sets the model's `gemm_fraction` to 1 (the model slows
@@ -62,12 +64,41 @@ def _measure_rank(job: Job, rank: int, world: int) -> dict:
                "checkpoint_overhead_s": checkpoint_overhead_s(job) if shaped else None,
                "ops_per_unit": ops_per_unit(job) if shaped and not job.model.encoder else None,
                "selective_op_overhead_s": selective_op_overhead_s(job) if shaped and not job.model.encoder else None,
-               "bus_bw_bytes_per_s": bandwidth, "latency_s": latency, "tp_collective_s": tp_collective_s(job, world, dtype, bandwidth) if shaped else None,
-               "fsdp_collective_s": fsdp_collective_s(job, world, reduce_scatter_bw, gather_bw) if shaped else None,
+               "bus_bw_bytes_per_s": bandwidth, "latency_s": latency,
+               "tp_collective_s": tp_collective_s(as_tp(job, world), world, dtype, bandwidth) if shaped else None,
+               "fsdp_collective_s": fsdp_collective_s(as_fsdp(job, world), world, reduce_scatter_bw, gather_bw)
+               if shaped else None,
                "reduce_scatter_bw_bytes_per_s": reduce_scatter_bw, "gather_bw_bytes_per_s": gather_bw}
     gc.collect()
     figures["baseline_bytes"] = _resident_bytes()   # the rank with its code, threads and gloo buffers, tensors freed
     return figures
+
+
+def as_fsdp(job: Job, world: int) -> Job:
+    """The job as FSDP2 would run it over the world (ZeRO-3, torch's program), so that one calibration prices
+    every layout's collectives, not only its own job's: a DDP job's profile must still predict a ZeRO-3 run.
+    The job itself where it runs FSDP2 already, or where its precision is not torch's (Megatron's, DeepSpeed's)."""
+    import dataclasses
+    from .specs.precision import TORCH_SEMANTICS
+    par = job.parallel
+    if (par.zero >= 2 and job.backend == "torch") or job.precision.mode not in TORCH_SEMANTICS:
+        return job
+    return job.replace(parallel=dataclasses.replace(par, zero=3, tp=1, pp=1, vpp=1, dp=world, sp=False,
+                                                    offload="none", dp_replicate=1, stage_layers=None,
+                                                    partition=None, backend="torch"))
+
+
+def as_tp(job: Job, world: int) -> Job:
+    """The job with tensor parallelism over the world where it has none and its heads split so (the cost of one
+    DTensor collective, for tensor-parallel layouts the planner weighs against the job's own)."""
+    import dataclasses
+    from .specs.precision import TORCH_SEMANTICS
+    par, m = job.parallel, job.model
+    if par.tp > 1 or world < 2 or job.precision.mode not in TORCH_SEMANTICS or not m.has_shape \
+            or m.heads % world or m.kv_heads_ % world:
+        return job
+    return job.replace(parallel=dataclasses.replace(par, tp=world, dp=1, pp=1, vpp=1, zero=0, sp=False,
+                                                    stage_layers=None, partition=None))
 
 
 def _compute_rates(job: Job, shapes, dtype: torch.dtype) -> dict:

@@ -157,6 +157,11 @@ def _regime_notes(job: Job, hw) -> list[str]:
             and np.any(job.model.seq_len / np.asarray(job.parallel.cp) > max(hw.kernels.seq_lens)):
         notes.append(f"step time: fused attention was measured up to {max(hw.kernels.seq_lens):,} tokens; "
                      "longer sequences are priced at that length's rate")
+    if job.precision.fp8 and hw.kernels is not None:
+        notes.append("step time: FP8 matmuls are priced at their measured best rate (MAMF); no FP8 training run is "
+                     "among the model's checks (benchmarks/steptime_accuracy.py)")
+    if job.parallel.tp > job.cluster.gpus_per_node:
+        notes.append("step time: tensor parallelism across nodes has no measured run among the model's checks")
     return notes
 
 

@@ -498,6 +498,9 @@ def step_time(job: Job, hw: Hardware, a: Assumptions | None = None) -> StepTime:
     pp_s = np.where(pp > 1, 2 * accum * vpp * (block_act / tp / p2p_bw(pp_inside) + pp_latency), 0.0)
 
     overhead_s = _overhead_s(job, a, pick_layers, accum, single | (busiest == 2))
+    if hw.kernels is not None:       # the host launches asynchronously: its time shows only past the device's
+        host_s = _host_s(job, hw.kernels, pick_layers, accum, single | (busiest == 2))
+        overhead_s = np.maximum(host_s - (compute_s + memory_s + tp_s), 0.0)
 
     # ---- data parallel / ZeRO: over dp × cp (context-parallel ranks hold the same weights) ----------------
     trainable = _trainable(job)
@@ -561,6 +564,20 @@ def _overhead_s(job: Job, a: Assumptions, layers, accum, owns_head):
     regions = layers * (recompute != "none")              # one checkpointed region per block (its core: selective)
     return ((accum * op_units(job, layers, owns_head) * a.ops_per_unit + optimizer_units) * a.op_overhead_s
             + accum * regions * (a.checkpoint_overhead_s + (recompute == "selective-op") * a.selective_op_overhead_s))
+
+
+HOST_OPS_PER_UNIT = 3.0
+"""Tensor operations one op unit stands for in a torch program: toolkit calibrate counts about 3 in the runner's
+GPT (a linear's forward is a transpose and a product; its backward two products, a sum and an add)."""
+
+
+def _host_s(job: Job, prof: KernelProfile, layers, accum, owns_head):
+    """The host's time to issue a step's operations (kernels.yaml's host_op_s each): a small model's kernels can
+    finish before the host has launched the next, and then the host sets the pace."""
+    m = job.model
+    tensors = layers * (10 if m.bias == "all" else 8) + 4
+    optimizer_ops = np.where(optimizer_impl(job) == "for-loop", 8 * tensors, 24)
+    return (accum * op_units(job, layers, owns_head) * HOST_OPS_PER_UNIT + optimizer_ops) * prof.host_op_s
 
 
 def _trainable(job: Job):
