@@ -15,9 +15,9 @@ from .params import count_params, linear_params_per_layer
 from .states import bytes_per_param
 from .zero_buffers import pipelined_fsdp
 
-__all__ = ["ring_s", "latency_s", "placement", "bus_bw_bytes_per_s", "ring_attention_s", "is_megatron", "backends", "overlap_settings",
-           "data_parallel_s", "tp_collectives_per_block", "tp_embedding_collectives", "TP_HEAD_COLLECTIVES",
-           "TP_LOSS_COLLECTIVES"]
+__all__ = ["ring_s", "latency_s", "placement", "bus_bw_bytes_per_s", "ring_attention_s", "is_megatron", "backends",
+           "overlap_settings", "data_parallel_s", "dp_collectives_s", "hidden_s", "tp_collectives_per_block", "tp_embedding_collectives",
+           "TP_HEAD_COLLECTIVES", "TP_LOSS_COLLECTIVES"]
 
 
 def ring_s(volume_factor, size_bytes, n, bus_bw):
@@ -110,10 +110,10 @@ def tp_embedding_collectives(job: Job):
 
 
 def ring_attention_s(job: Job, a, micro_tokens, attention_s, bw):
-    # bw: a rank's achieved point-to-point bandwidth to its neighbour (bytes/s)
     """Context parallelism's ring, per block: each of cp − 1 steps passes this rank's keys and values on
-    (forward), and keys, values and their gradients in backward (3× the forward's bytes); the ring overlaps this
-    with the attention products, so only what exceeds them shows, plus each step's latency (Liu et al. 2023)."""
+    (forward), and keys, values and their gradients in backward (3× the forward's bytes) at `bw`, the achieved
+    point-to-point bandwidth to its neighbour; the ring overlaps this with the attention products, so only what
+    exceeds them shows, plus each step's latency (Liu et al. 2023)."""
     m, cp = job.model, np.asarray(job.parallel.cp)
     elem = job.precision.plan.compute_bytes
     kv_bytes = 2 * micro_tokens / cp * m.kv_heads_ * m.head_dim_ / np.asarray(job.parallel.tp) * elem
@@ -173,32 +173,7 @@ def data_parallel_s(job: Job, hw, a, trainable, n, stride, accum, micro_s, units
     ov = overlap_settings(job)
     if not a.comm_overlaps_compute:
         ov = {k: np.asarray(False) for k in ov}
-    weight_b, grad_b, _o = bytes_per_param(job)
-    gather_b = np.where(torch_ & (zero >= 2) & (job.precision.plan.family == "amp"), 2, weight_b)  # FSDP2's bf16
-    if job.precision.fp8_all_gather and job.model.has_shape:     # the blocks' linear weights go as float8
-        linear = job.model.layers * linear_params_per_layer(job.model) / count_params(job.model).total
-        gather_b = gather_b * (1 - linear) + 1.0 * linear
-    g = hw.gpus_per_node
-    replicas = np.asarray(job.parallel.dp_replicate)
-    n_all, n = n, np.maximum(np.asarray(n) // replicas, 1)      # n: the shard group's ranks from here on
-    scatters = ~((zero == 0) | (torch_ & (zero == 1)))          # the rest all-reduce (2x the bytes)
-    reduce_latency = np.where(scatters, latency_s(n, stride, g, a, "reduce_scatter"), latency_s(n, stride, g, a))
-    gather_latency = latency_s(n, stride, g, a, "all_gather")
-    if a.fsdp_collective_s is not None:          # measured as FSDP2 issues a block's collectives (calibrate)
-        reduce_latency = np.where(torch_ & (zero >= 2), a.fsdp_collective_s, reduce_latency)
-        gather_latency = np.where(torch_ & (zero >= 2), a.fsdp_collective_s, gather_latency)
-    grad_bytes = trainable * grad_b
-    # DDP and DeepSpeed reduce in buckets of bucket_bytes; FSDP2 reduce-scatters each wrapped block on its own
-    buckets = np.where(torch_ & (zero >= 2), units, np.maximum(np.ceil(grad_bytes / a.bucket_bytes), 1))
-    bus = np.where(scatters, bus_bw_bytes_per_s(n, stride, hw, a, "reduce_scatter"), bus_bw_bytes_per_s(n, stride, hw, a))
-    reduce_bw = np.where(scatters & (a.reduce_scatter_bw_bytes_per_s is not None),
-                         a.reduce_scatter_bw_bytes_per_s or 1.0, bus)
-    reduce_s = ring_s(np.where(scatters, 1.0, 2.0), grad_bytes, n, reduce_bw) + buckets * reduce_latency
-    across = stride * n                                         # HSDP: the shard's copies, a shard group apart
-    reduce_s = reduce_s + ring_s(2.0, grad_bytes / n, replicas, bus_bw_bytes_per_s(replicas, across, hw, a)) \
-        + buckets * latency_s(replicas, across, g, a)
-    gather_bus = a.gather_bw_bytes_per_s or bus_bw_bytes_per_s(n, stride, hw, a, "all_gather")
-    gather_s = ring_s(1.0, trainable * gather_b, n, gather_bus) + units * gather_latency
+    reduce_s, gather_s, buckets = dp_collectives_s(job, hw, a, trainable, n, stride, units)
     # sharded gradients cannot accumulate whole; Megatron's distributed optimizer accumulates in a full fp32
     # buffer and reduce-scatters once (its "ZeRO-2" shards only what the step keeps)
     piped = pipelined_fsdp(job)
@@ -230,8 +205,46 @@ def data_parallel_s(job: Job, hw, a, trainable, n, stride, accum, micro_s, units
     total = accum * micro_comm + step_reduce + np.where(after_step, gather_s, 0.0) + once
     exposed = accum * micro_exposed + step_reduce_exposed + np.where(after_step, after_exposed, 0.0) + once_exposed
     # over one rank FSDP2 still runs each collective's copies and hooks (fsdp_collective_s, when calibrated)
-    paid = (np.asarray(n_all) > 1) | (torch_ & (zero >= 2))
+    paid = (np.asarray(n) > 1) | (torch_ & (zero >= 2))
     return np.where(paid, total, 0.0), np.where(paid, exposed, 0.0)
+
+
+def dp_collectives_s(job: Job, hw, a, trainable, n, stride, units):
+    """(reduction, one round of gathers, buckets) seconds of one micro-batch's data-parallel collectives over n
+    replicas `stride` ranks apart: the gradients reduce-scattered (ZeRO ≥ 1 but torch's ZeRO-1) or all-reduced in
+    buckets (FSDP2: a block each), and under HSDP all-reduced again across the shard's copies; the parameters
+    gathered block by block (FSDP2 in bf16 under amp, float8 linears with fp8_all_gather). Each collective pays
+    its latency, or calibrate's measured cost of an FSDP2 collective."""
+    zero = np.asarray(job.parallel.zero)
+    _megatron, _deepspeed, torch_ = backends(job)
+    weight_b, grad_b, _o = bytes_per_param(job)
+    gather_b = np.where(torch_ & (zero >= 2) & (job.precision.plan.family == "amp"), 2, weight_b)  # FSDP2's bf16
+    if job.precision.fp8_all_gather and job.model.has_shape:     # the blocks' linear weights go as float8
+        linear = job.model.layers * linear_params_per_layer(job.model) / count_params(job.model).total
+        gather_b = gather_b * (1 - linear) + 1.0 * linear
+    g = hw.gpus_per_node
+    replicas = np.asarray(job.parallel.dp_replicate)
+    n = np.maximum(np.asarray(n) // replicas, 1)                # n: the shard group's ranks from here on
+    scatters = ~((zero == 0) | (torch_ & (zero == 1)))          # the rest all-reduce (2x the bytes)
+    reduce_latency = np.where(scatters, latency_s(n, stride, g, a, "reduce_scatter"), latency_s(n, stride, g, a))
+    gather_latency = latency_s(n, stride, g, a, "all_gather")
+    if a.fsdp_collective_s is not None:          # measured as FSDP2 issues a block's collectives (calibrate)
+        reduce_latency = np.where(torch_ & (zero >= 2), a.fsdp_collective_s, reduce_latency)
+        gather_latency = np.where(torch_ & (zero >= 2), a.fsdp_collective_s, gather_latency)
+    grad_bytes = trainable * grad_b
+    # DDP and DeepSpeed reduce in buckets of bucket_bytes; FSDP2 reduce-scatters each wrapped block on its own
+    buckets = np.where(torch_ & (zero >= 2), units, np.maximum(np.ceil(grad_bytes / a.bucket_bytes), 1))
+    bus = np.where(scatters, bus_bw_bytes_per_s(n, stride, hw, a, "reduce_scatter"),
+                   bus_bw_bytes_per_s(n, stride, hw, a))
+    reduce_bw = np.where(scatters & (a.reduce_scatter_bw_bytes_per_s is not None),
+                         a.reduce_scatter_bw_bytes_per_s or 1.0, bus)
+    reduce_s = ring_s(np.where(scatters, 1.0, 2.0), grad_bytes, n, reduce_bw) + buckets * reduce_latency
+    across = stride * n                                         # HSDP: the shard's copies, a shard group apart
+    reduce_s = reduce_s + ring_s(2.0, grad_bytes / n, replicas, bus_bw_bytes_per_s(replicas, across, hw, a)) \
+        + buckets * latency_s(replicas, across, g, a)
+    gather_bus = a.gather_bw_bytes_per_s or bus_bw_bytes_per_s(n, stride, hw, a, "all_gather")
+    gather_s = ring_s(1.0, trainable * gather_b, n, gather_bus) + units * gather_latency
+    return reduce_s, gather_s, buckets
 
 
 def hidden_s(comm_s, window_s, edge_s):

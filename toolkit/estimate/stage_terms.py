@@ -106,8 +106,8 @@ def ddp_buckets(job: Job):
 def degrees(job: Job):
     """(tp, the data-parallel degree ZeRO shards over, zero) as arrays: dp, or under HSDP dp / dp_replicate."""
     par = job.parallel
-    return (np.asarray(par.tp), np.maximum(np.asarray(1 if par.dp is None else par.dp) // np.asarray(par.dp_replicate), 1),
-            np.asarray(par.zero))
+    dp = np.asarray(1 if par.dp is None else par.dp)
+    return np.asarray(par.tp), np.maximum(dp // np.asarray(par.dp_replicate), 1), np.asarray(par.zero)
 
 
 def trainable_per_device(job: Job, stage: str | None = None):

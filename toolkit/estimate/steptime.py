@@ -210,7 +210,8 @@ def hardware_for(job: Job, catalog: Catalog) -> Hardware | None:
     return Hardware(peak_flops=peak, memory_bw_bytes_per_s=memory_bw, intra_bw_bytes_per_s=intra,
                     inter_bw_bytes_per_s=node_net / cl.gpus_per_node, gpus_per_node=cl.gpus_per_node,
                     matmul_peak_flops=fp8, assumptions=measured, kernels=kernels,
-                    allreduce_bus_bw_bytes_per_s=None if cl.intra_node_bw_bytes_per_s else acc.allreduce_bus_bw_bytes_per_s)
+                    allreduce_bus_bw_bytes_per_s=None if cl.intra_node_bw_bytes_per_s
+                    else acc.allreduce_bus_bw_bytes_per_s)
 
 
 @dataclass(frozen=True)
