@@ -212,3 +212,36 @@ def test_a_reader_that_leaves_early_is_no_error():
            "| head -c 10 > /dev/null; echo ${PIPESTATUS[0]}")
     done = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "0" and done.stderr == "", (done.stdout, done.stderr)
+
+
+def test_estimate_check_exits_one_when_the_job_does_not_fit(cli):
+    """Scripts can tell: `--check` exits 1 with one line when the device peak exceeds the device, 0 when it fits."""
+    code, out, err = cli("estimate", "--model", "llama2-70b", "--gpus", "1xA100-80GB", "--check")
+    assert code == 1 and "peak in a step" in out and err.count("\n") == 1 and "does not fit" in err
+    assert cli("estimate", "--model", "llama2-7b", "--gpus", "8xA100-80GB", "--zero", "3", "--check")[0] == 0
+
+
+@pytest.mark.parametrize("argv, field", [(("--tokens", "-1e9"), "--tokens: tokens = -1000000000.0"),
+                                         (("--micro-batch", "-2"), "--micro-batch: batch.micro_batch = -2")])
+def test_a_negative_number_is_refused_by_the_spec_not_taken_for_an_option(cli, argv, field):
+    code, _out, err = cli("estimate", "--model", "llama2-7b", *argv)
+    assert code == 2 and field in err and "must be greater than zero" in err and "expected one argument" not in err
+
+
+def test_a_default_warmup_longer_than_the_run_is_named_as_the_default(cli, tmp_path):
+    code, _out, err = cli("train", "--layers", "2", "--hidden", "64", "--heads", "4", "--vocab", "256", "--seq", "32",
+                          "--steps", "5", "--out", str(tmp_path / "run"))
+    assert code == 2 and "warmup_steps = 10: (the default) must be below training.steps = 5; give --warmup 1" in err
+
+
+def test_plan_says_what_it_assumed_and_shows_small_steps_in_ms(cli):
+    """The token budget, the network across nodes and where its figure came from, what separates #1 from #2;
+    a small model's steps in ms and its run in minutes."""
+    code, out, _err = cli("plan", "--model", "llama2-7b", "--gpus", "64xH100-SXM", "--precision", "amp-bf16",
+                          "--tokens", "1e11", "--top", "3")
+    assert code == 0 and "token budget 1e+11 tokens" in out
+    assert "network across nodes 400 Gb/s per device (the accelerator's reference system)" in out
+    assert "#1 against #2:" in out
+    code, out, _err = cli("plan", "--layers", "4", "--hidden", "256", "--heads", "8", "--vocab", "256", "--seq", "128",
+                          "--gpus", "8xA100-80GB", "--tokens", "1e8", "--top", "2")
+    assert code == 0 and " ms " in out and " min " in out and "0.0" not in out.split("\n")[4]

@@ -93,7 +93,13 @@ _FLAG_OF_FIELD.update({"cluster.count": "--gpus", "cluster.accelerator": "--gpus
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that reports a usage mistake in one line (exit 2) instead of the usage block."""
+    """argparse that reports a usage mistake in one line (exit 2) instead of the usage block. A negative number in
+    any notation (-1e9 too, which argparse takes for an option) is a value: the Job's checks refuse it with the
+    field's own reason."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
 
     def error(self, message):  # noqa: D401 - argparse API
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
@@ -122,6 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Estimate parameters, memory, FLOPs, time and cost of a job.")
     _add_job_args(est)
     _add_html(est)
+    est.add_argument("--check", action="store_true",
+                     help="exit 1 when the job does not fit its devices (for scripts); the report is printed anyway")
     trace = sub.add_parser("trace", help="measure the job's memory by running its real step on fake tensors",
                            description="Run the real PyTorch training step on fake tensors (no memory allocated) "
                                        "and report the same keys as `estimate`, with memory measured.")
@@ -285,6 +293,10 @@ def cmd_estimate(args) -> int:
     if args.write_job:
         Job.from_dict(result["job"], catalog).to_yaml(args.write_job)
     print(json.dumps(result, indent=2, ensure_ascii=False) if args.json else render_estimate(result))
+    if args.check and result["memory"].get("fits") is False:
+        print(f"toolkit estimate: the job does not fit: {result['memory']['device_peak_bytes'] / 2**30:.1f} GiB a "
+              "device at its peak; see `toolkit doctor` for fixes", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -191,17 +191,55 @@ def layout_text(layout: dict) -> str:
     return " · ".join(parts)
 
 
+def duration_text(seconds: float) -> str:
+    """A step or a run in the unit that reads: ms below a second, minutes below an hour, hours below two days."""
+    if seconds < 1:
+        return f"{seconds * 1e3:.3g} ms"
+    if seconds < 60:
+        return f"{seconds:.3g} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.3g} min"
+    return f"{seconds / 3600:,.1f} h" if seconds < 2 * 86400 else f"{seconds / 86400:,.1f} days"
+
+
+_NETWORK_SOURCE = {"given": "the job's or its offer's", "accelerator": "the accelerator's reference system",
+                   "assumed": "assumed: give --offer or cluster.inter_node_bw_bytes_per_s"}
+
+
+def plan_assumptions(result: dict) -> list[str]:
+    """What the plans were priced with: the token budget, the network across nodes and its source, the MFU."""
+    if not result["plans"]:
+        return []
+    best = result["plans"][0]
+    net = best.get("network") or {}
+    lines = [f"  token budget {best['tokens']:.3g} tokens; MFU modelled by the step-time model (not given)"]
+    if best["devices"] > 8 and net:
+        lines.append(f"  network across nodes {net['gbps_per_device']:.0f} Gb/s per device "
+                     f"({_NETWORK_SOURCE[net['source']]})")
+    if len(result["plans"]) > 1:
+        second = result["plans"][1]
+        parts = {k: second["breakdown"][k] - best["breakdown"][k] for k in best["breakdown"]}
+        name, diff = max(parts.items(), key=lambda kv: abs(kv[1]))
+        if abs(diff) < 1e-3 * best["step_s"]:
+            lines.append("  #1 against #2: the same modelled step (ties keep the search's order)")
+        else:
+            lines.append(f"  #1 against #2: {_PART_NAMES.get(name, name)} {diff * 1e3:+.3g} ms a step for #2 "
+                         "(the largest difference of their steps' parts)")
+    return lines
+
+
 def render_plan(result: dict) -> str:
     out = [f"evaluated {result['evaluated']:,} layouts, {result['fitting']:,} fit; best by {result['objective']}:"]
+    out += plan_assumptions(result)
     if not result["plans"]:
         out.append("  none fits: try more devices (--max-gpus), another accelerator, or see `toolkit doctor`")
-    head = ("#", "devices", "layout", "device peak/usable", "step", "MFU", "days", "cost")
+    head = ("#", "devices", "layout", "device peak/usable", "step", "MFU", "time to train", "cost")
     rows = [head]
     for i, p in enumerate(result["plans"], 1):
         where = f"{p['devices']}x{p['accelerator']}" + (f" ({p['instances']}x {p['offer']})" if p["offer"] else "")
         mark = "≈" if p.get("within_error") and i > 1 else ""
         rows.append((f"{i}{mark}", where, layout_text(p["layout"]), f"{gib(p['device_peak_bytes'])}/{gib(p['usable_bytes'])}",
-                     f"{p['step_s']:.2f} s", f"{p['mfu']:.0%}", f"{p['train_days']:,.1f}",
+                     duration_text(p["step_s"]), f"{p['mfu']:.0%}", duration_text(p["train_days"] * 86400),
                      money(p["cost"], p["currency"]) if p["cost"] is not None else "—"))
     widths = [max(len(r[c]) for r in rows) for c in range(len(head))]
     out += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]

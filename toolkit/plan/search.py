@@ -27,7 +27,7 @@ from ..estimate.memory import memory_estimate
 from ..estimate.pipeline import simulate
 from ..estimate.spot import spot_run
 from ..estimate.states import model_state_bytes
-from ..estimate.steptime import hardware_for, step_time
+from ..estimate.steptime import hardware_for, network_figure, step_time
 from ..specs import Job, SpecError
 from ..specs.catalog import Catalog
 from ..specs.stages import chunk_layers, uneven_fits
@@ -166,7 +166,7 @@ def search(job: Job, catalog: Catalog, *, gpus: tuple[int, str] | None = None, o
         if deadline_days is not None:
             ok &= train_s <= deadline_days * 86400
         blocks.append({"grid": grid, "mem": peak, "reserved": reserved_peak, "device": device_peak, "st": st,
-                       "band": band(regime_of(hw)),
+                       "band": band(regime_of(hw)), "network": _network(resolved, catalog),
                        "train_s": train_s, "cost": cost, "cost_usd": cost_usd,
                        "ok": ok,
                        "accelerator": accelerator, "devices": count, "offer": resolved.cost.offer,
@@ -196,7 +196,7 @@ def _describe(block: dict, i: int) -> dict:
     pick = lambda v: float(np.broadcast_to(np.asarray(v, dtype=float), (n,))[i])  # noqa: E731
     return {"accelerator": block["accelerator"], "devices": block["devices"], "offer": block["offer"],
             "instances": block["instances"], "layout": block["grid"].layout(int(i)),
-            "global_batch": block["global_batch"], "tokens": block["tokens"],
+            "global_batch": block["global_batch"], "tokens": block["tokens"], "network": block["network"],
             "peak_bytes": float(block["mem"][i]), "reserved_peak_bytes": float(block["reserved"][i]),
             "device_peak_bytes": float(block["device"][i]), "usable_bytes": block["usable"],
             "step_s": pick(st.step_s), "tokens_per_s": pick(st.tokens_per_s), "mfu": pick(st.mfu),
@@ -207,6 +207,13 @@ def _describe(block: dict, i: int) -> dict:
             "cost_usd": None if np.isnan(block["cost_usd"][i]) else float(block["cost_usd"][i]),
             "breakdown": {k: pick(v) for k, v in st.breakdown().items()},
             "stage_micro_s": [pick(v) for v in st.stage_micro_s]}
+
+
+def _network(job: Job, catalog: Catalog) -> dict:
+    """The network across nodes a cluster was priced with, and where the figure came from (the job's or its
+    offer's, the accelerator's reference system, or the model's assumption)."""
+    node_bytes, source = network_figure(job, catalog)
+    return {"gbps_per_device": node_bytes * 8 / job.cluster.gpus_per_node / 1e9, "source": source}
 
 
 def _mark_within_error(plans: list[dict], objective: str) -> None:

@@ -46,8 +46,10 @@ def _resolve_training(job: Job, notes: list[str]):
         check_positive(getattr(t, name), f"training.{name}", allow_zero=True)
     check_range(t.min_lr_fraction, "training.min_lr_fraction", 0.0, 1.0)
     if t.warmup_steps >= t.steps and t.steps > 1:
+        default = t.warmup_steps == type(t)().warmup_steps
         raise SpecError("training.warmup_steps", t.warmup_steps,
-                        f"must be below training.steps = {t.steps}; try {max(t.steps // 10, 1)}")
+                        ("(the default) " if default else "") + f"must be below training.steps = {t.steps}; "
+                        f"give --warmup {max(t.steps // 10, 1)}" + (" or more --steps" if default else ""))
     pruning = t.pruning
     if pruning.method == "magnitude":
         check_range(pruning.sparsity, "training.pruning.sparsity", 0.0, 1.0, high_open=True)
