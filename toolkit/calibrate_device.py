@@ -151,7 +151,7 @@ def _probe_run(job_dict: dict, out: str) -> dict:
     from .train.determinism import pinned, rank_threads
     from .train.launch import prepare_run
     from .train.loop import Trainer
-    job = prepare_run(Job.from_dict(job_dict), out, 1)
+    job = prepare_run(Job.from_dict(job_dict), out, 1, force=True)   # (the probe sizes itself)
     kept = [o for o in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "").split(",") if o and "expandable_segments" not in o]
     expandable = ["expandable_segments:True"] if job.memory.expandable_segments else []
     os.environ["PYTORCH_CUDA_ALLOC_CONF"] = ",".join(kept + expandable)

@@ -171,6 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_job_args(train, TRAIN_OVERRIDES)
     train.add_argument("--out", metavar="DIR", required=True, help="run folder: job.yaml, checkpoints/, metrics.jsonl")
     train.add_argument("--nproc", metavar="N", type=int, default=1, help="data-parallel processes (gloo on CPU)")
+    train.add_argument("--force", action="store_true",
+                       help="start even when the estimate says the machine cannot hold the job")
     train.add_argument("--launcher", choices=["auto", "own", "accelerate"], default="auto",
                        help="how N ranks start: accelerate launch with a config from the job (auto: where CUDA GPUs "
                             "are), or the toolkit's own launcher (auto: elsewhere)")
@@ -376,7 +378,7 @@ def cmd_train(args) -> int:
     catalog = load_catalog(*args.catalog)
     job = job_from_args(args, catalog)
     code = launch(job, args.out, nproc=args.nproc, peak_tflops=args.peak_tflops, progress=not args.no_progress,
-                  launcher=args.launcher, catalog_files=args.catalog)
+                  launcher=args.launcher, catalog_files=args.catalog, force=args.force)
     if code == 0:
         print(render_run_summary(args.out))
     return code

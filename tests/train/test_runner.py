@@ -180,3 +180,15 @@ def test_resuming_a_different_job_is_refused(tmp_path, corpus):
     assert other.returncode == 2 and "holds checkpoints of a different job" in other.stderr
     longer = train_here(out, "--steps", "4", "--global-batch", "4", "--data", str(corpus))
     assert longer.returncode == 0 and [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2, 3, 4]
+
+
+def test_a_job_the_host_cannot_hold_is_refused_in_one_line_before_any_rank_starts(tmp_path):
+    """48 blocks 4096 wide on 2 ranks need ~333 GiB: refused with what it needs, what the host has and the way out
+    (--force), before a rank starts or the output folder is made."""
+    out = tmp_path / "big"
+    argv = ["train", "--layers", "48", "--hidden", "4096", "--heads", "32", "--vocab", "256", "--seq", "512",
+            "--steps", "20", "--warmup", "2", "--nproc", "2", "--out", str(out)]
+    result = subprocess.run([sys.executable, "-m", "toolkit.cli", *argv], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    assert "GiB of this host's memory" in result.stderr and "or --force to start anyway" in result.stderr
+    assert not out.exists()

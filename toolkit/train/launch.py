@@ -35,7 +35,7 @@ from .determinism import pin_environment
 __all__ = ["prepare_run", "launch"]
 
 
-def prepare_run(job: Job, out_dir: str | Path, nproc: int, catalog_files=()) -> Job:
+def prepare_run(job: Job, out_dir: str | Path, nproc: int, catalog_files=(), force: bool = False) -> Job:
     """Fix the data-parallel degree to nproc / (tp × pp), check everything the runner needs, write OUT/job.yaml
     (and copies of the user's catalog files in OUT/catalogs, so a job on a calibrated or custom device resolves in
     the run; a rerun without --catalog uses the run's copies)."""
@@ -52,8 +52,12 @@ def prepare_run(job: Job, out_dir: str | Path, nproc: int, catalog_files=()) -> 
         raise SpecError("--nproc", nproc, f"must be a multiple of tp × pp = {model_parallel}")
     job = job.replace(parallel=dataclasses.replace(par, dp=nproc // model_parallel),
                       cluster=dataclasses.replace(job.cluster, count=nproc))
-    resolved, _notes = job.resolve(load_catalog(*(given or run_catalog_files(out))))
+    catalog = load_catalog(*(given or run_catalog_files(out)))
+    resolved, _notes = job.resolve(catalog)
     runner_checks(resolved)
+    if not force:
+        from .fits import check_fits
+        check_fits(resolved, nproc, catalog)
     refuse_accelerate_overrides(resolved)
     from .data import BYTE_VOCAB, TokenShards
     vocab = TokenShards(resolved.training.data, "train", resolved.model.seq_len).vocab \
@@ -93,13 +97,13 @@ LAUNCHERS = ("auto", "own", "accelerate")
 
 
 def launch(job: Job, out_dir: str | Path, nproc: int = 1, peak_tflops: float | None = None,
-           progress: bool = True, launcher: str = "auto", catalog_files=()) -> int:
+           progress: bool = True, launcher: str = "auto", catalog_files=(), force: bool = False) -> int:
     """Run the job; returns the exit code (0 done or stopped cleanly, 1 a rank failed, 3 stopped by diagnosis).
     launcher: "own" starts and supervises the ranks here, "accelerate" through `accelerate launch`, "auto" the
     latter where CUDA GPUs are (the design's multi-GPU path), the former elsewhere."""
     if launcher not in LAUNCHERS:
         raise SpecError("--launcher", launcher, f"must be one of {', '.join(LAUNCHERS)}")
-    job = prepare_run(job, out_dir, nproc, catalog_files)
+    job = prepare_run(job, out_dir, nproc, catalog_files, force)
     out = Path(out_dir)
     allocator = _allocator_env(job)
     if nproc == 1:
