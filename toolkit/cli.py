@@ -71,6 +71,8 @@ OVERRIDES = {
     "kwh_price": ("cost", "energy_price_per_kwh", Cost), "grid_co2": ("cost", "grid_kg_co2_per_kwh", Cost),
     "finetune": ("finetune", "method", Finetune), "lora_rank": ("finetune", "rank", Finetune),
     "lora_targets": ("finetune", "targets", Finetune),
+    "dataset_tokens": ("finetune", "dataset_tokens", Finetune), "epochs": ("finetune", "epochs", Finetune),
+    "workload": ("", "workload", Job),
     "tokens": ("", "tokens", Job), "mfu": ("", "mfu", Job),
 }
 # flags that only `toolkit train` takes: the runner's section of the Job
@@ -271,6 +273,8 @@ def job_from_args(args, catalog) -> Job:
             section[fld] = value
         else:
             data[fld] = value
+    if getattr(args, "finetune", None) is not None and getattr(args, "workload", None) is None:
+        data.setdefault("workload", "finetune")           # --finetune full is a fine-tune, not pretraining
     if args.gpus:
         count, name = parse_gpus(args.gpus)
         data.setdefault("cluster", {}).update(count=count, accelerator=name)

@@ -98,7 +98,10 @@ def render_estimate(est: dict) -> str:
                       ("throughput", f"{time['tokens_per_s']:,.0f} tokens/s, MFU {time['mfu_modelled']:.1%}, "
                                      f"HFU {time['hfu_modelled']:.1%}, matmul efficiency "
                                      f"{time['gemm_efficiency']:.0%} of peak")])
-    if time["train_s"] is None:
+    if time["train_s"] is None and time.get("tokens_per_s"):
+        out += _rows([("per 1B tokens", f"{1e9 / time['tokens_per_s'] / 3600:,.1f} h "
+                                        "(no token budget given: --tokens, or --dataset-tokens for a fine-tune)")])
+    elif time["train_s"] is None:
         out += ["  —"]
     else:
         out += _rows([("time to train", f"{time['train_days']:,.1f} days ({time['train_s'] / 3600:,.0f} h)"),

@@ -58,3 +58,26 @@ def test_run_symptoms(tmp_path):
     assert any("uneven steps" in f for f in _write(tmp_path, stalls))
     diverged = ok[:5] + [{"step": 6, "loss": None, "stopped": "diverged"}]
     assert any("diverged at step 6" in f for f in _write(tmp_path, diverged))
+
+
+def test_a_full_fine_tune_that_does_not_fit_is_offered_adapters_and_pure_bf16_before_offloading(cli):
+    """Llama-2-7B fully fine-tuned on one RTX 4090: QLoRA and LoRA come before offloading, whose host step over
+    PCIe is priced at several times the step; the combination that fits uses QLoRA."""
+    code, out, _err = cli("doctor", "--model", "llama2-7b", "--gpus", "1xRTX-4090", "--finetune", "full")
+    assert code == 0
+    fixes = out.split("changes that make it fit come first:")[1]
+    assert fixes.index("QLoRA") < fixes.index("offload parameters") and "LoRA adapters" in fixes
+    assert "pure bf16" in fixes
+    assert "together: QLoRA" in out and "(fits" in out.split("together:")[1]
+
+
+def test_a_fine_tune_is_budgeted_by_its_data_not_the_pretraining_preset(cli_json):
+    full = cli_json("estimate", "--model", "llama2-7b", "--gpus", "1xA100-80GB", "--finetune", "full")
+    assert full["job"]["workload"] == "finetune" and full["job"]["tokens"] is None
+    assert full["time"]["train_s"] is None and full["job"]["batch"]["global_batch"] == 1     # not 2T tokens, 4M a step
+    data = cli_json("estimate", "--model", "llama2-7b", "--gpus", "1xA100-80GB", "--finetune", "lora",
+                    "--dataset-tokens", "5e7", "--epochs", "3")
+    assert data["job"]["tokens"] == pytest.approx(1.5e8)
+    assert data["time"]["train_s"] == pytest.approx(1.5e8 / data["time"]["tokens_per_s"])
+    pretrain = cli_json("estimate", "--model", "llama2-7b", "--gpus", "8xA100-80GB")
+    assert pretrain["job"]["workload"] == "train" and pretrain["job"]["tokens"] == 2e12

@@ -87,7 +87,7 @@ def _compute_part(job: Job, notes: list[str]):
         attention = 3 * per_token.attention * job.tokens
     elif flops is not None:                                   # encoders and size-only models: 6·N·D (+ attention)
         total, attention = flops.total_flops, flops.attention_flops
-    if job.tokens is None:
+    if job.tokens is None and job.workload != "finetune":     # (a fine-tune's own note says what to give)
         notes.append("no token budget: give --tokens for FLOPs, time and cost")
     return ComputePart(
         flops_6nd=flops.flops_6nd if flops else None, attention_flops=attention, total_flops=total,

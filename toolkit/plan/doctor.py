@@ -66,6 +66,19 @@ def candidate_changes(job: Job) -> list[tuple[str, Job]]:
                                                                                    zero=max(par.zero, 3))))
     if job.optimizer.name in ("adam", "adamw"):
         out.append(("8-bit AdamW states", _replace(job, "optimizer", name="adamw-8bit")))
+    return out + _finetune_changes(job)
+
+
+def _finetune_changes(job: Job) -> list[tuple[str, Job]]:
+    """A full fine-tune can train adapters instead (LoRA; QLoRA with the base in 4-bit NormalFloat), or keep
+    weights, gradients and states in bf16 (pure-bf16): the toolkit models all three, before any offloading."""
+    if job.workload != "finetune" or job.finetune.method != "full":
+        return []
+    out = [("LoRA adapters (rank 8 on q, k, v, o; the base frozen)", _replace(job, "finetune", method="lora")),
+           ("QLoRA (LoRA over a 4-bit NormalFloat base)", _replace(job, "finetune", method="qlora"))]
+    if job.precision.mode != "pure-bf16" and job.precision.mode not in ("fp32", "amp-fp16", "mixed-fp16"):
+        out.append(("pure bf16 (weights, gradients and AdamW states in bf16)",
+                    _replace(job, "precision", mode="pure-bf16", grad_dtype="param")))
     return out
 
 

@@ -193,6 +193,10 @@ class Finetune:
     """Adapter scale numerator (the update is scaled by alpha / rank)."""
     targets: tuple[str, ...] = ("q", "k", "v", "o")
     """Projections that get adapters: q, k, v, o (attention), up, gate (SwiGLU only), down (MLP)."""
+    dataset_tokens: float | None = None
+    """Tokens in the fine-tuning data; with `epochs`, the fine-tune's token budget (never the pretraining one)."""
+    epochs: float = 1.0
+    """Passes over the fine-tuning data."""
 
     @property
     def adapters(self) -> bool:
@@ -265,8 +269,12 @@ class Job:
     cost: Cost = field(default_factory=Cost)
     finetune: Finetune = field(default_factory=Finetune)
     training: Training = field(default_factory=Training)
+    workload: Literal["train", "finetune"] | None = None
+    """train: pretraining, budgeted by `tokens` or the preset's published budget; finetune: a fine-tune of existing
+    weights, budgeted by `tokens`, finetune.dataset_tokens × epochs, or else priced per billion tokens. None =
+    finetune where finetune.method is lora or qlora, else train. (The inference issue adds `inference`.)"""
     tokens: float | None = None
-    """Training token budget D; None = the preset's published budget."""
+    """Token budget D; None = the preset's published budget (pretraining) or the fine-tuning data's."""
     mfu: float | None = None
     """Model FLOPs utilisation assumed for time-to-train (0 < mfu ≤ 1)."""
 

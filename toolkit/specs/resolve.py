@@ -116,18 +116,37 @@ def resolve_job(job: Job, catalog: Catalog) -> tuple[Job, list[str]]:
     precision = _resolve_precision(job, accelerator, notes)
     _check_sharding(job, par, precision.mode, notes)
     _check_finetune(job, precision.mode)
-    batch, preset = _resolve_batch(job, par, catalog, notes)
-    tokens = job.tokens
-    if tokens is None and preset is not None and preset.tokens is not None:
-        tokens = preset.tokens
-        notes.append(f"tokens = {tokens:.4g}, the budget published for {preset.name}")
+    workload = job.workload or ("finetune" if job.finetune.adapters else "train")
+    batch, preset = _resolve_batch(job, par, catalog, notes, workload)
+    tokens = _token_budget(job, workload, preset, notes)
     memory = _resolve_training(job, notes)
     if memory.program is None:
         memory = dataclasses.replace(memory, program="cpu" if accelerator is None else "cuda")
     resolved = dataclasses.replace(job, memory=memory, parallel=par, cluster=cluster, batch=batch, tokens=tokens,
-                                   precision=precision)
+                                   precision=precision, workload=workload)
     return resolved, notes
 
+
+def _token_budget(job: Job, workload: str, preset, notes: list[str]) -> float | None:
+    """The token budget: the job's; for a fine-tune its data's (dataset_tokens × epochs), never the preset's
+    pretraining budget; for pretraining the preset's published one."""
+    ft = job.finetune
+    check_positive(ft.dataset_tokens, "finetune.dataset_tokens")
+    check_positive(ft.epochs, "finetune.epochs")
+    if job.tokens is not None:
+        return job.tokens
+    if workload == "finetune":
+        if ft.dataset_tokens is not None:
+            notes.append(f"tokens = {ft.dataset_tokens * ft.epochs:.4g}, the fine-tuning data "
+                         f"({ft.dataset_tokens:.4g} tokens × {ft.epochs:g} epochs)")
+            return ft.dataset_tokens * ft.epochs
+        notes.append("fine-tuning budget not given (--tokens, or --dataset-tokens and --epochs): time is shown per "
+                     "billion tokens, not the pretraining budget")
+        return None
+    if preset is not None and preset.tokens is not None:
+        notes.append(f"tokens = {preset.tokens:.4g}, the budget published for {preset.name}")
+        return preset.tokens
+    return None
 
 def _check_sizes(job: Job) -> None:
     """Sizes that must be positive, and fractions in their ranges."""
@@ -373,14 +392,15 @@ def _check_finetune(job: Job, mode: str) -> None:
                                                         "amp-bf16, pure-bf16 or mixed-bf16 (and adamw, adam or sgd)")
 
 
-def _resolve_batch(job: Job, par, catalog: Catalog, notes: list[str]):
-    """(the batch with its global batch filled in, the model's preset or None)."""
+def _resolve_batch(job: Job, par, catalog: Catalog, notes: list[str], workload: str = "train"):
+    """(the batch with its global batch filled in, the model's preset or None). A fine-tune does not take the
+    preset's pretraining batch: one micro-batch a replica unless given."""
     batch = job.batch
     per_step = batch.micro_batch * par.dp
     global_batch = batch.global_batch
     preset = catalog.presets.get((job.model.name or "").lower())
     if global_batch is None:
-        published = preset.global_batch_in_sequences() if preset else None
+        published = preset.global_batch_in_sequences() if preset and workload == "train" else None
         if published is not None:
             step = per_step * (par.pp if par.vpp > 1 else 1)         # interleaved: whole rounds of micro-batches
             named = "micro-batch × dp" + (" × pp (interleaved stages)" if par.vpp > 1 else "")
@@ -389,7 +409,9 @@ def _resolve_batch(job: Job, par, catalog: Catalog, notes: list[str]):
                          f"{step} at least the published {published}")
         else:
             global_batch = per_step
-            notes.append(f"global batch = micro-batch × dp = {per_step} (no published batch to follow)")
+            why = "a fine-tune: the pretraining batch does not apply" if workload == "finetune" and preset \
+                else "no published batch to follow"
+            notes.append(f"global batch = micro-batch × dp = {per_step} ({why}; give --global-batch)")
     elif not batch_split(global_batch, batch.micro_batch, par.dp):
         lower = global_batch - global_batch % per_step
         options = ([lower] if lower else []) + [lower + per_step]
