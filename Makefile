@@ -42,9 +42,11 @@ browser:
 	    (apt-get install -y -q chromium >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null)); \
 	  else echo "make test needs Chromium for tests/browser: sudo apt-get install chromium"; exit 1; fi; }
 
-# JupyterLab refuses to start as root without --allow-root (containers and cloud notebooks often run as root)
+# JupyterLab refuses to start as root without --allow-root (containers and cloud notebooks often run as root).
+# No news feed and no update check: JupyterLab's prompt for them otherwise sits over the first chart.
 lab: $(STAMP)
-	$(BIN)/jupyter lab notebooks/ $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
+	$(BIN)/jupyter lab notebooks/ --LabApp.news_url= --LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate \
+	  $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
 
 clean:
 	rm -rf $(VENV) build *.egg-info
