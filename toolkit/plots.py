@@ -85,11 +85,13 @@ def _bar_figure(bars: list[dict], title: str, unit: str, lines: list[dict] = ())
 
 def metrics_figure(records: list[dict], est: Estimate | dict | None = None, rank_memory: list[dict] = ()) -> go.Figure:
     """Loss, throughput, MFU (or TFLOP/s) and memory of a run, step by step; the estimate as dashed lines. The
-    process's memory (RSS on CPU, the allocator on GPUs) is one line; `rank_memory` (toolkit.runs.read_rank_memory:
-    each rank's tensor peak over its first steps, the estimate's own measure) adds one marker per rank, on a log axis
-    where both show."""
+    process's memory (RSS on CPU, the allocator on GPUs) is one line on the left axis; `rank_memory`
+    (toolkit.runs.read_rank_memory: each rank's tensor peak over its first steps, the estimate's own measure) adds one
+    marker per rank beside the estimated peak, on the right axis: on a CPU the process holds 10-100x the tensors, and
+    one axis would flatten the comparison that matters onto zero."""
     fig = make_subplots(rows=2, cols=2, subplot_titles=("loss", "tokens/s", "MFU" if any(
-        r.get("mfu") is not None for r in records) else "TFLOP/s per device", "memory"))
+        r.get("mfu") is not None for r in records) else "TFLOP/s per device", "memory"),
+        specs=[[{}, {}], [{}, {"secondary_y": True}]])
     steps = [r["step"] for r in records]
     fig.add_trace(go.Scatter(x=steps, y=[r.get("loss") for r in records], name="loss", mode="lines"), 1, 1)
     evals = [r for r in records if r.get("eval_loss") is not None]
@@ -106,7 +108,8 @@ def metrics_figure(records: list[dict], est: Estimate | dict | None = None, rank
     if rank_memory:
         fig.add_trace(go.Scatter(x=[max(r["steps"]) for r in rank_memory], y=[r["peak_bytes"] / GIB for r in rank_memory],
                                  text=[f"rank {r['rank']} (stage {r['stage']})" for r in rank_memory], mode="markers",
-                                 name=f"tensor peak per rank ({rank_memory[0]['instrument']})"), 2, 2)
+                                 name=f"tensor peak per rank ({rank_memory[0]['instrument']})"), 2, 2,
+                      secondary_y=True)
     if est is not None and steps:
         span, est = [min(steps), max(steps)], as_estimate(est)
         if est.time.tokens_per_s:
@@ -123,11 +126,10 @@ def metrics_figure(records: list[dict], est: Estimate | dict | None = None, rank
             fig.add_trace(go.Scatter(x=span, y=[est.time.mfu_modelled] * 2, name="estimated MFU",
                                      mode="lines", line_dash="dash"), 2, 1)
         if est.memory.peak_bytes:
-            fig.add_trace(go.Scatter(x=span, y=[est.memory.peak_bytes / GIB] * 2, name="estimated peak",
-                                     mode="lines", line_dash="dash"), 2, 2)
-    # a log axis: on CPU the process (interpreter, libraries) holds ~10-100x the tensors the markers and the
-    # estimate compare, which a linear axis flattens onto zero
-    fig.update_yaxes(title_text="GiB (log)", type="log", row=2, col=2)
+            fig.add_trace(go.Scatter(x=span, y=[est.memory.peak_bytes / GIB] * 2, name="estimated peak (tensors)",
+                                     mode="lines", line_dash="dash"), 2, 2, secondary_y=True)
+    fig.update_yaxes(title_text=f"process, GiB ({kind})", rangemode="tozero", row=2, col=2, secondary_y=False)
+    fig.update_yaxes(title_text="tensors, GiB", rangemode="tozero", row=2, col=2, secondary_y=True)
     fig.update_xaxes(title_text="step", row=2)
     fig.update_layout(height=480, margin=dict(l=10, r=10, t=40, b=30), legend=dict(orientation="h", y=-0.15))
     return fig

@@ -84,3 +84,16 @@ def test_a_new_launch_after_a_run_never_writes_into_it(tmp_path):
     (tmp_path / "run").mkdir()
     (tmp_path / "run-2").mkdir()
     assert fresh_folder(tmp_path / "run") == tmp_path / "run-3"
+
+
+def test_the_memory_chart_puts_the_process_and_the_tensors_on_separate_labelled_axes():
+    """On a CPU the process (~0.4 GiB) holds far more than the tensors (~0.01 GiB) the estimate and the per-rank
+    markers compare: each gets its own axis, named, so neither is flattened onto zero."""
+    from toolkit.plots import metrics_figure
+    records = [{"step": s, "loss": 3.0, "tokens_per_s": 10.0, "mem_bytes": 4e8, "mem_kind": "rss"} for s in (1, 2)]
+    ranks = [{"rank": 0, "stage": 0, "steps": [1, 2], "peak_bytes": 1e7, "instrument": "MemTracker"}]
+    fig = metrics_figure(records, None, ranks)
+    axis_of = {trace.name: trace.yaxis for trace in fig.data}
+    assert axis_of["measured (rss)"] != axis_of["tensor peak per rank (MemTracker)"]
+    assert fig.layout.yaxis4.title.text == "process, GiB (rss)" and fig.layout.yaxis5.title.text == "tensors, GiB"
+    assert fig.layout.yaxis4.type != "log"
