@@ -27,12 +27,13 @@ demo: $(STAMP)
 
 # Two workers, a test file each at a time (notebooks keep their cells in order; module fixtures are built once);
 # the slowest tests are listed at the end. Then the tests marked `quiet`, which time code against a reference,
-# alone: beside the other worker's ranks on two cores a timed difference of a few ms is off 5x either way.
+# alone: beside the other worker's ranks on two cores a timed difference of a few ms is off 5x either way; and those
+# marked `alone`, which start more ranks than there are cores (96 s beside the other worker, 20 s by themselves).
 # TEST_WORKERS=0 runs everything in this process.
 TEST_WORKERS ?= 2
 test: $(STAMP) browser
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 -m "not quiet"
-	$(BIN)/python -m pytest -q -m quiet tests
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 -m "not quiet and not alone"
+	$(BIN)/python -m pytest -q -m "quiet or alone" tests
 
 # The browser test drives Debian's Chromium; install it when missing (as root, through apt).
 browser:

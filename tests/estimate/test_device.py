@@ -120,6 +120,7 @@ def test_process_groups_are_those_torch_creates_for_the_mesh():
         assert comm_groups(job)[0] == torch_count, (layout, torch_count)
 
 
+@pytest.mark.alone
 def test_deepspeeds_pipeline_engine_communicates_on_the_groups_counted(tmp_path):
     """A first-stage rank of DeepSpeed's pipeline engine (dp 2 x tp 2 x pp 2, tied embeddings, bf16 ZeRO-1, clipping)
     runs collectives on six groups, recorded on 8 gloo ranks (record_ds_groups.py): Megatron's tensor-parallel

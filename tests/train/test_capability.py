@@ -45,6 +45,7 @@ def test_the_planners_mask_agrees_with_the_runners_refusal_on_every_layout(extra
     assert checked > (5 if base.finetune.adapters else 300) and 0 < runnable <= checked
 
 
+@pytest.mark.alone
 def test_a_plan_for_this_machine_trains_as_written_on_four_ranks(tmp_path, corpus):
     """This machine as a catalog row (toolkit calibrate on 4 busy ranks), the planner's best runnable layout on 4 of
     its CPU 'devices', and that plan trained as written: the run resolves the row from its own folder, and its MFU is
