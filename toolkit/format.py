@@ -215,7 +215,9 @@ def plan_assumptions(result: dict) -> list[str]:
         return []
     best = result["plans"][0]
     net = best.get("network") or {}
-    lines = [f"  token budget {best['tokens']:.3g} tokens; MFU modelled by the step-time model (not given)"]
+    budget = (f"per {best['tokens']:.3g} tokens (a fine-tune with no budget given: --tokens or --dataset-tokens)"
+              if result.get("per_billion_tokens") else f"token budget {best['tokens']:.3g} tokens")
+    lines = [f"  {budget}; MFU modelled by the step-time model (not given)"]
     if best["devices"] > 8 and net:
         lines.append(f"  network across nodes {net['gbps_per_device']:.0f} Gb/s per device "
                      f"({_NETWORK_SOURCE[net['source']]})")

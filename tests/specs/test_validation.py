@@ -27,7 +27,7 @@ CASES = [
     ("zero-hidden", ["--layers", "2", "--hidden", "0", "--heads", "8"], "model.hidden = 0: must be greater than zero"),
     ("zero-seq", ["--model", "gpt2", "--seq", "0"], "model.seq_len = 0"),
     ("negative-tokens", ["--model", "gpt2", "--tokens=-1e9"], "tokens = -1000000000.0: must be greater than zero"),
-    ("negative-tokens-spaced", ["--model", "gpt2", "--tokens", "-1e9"], "argument --tokens: expected one argument"),
+    ("negative-tokens-spaced", ["--model", "gpt2", "--tokens", "-1e9"], "tokens = -1000000000.0: must be greater than zero"),
     ("mfu-above-one", ["--model", "gpt2", "--mfu", "45"], "mfu = 45.0: must lie in (0, 1]"),
     ("mfu-zero", ["--model", "gpt2", "--mfu", "0"], "mfu = 0.0: must lie in (0, 1]"),
     ("unknown-precision", ["--model", "gpt2", "--precision", "bf61"], "precision.mode = 'bf61': allowed: fp32, amp-bf16"),

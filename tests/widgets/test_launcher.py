@@ -40,7 +40,7 @@ def test_stop_during_a_run_checkpoints_and_the_kernel_stays_responsive(tmp_path)
     assert panel.redraws <= 4 * 60                         # rate-limited, not one redraw per line
     # each rank's tensor peak (what the estimate measures, unlike the process's RSS) beside the estimated peak
     peaks = next(t for t in panel.figure.data if t.name.startswith("tensor peak per rank"))
-    estimated = next(t for t in panel.figure.data if t.name == "estimated peak")
+    estimated = next(t for t in panel.figure.data if t.name == "estimated peak (tensors)")
     recorded = read_rank_memory(tmp_path / "run")
     assert [r["rank"] for r in recorded] == [0, 1] and list(peaks.x) == [2, 2]
     assert list(peaks.y) == [r["peak_bytes"] / 2**30 for r in recorded]

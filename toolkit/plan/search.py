@@ -40,6 +40,9 @@ AXIS_VALUES = {"tp": (1, 2, 4, 8), "pp": (1, 2, 4, 8, 16), "vpp": (1, 2), "cp": 
                "micro_batch": (1, 2, 4, 8), "recompute": ("none", "selective", "selective-op", "full")}
 """Values tried per axis (filtered by what the model and cluster allow)."""
 
+PER_TOKENS = 1e9
+"""A fine-tune without a budget (--tokens, --dataset-tokens) is planned per this many tokens."""
+
 MIN_CP_TOKENS = 8192
 """Context parallelism is searched only where each rank keeps at least this many tokens of a sequence."""
 
@@ -122,7 +125,7 @@ def search(job: Job, catalog: Catalog, *, gpus: tuple[int, str] | None = None, o
         raise SpecError("plan", None, "give the hardware: --gpus COUNTxNAME, or --offers A,B,... to compare offers")
     if objective == "cost" and not offers and not job.cost.offer:
         raise SpecError("--objective", "cost", "needs prices: give --offers (or --offer) as well")
-    evaluated, refusals, blocks = 0, [], []
+    evaluated, refusals, blocks, per_billion = 0, [], [], False
     for accelerator, count, offer_name in _clusters(catalog, gpus, offers, max_gpus):
         base = job.replace(cluster=dataclasses.replace(job.cluster, accelerator=accelerator, count=count),
                            parallel=dataclasses.replace(job.parallel, dp=None, tp=1, pp=1, vpp=1, cp=1, sp=False,
@@ -133,7 +136,10 @@ def search(job: Job, catalog: Catalog, *, gpus: tuple[int, str] | None = None, o
         except SpecError as err:
             refusals.append(f"{count}x{accelerator}: {err}")
             continue
-        if resolved.tokens is None:
+        if resolved.tokens is None and resolved.workload == "finetune":     # ranked per billion tokens
+            resolved = resolved.replace(tokens=PER_TOKENS)
+            per_billion = True
+        elif resolved.tokens is None:
             raise SpecError("--tokens", None, "a plan needs a token budget (the preset has none published)")
         hw = hardware_for(resolved, catalog)
         if hw is None:
@@ -187,6 +193,7 @@ def search(job: Job, catalog: Catalog, *, gpus: tuple[int, str] | None = None, o
     _mark_within_error(plans, objective)
     pareto = [_describe(*which[i]) for i in pareto_front(times, costs)] if priced else []
     return {"evaluated": evaluated, "fitting": len(which), "objective": objective, "runnable_only": runnable,
+            "per_billion_tokens": per_billion,
             "plans": plans, "pareto": pareto, "refused_clusters": refusals}
 
 
