@@ -56,8 +56,11 @@ def _drop_checkpoint(out, step):
         shutil.rmtree(part) if part.is_dir() else part.unlink()
 
 
-def _check_rank_memory(out, nproc, capsys, pipeline=False):
-    """Every rank measured its own tensors (MemTracker on the real run) and the estimate predicts them."""
+def _check_rank_memory(out, nproc, capsys, pipeline=False, sharded=False):
+    """Every rank measured its own tensors (MemTracker on the real run) and the estimate predicts them: within 1 %,
+    or for FSDP2 over gloo (`sharded`) 3.5 %: gloo's reduce-scatter holds copies whose lifetime depends on the
+    rank and the moment (a ZeRO-3 pair has read +1.80 % and -1.69 % on its two ranks, and once -3.1 % in a full
+    make test; the one-rank trace matches the estimate)."""
     compared = _compare(out, capsys)
     assert [r["rank"] for r in compared["ranks"]] == list(range(nproc))
     for rank in compared["ranks"]:
@@ -68,7 +71,7 @@ def _check_rank_memory(out, nproc, capsys, pipeline=False):
         if pipeline:                                       # each rank against its own stage's estimate
             assert rank["stage"] == rank["rank"] // (nproc // 2) and abs(peak["error"]) < 0.03
         else:                                              # ZeRO-1 included: DDP's kept gradient buckets
-            assert abs(peak["error"]) < 0.01
+            assert abs(peak["error"]) < (0.035 if sharded else 0.01)
     assert compared["time"]["step_s"]["measured"] > 0 and set(compared["time"]["step_s"]) == {
         "estimate", "measured", "error"}
 
@@ -114,7 +117,7 @@ def test_a_sharded_checkpoint_resumes_in_one_process(tmp_path, corpus, one_proce
     args = (*STEPS, *layout, "--data", str(corpus))
     assert toolkit_train(ref, *args, "--nproc", "2").returncode == 0
     _assert_close(_records(ref), one_process, rel=1e-5)
-    _check_rank_memory(ref, 2, capsys, pipeline="--pp" in layout)
+    _check_rank_memory(ref, 2, capsys, pipeline="--pp" in layout, sharded="--zero" in layout)
     if "--pp" in layout:
         _check_stage_timeline(ref, capsys)
     record = torch.load(ref / "checkpoints" / "step_00000006.pt", weights_only=True)
