@@ -168,10 +168,11 @@ def render_run_comparison(cmp: dict) -> str:
         out.append(f"  trace: not run ({cmp['trace_note']})")
     step = cmp["time"]["step_s"]
     if step["measured"] is not None:
-        modelled = "not modelled for this device" if step["estimate"] is None else f"{step['estimate']:.3f} s"
         error = "" if step["error"] is None else f" ({100 * step['error']:+.1f} %)"
-        out.append(f"  step time     measured {step['measured']:.3f} s (median, after the recorded steps); "
-                   f"modelled {modelled}{error}")
+        modelled = (f"modelled {step['estimate']:.3f} s{error}" if step["estimate"] is not None else
+                    "no modelled step: this device has no catalog row (`toolkit calibrate --out profile.yaml`, "
+                    "then --catalog profile.yaml)")
+        out.append(f"  step time     measured {step['measured']:.3f} s (median, after the recorded steps); {modelled}")
     return "\n".join(out)
 
 
