@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/steptime_accuracy.py [--json results.json]
 
-Replays ../shared/reference/measured-throughput.json (published runs with their layouts and sources). Like is
+Replays benchmarks/reference/ (published runs with their layouts and sources, each row's source inside it). Like is
 compared with like: a published TFLOP/s per GPU is turned into the iteration time it implies under the
 source's own FLOP convention (Megatron 2021's hardware count, PaLM's 6N + 12·L·s·d per token), a published
 step time is taken as it is; the model's `step_s` is compared with that time, error = (model − measured) /
@@ -36,7 +36,8 @@ from toolkit.estimate.steptime import hardware_for, step_time  # noqa: E402
 from toolkit.specs import Job, SpecError, load_catalog  # noqa: E402
 
 REFERENCE = Path(__file__).resolve().parent / "reference" / "measured-throughput.json"
-"""A copy of ../shared/reference (its sources are in each row), so a clone reproduces every figure."""
+"""The project's reference runs, kept in the repository (their sources are in each row), so a clone reproduces
+every figure."""
 SOURCES = {"fms-fsdp-compile": "fms-fsdp", "fms-fsdp-eager": "fms-fsdp"}
 """Source groups that are one publication (a table published twice): left out together."""
 

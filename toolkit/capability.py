@@ -10,7 +10,7 @@ replicated over dp (with ZeRO-1's sharded optimizer) or FSDP2-sharded over it (Z
 with fp32 master weights. The DeepSpeed backend (toolkit.train.deepspeed_backend) trains the mixed-* modes, and
 fp32 where parallel.backend names it, with ZeRO-1/2/3 over dp, ZeRO-Offload included. Megatron's program (mixed-* with tp or pp) and context parallelism are estimated only. Rules are checked in
 order; the first that applies is the reason given. Everything refused here is still estimated (and mostly
-traced). CAPABILITIES is the same as a table, for the README.
+traced). CAPABILITIES is the same as a table, for docs/guide.md.
 """
 from __future__ import annotations
 
@@ -177,7 +177,7 @@ def runnable_mask(job: Job) -> np.ndarray:
 
 
 def capability_markdown() -> str:
-    """CAPABILITIES as the README's table (tests/train/test_capability.py keeps the README's copy equal to it)."""
+    """CAPABILITIES as docs/guide.md's table (tests/train/test_capability.py keeps the guide's copy equal to it)."""
     mark = {True: "yes", False: "—"}
     lines = ["| backend | layout | precision | estimated | traced | run |", "|---|---|---|---|---|---|"]
     lines += [f"| {backend} | {layout} | {modes} | {mark[est]} | {mark[traced]} | {mark[run]} |"
