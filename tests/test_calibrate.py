@@ -226,7 +226,8 @@ def test_per_op_recompute_pays_for_its_dispatch_mode_as_torchs_profiler_sees_it(
     per micro-batch under selective-op only."""
     from torch.profiler import ProfilerActivity, profile
     from toolkit.calibrate_kernels import block_run, rank_spec, selective_op_overhead_s
-    from toolkit.estimate.steptime import Assumptions, _overhead_s
+    from toolkit.estimate.overhead import fixed_costs_s
+    from toolkit.estimate.steptime import Assumptions
     from toolkit.train.determinism import pinned
     from toolkit.train.model import _every_other_matmul
     job = Job.from_dict(dict(SMALL, model=dict(SMALL["model"], hidden=256))).resolve()[0]
@@ -243,7 +244,7 @@ def test_per_op_recompute_pays_for_its_dispatch_mode_as_torchs_profiler_sees_it(
     a = Assumptions(selective_op_overhead_s=measured)
     per_op = job.replace(memory=dataclasses.replace(job.memory, recompute="selective-op"))
     full = job.replace(memory=dataclasses.replace(job.memory, recompute="full"))
-    charged = _overhead_s(per_op, a, 2, 4, True) - _overhead_s(full, Assumptions(), 2, 4, True)
+    charged = fixed_costs_s(per_op, a, 2, 4, True) - fixed_costs_s(full, Assumptions(), 2, 4, True)
     assert charged == pytest.approx(2 * 4 * measured)
 
 

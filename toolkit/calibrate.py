@@ -19,6 +19,7 @@ thin shapes by that size and the roofline) and `link_efficiency` to 1 (the bandw
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import gc
 import importlib
@@ -37,6 +38,7 @@ from .calibrate_kernels import (IN_MODEL_LAYERS, SWEEP, attention_flops, checkpo
 from .specs.catalog import DTYPES as DTYPE_NAMES
 from .specs.errors import SpecError
 from .specs.job import Job, compute_dtype
+from .specs.precision import TORCH_SEMANTICS
 from .train.precision import TORCH_DTYPES
 
 __all__ = ["calibrate", "measure_rank", "profile_row", "in_model_rates", "kernel_totals", "job_shapes"]
@@ -78,8 +80,6 @@ def as_fsdp(job: Job, world: int) -> Job:
     """The job as FSDP2 would run it over the world (ZeRO-3, torch's program), so that one calibration prices
     every layout's collectives, not only its own job's: a DDP job's profile must still predict a ZeRO-3 run.
     The job itself where it runs FSDP2 already, or where its precision is not torch's (Megatron's, DeepSpeed's)."""
-    import dataclasses
-    from .specs.precision import TORCH_SEMANTICS
     par = job.parallel
     if (par.zero >= 2 and job.backend == "torch") or job.precision.mode not in TORCH_SEMANTICS:
         return job
@@ -91,8 +91,6 @@ def as_fsdp(job: Job, world: int) -> Job:
 def as_tp(job: Job, world: int) -> Job:
     """The job with tensor parallelism over the world where it has none and its heads split so (the cost of one
     DTensor collective, for tensor-parallel layouts the planner weighs against the job's own)."""
-    import dataclasses
-    from .specs.precision import TORCH_SEMANTICS
     par, m = job.parallel, job.model
     if par.tp > 1 or world < 2 or job.precision.mode not in TORCH_SEMANTICS or not m.has_shape \
             or m.heads % world or m.kv_heads_ % world:

@@ -205,7 +205,7 @@ def elementwise_bw_bytes_per_s(job: Job, dtype: torch.dtype, device: str = "cpu"
     forward and backward at the job's shape, counting the bytes as the step-time model does
     (toolkit.estimate.steptime); on a GPU they are bound by memory, on a CPU often by their arithmetic."""
     import torch.nn.functional as F
-    from .estimate.steptime import _memory_bound_bytes_per_token
+    from .estimate.elementwise import memory_bound_bytes_per_token
     m = job.model
     tokens = job.batch.micro_batch * m.seq_len
     x = torch.randn(tokens, m.hidden, dtype=dtype, device=device, requires_grad=True)
@@ -221,7 +221,7 @@ def elementwise_bw_bytes_per_s(job: Job, dtype: torch.dtype, device: str = "cpu"
     plain = job.replace(memory=dataclasses.replace(job.memory, attention="flash", recompute="none"),
                         model=dataclasses.replace(m, dropout=0.0, position="learned"),
                         parallel=dataclasses.replace(job.parallel, sp=False))
-    return float(_memory_bound_bytes_per_token(plain, False)) * tokens / timed_s(run, device=device)
+    return float(memory_bound_bytes_per_token(plain, False)) * tokens / timed_s(run, device=device)
 
 
 def optimizer_params_per_s(job: Job, device: str = "cpu") -> float:

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from toolkit.estimate.steptime import _memory_bound_bytes_per_token
+from toolkit.estimate.elementwise import memory_bound_bytes_per_token
 from toolkit.specs import Job
 from toolkit.train.model import Attention
 
@@ -47,6 +47,6 @@ def test_an_eager_cores_element_wise_bytes_are_what_its_ops_read_and_write(dropo
     torch.manual_seed(0)
     measured = score_bytes(lambda: core.core(q, k, v).sum().backward(), b * m.heads * m.seq_len * m.seq_len)
     flash = job.replace(memory=dataclasses.replace(job.memory, attention="flash"))
-    modelled = (float(_memory_bound_bytes_per_token(job, False)) - float(_memory_bound_bytes_per_token(flash, False))) \
+    modelled = (float(memory_bound_bytes_per_token(job, False)) - float(memory_bound_bytes_per_token(flash, False))) \
         * b * m.seq_len
     assert modelled == pytest.approx(measured, rel=0.05), (modelled, measured)

@@ -63,12 +63,12 @@ def latency_s(n, stride, gpus_per_node: int, a, kind: str = "all_reduce"):
     n = np.asarray(n, dtype=float)
     per_node, nodes = placement(n, stride, gpus_per_node)
     rounds = 2 if kind == "all_reduce" else 1
-    ring = rounds * ((n - nodes) * a.latency_intra_s + nodes * np.where(nodes > 1, a.latency_inter_s,
-                                                                       a.latency_intra_s))
+    across = np.where(nodes > 1, nodes * a.latency_inter_s, 0.0)    # the hops that leave a node
+    ring = rounds * ((n - np.where(nodes > 1, nodes, 1)) * a.latency_intra_s + across)
     if kind == "all_reduce":
         tree = 2 * (per_node - 1) * a.latency_intra_s + 2 * np.ceil(np.log2(nodes)) * a.latency_inter_s
         ring = np.where(nodes > 1, np.minimum(ring, tree), ring)
-    return np.where(n > 1, ring - np.where(nodes > 1, 0.0, rounds * a.latency_intra_s), 0.0)
+    return np.where(n > 1, ring, 0.0)
 
 
 TP_HEAD_COLLECTIVES = 1

@@ -48,8 +48,10 @@ from .comm import (TP_HEAD_COLLECTIVES, TP_LOSS_COLLECTIVES, backends, bus_bw_by
                    is_megatron,
                    latency_s, overlap_settings, ring_attention_s, ring_s, tp_collectives_per_block,
                    tp_embedding_collectives)
+from .elementwise import loss_bytes_per_token, memory_bound_bytes_per_token
 from .flops import flops_per_token
 from .kernels import FA_BACKWARD_FACTOR, KernelProfile, attention_fraction, attention_kernel_of, gemm_s, kernel_profile
+from .overhead import fixed_costs_s, host_s, op_units
 from .phases import optimizer_impl
 from .states import (adapter_params_per_layer, bytes_per_param, job_stage_layers, model_state_bytes,
                      params_per_device)
@@ -371,64 +373,6 @@ def _compute_s(job: Job, hw: Hardware, a: Assumptions, tokens, eff):
     return block_s, scale * passes_w * tf.head / eff, attention_s
 
 
-def _memory_bound_bytes_per_token(job: Job, eager):
-    """Bytes the element-wise kernels of one block move per token in a step: forward, backward (≈ 2× the
-    forward; an eager core's counted kernel by kernel) and what recompute runs again (full and per-op: the
-    block's forward; selective: the attention core's).
-    Under sequence parallelism the hidden-sized kernels (norms, residual adds, dropout) see s/tp tokens.
-    `eager` (a torch program on a GPU, where no kernel fuses them): RMSNorm runs as Llama's composite of casts,
-    pow, mean, rsqrt and two products in fp32, and rotary embeddings as rotate_half's slices, negation,
-    concatenation, two products and a sum, each kernel reading and writing whole tensors."""
-    m, tp = job.model, np.asarray(job.parallel.tp)
-    h, q, kv, f = m.hidden, m.heads * m.head_dim_ / tp, m.kv_heads_ * m.head_dim_ / tp, m.ffn_ / tp
-    elem = job.precision.plan.compute_bytes
-    residual = job.precision.plan.weight_bytes        # (the residual stream keeps the weights' dtype)
-    hidden_share = np.where(np.asarray(job.parallel.sp), 1 / tp, 1.0)
-    # fused: read and write the residual stream; composite: x.float() (r, w 4), pow (4, 4), mean (4), x·rsqrt
-    # (4, 4), .to(dtype) (4, elem), weight· (elem, elem)
-    per_norm = np.where(eager & (m.norm == "rmsnorm"), residual + 28 + 3 * elem, 2 * residual)
-    norms = 2 * per_norm * h                            # two norms
-    adds = 2 * 3 * h * residual                         # two residual adds: two reads, one write
-    dropout = 2 * 3 * h * elem if m.dropout > 0 else 0  # two hidden dropouts: read, write, mask
-    act = (5 if m.mlp == "swiglu" else 2) * f * elem    # silu·mul reads gate and up, writes; GELU reads, writes
-    # fused: read, write; rotate_half: x·cos (2), slice and negate (2), cat (2), ·sin (2), sum (3) elements
-    rope = np.where(eager, 11, 2) * 2 * (q + kv) * elem / 2 if m.position == "rope" else 0
-    casts = 6 * h * elem if job.precision.plan.family == "amp" else 0   # autocast copies of each linear input
-    block = (norms + adds + dropout) * hidden_share + act + rope + casts
-    core_fwd = core_bwd = 0
-    if job.memory.attention == "eager":                 # per score element of this rank's heads, per token
-        core_fwd, core_bwd = _eager_core_bytes_per_score(job) * m.seq_len * m.heads / tp
-    recompute = np.asarray(job.memory.recompute)
-    # per-op recompute reruns the element-wise kernels too, and an eager core (a fused one saved its output)
-    again = np.select([recompute == "full", recompute == "selective", recompute == "selective-op"],
-                      [block + core_fwd, core_fwd, block + core_fwd], 0)
-    return 3 * block + core_fwd + core_bwd + again
-
-
-def _loss_bytes_per_token(job: Job):
-    """Bytes the loss moves per token over this rank's share of the vocabulary: cross-entropy in fp32 over 16-bit
-    logits reads them and writes fp32 log-probabilities, and its backward reads those, writes their fp32
-    gradient and casts it back (2·elem + 16 bytes a logit; fp32 logits: 20)."""
-    elem = job.precision.plan.compute_bytes
-    return job.model.vocab / np.asarray(job.parallel.tp) * (2 * elem + 16)
-
-
-def _eager_core_bytes_per_score(job: Job):
-    """(forward, backward) bytes an eager attention core's element-wise kernels move per score element, as
-    numpy arrays over a layout grid. torch runs the scaling, the causal mask and the softmax as three kernels,
-    each reading and writing the scores (backward: 2, 2 and 3 elements); Megatron fuses them into one (forward
-    2, backward 3). Dropout on the probabilities: CUDA's fused kernel writes a byte mask (2 elements and a byte
-    each way); torch on CPU draws a float noise tensor, scales it and multiplies (6 elements forward, 3 back).
-    Counted op by op on the runner's core: tests/estimate/test_eager_core_bytes.py."""
-    elem = job.precision.plan.compute_bytes
-    fused = np.asarray(is_megatron(job))
-    fwd, bwd = np.where(fused, 2.0, 6.0) * elem, np.where(fused, 3.0, 7.0) * elem
-    if job.model.dropout > 0:
-        cpu = job.memory.program == "cpu"
-        fwd, bwd = fwd + (6 * elem if cpu else 2 * elem + 1), bwd + (3 * elem if cpu else 2 * elem + 1)
-    return np.stack([fwd, bwd])
-
-
 def step_time(job: Job, hw: Hardware, a: Assumptions | None = None) -> StepTime:
     """Seconds of one optimizer step of a resolved job (layout fields may be numpy arrays). `a`: the figures
     no datasheet gives; default the device's measured ones (hw.assumptions), else Assumptions()."""
@@ -461,8 +405,8 @@ def step_time(job: Job, hw: Hardware, a: Assumptions | None = None) -> StepTime:
     tp_layer_s = tp_allreduce_s * tp_collectives_per_block(job)
     tp_loss_s = TP_LOSS_COLLECTIVES * (ring_s(2.0, micro_tokens / cp * 4, tp, tp_bus) + tp_fixed_s)
     eager = (hw.kernels is not None) & ~is_megatron(job) & ~backends(job)[1]
-    bytes_layer = _memory_bound_bytes_per_token(job, eager) * micro_tokens / cp
-    loss_s = _loss_bytes_per_token(job) * micro_tokens / cp / hw.memory_bw_bytes_per_s
+    bytes_layer = memory_bound_bytes_per_token(job, eager) * micro_tokens / cp
+    loss_s = loss_bytes_per_token(job) * micro_tokens / cp / hw.memory_bw_bytes_per_s
     single = pp == 1
 
     block_s, head_s, attention_s = _compute_s(job, hw, a, micro_tokens / cp, eff)
@@ -498,10 +442,10 @@ def step_time(job: Job, hw: Hardware, a: Assumptions | None = None) -> StepTime:
     pp_latency = np.where(pp_inside, a.latency_intra_s, a.latency_inter_s)
     pp_s = np.where(pp > 1, 2 * accum * vpp * (block_act / tp / p2p_bw(pp_inside) + pp_latency), 0.0)
 
-    overhead_s = _overhead_s(job, a, pick_layers, accum, single | (busiest == 2))
+    overhead_s = fixed_costs_s(job, a, pick_layers, accum, single | (busiest == 2))
     if hw.kernels is not None:       # the host launches asynchronously: its time shows only past the device's
-        host_s = _host_s(job, hw.kernels, pick_layers, accum, single | (busiest == 2))
-        overhead_s = np.maximum(host_s - (compute_s + memory_s + tp_s), 0.0)
+        host_busy_s = host_s(job, hw.kernels, pick_layers, accum, single | (busiest == 2))
+        overhead_s = np.maximum(host_busy_s - (compute_s + memory_s + tp_s), 0.0)
 
     # ---- data parallel / ZeRO: over dp × cp (context-parallel ranks hold the same weights) ----------------
     trainable = _trainable(job)
@@ -532,53 +476,6 @@ def _optimizer_s(job: Job, hw: Hardware, a: Assumptions, trainable, replicas):
         device_s = np.maximum(device_s, trainable / shard / a.optimizer_params_per_s)
     host_s = trainable / shard / a.host_adam_params_per_s + trainable * (grad_b + weight_b) / shard / a.pcie_bytes_per_s
     return np.where(offload != "none", host_s, device_s)
-
-
-def op_units(job: Job, layers, owns_head):
-    """Operations of one micro-batch, in op units (a forward op one, its backward two): each block's forward ops
-    (two norms, q, k, v, o, the attention core, two residual adds, the MLP's two or three linears and its
-    activation, dropouts, rotary embeddings) three times, once more under full recompute (less the saved ones
-    under per-op recompute); the embedding, the head and the loss. Each unit stands for the several tensor
-    operations torch runs for it (a linear: a transpose and a product; its backward: two products, a sum, a
-    gradient added in), which is why toolkit calibrate prices a unit from the job's own model. A fused attention
-    core is one op; an eager one five (the score product, its scaling, the causal mask, the softmax and the
-    product with v), and a sixth where dropout falls on its probabilities."""
-    m = job.model
-    core_ops = 1 if job.memory.attention != "eager" else 5 + (m.dropout > 0)
-    block_ops = 13 + core_ops + (2 if m.mlp == "swiglu" else 0) + (2 if m.dropout > 0 else 0) \
-        + (8 if m.position == "rope" else 0)
-    recompute = np.asarray(job.memory.recompute)
-    # per-op recompute takes its policy's saved ops (every other matmul, the fused attention) from its cache
-    again = np.select([recompute == "full", recompute == "selective-op"], [block_ops, block_ops - 4], 0)
-    return layers * (3 * block_ops + again) + 3 * 3 + np.where(owns_head, 3 * 4, 0)
-
-
-def _overhead_s(job: Job, a: Assumptions, layers, accum, owns_head):
-    """Fixed costs of the step's operations on the busiest rank: every micro-batch's op units (`op_units`); once
-    a step, the optimizer's ops on each tensor (torch's for-loop AdamW: about eight per tensor; foreach and fused:
-    a few per step, counted as tensor operations); and each checkpointed region's own cost under recompute (per-op
-    recompute's dispatch mode on top)."""
-    m = job.model
-    recompute = np.asarray(job.memory.recompute)
-    tensors = layers * (10 if m.bias == "all" else 8) + 4
-    optimizer_units = np.where(optimizer_impl(job) == "for-loop", 8 * tensors, 24)
-    regions = layers * (recompute != "none")              # one checkpointed region per block (its core: selective)
-    return ((accum * op_units(job, layers, owns_head) * a.ops_per_unit + optimizer_units) * a.op_overhead_s
-            + accum * regions * (a.checkpoint_overhead_s + (recompute == "selective-op") * a.selective_op_overhead_s))
-
-
-HOST_OPS_PER_UNIT = 3.0
-"""Tensor operations one op unit stands for in a torch program: toolkit calibrate counts about 3 in the runner's
-GPT (a linear's forward is a transpose and a product; its backward two products, a sum and an add)."""
-
-
-def _host_s(job: Job, prof: KernelProfile, layers, accum, owns_head):
-    """The host's time to issue a step's operations (kernels.yaml's host_op_s each): a small model's kernels can
-    finish before the host has launched the next, and then the host sets the pace."""
-    m = job.model
-    tensors = layers * (10 if m.bias == "all" else 8) + 4
-    optimizer_ops = np.where(optimizer_impl(job) == "for-loop", 8 * tensors, 24)
-    return (accum * op_units(job, layers, owns_head) * HOST_OPS_PER_UNIT + optimizer_ops) * prof.host_op_s
 
 
 def _trainable(job: Job):
