@@ -110,7 +110,7 @@ def matrix() -> list[tuple[str, dict]]:
             continue
         add(f"{mname}-v8000/{method}-qvdown/{rec}/dropout{drop}", dict(model, vocab=8000), dropout=drop, rec=rec,
             lora=["q", "v", "down"], method=method)
-    # QLoRA: NF4 base matrices (toolkit.train.qlora), adapters on top
+    # QLoRA: NF4 base matrices (toolkit.program.qlora), adapters on top
     for (mname, model), mode, targets, vocab in itertools.product(
             (("gpt", SMALL_GPT), ("llama", SMALL_LLAMA)), ("amp-bf16", "pure-bf16", "mixed-bf16"),
             (["q", "v"], ["q", "k", "v", "o", "up", "down"]), (32000, 1000)):

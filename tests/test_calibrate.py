@@ -104,7 +104,7 @@ def test_an_fsdp2_job_calibrates_its_collectives_on_two_ranks(tmp_path):
 
 @pytest.mark.quiet
 def test_a_one_process_zero3_job_calibrates_what_fsdp2_costs_over_one_rank(tmp_path):
-    """ZeRO-3 in one process is FSDP2 over one rank (toolkit.train.parallelize): nothing moves, yet every shard is
+    """ZeRO-3 in one process is FSDP2 over one rank (toolkit.program.parallelize): nothing moves, yet every shard is
     copied out and every gradient through its reduce-scatter buffers, under FSDP2's hooks. Calibrate measures that
     per collective on a one-rank group it leaves behind it, and the one-rank step pays it (it had modelled the
     README's small GPT's ZeRO-3 step at 0.25 s against 0.42 s measured; benchmarks/steptime_accuracy.py judges
@@ -135,8 +135,8 @@ def test_in_model_matmul_flops_are_the_models_linear_layers_counted_by_torch():
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from toolkit.calibrate import kernel_totals
-    from toolkit.train.model import GPT
+    from toolkit.calibrate.profile import kernel_totals
+    from toolkit.program.model import GPT
     job = Job.from_dict(SMALL)
     model = GPT(job.model)
     tokens = torch.randint(0, job.model.vocab, (job.batch.micro_batch, job.model.seq_len))
@@ -154,7 +154,7 @@ def test_in_model_matmul_flops_are_the_models_linear_layers_counted_by_torch():
 
 def test_an_encoder_job_calibrates_its_matmuls_at_its_shapes():
     """The runner's GPT builds decoders only: an encoder job's rates come from its shapes alone, not a crash."""
-    from toolkit.calibrate import job_shapes, measure_rank
+    from toolkit.calibrate.profile import job_shapes, measure_rank
     job = Job.from_dict(dict(SMALL, model=dict(SMALL["model"], encoder=True))).resolve()[0]
     figures = measure_rank(job, 0, 1)
     assert figures["in_model"] is False and figures["shapes"] == [list(s) for s in job_shapes(job)]
@@ -169,8 +169,8 @@ def test_a_thin_dimension_slows_a_product_as_the_fitted_half_size_says():
     at one rate: a 32-wide product at the rate of a 256-wide one, nearly twice what a CPU measures."""
     import torch
 
-    from toolkit.calibrate import job_shapes
-    from toolkit.calibrate_kernels import half_size, matmul_flops, thin_shapes
+    from toolkit.calibrate.profile import job_shapes
+    from toolkit.calibrate.kernels import half_size, matmul_flops, thin_shapes
     from toolkit.estimate.steptime import thin_factor
     around = thin_shapes(job_shapes(Job.from_dict(SMALL).resolve()[0]))
     probes = [(256, 256, 256), (256, 32, 256), (256, 256, 64)]
@@ -197,9 +197,9 @@ def test_op_units_scale_as_the_dispatcher_counts_tensor_operations(layers, atten
     here.)"""
     import dataclasses
     import torch
-    from toolkit.calibrate_kernels import dispatched_ops, ops_per_unit, rank_spec
+    from toolkit.calibrate.kernels import dispatched_ops, ops_per_unit, rank_spec
     from toolkit.estimate.steptime import op_units
-    from toolkit.train.model import GPT
+    from toolkit.program.model import GPT
     job = Job.from_dict(dict(SMALL, model=dict(SMALL["model"], layers=4))).resolve()[0]
     per_unit = ops_per_unit(job)
     assert 2 < per_unit < 6
@@ -225,11 +225,11 @@ def test_per_op_recompute_pays_for_its_dispatch_mode_as_torchs_profiler_sees_it(
     reads high; here 1.04 ms calibrated against 0.88 ms profiled), and the estimate charges it once per block
     per micro-batch under selective-op only."""
     from torch.profiler import ProfilerActivity, profile
-    from toolkit.calibrate_kernels import block_run, rank_spec, selective_op_overhead_s
+    from toolkit.calibrate.kernels import block_run, rank_spec, selective_op_overhead_s
     from toolkit.estimate.overhead import fixed_costs_s
     from toolkit.estimate.steptime import Assumptions
     from toolkit.train.determinism import pinned
-    from toolkit.train.model import _every_other_matmul
+    from toolkit.program.model import _every_other_matmul
     job = Job.from_dict(dict(SMALL, model=dict(SMALL["model"], hidden=256))).resolve()[0]
     with pinned(1, "cpu"):
         measured = selective_op_overhead_s(job)
@@ -258,7 +258,7 @@ def test_a_checkpointed_region_costs_at_least_what_torchs_profiler_sees_outside_
     0.6-1.5 ms against 0.5-0.7 ms). Tiny regions fitted and scaled by saved tensors, the earlier method, gave
     0.34 ms, half of what the profiler sees, and fail."""
     from torch.profiler import ProfilerActivity, profile
-    from toolkit.calibrate_kernels import checkpoint_overhead_s, region_runs
+    from toolkit.calibrate.kernels import checkpoint_overhead_s, region_runs
     from toolkit.train.determinism import pinned
     job = Job.from_dict(dict(SMALL, model=dict(SMALL["model"], hidden=256, heads=8, seq_len=128),
                              memory={"recompute": "full"})).resolve()[0]          # the README's small GPT's block

@@ -1,4 +1,4 @@
-"""toolkit.calibrate_device: on a GPU host, calibrate measures what the device holds beyond the tensors by training
+"""toolkit.calibrate.device: on a GPU host, calibrate measures what the device holds beyond the tensors by training
 a few steps of the job's blocks. The measurement itself needs a GPU (benchmarks/gpu_check.sh runs it); here, what
 a CPU can check: that a GPU is matched to its catalog row from the name and capacity nvidia-smi reports, and that
 the probe is a job the runner trains on one device."""
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from toolkit.calibrate_device import PROBE_SHARE, PROBE_STEPS, _probe_peaks, catalog_row_for, probe_job
+from toolkit.calibrate.device import PROBE_SHARE, PROBE_STEPS, _probe_peaks, catalog_row_for, probe_job
 from toolkit.cli import main
 from toolkit.estimate import estimate_result
 from toolkit.specs import Job, load_catalog

@@ -2,12 +2,12 @@
 
     refusal = run_refusal(job)      # None, or (field, value, reason) naming what to change
 
-The torch backend (toolkit.train.parallelize, toolkit.train.pipeline) trains fp32, amp-* and pure-bf16:
+The torch backend (toolkit.program.parallelize, toolkit.program.pipeline) trains fp32, amp-* and pure-bf16:
 data-parallel replicas (DDP), torch's ZeRO-1 (ZeroRedundancyOptimizer over DDP), ZeRO-2/3 (FSDP2, with or
 without parameter offload), tensor and sequence parallelism (DTensor), dp × tp meshes (DDP or FSDP2 over
 dp), and pipelines (torch's GPipe, 1F1B and interleaved 1F1B schedules, equal or uneven stages) alone,
 replicated over dp (with ZeRO-1's sharded optimizer) or FSDP2-sharded over it (ZeRO-2/3, offload included), tensor-parallel within each stage (tp × pp, dp × tp × pp); the mixed-* modes as replicas
-with fp32 master weights. The DeepSpeed backend (toolkit.train.deepspeed_backend) trains the mixed-* modes, and
+with fp32 master weights. The DeepSpeed backend (toolkit.program.deepspeed) trains the mixed-* modes, and
 fp32 where parallel.backend names it, with ZeRO-1/2/3 over dp, ZeRO-Offload included. Megatron's program (mixed-* with tp or pp) and context parallelism are estimated only. Rules are checked in
 order; the first that applies is the reason given. Everything refused here is still estimated (and mostly
 traced). CAPABILITIES is the same as a table, for docs/guide.md.

@@ -30,7 +30,7 @@ from toolkit.estimate import Estimate, estimate_result
 from toolkit.plots import metrics_figure
 from toolkit.runs import read_rank_memory
 from toolkit.specs import Job, SpecError
-from toolkit.train.metrics import MetricsTail
+from toolkit.runs import MetricsTail
 from widgets.fallback import PanelText
 from widgets.live_figure import LiveFigure
 

@@ -1,4 +1,4 @@
-"""Run the runner's tensor-parallel GPT (toolkit.train.parallel.tensor_parallel) for one micro-batch on real gloo
+"""Run the runner's tensor-parallel GPT (toolkit.program.parallel.tensor_parallel) for one micro-batch on real gloo
 ranks and count the collectives torch's profiler records, by size.
 
     torchrun --nproc-per-node 2 record_tp_collectives.py OUT.json
@@ -15,8 +15,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.profiler import ProfilerActivity, profile
 
 from toolkit.specs.job import ModelSpec
-from toolkit.train.model import GPT
-from toolkit.train.parallel import loss_parallel, tensor_parallel
+from toolkit.program.model import GPT
+from toolkit.program.parallel import loss_parallel, tensor_parallel
 
 CASES = {"gelu": ({"mlp": "gelu"}, False, "none"), "swiglu": ({"mlp": "swiglu", "norm": "rmsnorm"}, False, "none"),
          "gelu-sp": ({"mlp": "gelu"}, True, "none"), "gelu-full-recompute": ({"mlp": "gelu"}, False, "full"),

@@ -1,5 +1,5 @@
 """Bytes an eager attention core's element-wise kernels move, as the step-time model counts them
-(toolkit.estimate.steptime), against what the runner's own core (toolkit.train.model.Attention.core) reads and
+(toolkit.estimate.steptime), against what the runner's own core (toolkit.program.model.Attention.core) reads and
 writes, counted op by op at torch's dispatcher: every score-sized tensor an op reads or writes, views aside."""
 import dataclasses
 
@@ -9,7 +9,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from toolkit.estimate.elementwise import memory_bound_bytes_per_token
 from toolkit.specs import Job
-from toolkit.train.model import Attention
+from toolkit.program.model import Attention
 
 PRODUCTS = {torch.ops.aten.bmm.default, torch.ops.aten.mm.default, torch.ops.aten.matmul.default}
 NO_TRAFFIC = {torch.ops.aten.empty_like.default, torch.ops.aten._unsafe_view.default}   # no bytes move

@@ -5,7 +5,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from toolkit.estimate.flops import flops_per_token
 from toolkit.specs import Job
-from toolkit.train.model import GPT
+from toolkit.program.model import GPT
 
 LLAMA = {"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "vocab": 100, "seq_len": 32, "ffn": 160,
          "mlp": "swiglu", "norm": "rmsnorm", "position": "rope", "bias": "none", "tie_embeddings": False}

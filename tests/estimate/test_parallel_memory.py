@@ -97,7 +97,7 @@ def test_fp8_all_gather_gathers_the_blocks_linear_weights_in_one_byte():
     import torch
 
     from toolkit.specs.job import ModelSpec
-    from toolkit.train.model import Block
+    from toolkit.program.model import Block
     from toolkit.specs import SpecError
 
     shape = {"layers": 8, "hidden": 1024, "heads": 16, "kv_heads": 4, "ffn": 2816, "vocab": 32000,

@@ -1,5 +1,5 @@
 """Split Megatron-DeepSpeed's GPT layer list over pipeline stages with DeepSpeed's own PipelineModule, the layers
-built from the runner's modules (toolkit.train.model), on a fake process group of pp ranks.
+built from the runner's modules (toolkit.program.model), on a fake process group of pp ranks.
 
     LOCAL_RANK=0 python record_ds_partition.py OUT.json
 
@@ -15,7 +15,7 @@ from torch import nn
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from toolkit.specs.job import ModelSpec
-from toolkit.train.model import Block
+from toolkit.program.model import Block
 
 # (model fields, pp, method)
 SMALL = {"layers": 10, "hidden": 64, "heads": 4, "vocab": 3000, "seq_len": 32}

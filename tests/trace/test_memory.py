@@ -12,7 +12,7 @@ from toolkit.trace.memory import trace_memory
 def test_llama2_70b_layers_trace_without_allocating():
     """Four of Llama 2 70B's layers at full width (the whole model is a row of benchmarks/memory_accuracy.py);
     the parameter count is torch's own, from the model built on the meta device."""
-    from toolkit.train.model import GPT
+    from toolkit.program.model import GPT
     job, _ = Job.from_dict({"model": {"preset": "llama2-70b", "layers": 4}, "batch": {"micro_batch": 1, "global_batch": 1},
                             "precision": {"mode": "mixed-bf16"},
                             "memory": {"recompute": "full", "program": "cpu"},   # the program the tracer runs

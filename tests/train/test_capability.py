@@ -12,7 +12,7 @@ from toolkit.cli import main
 from toolkit.estimate.grid import layout_grid
 from toolkit.plan.search import AXIS_VALUES
 from toolkit.specs import Job, load_catalog
-from toolkit.train.metrics import read_metrics
+from toolkit.runs import read_metrics
 
 SHAPE = {"layers": 4, "hidden": 64, "heads": 4, "vocab": 256, "seq_len": 32}
 

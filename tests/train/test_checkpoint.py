@@ -48,7 +48,7 @@ def test_a_disk_that_fills_while_saving_stops_every_rank_and_loses_no_checkpoint
     import os
     from pathlib import Path
 
-    from toolkit.train.metrics import read_metrics
+    from toolkit.runs import read_metrics
 
     from .test_runner import toolkit_train
     out = tmp_path / "run"

@@ -5,8 +5,8 @@ import torch
 transformers = pytest.importorskip("transformers")  # in the `test` extra: CI has it
 
 from toolkit.specs import Job, SpecError  # noqa: E402
-from toolkit.train.init_weights import load_initial_weights  # noqa: E402
-from toolkit.train.model import GPT  # noqa: E402
+from toolkit.train.checkpoint.init_weights import load_initial_weights  # noqa: E402
+from toolkit.program.model import GPT  # noqa: E402
 
 
 def _llama(tmp_path, **extra):

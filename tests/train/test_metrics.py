@@ -1,7 +1,8 @@
 """The metrics stream: readers skip a half-written line; a resume drops the steps after the checkpoint."""
 import json
 
-from toolkit.train.metrics import MetricsLog, read_metrics
+from toolkit.runs import read_metrics
+from toolkit.train.metrics import MetricsLog
 
 
 def test_resume_keeps_each_step_once(tmp_path):
@@ -27,7 +28,7 @@ def test_partial_last_line_is_ignored(tmp_path):
 
 
 def test_tail_reads_only_new_complete_lines_and_restarts_after_a_rewrite(tmp_path):
-    from toolkit.train.metrics import MetricsTail
+    from toolkit.runs import MetricsTail
     path = tmp_path / "metrics.jsonl"
     tail = MetricsTail(path)
     assert tail.poll() == 0
@@ -48,7 +49,7 @@ def test_tail_reads_only_new_complete_lines_and_restarts_after_a_rewrite(tmp_pat
 
 
 def test_tail_notices_a_rewrite_that_grew_past_its_offset(tmp_path):
-    from toolkit.train.metrics import MetricsTail
+    from toolkit.runs import MetricsTail
     path = tmp_path / "metrics.jsonl"
     log = MetricsLog(path, 0)
     log.write({"step": 1})
@@ -67,7 +68,8 @@ def test_a_damaged_line_is_skipped_named_and_kept_aside_on_resume(tmp_path):
     """A line overwritten in the middle (NUL bytes from a crash, as ext4 leaves them) and one cut mid-write at the
     end: the readers keep every good record after the damage, name the bad line, and a resume's rewrite copies
     the file aside first, so nothing that was on disk is lost."""
-    from toolkit.train.metrics import MetricsLog, damaged_lines_note
+    from toolkit.runs import damaged_lines_note
+    from toolkit.train.metrics import MetricsLog
     path = tmp_path / "metrics.jsonl"
     good = [json.dumps({"step": s, "loss": 5.0 - s}) for s in (1, 2, 3)]
     original = (good[0] + "\n" + "\0" * 17 + "\n" + good[1] + "\n" + good[2] + "\n" + '{"step": 4, "lo').encode()

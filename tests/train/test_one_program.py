@@ -1,4 +1,4 @@
-"""The tracer runs the runner's program and step (toolkit.train.step): a run's own measurement of its tensors
+"""The tracer runs the runner's program and step (toolkit.program.step): a run's own measurement of its tensors
 (MemTracker over the real run, memory/rank0.json) and the trace on fake tensors see the same step."""
 import pytest
 

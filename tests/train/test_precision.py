@@ -6,7 +6,7 @@ import torch
 
 from toolkit.train.loop import TrainingStopped
 from toolkit.specs.precision import precision_plan
-from toolkit.train.precision import TORCH_DTYPES, MasterWeights
+from toolkit.program.precision import TORCH_DTYPES, MasterWeights
 
 # mode -> (weight dtype in the model, dtype of Adam's exp_avg, fp32 master copy kept)
 MODES = {"fp32": (torch.float32, torch.float32, False), "amp-bf16": (torch.float32, torch.float32, False),

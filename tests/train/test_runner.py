@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from toolkit.train.launch import prepare_run
-from toolkit.train.metrics import read_metrics
+from toolkit.runs import read_metrics
 
 from .conftest import tiny_job
 

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from toolkit.specs import Job, ModelSpec
-from toolkit.train.model import GPT
-from toolkit.train.techniques import Int8Activations, Pruner
+from toolkit.program.model import GPT
+from toolkit.program.techniques import Int8Activations, Pruner
 
 
 def _block_weights(state):

@@ -1,4 +1,4 @@
-"""Saved activations of one micro-batch, per device, for the runner's GPT block (toolkit.train.model).
+"""Saved activations of one micro-batch, per device, for the runner's GPT block (toolkit.program.model).
 
 Every term below is a tensor that autograd keeps from forward to backward in that program,
 named after the op that saves it, so a mismatch with the trace points at one line. Units:
@@ -106,7 +106,7 @@ def element_bytes(job: Job):
 
 
 INT8_BYTES = 1 + 4 / 128
-"""A value compressed to int8 with one fp32 scale per block of 128 (toolkit.train.techniques.Int8Activations)."""
+"""A value compressed to int8 with one fp32 scale per block of 128 (toolkit.program.techniques.Int8Activations)."""
 
 
 INT8_MIN_VALUES = 4096
@@ -252,7 +252,7 @@ def _block(job: Job) -> _Block:
 
 
 def _kept_by_op_policy(job: Job, tokens: float, b: int) -> float:
-    """Per-op selective recompute (torchtitan's "op" policy, toolkit.train.model): beside the block input, the
+    """Per-op selective recompute (torchtitan's "op" policy, toolkit.program.model): beside the block input, the
     outputs of the block's 1st, 3rd, ... matmul in call order (q, k, v, o, then gate, up, down or up, down: q, v,
     the MLP's first and SwiGLU's down) and the fused attention kernel's output and fp32 log-sum-exp. A row-parallel
     matmul (o, down) outputs all tokens at full width, before its reduction."""
@@ -348,7 +348,7 @@ def pipeline_in_flight(job: Job, stage: str | None = "first", stages_after=None)
 
 def _loss_bytes(job: Job, tokens: float, vocab: float) -> float:
     """Output projection and loss: fp32 log-softmax, target ids, the loss and nll's total weight, the step's running
-    loss sum (an fp32 scalar, toolkit.train.step), and the projection's 16-bit weight cast under autocast."""
+    loss sum (an fp32 scalar, toolkit.program.step), and the projection's 16-bit weight cast under autocast."""
     amp = element_bytes(job)[2]
     return tokens * vocab * 4 + tokens * _INT64 + 3 * 4 + amp * 2 * job.model.hidden * vocab
 

@@ -115,7 +115,7 @@ def memory_notes(job: Job, mem: MemoryEstimate | None) -> list[str]:
     fsdp_traced = job.precision.mode in TORCH_SEMANTICS and not ds32 and par.zero in (2, 3) \
         and (par.offload == "none" or par.tp == 1)
     if par.tp > 1:
-        notes.append("tensor parallelism follows torch's DTensor program (toolkit.train.parallel): with sp the "
+        notes.append("tensor parallelism follows torch's DTensor program (toolkit.program.parallel): with sp the "
                      "linears keep their all-gathered inputs, and the vocabulary-parallel loss and the embedding's "
                      "backward hold more than Megatron's fused kernels")
     combined_pp = par.pp > 1 and par.zero > 0
@@ -159,7 +159,7 @@ def memory_notes(job: Job, mem: MemoryEstimate | None) -> list[str]:
                      f"{per_stage * (2 if par.vpp > 1 else 1) / 2**30:.2f} GiB on the busiest stage here "
                      f"(Megatron reuses a few); fewer, larger micro-batches shrink it")
     if job.finetune.method == "qlora":
-        notes.append("QLoRA as toolkit.train.qlora runs it: NF4 with double quantization (bitsandbytes' layout, "
+        notes.append("QLoRA as toolkit.program.qlora runs it: NF4 with double quantization (bitsandbytes' layout, "
                      "0.516 bytes a weight); its dequantizing matmul holds ~9 bytes per weight of one matrix at a "
                      "time, bitsandbytes' CUDA kernels about 2")
     if job.memory.act_compress == "int8":

@@ -143,7 +143,7 @@ def backward_phases(t: StageTerms) -> dict:
 def embedding_backward(t: StageTerms):
     """The token embedding's backward, last: when accumulating, its new gradient is a temporary beside .grad until it
     is added in; under tensor parallelism torch's backward of the row-sharded table first makes the whole
-    vocabulary's gradient, before toolkit.train.parallel keeps this rank's rows. Other micro-batches in flight
+    vocabulary's gradient, before toolkit.program.parallel keeps this rank's rows. Other micro-batches in flight
     (pipelines) still hold their activations."""
     model, acts, where = t.job.model, t.acts, t.position
     vocab = vocab_per_rank(model, np.asarray(t.job.parallel.tp))

@@ -215,7 +215,7 @@ def _temporaries(job: Job, acts: ActivationBytes, gathered: Gathered, where: Pos
     mlp_temp = ((2 if model.mlp == "swiglu" else 1) * tokens * ffn * act + tokens_h * h * residual
                 + np.where(par.sp, tokens * h * residual, 0.0))
     # the loss's backward: the fp32 gradient of the logits and of their log-softmax; torch's vocabulary-parallel
-    # loss (tp > 1, toolkit.train.parallel) builds it from three fp32 temporaries, and its forward holds the
+    # loss (tp > 1, toolkit.program.parallel) builds it from three fp32 temporaries, and its forward holds the
     # shifted logits beside the log-softmax. mixed-* modes follow Megatron's program (DeepSpeed's for ZeRO),
     # whose fused kernel holds no more than the plain loss.
     vocab_parallel = (tp > 1) & (job.precision.mode in TORCH_SEMANTICS)      # mixed-*: Megatron's fused kernel
@@ -233,7 +233,7 @@ def _temporaries(job: Job, acts: ActivationBytes, gathered: Gathered, where: Pos
                & (gathered.root == 0) & (gathered.in_backward == 0))
     autocast_cache = np.where(caching, 2 * acts.stage_layers * layer_matmuls / tp, 0.0)   # head's cast is saved
     # QLoRA: the top block's down projection, forward: its weight being dequantized, with the unpacked indices
-    # (1 byte), their int32 copy for the table lookup and the looked-up levels (toolkit.train.qlora); under full
+    # (1 byte), their int32 copy for the table lookup and the looked-up levels (toolkit.program.qlora); under full
     # recompute the same happens inside backward, while the block is rebuilt
     dequant = (1 + 4 + 2 + 2) * h * model.ffn_ if job.finetune.method == "qlora" else 0.0
     return Temporaries(

@@ -33,7 +33,7 @@ __all__ = ["StateBytes", "adapter_params_per_layer", "bf16_optimizer", "by_stage
            "ADAM8BIT_BLOCK", "ADAM8BIT_BYTES_PER_PARAM", "NF4_BLOCK", "NF4_SCALE_BLOCK"]
 
 NF4_BLOCK, NF4_SCALE_BLOCK = 64, 256
-"""QLoRA's NF4 (toolkit.train.qlora): weights per absmax, absmax values per fp32 scale (double quantization)."""
+"""QLoRA's NF4 (toolkit.program.qlora): weights per absmax, absmax values per fp32 scale (double quantization)."""
 
 ADAM8BIT_BLOCK = 256
 """bitsandbytes' block size for blockwise 8-bit optimizer states (one fp32 absmax per block)."""
@@ -160,7 +160,7 @@ def bf16_optimizer(job: Job):
 
 
 def nf4_matrix_bytes(numel: int) -> float:
-    """One NF4Linear's buffers (toolkit.train.qlora): 4-bit codes, an int8 absmax per 64 weights, an fp32
+    """One NF4Linear's buffers (toolkit.program.qlora): 4-bit codes, an int8 absmax per 64 weights, an fp32
     scale per 256 absmax values, the fp32 mean, and its table of 16 bf16 levels."""
     return numel / 2 + numel / NF4_BLOCK + 4 * numel / (NF4_BLOCK * NF4_SCALE_BLOCK) + 4 + 16 * 2
 
@@ -215,7 +215,7 @@ def model_state_bytes(job: Job, stage: str | None = None) -> StateBytes:
         host = host + np.where(zero_offload, trainable * (4 + weight) / dp + summed + staging, 0.0)
         grads_b = np.where(zero_offload, 0.0, grads_b)
     # rotary cos/sin tables: buffers in the weights' dtype, whole on every rank. A rank's pipeline chunks register
-    # the whole model's pair (toolkit.train.parallel): one pair on the CPU, one per chunk once `.to("cuda")` copies
+    # the whole model's pair (toolkit.program.parallel): one pair on the CPU, one per chunk once `.to("cuda")` copies
     # each module's buffers
     m = job.model
     pairs = 1 if job.memory.program == "cpu" else np.asarray(par.vpp)

@@ -30,7 +30,7 @@ class Gathered:
 
 
 def pipelined_fsdp(job: Job):
-    """FSDP2 under torch's pipeline schedules (torchtitan's program; toolkit.train.program): each stage's blocks
+    """FSDP2 under torch's pipeline schedules (torchtitan's program; toolkit.program.build): each stage's blocks
     stay gathered from its first forward to its last backward, gradients stay whole, accumulating in the reduce
     dtype (fp32 under amp-*), and are reduce-scattered after the step's last backward. ZeRO-2 and -3 alike."""
     torch_semantics = (job.precision.mode in TORCH_SEMANTICS) & ~job_deepspeed_fp32(job)

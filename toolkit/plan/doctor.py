@@ -193,7 +193,7 @@ def _findings(job: Job, st, peak: float, usable: float) -> list[str]:
 
 def diagnose_run(run_dir: str | Path) -> dict:
     """What a run's metrics.jsonl shows: overflow, divergence, data-loading stalls, and how it compares."""
-    from ..train.metrics import damaged_lines_note, read_metrics   # no torch: plain JSON
+    from ..runs import damaged_lines_note, read_metrics
     records = read_metrics(Path(run_dir) / "metrics.jsonl")
     if not records:
         raise SpecError("--run", str(run_dir), "holds no metrics.jsonl lines yet")

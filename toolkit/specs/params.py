@@ -67,7 +67,7 @@ def count_params(model: ModelSpec) -> ParamCount:
 
 
 def projection_shapes(model: ModelSpec) -> dict[str, tuple[int, int]]:
-    """(in, out) features of each projection of a block, named as in toolkit.train.model."""
+    """(in, out) features of each projection of a block, named as in toolkit.program.model."""
     h, q, kv, f = model.hidden, model.heads * model.head_dim_, model.kv_heads_ * model.head_dim_, model.ffn_
     return {"q": (h, q), "k": (h, kv), "v": (h, kv), "o": (q, h), "up": (h, f), "gate": (h, f), "down": (f, h)}
 

@@ -6,7 +6,7 @@ optimizer states and matmuls, and the machinery around them (fp32 master weights
     plan.master_weights, plan.autocast, plan.loss_scaling              # True, None, False
 
 The estimator reads byte counts from it, the runner and the tracer map its dtype names to torch's
-(toolkit.train.precision.TORCH_DTYPES), the catalog's peaks are keyed by `compute`.
+(toolkit.program.precision.TORCH_DTYPES), the catalog's peaks are keyed by `compute`.
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 Under `FakeTensorMode` no tensor owns memory, so a 70B model traces on a laptop; torch's
 `MemTracker` attributes every storage the program creates to parameters, gradients,
 optimizer states, activations or temporaries. We run two of the runner's own training steps
-(toolkit.trace.steps over toolkit.train.step: the same micro-batch loop, gradient moves to the
+(toolkit.trace.steps over toolkit.program.step: the same micro-batch loop, gradient moves to the
 fp32 masters, clipping and update `toolkit train` runs; the second step is the steady one: optimizer
 states exist throughout) and report, per device:
 
@@ -13,9 +13,9 @@ states exist throughout) and report, per device:
 - activations_bytes: what the last micro-batch holds at the forward/backward boundary;
 - peak_bytes: the largest total seen during the steady step, with its breakdown.
 
-This is the CPU program (see toolkit.train.model). It traces one rank of a replicated
+This is the CPU program (see toolkit.program.model). It traces one rank of a replicated
 layout, of FSDP2 (ZeRO-2/3 under torch semantics), of tensor (and sequence) parallelism
-with torch's DTensor plans (toolkit.train.parallel), or of both on a dp x tp mesh
+with torch's DTensor plans (toolkit.program.parallel), or of both on a dp x tp mesh
 (torchtitan's 2-D layout), all but the first on a fake process group. Pipelines run on real
 gloo ranks (toolkit.trace.pipeline), and so does DeepSpeed's ZeRO (toolkit.trace.zero). FSDP2's CPU
 offload is traced with the states FSDP keeps on the host counted apart from the device's. 8-bit
@@ -27,7 +27,6 @@ import contextlib
 import dataclasses
 import sys
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -35,28 +34,26 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.utils.flop_counter import FlopCounterMode
 
-from ..compat import FakeStore, FakeTensorMode, FSDPMemTracker, MemRefType, MemTracker, require_internals
+from ..compat import FakeStore, FakeTensorMode, MemTracker, require_internals
 from ..compat import sharding_prop as _sharding_prop
 
 from ..estimate.phases import ddp_buckets
 from ..specs.errors import SpecError
 from ..specs.backends import job_deepspeed_fp32
 from ..specs.job import TORCH_SEMANTICS, Job
-from ..train.lora import apply_lora
-from ..train.qlora import apply_qlora
-from ..train.model import GPT
-from ..train.parallel import loss_parallel, shard_embedding_grad, tensor_parallel
-from ..train.parallelize import apply_fsdp, is_sharded
-from ..train.precision import TORCH_DTYPES, torch_precision
-from ..train.program import _Program, steppers
-from ..train.state import Layout
+from ..program.lora import apply_lora
+from ..program.qlora import apply_qlora
+from ..program.model import GPT
+from ..program.parallel import loss_parallel, shard_embedding_grad, tensor_parallel
+from ..program.parallelize import apply_fsdp, is_sharded
+from ..program.precision import TORCH_DTYPES, torch_precision
+from ..program.build import Program, steppers
+from ..program.layout import Layout
 from .steps import TraceHooks, random_batches, two_steps
-from .steps import snapshot as _snapshot
+from ..program.instrument import DeviceTracker, FSDPDeviceTracker, fsdp_host_bytes, snapshot
 from .ddp import DDPBuckets
 
-__all__ = ["TraceResult", "trace_memory", "MAX_TRACED_MICRO_BATCHES", "DeviceTracker", "FSDPDeviceTracker", "snapshot",
-           "offloaded_shard_bytes",
-           "fsdp_host_bytes", "FSDP_HOST"]
+__all__ = ["TraceResult", "trace_memory", "MAX_TRACED_MICRO_BATCHES"]
 
 MAX_TRACED_MICRO_BATCHES = 2
 """Micro-batches traced per step: from the second on, every one repeats the same memory pattern."""
@@ -120,73 +117,6 @@ def _check_traceable(job: Job) -> None:
 
 def _compute_dtype(job: Job) -> torch.dtype:
     return torch.float16 if job.precision.plan.half == "fp16" else torch.bfloat16
-
-
-class _NoHook:
-    """Stands in for a gradient hook on a frozen parameter (which cannot take one)."""
-
-    def remove(self) -> None:
-        return None
-
-
-class _DevicePeak:
-    """What our trackers change in MemTracker: the peak is the device's total alone, kept without per-module peaks
-    (they cost O(modules) on every op: minutes at 80 layers), and can be restarted."""
-
-    host_bytes: Callable[[dict], int] | None = None
-    """Offload: how many of a snapshot's bytes are in host memory (the CPU program has one memory). The peak is
-    then the device's: the total less these, outside the optimizer step (which runs on the host), recorded in the
-    snapshot as "Device"."""
-    _on_host = False
-
-    def reset_peak(self) -> None:
-        """Forget the peak so far: the next one is measured from here."""
-        self._peak_mem.clear()
-        self._peak_mem_snap.clear()
-
-    @contextlib.contextmanager
-    def optimizer_step(self):
-        """Around the optimizer step: with offload it runs on the host, so nothing in it counts to the device."""
-        self._on_host = self.host_bytes is not None
-        try:
-            yield
-        finally:
-            self._on_host = False
-
-    def _update_peak_stats(self, peak_state) -> None:  # noqa: ARG002 - MemTracker's signature
-        if self._on_host:
-            return
-        for device, snap in self._curr_mem_snap.items():
-            total = snap["Total"]
-            if self.host_bytes is not None:
-                total -= self.host_bytes(snap)
-            if self._peak_mem.get(device, 0) < total:
-                self._peak_mem[device] = total
-                self._peak_mem_snap[device] = dict(snap) if self.host_bytes is None else dict(snap, Device=total)
-
-
-class _DeviceTracker(_DevicePeak, MemTracker):
-    """MemTracker with the device's peak (_DevicePeak) that accepts frozen parameters (LoRA)."""
-
-    def _track_module_params_and_buffers(self, module, install_grad_hooks: bool = True):
-        for param in module.parameters():
-            if not param.requires_grad and self._param_to_grad_hook_handles.get(param) is None:
-                self._param_to_grad_hook_handles[param] = (_NoHook(), _NoHook())
-        return super()._track_module_params_and_buffers(module, install_grad_hooks)
-
-    def track_gradients(self, tensor: torch.Tensor) -> None:
-        """Count a tensor made outside the tracker as gradients (fp32 main gradients: the masters' .grad)."""
-        self._update_and_maybe_create_winfos(tensor, MemRefType.GRAD)
-
-
-class StageTracker(_DeviceTracker):
-    """For pipeline stages: a stage runs its forward once per micro-batch within one step, which MemTracker takes
-    for a new iteration and refuses; the per-module statistics it keeps for that are not used here."""
-
-    def _pre_fw_hook(self, module, inputs) -> None:
-        if module in self.memory_tracking and not self._mod_tracker.is_bw:
-            return
-        super()._pre_fw_hook(module, inputs)
 
 
 def trace_memory(job: Job) -> TraceResult:
@@ -272,7 +202,7 @@ def _trace_single(job: Job, model: torch.nn.Module) -> TraceResult:
     elif ft.method == "qlora":
         apply_qlora(model, ft.rank, ft.alpha, ft.targets, compute_dtype=_compute_dtype(job))
     prog = _traced_program(job, model)
-    tracker = _DeviceTracker()
+    tracker = DeviceTracker()
     tracker.track_external(model, prog.optimizer, *(prog.master.params if prog.master else []))
     main_grads = prog.master is not None and prog.master.main_grads is not None
     if main_grads:
@@ -293,25 +223,25 @@ def _trace_single(job: Job, model: torch.nn.Module) -> TraceResult:
     )
 
 
-def _traced_program(job: Job, model: torch.nn.Module) -> _Program:
-    """The runner's program around an already laid-out model (toolkit.train.program): its fp32 masters (mixed-*),
+def _traced_program(job: Job, model: torch.nn.Module) -> Program:
+    """The runner's program around an already laid-out model (toolkit.program.build): its fp32 masters (mixed-*),
     its optimizer (ZeroRedundancyOptimizer over the process group's ranks at ZeRO-1). The replicas' all-reduce
     is DDP's, whose buckets toolkit.trace.ddp stands in for."""
     zero1 = job.parallel.zero == 1 and job.backend != "deepspeed"
     master, params, optimizer = steppers(job, torch_precision(job.precision.mode), model,
                                          dist.group.WORLD if zero1 else None)
-    return _Program(model, model, optimizer, master, params,
+    return Program(model, model, optimizer, master, params,
                     Layout(sharded=is_sharded(job), zero1=zero1))
 
 
-def _run_steps(job: Job, tracker: MemTracker, prog: _Program, buckets: "DDPBuckets | None" = None) -> dict[str, dict]:
+def _run_steps(job: Job, tracker: MemTracker, prog: Program, buckets: "DDPBuckets | None" = None) -> dict[str, dict]:
     """The runner's two steps under the tracker (toolkit.trace.steps); snapshots at the boundary, once the
     gradients are made, after the update, and the peak; and the FLOPs of one more micro-batch."""
     hooks, batches = TraceHooks(tracker, buckets), random_batches(job)
     with tracker:
         two_steps(prog, job, tracker, hooks, min(job.grad_accum or 1, MAX_TRACED_MICRO_BATCHES), batches)
-        hooks.snaps["after"] = _snapshot(tracker, "current")
-    snaps = dict(hooks.snaps, peak=_snapshot(tracker, "peak"))
+        hooks.snaps["after"] = snapshot(tracker, "current")
+    snaps = dict(hooks.snaps, peak=snapshot(tracker, "peak"))
     if buckets is not None:
         buckets.syncing(False)
     # FLOPs of one more micro-batch, outside the memory tracker: counting inside the tracked step changed the
@@ -325,10 +255,6 @@ def _run_steps(job: Job, tracker: MemTracker, prog: _Program, buckets: "DDPBucke
     prog.optimizer.zero_grad(set_to_none=True)
     snaps["flops"] = counter.get_total_flops()
     return snaps
-
-
-class _FSDPDeviceTracker(_DevicePeak, FSDPMemTracker):
-    """FSDPMemTracker with the device's peak (_DevicePeak)."""
 
 
 @contextlib.contextmanager
@@ -397,15 +323,15 @@ def _trace_fsdp(job: Job) -> TraceResult:
             model = GPT(job.model, attention=job.memory.attention, recompute=job.memory.recompute, dtype=weights_dtype)
         if par.tp > 1:      # torchtitan's order: tensor parallelism inside each data-parallel shard
             tensor_parallel(model, mesh["tp"], sequence_parallel=par.sp)
-        # the runner's own wrapping (toolkit.train.parallelize); fake tensors cannot be pinned
+        # the runner's own wrapping (toolkit.program.parallelize); fake tensors cannot be pinned
         shard_over = mesh["dp_replicate", "dp_shard"] if par.dp_replicate > 1 else mesh["dp"] if par.tp > 1 else mesh
         apply_fsdp(model, job, shard_over, pin_memory=False)
         with FakeTensorMode(allow_non_fake_inputs=True), _propagation_apart():
             model.to_empty(device="cpu")
             prog = _traced_program(job, model)
-            tracker = _FSDPDeviceTracker(model, prog.optimizer)
+            tracker = FSDPDeviceTracker(model, prog.optimizer)
             if offload:
-                tracker.host_bytes = _fsdp_host_bytes
+                tracker.host_bytes = fsdp_host_bytes
             snaps = _run_steps(job, tracker, prog)
     after, before, boundary = snaps["after"], snaps["before_step"], snaps["boundary"]
     on_device = 0 if offload else 1           # offload: the device keeps buffers only, the states are the host's
@@ -418,35 +344,6 @@ def _trace_fsdp(job: Job) -> TraceResult:
         peak_breakdown=snaps["peak"],
         boundary_breakdown=boundary,
         flops_per_token=snaps["flops"] / (job.batch.micro_batch * job.model.seq_len),
-        host_bytes=_fsdp_host_bytes(before) if offload else 0,
+        host_bytes=fsdp_host_bytes(before) if offload else 0,
         program="cpu, FSDP2 offload" if offload else "cpu",
     )
-
-
-_FSDP_HOST = ("SHARDED_PARAM", "SHARDED_GRAD", "OPT")
-"""What FSDP2's CPU offload keeps in host memory, by FSDPMemTracker's categories."""
-
-
-def _fsdp_host_bytes(snap: dict) -> int:
-    return sum(v for k, v in snap.items() if getattr(k, "name", k) in _FSDP_HOST)
-
-
-def offloaded_shard_bytes(params: list, optimizer) -> int:
-    """What FSDP2's CPUOffloadPolicy keeps on the host, counted from the tensors (a pipeline stage's tracker has no
-    FSDP categories): each rank's shards of the parameters, of their gradients and of the optimizer's states, each
-    storage once."""
-    tensors = list(params) + [p.grad for p in params if p.grad is not None]
-    tensors += [t for state in optimizer.state.values() for t in state.values() if torch.is_tensor(t) and t.dim()]
-    seen = {}
-    for t in tensors:
-        storage = (t.to_local() if hasattr(t, "to_local") else t).untyped_storage()
-        seen[storage.data_ptr()] = storage.nbytes()
-    return sum(seen.values())
-
-
-# The runner records real runs with the same instrument (toolkit.train.memory_record): public names for it.
-DeviceTracker = _DeviceTracker
-FSDPDeviceTracker = _FSDPDeviceTracker
-snapshot = _snapshot
-fsdp_host_bytes = _fsdp_host_bytes
-FSDP_HOST = _FSDP_HOST

@@ -1,6 +1,6 @@
 """Measure pipeline-parallel memory on real gloo ranks: torch's pipelining schedules (1F1B, GPipe, interleaved
 1F1B), one process per stage (per stage and tp rank under tensor parallelism), with the runner's stages, DTensor
-plan and schedule (toolkit.train.pipeline, toolkit.train.parallel).
+plan and schedule (toolkit.program.pipeline, toolkit.program.parallel).
 
 torch.distributed.pipelining does not run on fake tensors (its start-up vote reads a tensor's
 value), so each stage runs for real, on the CPU: the runner's program as it builds it, and its step. Every rank
@@ -17,9 +17,10 @@ from ..estimate.memory import memory_estimate
 from ..specs.errors import SpecError
 from ..compat import require_internals
 from ..specs.job import TORCH_SEMANTICS, Job
-from .memory import StageTracker, TraceResult, offloaded_shard_bytes
-from .steps import TraceHooks, snapshot, two_steps
-from ..train.precision import torch_precision
+from ..program.instrument import StageTracker, offloaded_shard_bytes, snapshot
+from .memory import TraceResult
+from .steps import TraceHooks, two_steps
+from ..program.precision import torch_precision
 from .ranks import trace_on_ranks
 
 __all__ = ["trace_pipeline", "trace_pipeline_stages", "MAX_PIPELINE_TRACE_BYTES", "MAX_PIPELINE_MICRO_BATCHES"]
@@ -82,17 +83,17 @@ def _dp_traced(job: Job) -> int:
 
 
 def _trace_stage(job: Job, rank: int, world: int) -> TraceResult:  # noqa: ARG001 - trace_on_ranks' signature
-    """One rank's two steps of the runner's own pipeline program (toolkit.train.program: its stages, DTensor plan,
-    FSDP2 or ZeroRedundancyOptimizer over dp, schedule and optimizer) and step (toolkit.train.step), over the
+    """One rank's two steps of the runner's own pipeline program (toolkit.program.build: its stages, DTensor plan,
+    FSDP2 or ZeroRedundancyOptimizer over dp, schedule and optimizer) and step (toolkit.program.step), over the
     traced dp ranks: its stage, or under interleaving (vpp > 1) its chunks rank, rank + pp, ...; under tensor
     parallelism its shard of them."""
-    from ..train.parallelize import device_mesh
-    from ..train.program import _build_pipeline
+    from ..program.parallelize import device_mesh
+    from ..program.build import build_pipeline
     par, dp = job.parallel, _dp_traced(job)
     batch = dataclasses.replace(job.batch, global_batch=job.batch.micro_batch * dp * job.grad_accum)  # (same m)
     traced = job.replace(parallel=dataclasses.replace(par, dp=dp), batch=batch,
                          training=dataclasses.replace(job.training, init_from=None))
-    prog = _build_pipeline(traced, torch_precision(job.precision.mode), torch.device("cpu"),
+    prog = build_pipeline(traced, torch_precision(job.precision.mode), torch.device("cpu"),
                            device_mesh(traced, "cpu"))
     tracker = StageTracker()
     tracker.track_external(prog.raw, prog.optimizer)

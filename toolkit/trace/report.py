@@ -85,7 +85,7 @@ def compare_run(out_dir, catalog_files=(), trace: bool = True) -> dict:
     from ..estimate.memory import stage_memory_estimate
     from ..runs import read_rank_memory
     from ..specs.errors import SpecError
-    from ..train.metrics import read_metrics
+    from ..runs import read_metrics
     out = Path(out_dir)
     if not (out / "job.yaml").is_file():
         raise SpecError("--run", str(out), "holds no job.yaml: give the --out folder of a `toolkit train` run")

@@ -1,4 +1,4 @@
-"""The runner's own step (toolkit.train.step), run twice under a memory tracker: what every trace measures, on
+"""The runner's own step (toolkit.program.step), run twice under a memory tracker: what every trace measures, on
 fake tensors (toolkit.trace.memory) or on gloo ranks (toolkit.trace.pipeline, toolkit.trace.zero).
 
     hooks = TraceHooks(tracker)
@@ -16,19 +16,13 @@ import contextlib
 import torch
 
 from ..specs.job import Job
-from ..train.precision import torch_precision
-from ..train.program import _Program
-from ..train.step import apply_update, forward_backward, reduce_and_clip
-from ..train.techniques import Int8Activations
+from ..program.precision import torch_precision
+from ..program.build import Program
+from ..program.step import apply_update, forward_backward, reduce_and_clip
+from ..program.instrument import snapshot
+from ..program.techniques import Int8Activations
 
-__all__ = ["snapshot", "random_batches", "TraceHooks", "two_steps"]
-
-
-def snapshot(tracker, kind: str) -> dict[str, int]:
-    """The tracker's "current" or "peak" bytes on the CPU device, by category name."""
-    snap = tracker.get_tracker_snapshot(kind)
-    device = snap.get(torch.device("cpu"), {})
-    return {getattr(k, "name", str(k)): int(v) for k, v in device.items()}
+__all__ = ["random_batches", "TraceHooks", "two_steps"]
 
 
 def random_batches(job: Job):
@@ -39,7 +33,7 @@ def random_batches(job: Job):
 
 
 class TraceHooks:
-    """The step's recorder in a trace (toolkit.train.step): a snapshot at the last forward/backward boundary and
+    """The step's recorder in a trace (toolkit.program.step): a snapshot at the last forward/backward boundary and
     one once the gradients are made, the update counted as the host's under offload, DDP's buckets (stood in for
     by toolkit.trace.ddp) synced on the last micro-batch only."""
 
@@ -65,7 +59,7 @@ class TraceHooks:
             yield
 
 
-def two_steps(prog: _Program, job: Job, tracker, hooks, micro_batches: int | None = None, batches=None):
+def two_steps(prog: Program, job: Job, tracker, hooks, micro_batches: int | None = None, batches=None):
     """Two training steps of `prog` as the runner takes them, inside the caller's tracker; the peak is the second's
     (the first also creates the optimizer's states). fp16's loss scaler reads a value every step, which fake
     tensors have not: traces step unscaled (the scaler scales in place, allocating nothing)."""

@@ -24,14 +24,14 @@ from ..compat import require_internals
 from ..estimate.states import bf16_optimizer
 from ..specs.backends import job_deepspeed_fp32
 from ..specs.job import TORCH_SEMANTICS, Job
-from ..train.precision import torch_precision
-from .memory import MAX_TRACED_MICRO_BATCHES, DeviceTracker, TraceResult
-from .steps import snapshot as _snapshot
+from ..program.precision import torch_precision
+from ..program.instrument import DeviceTracker, offload_host_tensors, optimizer_states, snapshot, storage_bytes
+from .memory import MAX_TRACED_MICRO_BATCHES, TraceResult
 from .steps import two_steps
 from .ranks import trace_on_ranks
 from ..deepspeed_config import deepspeed_config   # (re-exported: the runner and the tracer share it)
 
-__all__ = ["MAX_ZERO_TRACE_BYTES", "deepspeed_config", "trace_zero", "trace_zero_ranks", "offload_host_bytes"]
+__all__ = ["MAX_ZERO_TRACE_BYTES", "deepspeed_config", "trace_zero", "trace_zero_ranks"]
 
 MAX_ZERO_TRACE_BYTES = 4 * 2**30
 """The estimated peak of all ranks together must fit in this much real memory."""
@@ -83,21 +83,11 @@ def trace_zero_ranks(job: Job) -> list[TraceResult]:
                           "trace fewer layers, a narrower model or fewer ranks")
 
 
-def _storage_bytes(tensors) -> int:
-    """Bytes of the distinct storages behind `tensors` (DeepSpeed's parameters are views into flat buffers)."""
-    seen = {}
-    for t in tensors:
-        if t is not None and t.numel():
-            storage = t.untyped_storage()
-            seen[storage.data_ptr()] = storage.nbytes()
-    return sum(seen.values())
-
-
 def _trace_rank(job: Job, rank: int, world: int) -> TraceResult:
-    """Two of the runner's steps (toolkit.train.step) of its DeepSpeed program (toolkit.train.program), the engine
+    """Two of the runner's steps (toolkit.program.step) of its DeepSpeed program (toolkit.program.build), the engine
     built inside the tracker, over at most MAX_TRACED_MICRO_BATCHES micro-batches a step."""
-    from ..train.deepspeed_backend import import_deepspeed
-    from ..train.program import _build_model, _deepspeed_program
+    from ..program.deepspeed import import_deepspeed
+    from ..program.build import build_model, deepspeed_program
 
     deepspeed = import_deepspeed()
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
@@ -107,18 +97,18 @@ def _trace_rank(job: Job, rank: int, world: int) -> TraceResult:
     plan = torch_precision(job.precision.mode)
     # initialised weights: fp16 skips steps that overflow, which would hide the optimizer's states
     torch.manual_seed(job.training.seed)
-    model = _build_model(traced, plan.param_dtype)
+    model = build_model(traced, plan.param_dtype)
     tracker = DeviceTracker()
     tracker.track_external(model)
     hooks = _ZeroHooks(tracker)
     offload = job.parallel.offload != "none"
     with tracker:
         # DeepSpeed builds its flat 16-bit and fp32 buffers here: inside the tracker, so it sees every byte
-        prog = _deepspeed_program(traced, model)
+        prog = deepspeed_program(traced, model)
         engine, zero = prog.engine, prog.optimizer
         hooks.zero = zero
         if offload:     # one memory here: count what ZeRO-Offload keeps on the host apart, and its step as the host's
-            tracker.host_bytes = lambda _snap: _storage_bytes(_offload_host_tensors(zero))
+            tracker.host_bytes = lambda _snap: storage_bytes(offload_host_tensors(zero))
             inner_step = zero.optimizer.step
 
             def host_step(*args, **kwargs):
@@ -129,24 +119,24 @@ def _trace_rank(job: Job, rank: int, world: int) -> TraceResult:
             reduce = zero.reduce_gradients                                    # measure the gradients before
 
             def measured_reduce(*args, **kwargs):
-                hooks.reduced_grads = _storage_bytes([p.grad for p in engine.module.parameters()])
+                hooks.reduced_grads = storage_bytes([p.grad for p in engine.module.parameters()])
                 return reduce(*args, **kwargs)
             zero.reduce_gradients = measured_reduce
         two_steps(prog, traced, tracker, hooks)
     start, boundary, grads = hooks.start, hooks.boundary, hooks.grads
-    peak = _snapshot(tracker, "peak")
+    peak = snapshot(tracker, "peak")
     # 16-bit weights: views into DeepSpeed's flat buffer (stages 1, 2), or this rank's partition (stage 3) and the
     # small vectors it keeps whole
     weights = [t for p in engine.module.parameters()
                for t in ((p.ds_tensor, p) if getattr(p, "ds_persist", False) else (getattr(p, "ds_tensor", p),))]
     # activations at the boundary: what the forward added, less the weights ZeRO-3 gathered meanwhile
     activations = (boundary["Total"] - start["Total"]) - (boundary.get("PARAM", 0) - start.get("PARAM", 0))
-    params_bytes = _storage_bytes(weights + list(engine.module.buffers()))
+    params_bytes = storage_bytes(weights + list(engine.module.buffers()))
     if offload:         # the device keeps the 16-bit weights; gradients and optimizer states are the host's
         return TraceResult(
             params_bytes=params_bytes, grads_bytes=0, optimizer_bytes=0, activations_bytes=activations,
             peak_bytes=peak["Device"], peak_breakdown=peak, boundary_breakdown=boundary,
-            host_bytes=_storage_bytes(_offload_host_tensors(zero)),
+            host_bytes=storage_bytes(offload_host_tensors(zero)),
             program=f"cpu, DeepSpeed {deepspeed.__version__} ZeRO-Offload (stage {job.parallel.zero}) "
                     f"rank {rank} of {world}")
     # the fp32 master partitions: the inner optimizer's parameters (stage 3 hands them over only while stepping)
@@ -155,7 +145,7 @@ def _trace_rank(job: Job, rank: int, world: int) -> TraceResult:
     return TraceResult(
         params_bytes=params_bytes,
         grads_bytes=grads,
-        optimizer_bytes=_storage_bytes(master + _optimizer_states(zero)),
+        optimizer_bytes=storage_bytes(master + optimizer_states(zero)),
         activations_bytes=activations,
         peak_bytes=peak["Total"],
         peak_breakdown=peak,
@@ -178,10 +168,10 @@ class _ZeroHooks:
     def micro_batch(self, last: bool) -> None:  # noqa: ARG002 - the step's hook
         gc.collect()
         self.tracker.reset_mod_stats()
-        self.start = _snapshot(self.tracker, "current")
+        self.start = snapshot(self.tracker, "current")
 
     def forward_done(self) -> None:
-        self.boundary = _snapshot(self.tracker, "current")
+        self.boundary = snapshot(self.tracker, "current")
 
     def backward_done(self) -> None:
         self.grads = self.reduced_grads or _grad_bytes(self.zero)
@@ -191,37 +181,12 @@ class _ZeroHooks:
         yield
 
 
-def _optimizer_states(zero) -> list:
-    """The inner (torch) optimizer's state tensors: its moments over the fp32 partitions."""
-    return [t for s in zero.optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
-
-
-def offload_host_bytes(zero) -> int:
-    """What ZeRO-Offload keeps in host memory, in bytes (DeepSpeed's optimizer `zero`): the trace's and the
-    runner's memory records count it apart from the device."""
-    return _storage_bytes(_offload_host_tensors(zero))
-
-
-def _offload_host_tensors(zero) -> list:
-    """What ZeRO-Offload keeps in host memory: the fp32 master partition and its fp32 gradient, the optimizer
-    states, and at stages 1 and 2 a 16-bit copy of the partition it sends to the device after the step, a staging
-    buffer the size of the largest parameter and (accumulating) each parameter's gradient summed so far; at
-    stage 3 the 16-bit gradient partition."""
-    states = _optimizer_states(zero)
-    if hasattr(zero, "fp32_partitioned_groups_flat"):                                      # stage 3
-        fp32 = list(zero.fp32_partitioned_groups_flat)
-        return fp32 + [t.grad for t in fp32] + states + [zero.grad_partitions_flat_buffer]
-    fp32 = list(zero.single_partition_of_fp32_groups)
-    return (fp32 + [t.grad for t in fp32] + states + list(zero.param_buffer_of_bit16_for_cpu_offload_groups)
-            + [zero.temp_grad_buffer_for_cpu_offload] + list(zero.accumulated_grads_in_cpu.values()))
-
-
 def _grad_bytes(zero) -> int:
     """The gradients ZeRO-2 and ZeRO-3 hold when the backward ends: this rank's 16-bit partition
     (`averaged_gradients`; stage 3: its flat gradient partitions); the BF16 optimizer: its whole fp32 buffer and
     the bf16 gradients beside it."""
     if hasattr(zero, "fp32_groups_gradients_flat"):
-        return _storage_bytes(list(zero.fp32_groups_gradients_flat) + [p.grad for g in zero.bf16_groups for p in g])
+        return storage_bytes(list(zero.fp32_groups_gradients_flat) + [p.grad for g in zero.bf16_groups for p in g])
     if hasattr(zero, "grad_partitions_flat_buffer"):
-        return _storage_bytes([zero.grad_partitions_flat_buffer])
-    return _storage_bytes(t for grads in zero.averaged_gradients.values() for t in (grads or []))
+        return storage_bytes([zero.grad_partitions_flat_buffer])
+    return storage_bytes(t for grads in zero.averaged_gradients.values() for t in (grads or []))

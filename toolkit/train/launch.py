@@ -177,7 +177,7 @@ def _accelerate_launch(job: Job, out: Path, nproc: int, port: int, flags: list[s
 
 def _stopped_at_checkpoint(out: Path) -> bool:
     """Whether the newest checkpoint holds the last logged step (a clean stop, not a crash)."""
-    from .metrics import read_metrics
+    from ..runs import read_metrics
     saved = list_checkpoints(out / "checkpoints")
     records = read_metrics(out / "metrics.jsonl") if (out / "metrics.jsonl").exists() else []
     return bool(saved and records) and saved[-1].name == f"step_{records[-1]['step']:08d}.pt"

@@ -5,9 +5,9 @@
 
 `Trainer` holds the run's state (program, scaler, pruner, data position, metrics) and does one step, one
 evaluation and one checkpoint as methods; `fit` runs them in order. The step's layout-dependent pieces are
-toolkit.train.step's, the trackers' set-up toolkit.train.trackers'.
+toolkit.program.step's, the trackers' set-up toolkit.train.trackers'.
 
-The layout (DDP, ZeRO-1/2/3, offload, tp, sp, dp × tp) is applied by toolkit.train.parallelize, the function
+The layout (DDP, ZeRO-1/2/3, offload, tp, sp, dp × tp) is applied by toolkit.program.parallelize, the function
 the tracer uses too; accelerate only starts the processes and trackers. What a step does, in order: set the
 learning rate (linear warm-up, cosine decay); for each micro-batch, forward under the precision mode's autocast
 (and int8 saved activations if asked) and backward of loss / accumulation, syncing DDP gradients on the last one
@@ -35,18 +35,19 @@ from ..runs import run_catalog_files
 from ..specs import Job, SpecError, load_catalog
 from ..specs.job import compute_dtype
 from .checkpoint import latest_checkpoint, resume_key, save_checkpoint, unwritable_checkpoint
-from .sharded_checkpoint import save_sharded, uses_sharded_checkpoint
+from .checkpoint.sharded import save_sharded, uses_sharded_checkpoint
 from .checks import refuse_accelerate_overrides, runner_checks
 from .data import StepSampler, TokenShards, ensure_demo_corpus, make_loader
 from .determinism import pinned, rank_threads, threads_note
 from .memory_record import MemoryRecorder
 from .metrics import MetricsLog, memory_reading
-from .parallelize import device_mesh, dp_rank_and_size, leave_one_process_group
-from .precision import torch_precision
-from .run_state import checkpoint_state, first_error, load_checkpoint
-from .program import _build_program
-from .step import agree, apply_update, evaluate, forward_backward, mean_step_loss, reduce_and_clip, timeline_of
-from .techniques import Int8Activations, Pruner, block_matrices
+from ..program.parallelize import device_mesh, dp_rank_and_size, leave_one_process_group
+from ..program.precision import torch_precision
+from .checkpoint.init_weights import load_initial_weights
+from .checkpoint.run_state import checkpoint_state, first_error, load_checkpoint
+from ..program.build import build_program
+from ..program.step import agree, apply_update, evaluate, forward_backward, mean_step_loss, reduce_and_clip, timeline_of
+from ..program.techniques import Int8Activations, Pruner, block_matrices
 from .trackers import tracker_config, tracker_setup
 
 __all__ = ["run_training", "Trainer", "RunResult", "TrainingStopped", "lr_at", "runner_checks"]
@@ -129,7 +130,9 @@ class Trainer:
         self.dp_rank, self.dp_world = dp_rank_and_size(self.mesh)
         self._set_up_data(cache_dir)
         self.base_mem_bytes, _ = memory_reading(self.device)     # before any weight exists: the summary's baseline
-        self.prog = _build_program(job, self.plan, self.device, self.mesh)
+        source = job.training.init_from
+        load = (lambda model: load_initial_weights(model, source)) if source else None
+        self.prog = build_program(job, self.plan, self.device, self.mesh, load)
         self.scaler = torch.amp.GradScaler(self.device.type, init_scale=self.t.loss_scale,   # (DeepSpeed scales fp16)
                                            enabled=self.plan.loss_scaling and self.prog.engine is None)
         self.pruner = Pruner(self.t.pruning.method, self.t.pruning.sparsity) if self.t.pruning.method != "none" \
@@ -219,7 +222,7 @@ class Trainer:
         tag, sharded, failed = None, None, None
         try:
             if prog.engine is not None:     # every rank writes its partitions; the record below is written after
-                from .deepspeed_backend import save_engine
+                from .checkpoint.deepspeed import save_engine
                 tag = save_engine(prog.engine, out / "checkpoints", step)
                 acc.wait_for_everyone()
             elif uses_sharded_checkpoint(prog, world):      # every rank its shards; rank 0 gets their checksums
@@ -239,7 +242,7 @@ class Trainer:
 
     def train_step(self, step: int) -> dict:
         """One optimizer step: micro-batches, gradient reduction, clipping, the update (or an fp16 skip), masks.
-        Returns the step's metrics record (without evaluation). The step itself is toolkit.train.step's, which
+        Returns the step's metrics record (without evaluation). The step itself is toolkit.program.step's, which
         the tracer runs too."""
         prog, job, t, plan, scaler = self.prog, self.job, self.t, self.plan, self.scaler
         began = time.perf_counter()
@@ -305,7 +308,7 @@ class Trainer:
     def fit(self, checkpoints: bool = True) -> RunResult:
         """Steps from the resumed one to training.steps: evaluation, metrics and checkpoints at their cadence, a
         checkpoint and a stop when any rank got SIGTERM. checkpoints=False saves none (calibrate's short probe
-        runs, toolkit.calibrate_device, whose final checkpoint would cost more than their steps)."""
+        runs, toolkit.calibrate.device, whose final checkpoint would cost more than their steps)."""
         t, acc = self.t, self.accelerator
         self.loop_began = time.perf_counter()
         final_loss, stopped_by_signal, done = None, False, self.start_step

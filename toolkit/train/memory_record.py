@@ -51,7 +51,7 @@ class MemoryRecorder:
         else:
             self.tracker.reset_peak()
 
-    def micro_batch(self, last: bool = False) -> None:  # noqa: ARG002 - the step's hook (toolkit.train.step)
+    def micro_batch(self, last: bool = False) -> None:  # noqa: ARG002 - the step's hook (toolkit.program.step)
         if self.tracker is not None:
             self.tracker.reset_mod_stats()     # MemTracker refuses a module called twice otherwise
 
@@ -61,7 +61,7 @@ class MemoryRecorder:
     def backward_done(self) -> None:
         """The step's gradients, as the last backward left them (before mixed-* moves them to the masters)."""
         if self.tracker is not None and self.current == self.steps[-1]:
-            from ..trace.memory import snapshot
+            from ..program.instrument import snapshot
             self.before_step = snapshot(self.tracker, "current")
             if self.tracker.host_bytes is not None:
                 self.host_at_step = self.tracker.host_bytes(self.before_step)
@@ -106,7 +106,7 @@ class MemoryRecorder:
             self.tracker = None
 
     def _cpu_tracker(self):
-        from ..trace.memory import DeviceTracker, FSDPDeviceTracker, StageTracker, fsdp_host_bytes
+        from ..program.instrument import DeviceTracker, FSDPDeviceTracker, StageTracker, fsdp_host_bytes
         prog = self.prog
         if self.job.parallel.zero >= 2 and prog.layout.sharded and prog.schedule is None:   # (stages: below)
             tracker = FSDPDeviceTracker(prog.raw, prog.optimizer)
@@ -120,17 +120,17 @@ class MemoryRecorder:
             optimizer = optimizer.optimizer
         tracker.track_external(prog.raw, optimizer, *extra)
         if self._deepspeed_offload():
-            from ..trace.zero import offload_host_bytes
+            from ..program.instrument import offload_host_bytes
             tracker.host_bytes = lambda _snap: offload_host_bytes(prog.optimizer)
         elif prog.schedule is not None and self.job.parallel.offload != "none":     # FSDP2 stages, offloaded
-            from ..trace.memory import offloaded_shard_bytes
+            from ..program.instrument import offloaded_shard_bytes
             tracker.host_bytes = lambda _snap: offloaded_shard_bytes(prog.params, prog.optimizer)
         if prog.master and prog.master.main_grads is not None:
             tracker.track_gradients(prog.master.main_grads)
         return tracker
 
     def _cpu_record(self) -> dict:
-        from ..trace.memory import FSDP_HOST, fsdp_host_bytes, snapshot
+        from ..program.instrument import FSDP_HOST, fsdp_host_bytes, snapshot
         after = snapshot(self.tracker, "current")
         peak = snapshot(self.tracker, "peak")
         self.tracker.__exit__(None, None, None)
@@ -143,7 +143,7 @@ class MemoryRecorder:
         states["host_bytes"] = self.host_at_step if staged else fsdp_host_bytes(self.before_step) if fsdp_offload \
             else 0
         if self._deepspeed_offload():
-            from ..trace.zero import offload_host_bytes
+            from ..program.instrument import offload_host_bytes
             states["host_bytes"] = offload_host_bytes(self.prog.optimizer)
         device_only = fsdp_offload or self._deepspeed_offload()
         return {"instrument": "MemTracker (real tensors, CPU)", "peak_bytes": peak.get("Device" if device_only else "Total", 0),

@@ -6,9 +6,8 @@ from pathlib import Path
 
 from ..estimate.memory import memory_estimate
 from ..format import gib
-from ..runs import read_rank_memory, run_catalog_files
+from ..runs import read_metrics, read_rank_memory, run_catalog_files
 from ..specs import Job, load_catalog
-from .metrics import read_metrics
 
 __all__ = ["run_summary", "render_run_summary"]
 

@@ -32,7 +32,7 @@ __all__ = ["tensor_parallel", "block_plan", "vocab_parallel_loss", "shard_embedd
 
 def tensor_parallel(model: nn.Module, mesh: DeviceMesh, sequence_parallel: bool = False,
                     local_logits: bool = False) -> nn.Module:
-    """Shard a toolkit.train.model.GPT, or one PipelineStage of it, over `mesh` (one dimension: the
+    """Shard a toolkit.program.model.GPT, or one PipelineStage of it, over `mesh` (one dimension: the
     tensor-parallel group), in place. A stage shards what it holds (the embeddings on the first, the norm and
     head on the last). `local_logits`: the head returns this rank's vocabulary columns as a plain tensor (what a
     pipeline stage sends to its loss, `vocab_parallel_loss`); otherwise a DTensor for the model's own loss."""
@@ -112,7 +112,7 @@ class PipelineStage(nn.Module):
     last. forward takes token ids (first stage) or the hidden
     states the previous stage sent, and returns hidden states or, on the last stage, the logits. With tied
     embeddings the first and the last stage each hold the matrix (as Megatron does): the runner sums its two
-    gradients (toolkit.train.pipeline), so both copies take the same steps."""
+    gradients (toolkit.program.pipeline), so both copies take the same steps."""
 
     def __init__(self, model: nn.Module, stage: int, sizes: list[int]):
         super().__init__()

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 
-from .format import count
-from .estimate.params import count_params
-from .specs import SpecError, load_catalog
-from .specs.errors import did_you_mean
-from .specs.fields import to_dict
+from ..format import count
+from ..estimate.params import count_params
+from ..specs import SpecError, load_catalog
+from ..specs.errors import did_you_mean
+from ..specs.fields import to_dict
 
 __all__ = ["cmd_catalog"]
 

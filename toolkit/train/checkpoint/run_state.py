@@ -6,15 +6,15 @@ from pathlib import Path
 
 import torch
 
-from ..specs import Job, SpecError
-from .program import _Program
-from .sharded_checkpoint import load_sharded, uses_sharded_checkpoint
+from ...specs import Job, SpecError
+from ...program.build import Program
+from .sharded import load_sharded, uses_sharded_checkpoint
 from .state import gather_state, restore_state
 
 __all__ = ["load_checkpoint", "checkpoint_state", "first_error"]
 
 
-def load_checkpoint(job: Job, prog: _Program, state: dict, scaler, pruner, rank: int, world: int,
+def load_checkpoint(job: Job, prog: Program, state: dict, scaler, pruner, rank: int, world: int,
                      out: Path) -> tuple[int, int]:
     """Restore a checkpoint into this rank; returns (step, skipped steps so far). A checkpoint written on another
     number of ranks loads too (states are kept by parameter name, shards re-cut by DCP): only the per-rank RNG
@@ -27,7 +27,7 @@ def load_checkpoint(job: Job, prog: _Program, state: dict, scaler, pruner, rank:
                                                   f"the {runs} backend does not load; resume with the layout that wrote "
                                                   "it, or start a new --out folder")
     if prog.engine is not None:
-        from .deepspeed_backend import load_engine
+        from .deepspeed import load_engine
         load_engine(prog.engine, out / "checkpoints", state["deepspeed"], len(state["rng"]), world)
     elif state.get("dcp"):
         load_sharded(prog, out / "checkpoints" / state["dcp"]["dir"])
@@ -49,7 +49,7 @@ def load_checkpoint(job: Job, prog: _Program, state: dict, scaler, pruner, rank:
     return state["step"], state["skipped_total"]
 
 
-def checkpoint_state(prog: _Program, device: torch.device, world: int) -> tuple[dict, dict, list]:
+def checkpoint_state(prog: Program, device: torch.device, world: int) -> tuple[dict, dict, list]:
     """(model state, optimizer state, every rank's RNG): collectives, so every rank calls it; complete on rank 0."""
     rng = {"cpu": torch.get_rng_state()}
     if device.type == "cuda":

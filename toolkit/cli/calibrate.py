@@ -6,8 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from .specs import Job, SpecError, load_catalog
-from .specs.yamlio import check_output_folder
+from ..specs import Job, SpecError, load_catalog
+from ..specs.yamlio import check_output_folder
 
 __all__ = ["add_calibrate_parser", "cmd_calibrate"]
 
@@ -29,7 +29,7 @@ def add_calibrate_parser(sub) -> argparse.ArgumentParser:
 
 
 def cmd_calibrate(args) -> int:
-    from .calibrate import calibrate
+    from ..calibrate import calibrate
     if args.nproc < 1:
         raise SpecError("--nproc", args.nproc, "must be 1 or more")
     check_output_folder("--out", args.out)
@@ -51,7 +51,7 @@ def cmd_calibrate(args) -> int:
 
 def _row_line(row: dict) -> str:
     """One line of what a profile row measured: the CPU's rates, or a GPU's rates and memory beyond the tensors."""
-    if row.get("vendor") != "measured":          # a GPU's row (toolkit.calibrate_device)
+    if row.get("vendor") != "measured":          # a GPU's row (toolkit.calibrate.device)
         terms, a, gib = row["device_memory"], row["assumptions"], 2**30
         return (f"{row['name']}: matmuls at {a['gemm_fraction']:.0%} of peak (half rate at {a['gemm_half_size']:.0f}), "
                 f"attention {a['attention_fraction']:.0%}, element-wise {row['memory_bw_bytes_per_s'] / 1e9:.0f} GB/s; "

@@ -24,8 +24,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .specs import Job
-from .specs.catalog import DTYPES, Catalog
+from ..specs import Job
+from ..specs.catalog import DTYPES, Catalog
 
 __all__ = ["gpu_row", "catalog_row_for", "probe_job", "device_memory_terms"]
 
@@ -91,11 +91,11 @@ def catalog_row_for(device_name: str, total_bytes: float, catalog: Catalog) -> s
 
 def probe_job(job: Job, capacity_bytes: float) -> Job:
     """One rank's share of the job on one device, a few steps long: its blocks as a tensor-parallel rank holds them
-    (heads, MLP width and vocabulary over tp: toolkit.calibrate_kernels.rank_spec), its micro-batch, precision,
+    (heads, MLP width and vocabulary over tp: toolkit.calibrate.kernels.rank_spec), its micro-batch, precision,
     recompute and optimizer; as many of its layers as keep the estimated device peak within PROBE_SHARE of
     `capacity_bytes` (at least one); parallelism, ZeRO and offload off, no checkpoints or evaluation."""
-    from .calibrate_kernels import rank_spec
-    from .estimate import estimate_result
+    from .kernels import rank_spec
+    from ..estimate import estimate_result
     data = job.replace(model=dataclasses.replace(rank_spec(job), layers=job.model.layers)).to_dict()
     data["parallel"] = {"dp": 1, "tp": 1, "pp": 1}
     data["cluster"] = {**data["cluster"], "count": 1}
@@ -147,10 +147,10 @@ def _probe_run(job_dict: dict, out: str) -> dict:
     """In a fresh process: the runner's Trainer through the probe's steps, as `toolkit train` runs one rank but
     without the final checkpoint (a 176B job's share would write tens of GB); the run's memory record."""
     import os
-    from .runs import read_rank_memory
-    from .train.determinism import pinned, rank_threads
-    from .train.launch import prepare_run
-    from .train.loop import Trainer
+    from ..runs import read_rank_memory
+    from ..train.determinism import pinned, rank_threads
+    from ..train.launch import prepare_run
+    from ..train.loop import Trainer
     job = prepare_run(Job.from_dict(job_dict), out, 1, force=True)   # (the probe sizes itself)
     kept = [o for o in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "").split(",") if o and "expandable_segments" not in o]
     expandable = ["expandable_segments:True"] if job.memory.expandable_segments else []
@@ -163,7 +163,7 @@ def _probe_run(job_dict: dict, out: str) -> dict:
 
 def _in_fresh_process(function: str, *args):
     """This module's `function(*args)` in a new interpreter (a CUDA context of its own); its JSON result."""
-    code = (f"import json, sys; from toolkit.calibrate_device import {function}; "
+    code = (f"import json, sys; from toolkit.calibrate.device import {function}; "
             f"print(json.dumps({function}(*json.loads(sys.argv[1]))))")
     done = subprocess.run([sys.executable, "-c", code, json.dumps(args)], capture_output=True, text=True)
     if done.returncode != 0:
@@ -177,8 +177,8 @@ def _workspace_bytes(job_dict: dict) -> int:
     training runs it (autocast included) and every tensor it made is freed: the cuBLAS workspaces of the main
     thread's handle and of autograd's backward thread."""
     import torch
-    from .calibrate_kernels import job_shapes
-    from .train.precision import torch_precision
+    from .kernels import job_shapes
+    from ..program.precision import torch_precision
     job, _ = Job.from_dict(job_dict).resolve()
     plan = torch_precision(job.precision.mode or "fp32")
     m, k, n = max(job_shapes(job), key=lambda s: s[0] * s[1] * s[2])
@@ -200,10 +200,10 @@ def _kernel_figures(job_dict: dict, device: str = "cuda") -> dict:
     """In a fresh process: the probe's products (its own, and with their rows halved and doubled) timed on the GPU
     and fitted to a large-matrix rate and `gemm_half_size`; its fused attention's rate, its block's element-wise
     bandwidth (bytes counted as the step-time model counts them) and its optimizer's rate, in its compute dtype."""
-    from .calibrate_kernels import (attention_flops, elementwise_bw_bytes_per_s, half_size, job_shapes,
+    from .kernels import (attention_flops, elementwise_bw_bytes_per_s, half_size, job_shapes,
                                     matmul_flops, optimizer_params_per_s, thin_shapes)
-    from .specs.job import compute_dtype
-    from .train.precision import TORCH_DTYPES
+    from ..specs.job import compute_dtype
+    from ..program.precision import TORCH_DTYPES
     job, _ = Job.from_dict(job_dict).resolve()
     dtype_name = compute_dtype(job.precision.mode or "fp32")
     dtype = TORCH_DTYPES[dtype_name]

@@ -65,7 +65,7 @@ def stage_state_keys(stages: nn.ModuleList, job: Job, pp_rank: int) -> dict[str,
 
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """The GPT's own loss (toolkit.train.model.GPT.forward): mean cross-entropy in fp32."""
+    """The GPT's own loss (toolkit.program.model.GPT.forward): mean cross-entropy in fp32."""
     return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
 
 
@@ -149,7 +149,7 @@ def stage_loss(job: Job, tp_mesh=None):
 def build_schedule(stages: nn.ModuleList, job: Job, device: torch.device, group=None, clock: StageClock | None = None,
                    tp_mesh=None):
     """torch's schedule for this rank's chunks, over `group` (the pipeline ranks); `clock` times their chunks;
-    `tp_mesh`: the stages are tensor-parallel over it (toolkit.train.parallel.tensor_parallel)."""
+    `tp_mesh`: the stages are tensor-parallel over it (toolkit.program.parallel.tensor_parallel)."""
     from torch.distributed.pipelining import PipelineStage as TorchStage
     from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
     chunks, m = job.parallel.pp * job.parallel.vpp, job.grad_accum or 1

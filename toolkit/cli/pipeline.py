@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from .specs import SpecError
-from .specs.errors import did_you_mean
+from ..specs import SpecError
+from ..specs.errors import did_you_mean
 
 __all__ = ["add_pipeline_parser", "cmd_pipeline"]
 
@@ -32,8 +32,8 @@ def add_pipeline_parser(sub) -> argparse.ArgumentParser:
 
 
 def cmd_pipeline(args) -> int:
-    from .estimate.pipeline import SCHEDULES, simulate
-    from .format import render_pipeline
+    from ..estimate.pipeline import SCHEDULES, simulate
+    from ..format import render_pipeline
     if args.run:
         return _pipeline_run(args)
     for flag in ("stages", "microbatches"):
@@ -53,7 +53,7 @@ def cmd_pipeline(args) -> int:
         raise SpecError("", None, message) from None
     result = timeline.to_dict()
     if args.html:
-        from .plots import pipeline_figure, write_html
+        from ..plots import pipeline_figure, write_html
         write_html(args.html, [pipeline_figure(result)])
     print(json.dumps(result, indent=2) if args.json else render_pipeline(result))
     return 0
@@ -61,9 +61,9 @@ def cmd_pipeline(args) -> int:
 
 def _pipeline_run(args) -> int:
     """A run's measured pipeline step against the same schedule simulated from the run's own chunk times."""
-    from .estimate.pipeline import replay
-    from .format import render_pipeline
-    from .runs import read_pipeline_timeline
+    from ..estimate.pipeline import replay
+    from ..format import render_pipeline
+    from ..runs import read_pipeline_timeline
     measured = read_pipeline_timeline(args.run)
     if measured is None:
         raise SpecError("--run", args.run, "holds no pipeline timeline (OUT/pipeline/rank*.json): it is written by "
@@ -73,7 +73,7 @@ def _pipeline_run(args) -> int:
     result = {"measured": measured, "simulated": simulated,
               "step_s": {"simulated": simulated["step_s"], "measured": measured["step_s"], "error": error}}
     if args.html:
-        from .plots import pipeline_figure, write_html
+        from ..plots import pipeline_figure, write_html
         write_html(args.html, [pipeline_figure(simulated, measured)])
     if args.json:
         print(json.dumps(result, indent=2))

@@ -145,7 +145,7 @@ def _every_other_matmul():
 def run_blocks(blocks: nn.ModuleList, x: torch.Tensor, cos, sin, recompute: str) -> torch.Tensor:
     """The blocks in order over x (batch, seq, hidden); under full or per-op recompute each is checkpointed while
     training. cos and sin come cut to the whole sequence's length (under sequence parallelism x holds a shard of
-    it). (The whole GPT and its pipeline stages, toolkit.train.parallel.PipelineStage, both run them so.)"""
+    it). (The whole GPT and its pipeline stages, toolkit.program.parallel.PipelineStage, both run them so.)"""
     for block in blocks:
         if recompute == "full" and torch.is_grad_enabled():
             x = checkpoint(block, x, cos, sin, use_reentrant=False)

@@ -13,24 +13,12 @@ or on one process, a ZeRO-3 one into a replica, and a pipeline's into one proces
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 from torch import nn
 
-__all__ = ["Layout", "gather_state", "restore_state"]
+from ...program.layout import Layout
 
-
-@dataclass(frozen=True)
-class Layout:
-    sharded: bool = False
-    """Parameters are DTensors (FSDP2 or tensor parallelism)."""
-    zero1: bool = False
-    """The optimizer is torch's ZeroRedundancyOptimizer."""
-    stage_keys: dict | None = field(default=None, compare=False)
-    """Pipeline: {this rank's state-dict key: the whole model's} (toolkit.train.pipeline.stage_state_keys)."""
-    stage_params: dict | None = field(default=None, compare=False)
-    """Pipeline: {id(parameter): the whole model's parameter name}; a tied head is the embedding's name."""
+__all__ = ["gather_state", "restore_state"]
 
 
 def _options():

@@ -10,8 +10,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .calibrate_kernels import block_run, rank_spec
-from .specs.job import Job
+from .kernels import block_run, rank_spec
+from ..specs.job import Job
 
 __all__ = ["collective_fit", "sharded_bw_bytes_per_s", "tp_collective_s", "fsdp_collective_s"]
 
@@ -92,7 +92,7 @@ def _extra_s(layout, local, run, seconds: float) -> float:
 def tp_collective_s(job: Job, world: int, dtype: torch.dtype, bus_bw_bytes_per_s: float | None,
                     seconds: float = 2.0) -> float | None:
     """Seconds of one tensor-parallel collective's fixed cost as the runner's program issues it, beyond moving its
-    bytes: one of the job's blocks under the runner's own DTensor plan (toolkit.train.parallel.block_plan, the
+    bytes: one of the job's blocks under the runner's own DTensor plan (toolkit.program.parallel.block_plan, the
     job's tp group and sequence parallelism), forward and backward, against a block of this rank's share (heads
     and MLP width over tp) without parallelism, in turns; the difference, over the block's collectives
     (toolkit.estimate.comm.tp_collectives_per_block), is each collective with the DTensor dispatch and
@@ -103,8 +103,8 @@ def tp_collective_s(job: Job, world: int, dtype: torch.dtype, bus_bw_bytes_per_s
         return None
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import parallelize_module
-    from .estimate.comm import tp_collectives_per_block
-    from .train.parallel import block_plan
+    from ..estimate.comm import tp_collectives_per_block
+    from ..program.parallel import block_plan
     m, sp = job.model, job.parallel.sp
     mesh = init_device_mesh("cpu", (world // tp, tp), mesh_dim_names=("rest", "tp"))["tp"]
     run, build = block_run(job, m.seq_len // tp if sp else m.seq_len)
@@ -137,7 +137,7 @@ class _Blocks(torch.nn.Module):
 def fsdp_collective_s(job: Job, world: int, reduce_scatter_bw: float | None, gather_bw: float | None,
                       seconds: float = 1.0) -> float | None:
     """Seconds of one FSDP2 collective's cost beyond its ring bytes, as the runner's program issues it: up to
-    FSDP_BLOCKS of the job's blocks sharded as toolkit.train.parallelize.apply_fsdp shards them (its dp group,
+    FSDP_BLOCKS of the job's blocks sharded as toolkit.program.parallelize.apply_fsdp shards them (its dp group,
     mixed-precision policy and resharding) under an empty root, forward and backward, against the same blocks
     whole, in turns; the difference per block, less its bytes at the measured gather and reduce-scatter
     bandwidths, over a block's collectives in a micro-batch (a gather, a second one in backward at ZeRO-3, a reduce-scatter). On a CPU this is far
@@ -148,8 +148,8 @@ def fsdp_collective_s(job: Job, world: int, reduce_scatter_bw: float | None, gat
     one-rank group. None unless the job runs FSDP2."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    from .estimate.states import bytes_per_param
-    from .train.parallelize import fsdp_policies, join_one_process_group, leave_one_process_group
+    from ..estimate.states import bytes_per_param
+    from ..program.parallelize import fsdp_policies, join_one_process_group, leave_one_process_group
     par = job.parallel
     dp = world // (par.tp * par.pp)
     if par.zero < 2 or job.backend != "torch" or world % (par.tp * par.pp):

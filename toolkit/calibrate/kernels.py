@@ -11,7 +11,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .specs.job import Job
+from ..specs.job import Job
 
 __all__ = ["SWEEP", "job_shapes", "head_shape", "matmul_flops", "half_size", "thin_shapes", "rank_spec", "rank_step",
            "in_model_rates", "kernel_totals", "memory_bw_bytes_per_s", "attention_flops",
@@ -42,7 +42,7 @@ def timed_s(fn, seconds: float = 0.3, least: int = 3, device: str = "cpu") -> fl
 
 def job_shapes(job: Job) -> list[tuple[int, int, int]]:
     """The (m, k, n) of the job's matmuls on one rank: q, k, v, o, the MLP and the output projection."""
-    from .estimate.steptime import block_matmul_shapes
+    from ..estimate.steptime import block_matmul_shapes
     shapes = {tuple(int(x) for x in shape) for shape in block_matmul_shapes(job)}
     return sorted(shapes | {head_shape(job)})
 
@@ -81,7 +81,7 @@ def half_size(shapes, rates) -> tuple[float, float]:
     x / (x + half_size) of one rate shared by all (toolkit.estimate.steptime.thin_factor), in log space so that
     every shape weighs the same. The size is sought up to the thinnest dimension measured (beyond it the rate is
     an extrapolation)."""
-    from .estimate.steptime import thin_factor
+    from ..estimate.steptime import thin_factor
     logs = np.log(np.asarray(rates, dtype=float))
     best = None
     for half in np.concatenate([[0.0], np.geomspace(1, min(min(shape) for shape in shapes), 300)]):
@@ -119,8 +119,8 @@ def rank_spec(job: Job):
 def rank_step(job: Job):
     """(spec, step()): this rank's share of the job's GPT (`rank_spec`, seeded weights in the job's dtype) and one
     micro-batch of random tokens through it, forward and backward under the job's autocast."""
-    from .train.model import GPT
-    from .train.precision import torch_precision
+    from ..program.model import GPT
+    from ..program.precision import torch_precision
     spec, plan = rank_spec(job), torch_precision(job.precision.mode or "fp32")
     torch.manual_seed(0)
     model = GPT(spec, attention=job.memory.attention, dtype=plan.param_dtype)
@@ -205,7 +205,7 @@ def elementwise_bw_bytes_per_s(job: Job, dtype: torch.dtype, device: str = "cpu"
     forward and backward at the job's shape, counting the bytes as the step-time model does
     (toolkit.estimate.steptime); on a GPU they are bound by memory, on a CPU often by their arithmetic."""
     import torch.nn.functional as F
-    from .estimate.elementwise import memory_bound_bytes_per_token
+    from ..estimate.elementwise import memory_bound_bytes_per_token
     m = job.model
     tokens = job.batch.micro_batch * m.seq_len
     x = torch.randn(tokens, m.hidden, dtype=dtype, device=device, requires_grad=True)
@@ -226,8 +226,8 @@ def elementwise_bw_bytes_per_s(job: Job, dtype: torch.dtype, device: str = "cpu"
 
 def optimizer_params_per_s(job: Job, device: str = "cpu") -> float:
     """Parameters per second the job's optimizer (AdamW, its implementation) steps, over the model's tensors."""
-    from .estimate.phases import optimizer_impl
-    from .train.model import GPT
+    from ..estimate.phases import optimizer_impl
+    from ..program.model import GPT
     decoder = job.model.has_shape and not job.model.encoder       # (the runner's GPT builds decoders)
     model = GPT(job.model) if decoder else torch.nn.Sequential(*[torch.nn.Linear(512, 512)] * 16)
     model = model.to(device)
@@ -269,7 +269,7 @@ def ops_per_unit(job: Job) -> float:
     """Tensor operations one op unit of the step-time model stands for (toolkit.estimate.steptime.op_units), in
     the job's own model: this rank's share (`rank_spec`), one micro-batch forward and backward in the job's
     precision, counted at the dispatcher, over the units the model counts for that micro-batch."""
-    from .estimate.steptime import op_units
+    from ..estimate.steptime import op_units
     spec, step = rank_step(job)
     step()                                            # (the first backward makes the .grad tensors)
     plain = job.replace(memory=dataclasses.replace(job.memory, recompute="none"))
@@ -277,13 +277,13 @@ def ops_per_unit(job: Job) -> float:
 
 
 def block_run(job: Job, tokens_per_rank: int):
-    """(run(block), build(spec)): one forward and backward of a toolkit.train.model.Block, built as the runner
+    """(run(block), build(spec)): one forward and backward of a toolkit.program.model.Block, built as the runner
     builds the job's (its attention, its weights' dtype), on random activations of the job's micro-batch (this
     rank's tokens), with rotary tables where the job has them, under autocast for amp-* as a micro-batch runs;
     `run(block, checkpointed=True)` through torch's checkpoint (with `context_fn`: selective), `backward=False`
     the forward alone."""
-    from .train.model import Block, rope_tables
-    from .train.precision import torch_precision
+    from ..program.model import Block, rope_tables
+    from ..program.precision import torch_precision
     m, plan = job.model, torch_precision(job.precision.mode or "fp32")
     x = torch.randn(job.batch.micro_batch, tokens_per_rank, m.hidden, dtype=plan.param_dtype, requires_grad=True)
     rope = rope_tables(m.seq_len, m.head_dim_) if m.position == "rope" else (None, None)
@@ -328,7 +328,7 @@ def region_runs(job: Job) -> dict:
     """{checkpointed, plain, forward, tail}: calls over the job's checkpointed region (`checkpoint_overhead_s`),
     in its dtype and under its autocast as a micro-batch runs it."""
     from torch.utils.checkpoint import checkpoint
-    from .train.precision import torch_precision
+    from ..program.precision import torch_precision
     plan = torch_precision(job.precision.mode or "fp32")
     run, build = block_run(job, job.model.seq_len // job.parallel.cp)
     spec = rank_spec(job)

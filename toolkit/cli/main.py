@@ -22,17 +22,17 @@ import re
 import sys
 from typing import Literal, get_args, get_origin, get_type_hints
 
-from .cli_calibrate import add_calibrate_parser, cmd_calibrate
-from .cli_catalog import cmd_catalog
-from .cli_pipeline import add_pipeline_parser, cmd_pipeline
-from .estimate import estimate
-from .format import render_comparison, render_doctor, render_estimate, render_plan
-from .specs import Job, SpecError, load_catalog
-from .specs.errors import MeasurementFailed
-from .specs.job import (Batch, Cluster, Cost, Finetune, MemoryOptions, Optimizer, Overlap, Parallel, Precision,
+from .calibrate import add_calibrate_parser, cmd_calibrate
+from .catalog import cmd_catalog
+from .pipeline import add_pipeline_parser, cmd_pipeline
+from ..estimate import estimate
+from ..format import render_comparison, render_doctor, render_estimate, render_plan
+from ..specs import Job, SpecError, load_catalog
+from ..specs.errors import MeasurementFailed
+from ..specs.job import (Batch, Cluster, Cost, Finetune, MemoryOptions, Optimizer, Overlap, Parallel, Precision,
                         Training)
-from .specs.model import ModelSpec
-from .specs.yamlio import check_output_folder, read_yaml
+from ..specs.model import ModelSpec
+from ..specs.yamlio import check_output_folder, read_yaml
 
 __all__ = ["main", "build_parser"]
 
@@ -294,7 +294,7 @@ def cmd_estimate(args) -> int:
     job = job_from_args(args, catalog)
     result = estimate(job, catalog)
     if args.html:
-        from .plots import memory_figure, step_figure, write_html
+        from ..plots import memory_figure, step_figure, write_html
         write_html(args.html, [memory_figure(result), step_figure(result)])
     if args.write_job:
         Job.from_dict(result["job"], catalog).to_yaml(args.write_job)
@@ -307,20 +307,20 @@ def cmd_estimate(args) -> int:
 
 
 def cmd_trace(args) -> int:
-    from .trace.report import traced_estimate  # imports torch: only when asked
+    from ..trace.report import traced_estimate  # imports torch: only when asked
     catalog = load_catalog(*args.catalog)
     result = traced_estimate(job_from_args(args, catalog), catalog)
     if args.html:
-        from .plots import memory_figure, write_html
+        from ..plots import memory_figure, write_html
         write_html(args.html, [memory_figure(result)])
     print(json.dumps(result, indent=2, ensure_ascii=False) if args.json else render_estimate(result))
     return 0
 
 
 def cmd_compare(args) -> int:
-    from .trace.report import compare_memory, compare_run
+    from ..trace.report import compare_memory, compare_run
     if args.run:
-        from .format import render_run_comparison
+        from ..format import render_run_comparison
         result = compare_run(args.run, args.catalog, trace=not args.no_trace)
         print(json.dumps(result, indent=2, ensure_ascii=False) if args.json else render_run_comparison(result))
         return 0
@@ -344,7 +344,7 @@ def _fixed_axes(args) -> set[str]:
 
 
 def cmd_plan(args) -> int:
-    from .plan import search
+    from ..plan import search
     catalog = load_catalog(*args.catalog)
     gpus = parse_gpus(args.gpus) if args.gpus else None
     offers = [o.strip() for o in args.offers.split(",") if o.strip()] if args.offers else None
@@ -356,17 +356,17 @@ def cmd_plan(args) -> int:
     if args.write_job:
         if not result["plans"]:
             raise SpecError("--write-job", args.write_job, "no layout fits, so there is no plan to write")
-        from .plan.search import plan_job
+        from ..plan.search import plan_job
         plan_job(job, result["plans"][0]).to_yaml(args.write_job)
     if args.html:
-        from .plots import pareto_figure, write_html
+        from ..plots import pareto_figure, write_html
         write_html(args.html, [pareto_figure(result)])
     print(json.dumps(result, indent=2, ensure_ascii=False) if args.json else render_plan(result))
     return 0
 
 
 def cmd_doctor(args) -> int:
-    from .plan.doctor import diagnose_job, diagnose_run
+    from ..plan.doctor import diagnose_job, diagnose_run
     if args.run:
         result = diagnose_run(args.run)
     else:
@@ -377,8 +377,8 @@ def cmd_doctor(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from .train.launch import launch   # imports torch: only when asked
-    from .train.summary import render_run_summary
+    from ..train.launch import launch   # imports torch: only when asked
+    from ..train.summary import render_run_summary
     catalog = load_catalog(*args.catalog)
     job = job_from_args(args, catalog)
     code = launch(job, args.out, nproc=args.nproc, peak_tflops=args.peak_tflops, progress=not args.no_progress,
@@ -389,7 +389,7 @@ def cmd_train(args) -> int:
 
 
 def cmd_data(args) -> int:
-    from .train.data import demo_sources, prepare, read_sources
+    from ..train.data import demo_sources, prepare, read_sources
     if args.demo and args.files:
         raise SpecError("data prepare", args.files[0], "give files or --demo, not both")
     index = prepare(demo_sources() if args.demo else read_sources(args.files), args.out, args.val_fraction)
@@ -400,7 +400,7 @@ def cmd_data(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from .export import export_job
+    from ..export import export_job
     catalog = load_catalog(*args.catalog)
     done = export_job(job_from_args(args, catalog), args.to.lower(), args.out, args.nodes, catalog=catalog)
     for warning in done.warnings:
@@ -410,7 +410,7 @@ def cmd_export(args) -> int:
 
 
 def cmd_claims(args) -> int:
-    from .claims import claims_json
+    from ..claims import claims_json
     result = claims_json(load_catalog(*args.catalog))
     if args.json:
         print(json.dumps(result, indent=2, ensure_ascii=False))

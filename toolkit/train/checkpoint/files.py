@@ -4,7 +4,7 @@ A checkpoint is `step_NNNNNNNN.pt` (torch.save of a dict) plus `step_NNNNNNNN.pt
 is written under a temporary name, fsync'd and renamed, the checksum last: a checkpoint without its
 checksum file, or whose bytes do not match it, was interrupted or damaged, and is reported and skipped.
 Files are loaded with `weights_only=True`: tensors, numbers, strings and containers only. Runs on several ranks
-write their shards into `step_NNNNNNNN.dcp/` first (toolkit.train.sharded_checkpoint), the DeepSpeed backend its
+write their shards into `step_NNNNNNNN.dcp/` first (toolkit.train.checkpoint.sharded), the DeepSpeed backend its
 partitions into `step_NNNNNNNN.ds/`; the .pt (naming that directory, with the shards' checksums) is their record.
 """
 from __future__ import annotations
@@ -128,7 +128,7 @@ def latest_checkpoint(folder: str | Path, rank: int = 0, world: int = 1) -> tupl
     checks its share of a sharded checkpoint's files and they agree on the verdict (each file is read once)."""
     import torch
     problems = []
-    from .sharded_checkpoint import sharded_problem
+    from .sharded import sharded_problem
     for stale in Path(folder).glob("*.tmp") if Path(folder).is_dir() else []:
         problems.append(f"{stale.name}: unfinished write (the run stopped while saving); removed")
         if stale.is_dir():

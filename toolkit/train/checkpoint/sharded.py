@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import file_sha256
+from .files import file_sha256
 
 __all__ = ["uses_sharded_checkpoint", "save_sharded", "load_sharded", "sharded_problem"]
 

@@ -3,14 +3,14 @@
     mesh = device_mesh(job, "cpu")            # ("pp", "dp", "tp") over the world; None in one process
     model = parallelize(model, job, mesh)     # tp/sp first, then ZeRO-2/3 (FSDP2) or DDP over dp
 
-Tensor and sequence parallelism are torch's DTensor plan (toolkit.train.parallel) on the mesh's tp
+Tensor and sequence parallelism are torch's DTensor plan (toolkit.program.parallel) on the mesh's tp
 dimension. ZeRO-2/3 is FSDP2: `fully_shard` on every block and then on the root, each with
 `reshard_after_forward` set explicitly (torch's default leaves the root gathered); amp-* gathers 16-bit
 parameters and reduces in fp32 (`MixedPrecisionPolicy`) while autocast runs the ops, as the tracer measures;
 offload keeps sharded parameters, gradients and optimizer states on the host (`CPUOffloadPolicy`). ZeRO-0
 and ZeRO-1 wrap the model in DDP over the dp dimension (ZeRO-1's sharded optimizer is built by
-toolkit.train.optim); with tp, whose DTensors DDP refuses, the replicas average gradients by hand. Pipeline
-stages are cut by toolkit.train.pipeline; their replicas over dp average gradients by hand too, or are FSDP2
+toolkit.program.optim); with tp, whose DTensors DDP refuses, the replicas average gradients by hand. Pipeline
+stages are cut by toolkit.program.pipeline; their replicas over dp average gradients by hand too, or are FSDP2
 units over dp at ZeRO-2/3.
 """
 from __future__ import annotations

@@ -18,16 +18,15 @@ import torch.distributed as dist
 
 from ..runs import write_stage_timeline
 from ..specs import Job
-from .data import TokenShards
 from .parallel import loss_parallel
 from .optim import clip_grad_norm
-from .program import _backward, _optimizer_step, _Program
+from .build import backward_micro_batch, step_optimizer, Program
 
 __all__ = ["forward_backward", "reduce_and_clip", "apply_update", "pipeline_micro_batches", "timeline_of",
            "micro_batch_context", "local_value", "mean_step_loss", "agree", "evaluate", "forward_loss"]
 
 
-def forward_backward(prog: _Program, job: Job, plan, scaler, batches, device, recorder, *, int8=None,
+def forward_backward(prog: Program, job: Job, plan, scaler, batches, device, recorder, *, int8=None,
                      micro_batches: int | None = None, timeline: dict | None = None,
                      out: Path | None = None) -> torch.Tensor:
     """One step's micro-batches, forward and backward (through the pipeline schedule when there is one); the sum
@@ -48,13 +47,13 @@ def forward_backward(prog: _Program, job: Job, plan, scaler, batches, device, re
             with plan.autocast(device.type), (int8 or contextlib.nullcontext()):
                 loss = prog.model(inputs, targets)
             recorder.forward_done()
-            _backward(prog, scaler, loss, accum, last=last)
+            backward_micro_batch(prog, scaler, loss, accum, last=last)
         loss_sum += local_value(loss.detach()).float()
     recorder.backward_done()
     return loss_sum
 
 
-def reduce_and_clip(prog: _Program, scaler, max_norm: float):
+def reduce_and_clip(prog: Program, scaler, max_norm: float):
     """Gradients made ready for the update: 16-bit ones moved to the fp32 masters (mixed-*), averaged where no DDP
     or FSDP2 does, unscaled (fp16), clipped to `max_norm` (inf: measured only). Returns the global norm before
     clipping (a float or a 0-d tensor: take float() of it; 0.0 under DeepSpeed, which clips inside its step)."""
@@ -68,11 +67,11 @@ def reduce_and_clip(prog: _Program, scaler, max_norm: float):
     return clip_grad_norm(prog.params, max_norm, prog.stage_group, prog.counted)
 
 
-def apply_update(prog: _Program, scaler, scale_before: float | None, recorder, step: int) -> bool:
+def apply_update(prog: Program, scaler, scale_before: float | None, recorder, step: int) -> bool:
     """The optimizer's step (inside the recorder's `optimizer_step`), then the 16-bit weights from the masters.
     True if an fp16 overflow skipped it."""
     with recorder.optimizer_step(step):
-        skipped = _optimizer_step(prog, scaler, scale_before)
+        skipped = step_optimizer(prog, scaler, scale_before)
     if prog.master:
         prog.master.zero_grad()
         if not skipped:
@@ -80,7 +79,7 @@ def apply_update(prog: _Program, scaler, scale_before: float | None, recorder, s
     return skipped
 
 
-def pipeline_micro_batches(prog: _Program, job: Job, plan, batches, device, timeline: dict | None = None,
+def pipeline_micro_batches(prog: Program, job: Job, plan, batches, device, timeline: dict | None = None,
                             out: Path | None = None) -> torch.Tensor:
     """One step's micro-batches through the schedule; the sum of their losses on the last stage, 0 elsewhere.
     With `timeline` (the step's identity), the stage's chunks are timed from a barrier of the pipeline's ranks
@@ -101,7 +100,7 @@ def pipeline_micro_batches(prog: _Program, job: Job, plan, batches, device, time
     return sum((loss.detach().float() for loss in losses), torch.zeros((), device=device))
 
 
-def timeline_of(job: Job, prog: _Program, mesh, dp_rank: int, step: int) -> dict | None:
+def timeline_of(job: Job, prog: Program, mesh, dp_rank: int, step: int) -> dict | None:
     """The identity of the timed pipeline step (the third, after the memory-recording ones; or the last of a
     shorter run), for the first pipeline's ranks only; None for every other step and rank."""
     if prog.schedule is None or step != min(2, job.training.steps - 1):
@@ -113,7 +112,7 @@ def timeline_of(job: Job, prog: _Program, mesh, dp_rank: int, step: int) -> dict
             "vpp": job.parallel.vpp}
 
 
-def micro_batch_context(prog: _Program, job: Job, last: bool):
+def micro_batch_context(prog: Program, job: Job, last: bool):
     """DDP syncs gradients on the last micro-batch only; FSDP2 reduce-scatters every one (as the tracer measures);
     tensor parallelism computes the loss on vocabulary-sharded logits."""
     from torch.nn.parallel import DistributedDataParallel
@@ -152,7 +151,7 @@ def agree(flag: bool, device, world: int) -> bool:
 @torch.no_grad()
 
 
-def evaluate(prog: _Program, val_set: TokenShards, job: Job, plan, device, rank: int, world: int,
+def evaluate(prog: Program, val_set, job: Job, plan, device, rank: int, world: int,
               before_forward=lambda: None) -> float:
     """Mean loss over the same eval_batches × micro_batch held-out windows whatever the number of replicas:
     replica r takes windows r, r + world, ...; losses and counts are summed over ranks (the ranks of one
@@ -181,7 +180,7 @@ def evaluate(prog: _Program, val_set: TokenShards, job: Job, plan, device, rank:
     return float(sums[0] / sums[1])
 
 
-def forward_loss(prog: _Program, job: Job, plan, tokens: torch.Tensor, targets: torch.Tensor):
+def forward_loss(prog: Program, job: Job, plan, tokens: torch.Tensor, targets: torch.Tensor):
     """The model's loss on one batch, without backward; None on a pipeline rank that does not hold the last chunk."""
     if prog.schedule is None:
         return prog.raw(tokens, targets)

@@ -30,16 +30,16 @@ import sys
 import torch
 import yaml
 
-from .calibrate_comm import collective_fit, fsdp_collective_s, sharded_bw_bytes_per_s, tp_collective_s
-from .calibrate_kernels import (IN_MODEL_LAYERS, SWEEP, attention_flops, checkpoint_overhead_s,
+from .comm import collective_fit, fsdp_collective_s, sharded_bw_bytes_per_s, tp_collective_s
+from .kernels import (IN_MODEL_LAYERS, SWEEP, attention_flops, checkpoint_overhead_s,
                                 elementwise_bw_bytes_per_s, half_size, head_shape, in_model_rates, job_shapes,
                                 kernel_totals, matmul_flops, memory_bw_bytes_per_s, op_overhead_s, ops_per_unit,
                                 optimizer_params_per_s, selective_op_overhead_s, thin_shapes)
-from .specs.catalog import DTYPES as DTYPE_NAMES
-from .specs.errors import SpecError
-from .specs.job import Job, compute_dtype
-from .specs.precision import TORCH_SEMANTICS
-from .train.precision import TORCH_DTYPES
+from ..specs.catalog import DTYPES as DTYPE_NAMES
+from ..specs.errors import SpecError
+from ..specs.job import Job, compute_dtype
+from ..specs.precision import TORCH_SEMANTICS
+from ..program.precision import TORCH_DTYPES
 
 __all__ = ["calibrate", "measure_rank", "profile_row", "in_model_rates", "kernel_totals", "job_shapes"]
 
@@ -47,7 +47,7 @@ def measure_rank(job: Job, rank: int, world: int) -> dict:
     """One rank's figures, measured while every other rank measures the same, with a training rank's settings:
     its thread count and, on CPU, deterministic kernels (toolkit.train.determinism.pinned)."""
     importlib.import_module("toolkit.train.loop")     # what a training rank loads (accelerate, the runner)
-    from .train.determinism import pinned, rank_threads
+    from ..train.determinism import pinned, rank_threads
     with pinned(rank_threads(world), "cpu"):         # (its kernels run on CPU cores, GPU or not)
         return _measure_rank(job, rank, world)
 
@@ -120,7 +120,7 @@ def _large_matrix_rate(job: Job, rate: float, half: float) -> float:
     """The rate the job's model ran its products at, lifted to the large-matrix rate: their FLOPs (the blocks'
     products and the vocabulary projection, as in_model_rates times them) times each one's thin factor, over
     their FLOPs."""
-    from .estimate.steptime import block_matmul_shapes, thin_factor
+    from ..estimate.steptime import block_matmul_shapes, thin_factor
     blocks = min(job.model.layers, IN_MODEL_LAYERS)
     weighted = [(shape, blocks) for shape in block_matmul_shapes(job)] + [(head_shape(job), 1)]
     flops = sum(count * m * k * n for (m, k, n), count in weighted)
@@ -192,9 +192,9 @@ def _memory_bytes(world: int) -> int | str:
 
 def calibrate(job: Job | None, nproc: int, out_path, gpu_only: bool = False) -> dict:
     """Measure on nproc gloo ranks at once and write the profile YAML; returns the profile. On a host with a GPU
-    the profile gains that GPU's row, measured on it (toolkit.calibrate_device); `gpu_only` measures that alone
+    the profile gains that GPU's row, measured on it (toolkit.calibrate.device); `gpu_only` measures that alone
     (the CPU figures at a large job's shapes take long on CPU cores)."""
-    from .trace.ranks import trace_on_ranks
+    from ..trace.ranks import trace_on_ranks
     if gpu_only and not torch.cuda.device_count():
         raise SpecError("--gpu-only", True, "needs a CUDA GPU on this host; leave it out to calibrate the CPU cores")
     job = job or Job()
@@ -218,11 +218,11 @@ def calibrate(job: Job | None, nproc: int, out_path, gpu_only: bool = False) -> 
 
 
 def _gpu_row(job: Job, out_path) -> dict:
-    """This host's GPU row, measured on it (toolkit.calibrate_device); probe runs are kept beside the profile.
+    """This host's GPU row, measured on it (toolkit.calibrate.device); probe runs are kept beside the profile.
     RuntimeError or SpecError says why not (no job to probe, a probe refused or failed)."""
     from pathlib import Path
-    from .calibrate_device import gpu_row
-    from .specs import load_catalog
+    from .device import gpu_row
+    from ..specs import load_catalog
     if not job.model.has_shape:
         raise RuntimeError("give --config JOB.yaml (the probe trains the job's blocks on the GPU)")
     return gpu_row(job, load_catalog(), Path(out_path).with_name(Path(out_path).stem + "-device-probe"))

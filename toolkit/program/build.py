@@ -1,7 +1,7 @@
-"""What one rank trains: the job's model, laid out by toolkit.train.parallelize (or cut into pipeline stages, or
+"""What one rank trains: the job's model, laid out by toolkit.program.parallelize (or cut into pipeline stages, or
 handed to DeepSpeed's engine), and the optimizer that steps it. toolkit.train.loop runs it.
 
-    prog = _build_program(job, torch_precision(mode), device, device_mesh(job, device.type))
+    prog = build_program(job, torch_precision(mode), device, device_mesh(job, device.type))
 """
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import torch
 
 from ..specs import Job
 from ..specs.job import compute_dtype
-from .init_weights import load_initial_weights
 from .lora import apply_lora
 from .model import GPT
 from .optim import build_optimizer
@@ -20,15 +19,21 @@ from .parallel import tensor_parallel
 from .parallelize import all_reduce_mean, apply_fsdp, fsdp_mesh, is_sharded, needs_grad_all_reduce, parallelize
 from .precision import MasterWeights, use_fp32_norms
 from .qlora import apply_qlora
-from .state import Layout
+from .layout import Layout
 
-__all__ = ["_Program", "_build_program", "_backward", "_optimizer_step", "steppers"]
+__all__ = ["Program", "build_program", "build_model", "build_pipeline", "deepspeed_program", "backward_micro_batch",
+           "step_optimizer", "steppers", "LoadWeights"]
+
+LoadWeights = Callable[[torch.nn.Module], None]
+"""Loads a run's starting weights into the freshly built model (the runner's; the program reads no files)."""
 
 
-def _build_model(job: Job, param_dtype: torch.dtype) -> torch.nn.Module:
+def build_model(job: Job, param_dtype: torch.dtype, load_weights: LoadWeights | None = None) -> torch.nn.Module:
+    """The job's GPT with its starting weights (`load_weights`: the runner's loader of `training.init_from`),
+    then its adapters (LoRA, QLoRA over the loaded weights) and fp32 norms."""
     model = GPT(job.model, attention=job.memory.attention, recompute=job.memory.recompute, dtype=param_dtype)
-    if job.training.init_from:
-        load_initial_weights(model, job.training.init_from)
+    if load_weights is not None:
+        load_weights(model)
     if job.finetune.method == "lora":
         apply_lora(model, job.finetune.rank, job.finetune.alpha, job.finetune.targets)
     elif job.finetune.method == "qlora":
@@ -40,7 +45,7 @@ def _build_model(job: Job, param_dtype: torch.dtype) -> torch.nn.Module:
 
 
 @dataclass
-class _Program:
+class Program:
     """What the set-up built for this rank: the module forward and backward call (DDP, the FSDP2 root or the
     model itself), the plain model beneath it (names as in the whole model), and what steps it."""
     model: torch.nn.Module
@@ -62,19 +67,19 @@ class _Program:
     engine: object | None = None
     """The DeepSpeed backend's engine (`model` is the engine, `optimizer` DeepSpeed's): it runs backward and step."""
     clock: object | None = None
-    """Pipelines: toolkit.train.pipeline.StageClock over this rank's stages (times one step's chunks)."""
+    """Pipelines: toolkit.program.pipeline.StageClock over this rank's stages (times one step's chunks)."""
     tp_mesh: object | None = None
     """Pipelines: the tensor-parallel mesh their stages are sharded over (tp × pp), else None."""
 
 
-def _build_program(job: Job, plan, device: torch.device, mesh) -> _Program:
-    """The job's model, parallelized by toolkit.train.parallelize, and its optimizer."""
+def build_program(job: Job, plan, device: torch.device, mesh, load_weights: LoadWeights | None = None) -> Program:
+    """The job's model, parallelized by toolkit.program.parallelize, and its optimizer."""
     if job.parallel.pp > 1:
-        return _build_pipeline(job, plan, device, mesh)
+        return build_pipeline(job, plan, device, mesh, load_weights)
     if job.backend == "deepspeed":
-        return _build_deepspeed(job, plan)
+        return _build_deepspeed(job, plan, load_weights)
     torch.manual_seed(job.training.seed)                      # the same initial weights on every rank
-    raw = _build_model(job, plan.param_dtype).to(device)
+    raw = build_model(job, plan.param_dtype, load_weights).to(device)
     main_grads = job.precision.grad_dtype == "fp32"
     # fp32 main gradients are all-reduced by hand once per step, as Megatron does: no DDP around them
     model = raw if main_grads else parallelize(raw, job, mesh, device)
@@ -86,42 +91,42 @@ def _build_program(job: Job, plan, device: torch.device, mesh) -> _Program:
         reduce_grads = lambda: all_reduce_mean(master.grad_buffers(), flatten=False)             # noqa: E731
     elif needs_grad_all_reduce(job, mesh):
         reduce_grads = lambda: all_reduce_mean([p.grad for p in params], mesh["dp"].get_group())  # noqa: E731
-    return _Program(model, raw, optimizer, master, params, layout, reduce_grads)
+    return Program(model, raw, optimizer, master, params, layout, reduce_grads)
 
 
 def steppers(job: Job, plan, raw: torch.nn.Module, zero1_group=None):
     """(fp32 masters or None, what the optimizer steps, the optimizer) for a laid-out model: mixed-* modes step
-    fp32 masters of the 16-bit weights (toolkit.train.precision), the others the trainable parameters; torch's
+    fp32 masters of the 16-bit weights (toolkit.program.precision), the others the trainable parameters; torch's
     ZeRO-1 shares the states out over `zero1_group`. The runner and the tracer (toolkit.trace.memory) both."""
     master = MasterWeights(raw, main_grads=job.precision.grad_dtype == "fp32") if plan.master_weights else None
     params = master.params if master else [p for p in raw.parameters() if p.requires_grad]
     return master, params, build_optimizer(job, params, zero1_group=zero1_group)
 
 
-def _build_deepspeed(job: Job, plan) -> _Program:
+def _build_deepspeed(job: Job, plan, load_weights: LoadWeights | None) -> Program:
     """The model in its 16-bit dtype and the job's optimizer, handed to DeepSpeed's engine (ZeRO as configured by
     deepspeed_config(job)); the fp32 masters start from the 16-bit weights, as MasterWeights' do in one process."""
     torch.manual_seed(job.training.seed)
-    return _deepspeed_program(job, _build_model(job, plan.param_dtype))
+    return deepspeed_program(job, build_model(job, plan.param_dtype, load_weights))
 
 
-def _deepspeed_program(job: Job, raw: torch.nn.Module) -> _Program:
+def deepspeed_program(job: Job, raw: torch.nn.Module) -> Program:
     """DeepSpeed's engine around a built model (the tracer builds its engine under its tracker: it sees every
     flat buffer DeepSpeed makes)."""
-    from .deepspeed_backend import deepspeed_engine
+    from .deepspeed import deepspeed_engine
     params = [p for p in raw.parameters() if p.requires_grad]
     engine, optimizer = deepspeed_engine(job, raw, build_optimizer(job, params))
-    return _Program(engine, engine.module, optimizer, None, params, Layout(), engine=engine)
+    return Program(engine, engine.module, optimizer, None, params, Layout(), engine=engine)
 
 
-def _build_pipeline(job: Job, plan, device: torch.device, mesh) -> _Program:
+def build_pipeline(job: Job, plan, device: torch.device, mesh, load_weights: LoadWeights | None = None) -> Program:
     """This rank's pipeline chunks of the whole model (built in full with the run's seed, so the weights are
     one process's), tensor-parallel over the mesh's tp dimension when tp > 1, FSDP2 over dp at ZeRO-2/3, their
     optimizer (ZeroRedundancyOptimizer over dp at ZeRO-1) and schedule; replicas over dp average gradients by
     hand."""
     from . import pipeline
     torch.manual_seed(job.training.seed)
-    whole = _build_model(job, plan.param_dtype)
+    whole = build_model(job, plan.param_dtype, load_weights)
     pp_rank = mesh["pp"].get_local_rank()
     stages = pipeline.split_stages(whole, job, pp_rank).to(device)
     name_of = {id(p): n for n, p in whole.named_parameters()}          # a tied head is the embedding's name
@@ -151,12 +156,12 @@ def _build_pipeline(job: Job, plan, device: torch.device, mesh) -> _Program:
         pipeline.sum_tied_grads(stages, tied)
         if dp_group is not None:
             all_reduce_mean([p.grad for p in params], dp_group)
-    return _Program(stages, stages, optimizer, None, params, layout, reduce_grads, schedule=schedule,
+    return Program(stages, stages, optimizer, None, params, layout, reduce_grads, schedule=schedule,
                     pp_rank=pp_rank, stage_group=pp_group, counted=pipeline.counted_params(stages, job), clock=clock,
                     tp_mesh=tp_mesh)
 
 
-def _backward(prog: _Program, scaler, loss: torch.Tensor, accum: int, last: bool) -> None:
+def backward_micro_batch(prog: Program, scaler, loss: torch.Tensor, accum: int, last: bool) -> None:
     """One micro-batch's backward: of loss / accumulation (scaled for fp16), or through DeepSpeed's engine, which
     divides by the accumulation itself and must be stepped after every micro-batch but the last (it counts them)."""
     if prog.engine is None:
@@ -167,7 +172,7 @@ def _backward(prog: _Program, scaler, loss: torch.Tensor, accum: int, last: bool
         prog.engine.step()
 
 
-def _optimizer_step(prog: _Program, scaler, scale_before: float | None) -> bool:
+def step_optimizer(prog: Program, scaler, scale_before: float | None) -> bool:
     """The update; True if it was skipped (fp16 overflow: the loss scale falls)."""
     if prog.engine is not None:
         prog.engine.step()                   # the accumulation boundary: clip, step, reduce or gather, zero
