@@ -1,6 +1,8 @@
 """Human-readable text for estimates and catalog rows (the CLI's non-JSON output)."""
 from __future__ import annotations
 
+from .specs.axes import AXES
+
 __all__ = ["gib", "count", "sci", "money", "render_estimate", "render_pipeline", "layout_text"]
 
 
@@ -177,21 +179,9 @@ def render_run_comparison(cmp: dict) -> str:
 
 
 def layout_text(layout: dict) -> str:
-    parts = [f"dp {layout['dp']}", f"tp {layout['tp']}", f"pp {layout['pp']}"]
-    if layout.get("vpp", 1) > 1:
-        parts.append(f"vpp {layout['vpp']}")
-    if layout.get("cp", 1) > 1:
-        parts.append(f"cp {layout['cp']}")
-    if layout.get("sp"):
-        parts.append("sp")
-    parts.append(f"ZeRO-{layout['zero']}")
-    if layout.get("dp_replicate", 1) > 1:
-        parts.append(f"HSDP ({layout['dp_replicate']} copies)")
-    if layout.get("offload", "none") != "none":
-        parts.append(f"offload {layout['offload']}")
-    parts.append(f"mb {layout['micro_batch']}")
-    if layout.get("recompute", "none") != "none":
-        parts.append(f"{layout['recompute']} recompute")
+    """A plan's layout in one line: dp, then each axis of toolkit.specs.axes that says something."""
+    parts = [f"dp {layout['dp']}"]
+    parts += [part for axis in AXES if (part := axis.text(layout.get(axis.name, axis.default))) is not None]
     return " · ".join(parts)
 
 

@@ -18,6 +18,7 @@ import subprocess
 
 from .capability import run_refusal
 from .specs import Job, SpecError
+from .specs.axes import AXES, AXIS
 
 __all__ = ["LocalDevices", "RunPlan", "local_devices", "run_plan"]
 
@@ -109,9 +110,10 @@ def _why_not_here(job: Job, here: LocalDevices, need: float | None) -> str | Non
 
 
 def _layout(par, max_ranks: int) -> tuple[int, int, int, int]:
-    """(dp, tp, pp, vpp) of the proxy: each kind of parallelism the job uses, at degree 2, within max_ranks;
-    data parallelism goes first, then the pipeline, then tensor parallelism."""
-    tp, pp, vpp = min(par.tp, 2), min(par.pp, 2), min(par.vpp, 2) if par.pp > 1 else 1
+    """(dp, tp, pp, vpp) of the proxy: each kind of parallelism the job uses, at degree 2 (the axes' proxy_max,
+    toolkit.specs.axes), within max_ranks; data parallelism goes first, then the pipeline, then tensor parallelism."""
+    tp, pp = min(par.tp, AXIS["tp"].proxy_max), min(par.pp, AXIS["pp"].proxy_max)
+    vpp = min(par.vpp, AXIS["vpp"].proxy_max) if par.pp > 1 else 1
     dp = 2 if par.dp > 1 else 1
     while dp * tp * pp > max_ranks:
         if dp > 1:
@@ -131,7 +133,7 @@ def _proxy(job: Job, here: LocalDevices, max_ranks: int, why: str) -> RunPlan:
     layers = max(PROXY_MODEL["min_layers"], 2 * pp * vpp)
     heads = PROXY_MODEL["heads"]
     kv_heads = heads if model.kv_heads_ == model.heads else max(tp, heads * model.kv_heads_ // model.heads)
-    micro = min(job.batch.micro_batch, 4)
+    micro = min(job.batch.micro_batch, AXIS["micro_batch"].proxy_max)
     rounds = min(job.grad_accum or 1, 4)
     if pp > 1:
         rounds = max(rounds, pp) // pp * pp              # at least one micro-batch per stage, whole rounds of pp
@@ -148,8 +150,8 @@ def _proxy(job: Job, here: LocalDevices, max_ranks: int, why: str) -> RunPlan:
                      "max_positions": None, "dropout": 0.0, "params": None}
     data["batch"] = {"micro_batch": micro, "global_batch": micro * dp * rounds}
     data["precision"] = {**data["precision"], "mode": mode}
-    data["parallel"] = {**data["parallel"], "backend": None if mode_note else par.backend, "dp": dp, "tp": tp, "pp": pp, "vpp": vpp, "stage_layers": None,
-                        "partition": None,
+    data["parallel"] = {**data["parallel"], **_other_axes(par, dp), "backend": None if mode_note else par.backend,
+                        "dp": dp, "tp": tp, "pp": pp, "vpp": vpp, "stage_layers": None, "partition": None,
                         "sp": par.sp and tp > 1}
     data["cluster"] = {**data["cluster"], "count": dp * tp * pp,
                        "accelerator": data["cluster"]["accelerator"] if here.kind == "cuda" else None}
@@ -166,6 +168,17 @@ def _proxy(job: Job, here: LocalDevices, max_ranks: int, why: str) -> RunPlan:
         return RunPlan(None, 0, False, refusal=f"The proxy would need what the runner does not train: {refusal[2]}.")
     return RunPlan(proxy, proxy.devices, True, kept=_kept(proxy), refusal=why,
                    changes=_changes(job, proxy, here, mode_note))
+
+
+def _other_axes(par, dp: int) -> dict:
+    """The parallel axes _layout leaves, each at most its proxy_max (cp: none; HSDP copies that divide dp)."""
+    out = {}
+    for axis in AXES:
+        if axis.section == "parallel" and axis.proxy_max is not None and axis.name not in ("tp", "pp", "vpp"):
+            out[axis.name] = min(getattr(par, axis.name), axis.proxy_max)
+    if dp % out["dp_replicate"]:
+        out["dp_replicate"] = 1
+    return out
 
 
 def _kept(proxy: Job) -> tuple[str, ...]:
@@ -196,7 +209,8 @@ def _changes(job: Job, proxy: Job, here: LocalDevices, mode_note: str | None) ->
                + (f" ({p.kv_heads_} KV)" if p.kv_heads_ != p.heads else "") + f", vocab {p.vocab}, {p.seq_len} tokens",
                f"devices {job.devices} × {job.cluster.accelerator or 'GPU'} → {where}"]
     pj, pp_ = job.parallel, proxy.parallel
-    for name in ("dp", "tp", "pp", "vpp"):
+    scaled = [axis.name for axis in AXES if axis.section == "parallel" and axis.proxy_max is not None]
+    for name in ("dp", *scaled):
         if getattr(pj, name) != getattr(pp_, name):
             changes.append(f"{name} {getattr(pj, name)} → {getattr(pp_, name)}")
     changes.append(f"batch {job.batch.global_batch} sequences (micro-batch {job.batch.micro_batch}, "

@@ -25,18 +25,32 @@ from toolkit.format import layout_text
 from toolkit.plots import copy_into, memory_figure, pareto_figure, step_figure
 from toolkit.proxy import RunPlan, local_devices, run_plan
 from toolkit.specs import PRECISIONS, Job, SpecError, load_catalog
+from toolkit.specs.axes import AXES
 from widgets.fallback import PanelText
 from widgets.live_figure import LiveFigure
 
 __all__ = ["PlannerPanel"]
 
 _FIELD_OF_CONTROL = {
-    "preset": "model.preset", "seq_len": "model.seq_len", "micro_batch": "batch.micro_batch",
+    "preset": "model.preset", "seq_len": "model.seq_len",
     "global_batch": "batch.global_batch", "precision": "precision.mode", "optimizer": "optimizer.name",
-    "tp": "parallel.tp", "pp": "parallel.pp", "zero": "parallel.zero", "offload": "parallel.offload",
-    "sp": "parallel.sp", "recompute": "memory.recompute", "accelerator": "cluster.accelerator",
+    **{axis.name: axis.field for axis in AXES},
+    "accelerator": "cluster.accelerator",
     "count": "cluster.count", "tokens_b": "tokens", "offer": "cost.offer", "spot": "cost.spot",
 }
+
+
+def axis_control(axis, style: dict) -> W.Widget:
+    """The panel's control for one layout axis of toolkit.specs.axes, at the axis's default."""
+    if axis.control == "checkbox":
+        return W.Checkbox(value=axis.default, description=axis.label)
+    if axis.control == "slider":
+        return W.IntSlider(value=axis.default, min=axis.choices[0], max=axis.choices[-1], description=axis.label,
+                           style=style)
+    if axis.control == "toggle":
+        return W.ToggleButtons(options=list(axis.choices), value=axis.default, description=axis.label,
+                               style={**style, "button_width": "40px"})
+    return W.Dropdown(options=list(axis.choices), value=axis.default, description=axis.label, style=style)
 
 
 class PlannerPanel(PanelText, W.VBox):
@@ -99,18 +113,11 @@ class PlannerPanel(PanelText, W.VBox):
                                                 if p.model.has_shape and not p.model.encoder),
                                  value=preset, description="model", style=style),
             "seq_len": W.IntText(value=0, description="sequence *", style=style),
-            "micro_batch": W.IntSlider(value=1, min=1, max=64, description="micro-batch", style=style),
             "global_batch": W.IntText(value=0, description="global batch *", style=style),
             "precision": W.Dropdown(options=["auto", *PRECISIONS], value="auto", description="precision", style=style),
             "optimizer": W.Dropdown(options=["adamw", "adam", "sgd", "adamw-8bit"], description="optimizer",
                                     style=style),
-            "tp": W.Dropdown(options=[1, 2, 4, 8, 16, 32], value=1, description="tensor parallel", style=style),
-            "pp": W.Dropdown(options=[1, 2, 4, 8, 16, 32, 64], value=1, description="pipeline stages", style=style),
-            "zero": W.ToggleButtons(options=[0, 1, 2, 3], value=0, description="ZeRO", style={**style,
-                                                                                              "button_width": "40px"}),
-            "offload": W.Dropdown(options=["none", "optimizer", "params"], description="offload", style=style),
-            "sp": W.Checkbox(value=False, description="sequence parallel"),
-            "recompute": W.Dropdown(options=["none", "selective", "selective-op", "full"], description="recompute", style=style),
+            **{axis.name: axis_control(axis, style) for axis in AXES},
             "accelerator": W.Dropdown(options=[a.name for a in cat.accelerators.values()], value=accelerator,
                                       description="accelerator", style=style),
             "count": W.IntText(value=count, description="devices", style=style),
@@ -127,14 +134,14 @@ class PlannerPanel(PanelText, W.VBox):
         if v["seq_len"]:
             model["seq_len"] = v["seq_len"]
         data = {"model": model,
-                "batch": {"micro_batch": v["micro_batch"], **({"global_batch": v["global_batch"]}
-                                                              if v["global_batch"] else {})},
+                "batch": {"global_batch": v["global_batch"]} if v["global_batch"] else {},
                 "precision": {"mode": None if v["precision"] == "auto" else v["precision"]},
                 "optimizer": {"name": v["optimizer"]},
-                "parallel": {"tp": v["tp"], "pp": v["pp"], "zero": v["zero"], "offload": v["offload"], "sp": v["sp"]},
-                "memory": {"recompute": v["recompute"]},
+                "parallel": {}, "memory": {},
                 "cluster": {"accelerator": v["accelerator"], "count": v["count"]},
                 "cost": {"offer": None if v["offer"] == "none" else v["offer"], "spot": v["spot"]}}
+        for axis in AXES:
+            data[axis.section][axis.name] = v[axis.name]
         if v["tokens_b"]:
             data["tokens"] = v["tokens_b"] * 1e9
         return data
@@ -143,15 +150,11 @@ class PlannerPanel(PanelText, W.VBox):
         """Set the controls from a job dict (e.g. a doctor's fix), then re-estimate once."""
         c, self._quiet = self.controls, True
         try:
-            for section, names in (("parallel", ("tp", "pp", "zero", "offload", "sp")), ("memory", ("recompute",)),
-                                   ("batch", ("micro_batch",)), ("optimizer", ("name",))):
-                for name in names:
-                    value = (data.get(section) or {}).get(name)
-                    control = c["optimizer" if section == "optimizer" else name]
-                    if value is not None and value in getattr(control, "options", [value]):
-                        control.value = value
-                    elif value is not None and not hasattr(control, "options"):
-                        control.value = value
+            for section, name in [(axis.section, axis.name) for axis in AXES] + [("optimizer", "name")]:
+                value = (data.get(section) or {}).get(name)
+                control = c["optimizer" if section == "optimizer" else name]
+                if value is not None and value in getattr(control, "options", [value]):
+                    control.value = value
         finally:
             self._quiet = False
         self.refresh()
@@ -321,7 +324,7 @@ class PlannerPanel(PanelText, W.VBox):
                 + (" · <i>within the model's error of the best</i>" if plan.get("within_error")
                    and plan is not result["plans"][0] else ""))]))
         table = W.VBox([W.HTML(f"<p>{result['fitting']:,} of {result['evaluated']:,} layouts fit (apply sets the "
-                               "controls; vpp and cp, which have none, go with the exported job)</p>"), *rows])
+                               "controls)</p>"), *rows])
         self._plans = result["plans"]
         children = [table]
         if result["pareto"]:

@@ -31,6 +31,7 @@ from ..specs import Job, SpecError, load_catalog
 from ..specs.errors import MeasurementFailed
 from ..specs.job import (Batch, Cluster, Cost, Finetune, MemoryOptions, Optimizer, Overlap, Parallel, Precision,
                         Training)
+from ..specs.axes import AXES
 from ..specs.model import ModelSpec
 from ..specs.yamlio import check_output_folder, read_yaml
 
@@ -38,6 +39,7 @@ __all__ = ["main", "build_parser"]
 
 # flag -> (section, field, spec class): one table drives argparse help, the job overrides and the
 # translation of error messages back to flag names.
+_SECTIONS = {"parallel": Parallel, "batch": Batch, "memory": MemoryOptions}
 OVERRIDES = {
     "seq": ("model", "seq_len", ModelSpec), "layers": ("model", "layers", ModelSpec),
     "hidden": ("model", "hidden", ModelSpec), "heads": ("model", "heads", ModelSpec),
@@ -45,22 +47,20 @@ OVERRIDES = {
     "vocab": ("model", "vocab", ModelSpec), "mlp": ("model", "mlp", ModelSpec),
     "norm": ("model", "norm", ModelSpec), "tie_embeddings": ("model", "tie_embeddings", ModelSpec),
     "dropout": ("model", "dropout", ModelSpec),
-    "micro_batch": ("batch", "micro_batch", Batch), "global_batch": ("batch", "global_batch", Batch),
+    "global_batch": ("batch", "global_batch", Batch),
     "precision": ("precision", "mode", Precision), "grad_dtype": ("precision", "grad_dtype", Precision),
     "fp8": ("precision", "fp8", Precision), "fp8_all_gather": ("precision", "fp8_all_gather", Precision),
     "optimizer": ("optimizer", "name", Optimizer), "momentum": ("optimizer", "momentum", Optimizer),
     "optimizer_impl": ("optimizer", "impl", Optimizer),
-    "dp": ("parallel", "dp", Parallel), "tp": ("parallel", "tp", Parallel), "pp": ("parallel", "pp", Parallel),
-    "vpp": ("parallel", "vpp", Parallel), "sp": ("parallel", "sp", Parallel), "cp": ("parallel", "cp", Parallel),
+    "dp": ("parallel", "dp", Parallel),
+    **{axis.name: (axis.section, axis.name, _SECTIONS[axis.section]) for axis in AXES},   # the layout axes' flags
     "stage_layers": ("parallel", "stage_layers", Parallel), "partition": ("parallel", "partition", Parallel),
     "schedule": ("parallel", "schedule", Parallel),
-    "zero": ("parallel", "zero", Parallel), "offload": ("parallel", "offload", Parallel),
-    "dp_replicate": ("parallel", "dp_replicate", Parallel),
     "backend": ("parallel", "backend", Parallel),
     "overlap_grad_reduce": ("overlap", "grad_reduce", Overlap),
     "overlap_param_gather": ("overlap", "param_gather", Overlap),
     "overlap_tp_comm": ("overlap", "tp_comm", Overlap),
-    "recompute": ("memory", "recompute", MemoryOptions), "act_compress": ("memory", "act_compress", MemoryOptions),
+    "act_compress": ("memory", "act_compress", MemoryOptions),
     "attention": ("memory", "attention", MemoryOptions),
     "attention_kernel": ("memory", "attention_kernel", MemoryOptions),
     "headroom": ("memory", "headroom_fraction", MemoryOptions),
@@ -330,16 +330,12 @@ def cmd_compare(args) -> int:
     return 0
 
 
-def _fixed_axes(args) -> set[str]:
+def fixed_axes(args) -> set[str]:
     """Layout axes the user fixed on the command line or in the job file: the search leaves them alone."""
-    fixed = {name for name in ("tp", "pp", "vpp", "cp", "sp", "zero", "dp_replicate", "offload", "micro_batch",
-                               "recompute")
-             if getattr(args, name, None) is not None}
+    fixed = {axis.name for axis in AXES if getattr(args, axis.name, None) is not None}
     if args.config:
         data = read_yaml(args.config, what="job file") or {}
-        for section, names in (("parallel", ("tp", "pp", "vpp", "cp", "sp", "zero", "dp_replicate", "offload")),
-                               ("batch", ("micro_batch",)), ("memory", ("recompute",))):
-            fixed |= {n for n in names if n in (data.get(section) or {})}
+        fixed |= {axis.name for axis in AXES if axis.name in (data.get(axis.section) or {})}
     return fixed
 
 
@@ -352,7 +348,7 @@ def cmd_plan(args) -> int:
         args.gpus = None                     # the search sets the cluster itself
     job = job_from_args(args, catalog)
     result = search(job, catalog, gpus=gpus, offers=offers, objective=args.objective, max_gpus=args.max_gpus,
-                    deadline_days=args.deadline_days, top=args.top, fixed=_fixed_axes(args), runnable=args.runnable)
+                    deadline_days=args.deadline_days, top=args.top, fixed=fixed_axes(args), runnable=args.runnable)
     if args.write_job:
         if not result["plans"]:
             raise SpecError("--write-job", args.write_job, "no layout fits, so there is no plan to write")

@@ -16,14 +16,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..specs.axes import AXES as LAYOUT_AXES
+from ..specs.axes import data_parallel
 from ..specs.job import Job
 from ..specs.rules import layout_valid
 
 __all__ = ["LayoutGrid", "layout_grid", "AXES"]
 
-AXES = {"tp": "parallel", "pp": "parallel", "vpp": "parallel", "cp": "parallel", "sp": "parallel", "zero": "parallel",
-        "dp_replicate": "parallel", "offload": "parallel", "micro_batch": "batch", "recompute": "memory"}
-"""The fields a grid may vary, and the Job section each lives in. dp follows: devices / (tp·pp·cp)."""
+AXES = {axis.name: axis.section for axis in LAYOUT_AXES}
+"""The fields a grid may vary (toolkit.specs.axes), and the Job section each lives in. dp follows by the dp rule."""
 
 
 @dataclass(frozen=True)
@@ -53,13 +54,12 @@ def layout_grid(job: Job, **axes) -> LayoutGrid:
     names = list(axes)
     rows = list(itertools.product(*(axes[n] for n in names)))
     columns = {n: np.array([r[i] for r in rows]) for i, n in enumerate(names)}
-    sections = {"parallel": {}, "batch": {}, "memory": {}}
+    sections = {section: {} for section in ("parallel", "batch", "memory")}
     for name, values in columns.items():
         sections[AXES[name]][name] = values
     par = dataclasses.replace(job.parallel, **sections["parallel"])
     devices = job.cluster.count
-    model_parallel = np.asarray(par.tp) * np.asarray(par.pp) * np.asarray(par.cp)
-    par = dataclasses.replace(par, dp=np.maximum(devices // model_parallel, 1))
+    par = dataclasses.replace(par, dp=data_parallel(devices, par))
     grid_job = dataclasses.replace(job, parallel=par, batch=dataclasses.replace(job.batch, **sections["batch"]),
                                    memory=dataclasses.replace(job.memory, **sections["memory"]))
     return LayoutGrid(job=grid_job, valid=_valid(grid_job, devices, len(rows)))

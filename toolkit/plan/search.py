@@ -29,16 +29,14 @@ from ..estimate.spot import spot_run
 from ..estimate.states import model_state_bytes
 from ..estimate.steptime import hardware_for, network_figure, step_time
 from ..specs import Job, SpecError
+from ..specs.axes import AXES, AXIS
 from ..specs.catalog import Catalog
 from ..specs.stages import chunk_layers, uneven_fits
 
 __all__ = ["search", "AXIS_VALUES", "pareto_front", "plan_job"]
 
-AXIS_VALUES = {"tp": (1, 2, 4, 8), "pp": (1, 2, 4, 8, 16), "vpp": (1, 2), "cp": (1, 2, 4, 8, 16),
-               "sp": (False, True),
-               "zero": (0, 1, 2, 3), "dp_replicate": (1,), "offload": ("none", "optimizer", "params"),
-               "micro_batch": (1, 2, 4, 8), "recompute": ("none", "selective", "selective-op", "full")}
-"""Values tried per axis (filtered by what the model and cluster allow)."""
+AXIS_VALUES = {axis.name: axis.search for axis in AXES}
+"""Values tried per axis (toolkit.specs.axes; filtered by what the model and cluster allow)."""
 
 PER_TOKENS = 1e9
 """A fine-tune without a budget (--tokens, --dataset-tokens) is planned per this many tokens."""
@@ -70,7 +68,7 @@ def _axes(job: Job, devices: int, fixed: set[str]) -> dict:
     m = job.model
     axes = {}
     for name, values in AXIS_VALUES.items():
-        section = {"micro_batch": job.batch, "recompute": job.memory}.get(name, job.parallel)
+        section = getattr(job, AXIS[name].section)
         if name in fixed:
             axes[name] = [getattr(section, name)]
             continue

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..specs.axes import mesh_dims
 from ..specs.job import Job
 from .parallel import tensor_parallel
 from .precision import TORCH_DTYPES
@@ -40,11 +41,12 @@ def device_mesh(job: Job, device_type: str):
     from torch.distributed.device_mesh import init_device_mesh
     replicas = job.parallel.dp_replicate
     if replicas == 1:
-        return init_device_mesh(device_type, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
+        names, sizes = mesh_dims({"pp": pp, "dp": dp, "tp": tp})
+        return init_device_mesh(device_type, sizes, mesh_dim_names=names)
     # HSDP: dp split into copies (outer) of a shard group (inner); "dp" names both together, as the data loader
     # and the other dp users see it
-    mesh = init_device_mesh(device_type, (pp, replicas, dp // replicas, tp),
-                            mesh_dim_names=("pp", "dp_replicate", "dp_shard", "tp"))
+    names, sizes = mesh_dims({"pp": pp, "dp_replicate": replicas, "dp_shard": dp // replicas, "tp": tp})
+    mesh = init_device_mesh(device_type, sizes, mesh_dim_names=names)
     mesh["dp_replicate", "dp_shard"]._flatten("dp")
     return mesh
 

@@ -13,6 +13,7 @@ from typing import Literal
 
 import yaml
 
+from .axes import model_parallel
 from .backends import backend_masks, infer_backend
 from .catalog import Catalog, load_catalog
 from .errors import SpecError
@@ -282,7 +283,7 @@ class Job:
     @property
     def devices(self) -> int:
         p = self.parallel
-        return (p.dp or 1) * p.tp * p.pp * p.cp
+        return (p.dp or 1) * model_parallel(p)
 
     @property
     def backend(self) -> str:

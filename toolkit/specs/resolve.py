@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
+from .axes import model_parallel
 from .backends import deepspeed_fp32, infer_backend
 from .errors import SpecError
 from .fields import check_positive, check_range
@@ -189,12 +190,12 @@ def _resolve_cluster(job: Job, catalog: Catalog, notes: list[str]):
     count = cluster.count
     if count is None:
         if par.dp is not None:
-            count = par.dp * par.tp * par.pp * par.cp
+            count = par.dp * model_parallel(par)
         elif offer is not None:
             count = offer.count
             notes.append(f"devices = {count}, one {offer.name} instance")
         else:
-            count = par.tp * par.pp * par.cp
+            count = model_parallel(par)
         cluster = dataclasses.replace(cluster, count=count)
     if count > cluster.gpus_per_node and count % cluster.gpus_per_node:
         raise SpecError("cluster.count", count,
@@ -260,22 +261,22 @@ def _resolve_layout(job: Job, cluster, notes: list[str]):
         raise SpecError("parallel.vpp", par.vpp, "interleaved stages need parallel.pp > 1; set vpp to 1 or raise pp")
     if not sp_has_tp(par.sp, par.tp):
         raise SpecError("parallel.sp", True, "sequence parallelism splits over the tensor-parallel group: needs parallel.tp > 1")
-    model_parallel = par.tp * par.pp * par.cp
+    replica = model_parallel(par)
     named = "tp × pp" + (" × cp" if par.cp > 1 else "")
     if par.dp is None:
-        if not devices_split(count, par.tp, par.pp, par.cp):
+        if not devices_split(count, par):
             raise SpecError("parallel.tp", par.tp,
-                            f"{named} = {model_parallel} does not divide cluster.count = {count}; "
+                            f"{named} = {replica} does not divide cluster.count = {count}; "
                             f"pick {named} among {_listing(divisors(count))}")
-        par = dataclasses.replace(par, dp=count // model_parallel)
-    elif par.dp * model_parallel != count:
+        par = dataclasses.replace(par, dp=count // replica)
+    elif par.dp * replica != count:
         raise SpecError("parallel.dp", par.dp,
                         f"dp × {named} = {par.dp} × {par.tp} × {par.pp}{f' × {par.cp}' if par.cp > 1 else ''} = "
-                        f"{par.dp * model_parallel} "
-                        f"but cluster.count = {count}; with these use dp = {count / model_parallel:g}"
-                        if count % model_parallel == 0 else
-                        f"dp × {named} = {par.dp * model_parallel} but cluster.count = {count}, "
-                        f"which {named} = {model_parallel} does not divide")
+                        f"{par.dp * replica} "
+                        f"but cluster.count = {count}; with these use dp = {count / replica:g}"
+                        if count % replica == 0 else
+                        f"dp × {named} = {par.dp * replica} but cluster.count = {count}, "
+                        f"which {named} = {replica} does not divide")
     if par.dp_replicate < 1 or par.dp % par.dp_replicate:
         raise SpecError("parallel.dp_replicate", par.dp_replicate,
                         f"must divide dp = {par.dp} (shards over dp / dp_replicate ranks); allowed: "

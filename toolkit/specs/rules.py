@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .axes import model_parallel
 from .backends import backend_masks, deepspeed_fp32
 from .precision import TORCH_SEMANTICS
 from .stages import uneven_fits
@@ -21,9 +22,9 @@ def heads_split(model, tp):
     return (model.heads % tp == 0) & (model.kv_heads_ % tp == 0)
 
 
-def devices_split(devices, tp, pp, cp):
-    """tp × pp × cp divides the devices (dp is what is left)."""
-    return devices % (np.asarray(tp) * np.asarray(pp) * np.asarray(cp)) == 0
+def devices_split(devices, parallel):
+    """One replica's devices (tp × pp × cp, toolkit.specs.axes) divide the devices: dp is what is left."""
+    return devices % np.asarray(model_parallel(parallel)) == 0
 
 
 def sequence_split(model, cp):
@@ -104,7 +105,7 @@ def layout_valid(job, devices: int):
     torch_semantics = (job.precision.mode in TORCH_SEMANTICS) & ~deepspeed_fp32(par.backend, job.precision.mode,
                                                                                 par.zero, par.tp, par.pp)
     micro_batches = job.batch.global_batch // (np.asarray(micro) * par.dp)
-    rules = [devices_split(devices, par.tp, par.pp, par.cp), heads_split(m, par.tp), sequence_split(m, par.cp),
+    rules = [devices_split(devices, par), heads_split(m, par.tp), sequence_split(m, par.cp),
              uneven_fits(m.layers, par.pp, par.vpp),        # the first and last chunk may hold fewer (stages.py)
              vpp_has_pp(par.vpp, par.pp), sp_has_tp(par.sp, par.tp),
              batch_split(job.batch.global_batch, micro, par.dp),

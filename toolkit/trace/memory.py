@@ -40,6 +40,7 @@ from ..compat import sharding_prop as _sharding_prop
 from ..estimate.phases import ddp_buckets
 from ..specs.errors import SpecError
 from ..specs.backends import job_deepspeed_fp32
+from ..specs.axes import mesh_dims
 from ..specs.job import TORCH_SEMANTICS, Job
 from ..program.lora import apply_lora
 from ..program.qlora import apply_qlora
@@ -291,11 +292,13 @@ def _fake_process_group(world_size: int, tp: int = 1, gloo: bool = False, replic
     try:
         with _gloo_reduce_scatter() if gloo else contextlib.nullcontext():
             if replicas > 1:
-                yield init_device_mesh("cpu", (replicas, world_size // replicas, tp),
-                                       mesh_dim_names=("dp_replicate", "dp_shard", "tp"))
+                names, sizes = mesh_dims({"dp_replicate": replicas, "dp_shard": world_size // replicas, "tp": tp})
+                yield init_device_mesh("cpu", sizes, mesh_dim_names=names)
+            elif tp > 1:
+                names, sizes = mesh_dims({"dp": world_size, "tp": tp})
+                yield init_device_mesh("cpu", sizes, mesh_dim_names=names)
             else:
-                yield (init_device_mesh("cpu", (world_size, tp), mesh_dim_names=("dp", "tp")) if tp > 1
-                       else init_device_mesh("cpu", (world_size,)))
+                yield init_device_mesh("cpu", (world_size,))
     finally:
         dist.destroy_process_group()
         sys.excepthook = excepthook
