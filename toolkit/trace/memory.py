@@ -34,14 +34,14 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.utils.flop_counter import FlopCounterMode
 
+from ..capability import check_traceable, trace_path
 from ..compat import FakeStore, FakeTensorMode, MemTracker, require_internals
 from ..compat import sharding_prop as _sharding_prop
 
 from ..estimate.phases import ddp_buckets
 from ..specs.errors import SpecError
-from ..specs.backends import job_deepspeed_fp32
 from ..specs.axes import mesh_dims
-from ..specs.job import TORCH_SEMANTICS, Job
+from ..specs.job import Job
 from ..program.lora import apply_lora
 from ..program.qlora import apply_qlora
 from ..program.model import GPT
@@ -83,39 +83,6 @@ class TraceResult:
     """Pipeline traces: every stage's peak (the fields above are the busiest stage's)."""
 
 
-def _check_traceable(job: Job) -> None:
-    par = job.parallel
-    torch_zero = par.zero in (1, 2, 3) and job.precision.mode in TORCH_SEMANTICS
-    fsdp_offload = par.offload == "params" and torch_zero and par.zero >= 2 and par.tp == 1
-    if (par.offload != "none" and not fsdp_offload) or (par.zero > 0 and not torch_zero) \
-            or (par.tp > 1 and par.zero == 1):
-        raise SpecError("parallel", f"tp={par.tp} pp={par.pp} zero={par.zero} offload={par.offload}",
-                        "the tracer covers data-parallel replicas, torch's ZeRO (ZeroRedundancyOptimizer, FSDP2 "
-                        "with or without CPU offload; with fp32, amp-* or pure-bf16), DeepSpeed's ZeRO (mixed-bf16, "
-                        "with or without ZeRO-Offload), tensor parallelism alone or inside FSDP2 (zero 2/3), and pipelines alone so "
-                        "far; toolkit estimate models the other layouts analytically")
-    if par.tp > 1 and job.precision.mode not in TORCH_SEMANTICS:
-        raise SpecError("precision.mode", job.precision.mode, "mixed-* modes follow Megatron's tensor-parallel "
-                                                              "program, which the tracer does not run; trace tp "
-                                                              "with fp32, amp-* or pure-bf16 (torch's DTensor plan)")
-    if par.tp > 1 and (job.model.tie_embeddings or (par.sp and job.model.position == "learned")):
-        raise SpecError("parallel.tp", par.tp, "the traced tensor-parallel plan needs untied embeddings, and rotary "
-                                               "positions with sequence parallelism")
-    if not job.model.has_shape or job.model.encoder:
-        raise SpecError("model", job.model.name, "the tracer builds the runner's decoder: give a shape, not params only")
-    if job.precision.grad_dtype == "fp32" and (par.zero > 0 or par.tp > 1 or job.finetune.adapters):
-        raise SpecError("precision.grad_dtype", "fp32", "fp32 main gradients are traced with replicas (zero 0, "
-                                                        "tp 1) and full fine-tuning so far; use param")
-    if job.optimizer.name == "adamw-8bit" and (par.zero > 0 or par.tp > 1 or job.finetune.method == "qlora"):
-        raise SpecError("optimizer.name", "adamw-8bit", "8-bit optimizers are traced with replicas (zero 0, tp 1), "
-                                                         "full fine-tuning or LoRA, so far")
-    if job.memory.act_compress != "none" and (job.parallel.zero >= 2 or job.memory.recompute == "full"
-                                              or job.finetune.adapters or par.tp > 1):
-        raise SpecError("memory.act_compress", job.memory.act_compress,
-                        "int8 activations are traced with replicas (tp 1, zero 0/1), recompute none or selective, "
-                        "full fine-tuning")
-
-
 def _compute_dtype(job: Job) -> torch.dtype:
     return torch.float16 if job.precision.plan.half == "fp16" else torch.bfloat16
 
@@ -124,16 +91,14 @@ def trace_memory(job: Job) -> TraceResult:
     """Trace one device of a resolved job (its CPU program). Pipelines run on real gloo ranks
     (toolkit.trace.pipeline): the busiest stage."""
     require_internals("the trace")
-    if job.precision.fp8_all_gather:
-        raise SpecError("precision.fp8_all_gather", True, "float8 needs CUDA's FP8 matmuls: estimated, not traced; "
-                                                          "trace without it (the gathered blocks in bf16)")
-    if job.parallel.pp > 1:
+    check_traceable(job)                   # the capability rules (toolkit.capability) of the job's tracer
+    path = trace_path(job)
+    if path == "pipeline":
         from .pipeline import trace_pipeline
         return trace_pipeline(job)
-    if (job.parallel.zero > 0 and job.precision.mode not in TORCH_SEMANTICS) or job_deepspeed_fp32(job):
+    if path == "deepspeed":
         from .zero import trace_zero
         return trace_zero(job)
-    _check_traceable(job)
     if job.parallel.zero >= 2:
         return _trace_fsdp(job)
     weights_dtype = TORCH_DTYPES[job.precision.plan.weights]

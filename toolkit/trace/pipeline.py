@@ -16,7 +16,8 @@ import torch
 from ..estimate.memory import memory_estimate
 from ..specs.errors import SpecError
 from ..compat import require_internals
-from ..specs.job import TORCH_SEMANTICS, Job
+from ..specs.job import Job
+from ..capability import check_traceable
 from ..program.instrument import StageTracker, offloaded_shard_bytes, snapshot
 from .memory import TraceResult
 from .steps import TraceHooks, two_steps
@@ -31,20 +32,10 @@ MAX_PIPELINE_MICRO_BATCHES = 32
 
 
 def check_pipeline_traceable(job: Job, estimated_total_bytes: float) -> None:
+    """The capability rules of the pipeline tracer (toolkit.capability), then what this machine's real memory and
+    the trace's length allow."""
+    check_traceable(job)
     par, m = job.parallel, job.grad_accum or 1
-    if par.offload != "none" and (par.zero < 2 or job.precision.mode not in TORCH_SEMANTICS):
-        raise SpecError("parallel.offload", par.offload, "pipelines are traced with FSDP2's offload (zero 2 or 3, "
-                                                         "--offload params) only")
-    if par.vpp > 1 and par.schedule == "gpipe":
-        raise SpecError("parallel.schedule", par.schedule, "interleaved stages (vpp > 1) run the interleaved 1F1B "
-                                                           "schedule; set schedule: 1f1b or vpp: 1")
-    if job.precision.mode not in TORCH_SEMANTICS:
-        raise SpecError("precision.mode", job.precision.mode, "mixed-* modes follow Megatron's pipeline program, "
-                                                              "which the tracer does not run; trace pipelines with "
-                                                              "fp32, amp-* or pure-bf16 (torch's schedules)")
-    if job.finetune.method != "full" or job.memory.act_compress != "none" or job.optimizer.name == "adamw-8bit":
-        raise SpecError("finetune.method", job.finetune.method, "pipelines are traced with full fine-tuning, "
-                                                                "no activation compression, no 8-bit optimizer")
     if m > MAX_PIPELINE_MICRO_BATCHES:
         raise SpecError("batch.global_batch", job.batch.global_batch,
                         f"{m} micro-batches per step; the pipeline trace runs at most {MAX_PIPELINE_MICRO_BATCHES} "

@@ -20,8 +20,8 @@ import torch
 
 from ..estimate.memory import memory_estimate
 from ..specs.errors import SpecError
+from ..capability import check_traceable
 from ..compat import require_internals
-from ..estimate.states import bf16_optimizer
 from ..specs.backends import job_deepspeed_fp32
 from ..specs.job import TORCH_SEMANTICS, Job
 from ..program.precision import torch_precision
@@ -38,25 +38,18 @@ MAX_ZERO_TRACE_BYTES = 4 * 2**30
 
 
 def check_zero_traceable(job: Job, estimated_total_bytes: float) -> None:
+    """DeepSpeed's program at all, the capability rules of its tracer (toolkit.capability), then what this machine
+    runs (fp16 needs a GPU) and holds in real memory."""
     par = job.parallel
     if (job.precision.mode in TORCH_SEMANTICS and not job_deepspeed_fp32(job)) or par.zero == 0:
         raise SpecError("precision.mode", job.precision.mode,
                         "DeepSpeed's ZeRO is traced for the mixed-* modes, and fp32 with backend deepspeed, with zero "
                         "1, 2 or 3 (torch's ZeRO runs for fp32, amp-* and pure-bf16)")
-    if par.tp > 1 or par.pp > 1 or par.offload == "params":
-        raise SpecError("parallel", f"tp={par.tp} pp={par.pp} zero={par.zero} offload={par.offload}",
-                        "DeepSpeed's ZeRO is traced over data-parallel ranks alone (tp 1, pp 1), with ZeRO-Offload "
-                        "(offload = optimizer) but not parameter offload (ZeRO-Infinity), so far")
-    if job.finetune.method != "full" or job.memory.act_compress != "none" or job.optimizer.name == "adamw-8bit":
-        raise SpecError("finetune.method", job.finetune.method, "DeepSpeed's ZeRO is traced with full fine-tuning, "
-                                                                "no activation compression, no 8-bit optimizer")
+    check_traceable(job)
     if job.precision.mode == "mixed-fp16" and not torch.cuda.is_available():
         raise SpecError("precision.mode", job.precision.mode, "DeepSpeed runs fp16 on GPUs only; trace mixed-bf16 "
                                                               "here (the estimate treats both alike but for the loss "
                                                               "scaler's overflow checks)")
-    if job.precision.grad_dtype == "fp32" and not (bf16_optimizer(job) and par.zero == 1):
-        raise SpecError("precision.grad_dtype", "fp32", "fp32 gradients are traced as DeepSpeed's BF16 optimizer: "
-                                                        "mixed-bf16, backend deepspeed, zero 1")
     if estimated_total_bytes > MAX_ZERO_TRACE_BYTES:
         raise SpecError("model", job.model.name,
                         f"a DeepSpeed trace allocates real memory ({estimated_total_bytes / 2**30:.1f} GiB over "
