@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lab install browser clean
+.PHONY: demo test lab install browser lint clean
 
 install: $(STAMP)
 
@@ -31,9 +31,14 @@ demo: $(STAMP)
 # marked `alone`, which start more ranks than there are cores (96 s beside the other worker, 20 s by themselves).
 # TEST_WORKERS=0 runs everything in this process.
 TEST_WORKERS ?= 2
-test: $(STAMP) browser
+test: $(STAMP) browser lint
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 -m "not quiet and not alone"
 	$(BIN)/python -m pytest -q -m "quiet or alone" tests
+
+# ruff: pyflakes' and pycodestyle's errors, and the formatter's layout (pyproject.toml's [tool.ruff]).
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 # The browser test drives Debian's Chromium; install it when missing (as root, through apt).
 browser:

@@ -20,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from provenance import provenance
+
 MODEL = ["--layers", "4", "--hidden", "256", "--heads", "8", "--vocab", "256", "--seq", "128", "--micro-batch", "2",
          "--precision", "fp32",       # (a CPU job without it resolves to amp-bf16; the bf16 rows add theirs after)
          "--global-batch", "16", "--steps", "10", "--warmup", "2", "--lr", "2e-3", "--no-progress",
@@ -163,6 +165,7 @@ def main() -> None:
     print(f"{'ZeRO-3 dp 4 -> resumed on dp 2':36s} {2:5d} {'fp32':>9s} {resume_diff:18.1e}  (against dp 4 uninterrupted)")
     shutil.rmtree(work, ignore_errors=True)
     stored["resume_dp4_to_dp2_difference"] = resume_diff
+    stored.update(provenance())
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps(stored, indent=1))
     print(f"layouts: {len(rows)}")

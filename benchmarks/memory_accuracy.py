@@ -11,14 +11,19 @@ reported apart (their peak on explicit attention ops is not modelled yet).
 from __future__ import annotations
 
 import itertools
+import json
 import statistics
 import sys
 import time
+from pathlib import Path
+
+from provenance import provenance
 
 from toolkit.estimate.memory import memory_estimate
 from toolkit.specs import Job
 from toolkit.trace.memory import trace_memory
 
+RESULTS = Path(__file__).parent / "results" / "memory_accuracy.json"
 TINY = {"layers": 2, "hidden": 64, "heads": 4, "vocab": 512, "seq_len": 64, "max_positions": 64}          # ~0.1M
 SMALL_GPT = {"preset": "gpt2", "layers": 4, "hidden": 384, "heads": 6, "seq_len": 256, "max_positions": 256}  # ~27M
 SMALL_LLAMA = {"preset": "llama2-7b", "layers": 4, "hidden": 512, "heads": 8, "kv_heads": 2, "ffn": 1376,
@@ -298,8 +303,26 @@ def main() -> None:
     if int8_explicit:
         print(f"int8 peak max error (explicit attention, not modelled): {100 * max(int8_explicit):.2f} %")
     others = [e for (name, _), e in zip(rows, errors) if "int8" not in name]
+    if len(rows) == len(matrix()):             # the whole matrix: its figures are the docs' (docs/accuracy.md)
+        write_results(rows, errors, act_errors, host_errors)
     print(f"peak median error (without int8): {100 * statistics.median(others):.2f} %")
     print(f"peak max error (without int8): {100 * max(others):.2f} %")
+
+
+def write_results(rows, errors, act_errors, host_errors) -> None:
+    """benchmarks/results/memory_accuracy.json: each family's peak errors, activations, host bytes, int8."""
+    def stats(chosen):
+        return {"rows": len(chosen), "median_abs_error": statistics.median(chosen), "max_abs_error": max(chosen)}
+    groups = {label: stats(chosen) for label, belongs, _ in PEAK_GROUPS
+              if (chosen := [e for (name, _), e in zip(rows, errors) if belongs(name)])}
+    int8 = {"flash attention": [e for (name, _), e in zip(rows, errors) if "/int8/" in name],
+            "explicit attention (not modelled)": [e for (name, _), e in zip(rows, errors) if "int8-" in name]}
+    data = {**provenance(), "benchmark": "benchmarks/memory_accuracy.py", "configurations": len(rows),
+            "peak": {**groups, "all but int8": stats([e for (name, _), e in zip(rows, errors) if "int8" not in name])},
+            "int8_peak": {k: stats(v) for k, v in int8.items() if v},
+            "activations": stats([e for e in act_errors if e is not None]),
+            "offload_host_bytes": stats(host_errors) if host_errors else None}
+    RESULTS.write_text(json.dumps(data, indent=1) + "\n")
 
 
 if __name__ == "__main__":

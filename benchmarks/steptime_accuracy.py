@@ -16,13 +16,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import itertools
 import math
-import platform
 import subprocess
 import json
-import os
 import statistics
 import sys
 from pathlib import Path
@@ -34,6 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from toolkit.estimate.params import count_params  # noqa: E402
 from toolkit.estimate.steptime import hardware_for, step_time  # noqa: E402
 from toolkit.specs import Job, SpecError, load_catalog  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import provenance  # noqa: E402
 
 REFERENCE = Path(__file__).resolve().parent / "reference" / "measured-throughput.json"
 """The project's reference runs, kept in the repository (their sources are in each row), so a clone reproduces
@@ -356,13 +356,6 @@ BAND_HEADER = """# The step-time model's error band (toolkit/estimate/band.py), 
 # --write-band: per regime, the 10th and 90th percentiles of the signed errors (modelled - measured) / measured
 # on the visible sources, each scored leaving its own source out. Do not edit by hand.
 """
-
-
-def provenance() -> dict:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip()
-    return {"date": datetime.date.today().isoformat(), "commit": commit or "unknown",
-            "machine": f"{platform.machine()}, {platform.system()}, {os.cpu_count()} cores, Python {platform.python_version()}"}
 
 
 def main() -> None:

@@ -58,3 +58,20 @@ def test_the_map_of_the_code_names_every_module():
     missing = [str(p.relative_to(ROOT)) for p in SOURCES
                if p.name not in ("__init__.py", "__main__.py") and str(p.relative_to(ROOT)) not in text]
     assert missing == [], f"docs/architecture.md does not name {missing}"
+
+
+def test_no_benchmark_or_test_reads_outside_the_repository():
+    """A clone reproduces every figure: no path literal reaches the project's shared folder beside the repository
+    (docstrings may cite it as a source)."""
+    outside = []
+    for path in sorted(p for top in ("benchmarks", "tests", "toolkit", "widgets") for p in (ROOT / top).rglob("*.py")
+                       if p != Path(__file__).resolve()):
+        tree = ast.parse(path.read_text())
+        docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                      if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef)) and n.body
+                      and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings \
+                    and (node.value == "shared" or "../shared" in node.value or node.value.startswith("shared/")):
+                outside.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert outside == []

@@ -33,9 +33,11 @@ BLOOM_MEASURED = [
 
 
 @pytest.mark.parametrize("job, measured_gib", BLOOM_MEASURED, ids=[f"{m}GiB" for _, m in BLOOM_MEASURED])
-def test_device_peak_is_within_a_fifth_of_what_nvidia_smi_showed(job, measured_gib):
+def test_device_peak_is_within_the_benchmarks_max_of_what_nvidia_smi_showed(job, measured_gib):
+    """docs/guide.md claims max 14.9 % over benchmarks/gpu_memory_published.py's 57 rows; these five read
+    -3.4 % to +8.6 %, held to that claim."""
     est = estimate(Job.from_dict(job), published_catalog())["memory"]
-    assert est["device_peak_bytes"] / GIB == pytest.approx(measured_gib, rel=0.2)
+    assert est["device_peak_bytes"] / GIB == pytest.approx(measured_gib, rel=0.15)
     assert est["fits"]
     # the tensors alone fall short of the reading: what the device holds beside them is not noise
     assert est["peak_bytes"] / GIB < measured_gib * 0.9

@@ -70,19 +70,20 @@ class Assumptions:
     projection on the last stage that run comes out 6 % slow, and raising the fraction to fit it would make
     the rest of the measured runs faster than measured (benchmarks/steptime_accuracy.py)."""
     link_efficiency: float = 0.8
-    """Share of the intra-node link's nominal one-way bandwidth a ring collective achieves (nccl-tests' bus
-    bandwidth inside one node: tests/estimate/test_collectives.py checks it against published runs)."""
+    """Share of the intra-node link's nominal one-way bandwidth a ring collective achieves. Assumed, and checked
+    against nccl-tests' bus bandwidth inside one node (tests/estimate/test_collectives.py: published runs)."""
     network_efficiency: float = 0.9
-    """Share of the NICs' nominal bandwidth a collective across nodes achieves (nccl-tests' bus bandwidth over
-    InfiniBand: tests/estimate/test_collectives.py)."""
+    """Share of the NICs' nominal bandwidth a collective across nodes achieves. Assumed, and checked against
+    nccl-tests' bus bandwidth over InfiniBand (tests/estimate/test_collectives.py: published runs)."""
     latency_intra_s: float = 2e-6
-    """Per-hop latency of a ring inside a node (an 8-device all-reduce starts in ~30 µs)."""
+    """Per-hop latency of a ring inside a node. Assumed (an 8-device all-reduce starts in ~30 µs)."""
     latency_inter_s: float = 10e-6
-    """Latency of a hop between nodes (a ring's, or a tree's level)."""
+    """Latency of a hop between nodes (a ring's, or a tree's level). Assumed."""
     pcie_bytes_per_s: float = 25e9
-    """Host <-> device copies for offload (PCIe 4.0 x16, one direction, achieved)."""
+    """Host <-> device copies for offload. Assumed: PCIe 4.0 x16's 32 GB/s one way, at about 80 % achieved."""
     host_adam_params_per_s: float = 1e9
-    """Parameters a host CPU steps with Adam per second per device (DeepSpeed's CPU-Adam order of magnitude)."""
+    """Parameters a host CPU steps with Adam per second per device. Assumed: DeepSpeed's CPU-Adam's order of
+    magnitude."""
     bucket_bytes: float = 25 * 2**20
     """DDP gradient bucket (torch's default 25 MB); the runner's training.bucket_cap_mb sets it."""
     attention_fraction: float | None = None
@@ -160,6 +161,10 @@ class Hardware:
         return self.matmul_peak_flops or self.peak_flops
 
 
+UNFUSED_OPTIMIZER_FACTOR = 1.5
+"""Memory traffic of an unfused (foreach or per-tensor) optimizer step over a fused one, which reads and writes each
+state once: the unfused step re-reads its temporaries. Assumed (a middle figure; the step is a small share of a
+large model's time)."""
 ASSUMED_NETWORK_BITS_PER_DEVICE = 200e9
 """Across nodes when neither the job nor its offer gives a figure: one 200 Gb/s HDR InfiniBand adapter per
 device, as in a DGX A100 (8 × 200 Gb/s for 8 GPUs, NVIDIA DGX A100 datasheet). An assumption, said in the notes."""
@@ -469,7 +474,7 @@ def _optimizer_s(job: Job, hw: Hardware, a: Assumptions, trainable, replicas):
     weight_b, grad_b, _o = bytes_per_param(job)
     shard = np.where(zero >= 1, replicas, 1)
     states = model_state_bytes(job)
-    impl_factor = 1.0 if optimizer_impl(job) == "fused" else 1.5
+    impl_factor = 1.0 if optimizer_impl(job) == "fused" else UNFUSED_OPTIMIZER_FACTOR
     device_s = 2 * impl_factor * (states.params_bytes + states.grads_bytes + states.optimizer_bytes) \
         / hw.memory_bw_bytes_per_s
     if a.optimizer_params_per_s:
