@@ -9,6 +9,7 @@ cycle through dropdowns and toggle buttons (recompute, precision, ZeRO, offload)
 clock starts in the page, at the `change` or `click` event, and stops at the memory figure's next
 `plotly_afterplot`. benchmarks/widget_latency.py measures the Python side alone. Target: p95 ≤ 150 ms.
 """
+
 import argparse
 import re
 import statistics
@@ -23,13 +24,23 @@ from playwright.sync_api import sync_playwright
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.browser.jupyter_lab import jupyter_lab, launch_chromium, open_notebook, run_menu  # noqa: E402
 
-PANEL = ('from widgets.planner import PlannerPanel\n'
-         'panel = PlannerPanel(preset="llama2-7b", accelerator="H100-SXM", count=8, precision="amp-bf16", zero=3)\n'
-         'panel')
-CHANGES = [("dropdown", "recompute", "full"), ("toggle", "ZeRO", "2"), ("dropdown", "precision", "pure-bf16"),
-           ("dropdown", "recompute", "selective"), ("toggle", "ZeRO", "3"), ("dropdown", "offload", "params"),
-           ("dropdown", "precision", "amp-bf16"), ("dropdown", "offload", "none"), ("dropdown", "recompute", "none"),
-           ("toggle", "ZeRO", "1")]
+PANEL = (
+    "from widgets.planner import PlannerPanel\n"
+    'panel = PlannerPanel(preset="llama2-7b", accelerator="H100-SXM", count=8, precision="amp-bf16", zero=3)\n'
+    "panel"
+)
+CHANGES = [
+    ("dropdown", "recompute", "full"),
+    ("toggle", "ZeRO", "2"),
+    ("dropdown", "precision", "pure-bf16"),
+    ("dropdown", "recompute", "selective"),
+    ("toggle", "ZeRO", "3"),
+    ("dropdown", "offload", "params"),
+    ("dropdown", "precision", "amp-bf16"),
+    ("dropdown", "offload", "none"),
+    ("dropdown", "recompute", "none"),
+    ("toggle", "ZeRO", "1"),
+]
 WATCH = """gd => {
   window.__latency = [];
   const start = () => { window.__t0 = performance.now(); };
@@ -47,7 +58,8 @@ def _change(panel, kind: str, label: str, value: str) -> None:
         panel.locator(".widget-dropdown", has_text=label).locator("select").select_option(value)
     else:
         panel.locator(".widget-toggle-buttons", has_text=label).locator(
-            "button", has_text=re.compile(rf"^\s*{value}\s*$")).click()
+            "button", has_text=re.compile(rf"^\s*{value}\s*$")
+        ).click()
 
 
 def main() -> None:
@@ -67,7 +79,7 @@ def main() -> None:
             panel = page.locator(".jp-OutputArea").first
             memory = panel.locator(".js-plotly-plot").first
             memory.wait_for(timeout=120_000)
-            time.sleep(2)                                         # (the first draw settles)
+            time.sleep(2)  # (the first draw settles)
             memory.evaluate(WATCH)
             missed = 0
             for i in range(args.changes):
@@ -78,7 +90,7 @@ def main() -> None:
                     page.wait_for_function(f"window.__latency.length > {seen}", timeout=10_000)
                 except Exception:
                     missed += 1
-                time.sleep(0.3)                                   # (a person's pace; no queue builds up)
+                time.sleep(0.3)  # (a person's pace; no queue builds up)
             latency = sorted(page.evaluate("window.__latency"))
             browser.close()
     print(f"changes: {args.changes}, redraws timed: {len(latency)}, not redrawn within 10 s: {missed}")

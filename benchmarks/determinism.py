@@ -13,6 +13,7 @@ Every run's losses, gradient norms and evaluation losses must equal the first ru
 is SIGKILLed at step 5 under the same load and resumed: its record must equal the uninterrupted one. What pins the
 bits is toolkit/train/determinism.py. About 10 minutes on 2 cores. Headline figures last.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,17 +28,47 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from toolkit.specs import Job                                  # noqa: E402
-from toolkit.train.data import ensure_demo_corpus              # noqa: E402
-from toolkit.train.launch import prepare_run                   # noqa: E402
+from toolkit.specs import Job  # noqa: E402
+from toolkit.train.data import ensure_demo_corpus  # noqa: E402
+from toolkit.train.launch import prepare_run  # noqa: E402
 
-ONE = {"model": {"layers": 2, "hidden": 64, "heads": 4, "vocab": 256, "seq_len": 32, "dropout": 0.1},
-       "batch": {"micro_batch": 2, "global_batch": 4}, "precision": {"mode": "fp32"},
-       "training": {"steps": 12, "warmup_steps": 1, "lr": 1e-3, "checkpoint_every": 3, "eval_every": 4,
-                    "num_workers": 1}}
-TWO = ["--layers", "2", "--hidden", "64", "--heads", "4", "--vocab", "256", "--seq", "32", "--micro-batch", "2",
-       "--global-batch", "4", "--precision", "fp32", "--warmup", "1", "--lr", "1e-3", "--no-progress",
-       "--num-workers", "0", "--steps", "8", "--checkpoint-every", "0", "--nproc", "2"]
+ONE = {
+    "model": {"layers": 2, "hidden": 64, "heads": 4, "vocab": 256, "seq_len": 32, "dropout": 0.1},
+    "batch": {"micro_batch": 2, "global_batch": 4},
+    "precision": {"mode": "fp32"},
+    "training": {"steps": 12, "warmup_steps": 1, "lr": 1e-3, "checkpoint_every": 3, "eval_every": 4, "num_workers": 1},
+}
+TWO = [
+    "--layers",
+    "2",
+    "--hidden",
+    "64",
+    "--heads",
+    "4",
+    "--vocab",
+    "256",
+    "--seq",
+    "32",
+    "--micro-batch",
+    "2",
+    "--global-batch",
+    "4",
+    "--precision",
+    "fp32",
+    "--warmup",
+    "1",
+    "--lr",
+    "1e-3",
+    "--no-progress",
+    "--num-workers",
+    "0",
+    "--steps",
+    "8",
+    "--checkpoint-every",
+    "0",
+    "--nproc",
+    "2",
+]
 HOG = "import torch\nx = torch.randn(384, 384)\nwhile True:\n    x = (x @ x).tanh()\n"
 
 
@@ -65,8 +96,13 @@ def run_one(folder: Path, data: Path, name: str) -> tuple:
 
 def run_two(folder: Path, data: Path, name: str) -> tuple:
     out = folder / name
-    subprocess.run([sys.executable, "-m", "toolkit.cli", "train", *TWO, "--data", str(data), "--out", str(out)],
-                   check=True, timeout=600, cwd=ROOT, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "toolkit.cli", "train", *TWO, "--data", str(data), "--out", str(out)],
+        check=True,
+        timeout=600,
+        cwd=ROOT,
+        capture_output=True,
+    )
     return record(out)
 
 

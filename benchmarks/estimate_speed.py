@@ -5,6 +5,7 @@
 Also the same memory model over a numpy grid of layouts, and the planner's whole search
 (memory, step time, fit, cost and ranking) in layouts per second on one core.
 """
+
 import time
 
 from toolkit.estimate import estimate
@@ -23,16 +24,30 @@ def per_second(fn, seconds: float = 1.0) -> float:
 
 def main() -> None:
     catalog = load_catalog()
-    data = {"model": {"preset": "llama2-70b"}, "parallel": {"tp": 8, "pp": 4, "zero": 1},
-            "precision": {"mode": "mixed-bf16"}, "cluster": {"accelerator": "H100-SXM", "count": 256},
-            "tokens": 2e12, "mfu": 0.4, "cost": {"offer": "p5.48xlarge"}}
+    data = {
+        "model": {"preset": "llama2-70b"},
+        "parallel": {"tp": 8, "pp": 4, "zero": 1},
+        "precision": {"mode": "mixed-bf16"},
+        "cluster": {"accelerator": "H100-SXM", "count": 256},
+        "tokens": 2e12,
+        "mfu": 0.4,
+        "cost": {"offer": "p5.48xlarge"},
+    }
     job = Job.from_dict(data, catalog)
     build = per_second(lambda: Job.from_dict(data, catalog))
     full = per_second(lambda: estimate(job, catalog))
     resolved, _ = job.resolve(catalog)
-    grid = layout_grid(resolved, tp=[1, 2, 4, 8], pp=[1, 2, 4, 8], zero=[0, 1, 2, 3], vpp=[1, 2],
-                       micro_batch=[1, 2, 4, 8, 16], recompute=["none", "selective", "full"], sp=[False, True],
-                       offload=["none", "params"])
+    grid = layout_grid(
+        resolved,
+        tp=[1, 2, 4, 8],
+        pp=[1, 2, 4, 8],
+        zero=[0, 1, 2, 3],
+        vpp=[1, 2],
+        micro_batch=[1, 2, 4, 8, 16],
+        recompute=["none", "selective", "full"],
+        sp=[False, True],
+        offload=["none", "params"],
+    )
     grids = per_second(lambda: memory_estimate(grid.job))
     single = per_second(lambda: memory_estimate(resolved))
     # torch's schedules with more than two stages: the first, second and last stage are compared
@@ -43,6 +58,7 @@ def main() -> None:
     print(f"estimates_per_s: {full:,.0f}")
     # the planner's full path: memory + step time over the grid, fit, cost, ranking (two offers, 8 cluster sizes)
     from toolkit.plan import search
+
     plan_job = Job.from_dict({"model": {"preset": "llama2-70b"}, "precision": {"mode": "mixed-bf16"}}, catalog)
     start = time.perf_counter()
     runs, evaluated = 0, 0

@@ -49,6 +49,7 @@ what Float8 linears save for backward) are reported and counted apart. FSDP2's F
 405B config: `enable_fsdp_float8_all_gather`) is modelled (`precision.fp8_all_gather`: the blocks' linear weights
 gathered in 1 byte).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -68,22 +69,43 @@ BLOOM_CONTEXT_BYTES = 1573 * MIB
 """CUDA context with eager kernel loading, measured in the BLOOM document (A100-40GB, 2022)."""
 
 
-def bloom(h, layers, heads, dp, tp, pp, mb, gbs=2048, partition="type:transformer", zero=1, grads="param",
-          mode="mixed-bf16"):
+def bloom(
+    h, layers, heads, dp, tp, pp, mb, gbs=2048, partition="type:transformer", zero=1, grads="param", mode="mixed-bf16"
+):
     """A BLOOM-search job: Megatron-DeepSpeed GPT (ALiBi: no position table), tied 250k embeddings, Megatron's
     default dropout of 0.1, DeepSpeed's engine (grads fp32: its BF16 optimizer), stages split by DeepSpeed's
     `partition` method (GPTModelPipe's `type:transformer` until 02-28), apex's FusedAdam (Megatron's Adam; the
     document opens by measuring it against torch.optim.Adam, 51 GB against 61 GB on the first node) with no
     temporaries."""
-    model = {"layers": layers, "hidden": h, "heads": heads, "vocab": 250880, "seq_len": 2048, "mlp": "gelu",
-             "norm": "layernorm", "position": "rope", "tie_embeddings": True, "dropout": 0.1}
-    return {"model": model, "batch": {"micro_batch": mb, "global_batch": gbs},
-            "precision": {"mode": mode, "grad_dtype": grads}, "optimizer": {"impl": "fused"},
-            "parallel": {"dp": dp, "tp": tp, "pp": pp, "zero": zero, "partition": partition if pp > 1 else None,
-                         "backend": "deepspeed"},
-            "memory": {"recompute": "full", "attention": "eager"},
-            "cluster": {"accelerator": "A100-80GB", "count": dp * tp * pp, "gpus_per_node": 8},
-            "training": {"bucket_cap_mb": DEEPSPEED_BUCKET_ELEMENTS * 2 / MIB}}
+    model = {
+        "layers": layers,
+        "hidden": h,
+        "heads": heads,
+        "vocab": 250880,
+        "seq_len": 2048,
+        "mlp": "gelu",
+        "norm": "layernorm",
+        "position": "rope",
+        "tie_embeddings": True,
+        "dropout": 0.1,
+    }
+    return {
+        "model": model,
+        "batch": {"micro_batch": mb, "global_batch": gbs},
+        "precision": {"mode": mode, "grad_dtype": grads},
+        "optimizer": {"impl": "fused"},
+        "parallel": {
+            "dp": dp,
+            "tp": tp,
+            "pp": pp,
+            "zero": zero,
+            "partition": partition if pp > 1 else None,
+            "backend": "deepspeed",
+        },
+        "memory": {"recompute": "full", "attention": "eager"},
+        "cluster": {"accelerator": "A100-80GB", "count": dp * tp * pp, "gpus_per_node": 8},
+        "training": {"bucket_cap_mb": DEEPSPEED_BUCKET_ELEMENTS * 2 / MIB},
+    }
 
 
 DEEPSPEED_BUCKET_ELEMENTS = 5e8
@@ -96,15 +118,31 @@ EMBEDDING_SLOTS = "type:transformer|embedding"
 """From 02-28: both embeddings take a layer's slot in DeepSpeed's balance, so the end stages hold fewer blocks."""
 
 
-def titan(preset, seq, mb, gbs, dp, tp=1, pp=1, vpp=1, cp=1, recompute="full", fp8=False, fp8_all_gather=False,
-          accelerator="H100-SXM"):
+def titan(
+    preset,
+    seq,
+    mb,
+    gbs,
+    dp,
+    tp=1,
+    pp=1,
+    vpp=1,
+    cp=1,
+    recompute="full",
+    fp8=False,
+    fp8_all_gather=False,
+    accelerator="H100-SXM",
+):
     """A torchtitan Llama 3.1 job: FSDP2 (ZeRO-3) over dp, DTensor tp with sequence parallelism; Float8 linears
     (`fp8`), gathered by FSDP2 in float8 (`fp8_all_gather`: its 405B config's enable_fsdp_float8_all_gather)."""
-    return {"model": {"preset": preset, "seq_len": seq}, "batch": {"micro_batch": mb, "global_batch": gbs},
-            "precision": {"mode": "amp-bf16", "fp8": fp8, "fp8_all_gather": fp8_all_gather},
-            "parallel": {"dp": dp, "tp": tp, "sp": tp > 1, "pp": pp, "vpp": vpp, "cp": cp, "zero": 3},
-            "memory": {"recompute": recompute, "attention": "flash"},
-            "cluster": {"accelerator": accelerator, "count": dp * tp * pp * cp, "gpus_per_node": 8}}
+    return {
+        "model": {"preset": preset, "seq_len": seq},
+        "batch": {"micro_batch": mb, "global_batch": gbs},
+        "precision": {"mode": "amp-bf16", "fp8": fp8, "fp8_all_gather": fp8_all_gather},
+        "parallel": {"dp": dp, "tp": tp, "sp": tp > 1, "pp": pp, "vpp": vpp, "cp": cp, "zero": 3},
+        "memory": {"recompute": recompute, "attention": "flash"},
+        "cluster": {"accelerator": accelerator, "count": dp * tp * pp * cp, "gpus_per_node": 8},
+    }
 
 
 COMPILE = "torch.compile"
@@ -120,8 +158,14 @@ ROWS = [
     ("bloom 14336x72 dp8 tp8 pp6 mb1", BLOOM, "device", 38, bloom(14336, 72, 64, 8, 8, 6, 1), ()),
     ("bloom 14336x72 dp8 tp8 pp6 mb2", BLOOM, "device", 44, bloom(14336, 72, 64, 8, 8, 6, 2), ()),
     ("bloom 14336x72 dp8 tp8 pp6 mb4", BLOOM, "device", 56, bloom(14336, 72, 64, 8, 8, 6, 4), ()),
-    ("bloom 14336x72 dp4 tp8 pp12 mb2 zero0", BLOOM, "device", 72, bloom(14336, 72, 64, 4, 8, 12, 2, zero=0),
-     (BRANCH,)),
+    (
+        "bloom 14336x72 dp4 tp8 pp12 mb2 zero0",
+        BLOOM,
+        "device",
+        72,
+        bloom(14336, 72, 64, 4, 8, 12, 2, zero=0),
+        (BRANCH,),
+    ),
     ("bloom 13824x84 dp4 tp8 pp12 mb2", BLOOM, "device", 39, bloom(13824, 84, 64, 4, 8, 12, 2), ()),
     ("bloom 13824x84 dp4 tp8 pp12 mb4", BLOOM, "device", 52, bloom(13824, 84, 64, 4, 8, 12, 4), ()),
     ("bloom 13824x84 dp8 tp8 pp6 mb4", BLOOM, "device", 56, bloom(13824, 84, 64, 8, 8, 6, 4), ()),
@@ -131,15 +175,39 @@ ROWS = [
     ("bloom 13824x78 dp8 tp4 pp12 mb2 h96", BLOOM, "device", 48, bloom(13824, 78, 96, 8, 4, 12, 2), ()),
     ("bloom 13824x78 dp8 tp8 pp6 mb4 h96", BLOOM, "device", 59, bloom(13824, 78, 96, 8, 8, 6, 4), ()),
     ("bloom 13824x78 dp16 tp4 pp6 mb4 h96", BLOOM, "device", 75, bloom(13824, 78, 96, 16, 4, 6, 4), ()),
-    ("bloom 12288x106 dp8 tp4 pp12 mb2 h96 slots", BLOOM, "device", 44,
-     bloom(12288, 106, 96, 8, 4, 12, 2, partition=EMBEDDING_SLOTS), ()),
+    (
+        "bloom 12288x106 dp8 tp4 pp12 mb2 h96 slots",
+        BLOOM,
+        "device",
+        44,
+        bloom(12288, 106, 96, 8, 4, 12, 2, partition=EMBEDDING_SLOTS),
+        (),
+    ),
     # 02-17: the first single-node and 10-node runs, 14400 wide (TP 8, micro-batch 1), in fp16 and in bf16
-    ("bloom 14400x8 h32 dp1 tp8 pp1 mb1 fp16", BLOOM, "device", 67,
-     bloom(14400, 8, 32, 1, 8, 1, 1, mode="mixed-fp16"), ()),
-    ("bloom 14400x80 h96 dp1 tp8 pp10 mb1 fp16", BLOOM, "device", 73,
-     bloom(14400, 80, 96, 1, 8, 10, 1, mode="mixed-fp16"), ()),
-    ("bloom 14400x80 h96 dp2 tp8 pp10 mb1 fp16", BLOOM, "device", 51,
-     bloom(14400, 80, 96, 2, 8, 10, 1, mode="mixed-fp16"), ()),
+    (
+        "bloom 14400x8 h32 dp1 tp8 pp1 mb1 fp16",
+        BLOOM,
+        "device",
+        67,
+        bloom(14400, 8, 32, 1, 8, 1, 1, mode="mixed-fp16"),
+        (),
+    ),
+    (
+        "bloom 14400x80 h96 dp1 tp8 pp10 mb1 fp16",
+        BLOOM,
+        "device",
+        73,
+        bloom(14400, 80, 96, 1, 8, 10, 1, mode="mixed-fp16"),
+        (),
+    ),
+    (
+        "bloom 14400x80 h96 dp2 tp8 pp10 mb1 fp16",
+        BLOOM,
+        "device",
+        51,
+        bloom(14400, 80, 96, 2, 8, 10, 1, mode="mixed-fp16"),
+        (),
+    ),
     ("bloom 14400x8 h32 dp1 tp8 pp1 mb1", BLOOM, "device", 68, bloom(14400, 8, 32, 1, 8, 1, 1), ()),
     ("bloom 14400x80 h96 dp1 tp8 pp10 mb1", BLOOM, "device", 75, bloom(14400, 80, 96, 1, 8, 10, 1), ()),
     ("bloom 14400x80 h96 dp2 tp8 pp10 mb1", BLOOM, "device", 53, bloom(14400, 80, 96, 2, 8, 10, 1), ()),
@@ -166,69 +234,252 @@ ROWS = [
     ("bloom 14336x72 dp8 tp2 pp24 mb2", BLOOM, "device", 53, bloom(14336, 72, 64, 8, 2, 24, 2), ()),
     ("bloom 12288x96 dp8 tp1 pp48 mb1", BLOOM, "device", 58, bloom(12288, 96, 64, 8, 1, 48, 1), ()),
     # 02-28: DeepSpeed's BF16 optimizer and embeddings in their own pipeline slots
-    ("bloom 12288x100 dp16 tp4 pp6 mb1 bf16opt", BLOOM, "device", "OOM",
-     bloom(12288, 100, 64, 16, 4, 6, 1, partition=EMBEDDING_SLOTS, grads="fp32"), ()),
-    ("bloom 12288x100 dp8 tp8 pp6 mb2 bf16opt", BLOOM, "device", 61,
-     bloom(12288, 100, 64, 8, 8, 6, 2, partition=EMBEDDING_SLOTS, grads="fp32"), ()),
-    ("bloom 12288x100 dp8 tp8 pp6 mb4 bf16opt", BLOOM, "device", 72,
-     bloom(12288, 100, 64, 8, 8, 6, 4, partition=EMBEDDING_SLOTS, grads="fp32"), ()),
-    ("bloom 12288x106 dp8 tp4 pp12 mb2 bf16opt", BLOOM, "device", 67,
-     bloom(12288, 106, 64, 8, 4, 12, 2, partition=EMBEDDING_SLOTS, grads="fp32"), ()),
-    ("bloom 13312x82 dp4 tp8 pp12 mb4 bf16opt", BLOOM, "device", 52,
-     bloom(13312, 82, 64, 4, 8, 12, 4, partition=EMBEDDING_SLOTS, grads="fp32"), ()),
-    ("bloom 13312x82 dp8 tp4 pp12 mb2 bf16opt", BLOOM, "device", 63,
-     bloom(13312, 82, 64, 8, 4, 12, 2, partition=EMBEDDING_SLOTS, grads="fp32"), ()),
-    ("bloom 13312x82 dp8 tp4 pp12 mb4 bf16opt", BLOOM, "device", 74,
-     bloom(13312, 82, 64, 8, 4, 12, 4, partition=EMBEDDING_SLOTS, grads="fp32"), ()),
-    ("bloom 14336x70 dp4 tp8 pp12 mb2 bf16opt", BLOOM, "device", 40,
-     bloom(14336, 70, 64, 4, 8, 12, 2, partition=EMBEDDING_SLOTS, grads="fp32"), ()),
-    ("bloom 14336x70 dp8 tp4 pp12 mb2 bf16opt", BLOOM, "device", 59,
-     bloom(14336, 70, 64, 8, 4, 12, 2, partition=EMBEDDING_SLOTS, grads="fp32"), ()),
-    ("bloom 14336x70 dp8 tp4 pp12 mb4 bf16opt", BLOOM, "device", 73,
-     bloom(14336, 70, 64, 8, 4, 12, 4, partition=EMBEDDING_SLOTS, grads="fp32"), ()),
-    ("bloom 12288x106 dp8 tp4 pp12 mb2 h96 bf16opt", BLOOM, "device", 65,
-     bloom(12288, 106, 96, 8, 4, 12, 2, partition=EMBEDDING_SLOTS, grads="fp32"), ()),
-    ("bloom 12288x106 dp8 tp4 pp12 mb2 h128 bf16opt", BLOOM, "device", 67,
-     bloom(12288, 106, 128, 8, 4, 12, 2, partition=EMBEDDING_SLOTS, grads="fp32"), ()),
-    ("bloom 12288x106 dp8 tp4 pp12 mb4 h96 bf16opt", BLOOM, "device", 79,
-     bloom(12288, 106, 96, 8, 4, 12, 4, partition=EMBEDDING_SLOTS, grads="fp32"), ()),
-    ("bloom 13312x82 dp8 tp4 pp12 mb2 h104 bf16opt", BLOOM, "device", 62,
-     bloom(13312, 82, 104, 8, 4, 12, 2, partition=EMBEDDING_SLOTS, grads="fp32"), ()),
-    ("bloom 13312x82 dp8 tp4 pp12 mb2 h128 bf16opt", BLOOM, "device", 60,
-     bloom(13312, 82, 128, 8, 4, 12, 2, partition=EMBEDDING_SLOTS, grads="fp32"), ()),
-    ("bloom 13312x94 dp8 tp4 pp12 mb2 h128 bf16opt", BLOOM, "device", 67,
-     bloom(13312, 94, 128, 8, 4, 12, 2, partition=EMBEDDING_SLOTS, grads="fp32"), ()),
-    ("bloom 14336x70 dp8 tp4 pp12 mb2 h112 bf16opt", BLOOM, "device", 59,
-     bloom(14336, 70, 112, 8, 4, 12, 2, partition=EMBEDDING_SLOTS, grads="fp32"), ()),
-    ("bloom 14336x70 dp8 tp4 pp12 mb2 h128 bf16opt", BLOOM, "device", 60,
-     bloom(14336, 70, 128, 8, 4, 12, 2, partition=EMBEDDING_SLOTS, grads="fp32"), ()),
-    ("bloom 14336x82 dp8 tp4 pp12 mb2 bf16opt", BLOOM, "device", "OOM",
-     bloom(14336, 82, 128, 8, 4, 12, 2, partition=EMBEDDING_SLOTS, grads="fp32"), ()),
+    (
+        "bloom 12288x100 dp16 tp4 pp6 mb1 bf16opt",
+        BLOOM,
+        "device",
+        "OOM",
+        bloom(12288, 100, 64, 16, 4, 6, 1, partition=EMBEDDING_SLOTS, grads="fp32"),
+        (),
+    ),
+    (
+        "bloom 12288x100 dp8 tp8 pp6 mb2 bf16opt",
+        BLOOM,
+        "device",
+        61,
+        bloom(12288, 100, 64, 8, 8, 6, 2, partition=EMBEDDING_SLOTS, grads="fp32"),
+        (),
+    ),
+    (
+        "bloom 12288x100 dp8 tp8 pp6 mb4 bf16opt",
+        BLOOM,
+        "device",
+        72,
+        bloom(12288, 100, 64, 8, 8, 6, 4, partition=EMBEDDING_SLOTS, grads="fp32"),
+        (),
+    ),
+    (
+        "bloom 12288x106 dp8 tp4 pp12 mb2 bf16opt",
+        BLOOM,
+        "device",
+        67,
+        bloom(12288, 106, 64, 8, 4, 12, 2, partition=EMBEDDING_SLOTS, grads="fp32"),
+        (),
+    ),
+    (
+        "bloom 13312x82 dp4 tp8 pp12 mb4 bf16opt",
+        BLOOM,
+        "device",
+        52,
+        bloom(13312, 82, 64, 4, 8, 12, 4, partition=EMBEDDING_SLOTS, grads="fp32"),
+        (),
+    ),
+    (
+        "bloom 13312x82 dp8 tp4 pp12 mb2 bf16opt",
+        BLOOM,
+        "device",
+        63,
+        bloom(13312, 82, 64, 8, 4, 12, 2, partition=EMBEDDING_SLOTS, grads="fp32"),
+        (),
+    ),
+    (
+        "bloom 13312x82 dp8 tp4 pp12 mb4 bf16opt",
+        BLOOM,
+        "device",
+        74,
+        bloom(13312, 82, 64, 8, 4, 12, 4, partition=EMBEDDING_SLOTS, grads="fp32"),
+        (),
+    ),
+    (
+        "bloom 14336x70 dp4 tp8 pp12 mb2 bf16opt",
+        BLOOM,
+        "device",
+        40,
+        bloom(14336, 70, 64, 4, 8, 12, 2, partition=EMBEDDING_SLOTS, grads="fp32"),
+        (),
+    ),
+    (
+        "bloom 14336x70 dp8 tp4 pp12 mb2 bf16opt",
+        BLOOM,
+        "device",
+        59,
+        bloom(14336, 70, 64, 8, 4, 12, 2, partition=EMBEDDING_SLOTS, grads="fp32"),
+        (),
+    ),
+    (
+        "bloom 14336x70 dp8 tp4 pp12 mb4 bf16opt",
+        BLOOM,
+        "device",
+        73,
+        bloom(14336, 70, 64, 8, 4, 12, 4, partition=EMBEDDING_SLOTS, grads="fp32"),
+        (),
+    ),
+    (
+        "bloom 12288x106 dp8 tp4 pp12 mb2 h96 bf16opt",
+        BLOOM,
+        "device",
+        65,
+        bloom(12288, 106, 96, 8, 4, 12, 2, partition=EMBEDDING_SLOTS, grads="fp32"),
+        (),
+    ),
+    (
+        "bloom 12288x106 dp8 tp4 pp12 mb2 h128 bf16opt",
+        BLOOM,
+        "device",
+        67,
+        bloom(12288, 106, 128, 8, 4, 12, 2, partition=EMBEDDING_SLOTS, grads="fp32"),
+        (),
+    ),
+    (
+        "bloom 12288x106 dp8 tp4 pp12 mb4 h96 bf16opt",
+        BLOOM,
+        "device",
+        79,
+        bloom(12288, 106, 96, 8, 4, 12, 4, partition=EMBEDDING_SLOTS, grads="fp32"),
+        (),
+    ),
+    (
+        "bloom 13312x82 dp8 tp4 pp12 mb2 h104 bf16opt",
+        BLOOM,
+        "device",
+        62,
+        bloom(13312, 82, 104, 8, 4, 12, 2, partition=EMBEDDING_SLOTS, grads="fp32"),
+        (),
+    ),
+    (
+        "bloom 13312x82 dp8 tp4 pp12 mb2 h128 bf16opt",
+        BLOOM,
+        "device",
+        60,
+        bloom(13312, 82, 128, 8, 4, 12, 2, partition=EMBEDDING_SLOTS, grads="fp32"),
+        (),
+    ),
+    (
+        "bloom 13312x94 dp8 tp4 pp12 mb2 h128 bf16opt",
+        BLOOM,
+        "device",
+        67,
+        bloom(13312, 94, 128, 8, 4, 12, 2, partition=EMBEDDING_SLOTS, grads="fp32"),
+        (),
+    ),
+    (
+        "bloom 14336x70 dp8 tp4 pp12 mb2 h112 bf16opt",
+        BLOOM,
+        "device",
+        59,
+        bloom(14336, 70, 112, 8, 4, 12, 2, partition=EMBEDDING_SLOTS, grads="fp32"),
+        (),
+    ),
+    (
+        "bloom 14336x70 dp8 tp4 pp12 mb2 h128 bf16opt",
+        BLOOM,
+        "device",
+        60,
+        bloom(14336, 70, 128, 8, 4, 12, 2, partition=EMBEDDING_SLOTS, grads="fp32"),
+        (),
+    ),
+    (
+        "bloom 14336x82 dp8 tp4 pp12 mb2 bf16opt",
+        BLOOM,
+        "device",
+        "OOM",
+        bloom(14336, 82, 128, 8, 4, 12, 2, partition=EMBEDDING_SLOTS, grads="fp32"),
+        (),
+    ),
     # torchtitan, Llama 3.1 on H100 96 GB (reserved)
-    ("titan 8B fsdp8 lb2 sac", TITAN, "reserved", 82.4, titan("llama3-8b", 8192, 2, 16, 8, recompute="selective-op"),
-     ()),
-    ("titan 8B fsdp128 lb2 sac", TITAN, "reserved", 67.0,
-     titan("llama3-8b", 8192, 2, 256, 128, recompute="selective-op"), ()),
-    ("titan 8B fsdp8 seq32k full", TITAN, "reserved", 83.9, titan("llama3-8b", 32768, 1, 8, 8, fp8=True), (COMPILE, FP8)),
-    ("titan 8B fsdp4 cp2 seq64k full", TITAN, "reserved", 84.2, titan("llama3-8b", 65536, 1, 4, 4, cp=2, fp8=True),
-     (COMPILE, FP8)),
-    ("titan 8B fsdp2 cp4 seq128k full", TITAN, "reserved", 84.0, titan("llama3-8b", 131072, 1, 2, 2, cp=4, fp8=True),
-     (COMPILE, FP8)),
-    ("titan 8B cp8 seq256k full", TITAN, "reserved", 84.5, titan("llama3-8b", 262144, 1, 1, 1, cp=8, fp8=True),
-     (COMPILE, FP8)),
-    ("titan 70B fsdp32 tp8 lb16 full", TITAN, "reserved", 71.9, titan("llama3-70b", 8192, 16, 512, 32, tp=8, fp8=True),
-     (COMPILE, FP8)),
-    ("titan 405B fsdp8 tp8 pp8 1f1b", TITAN, "reserved", 82.5,
-     titan("llama3-405b", 8192, 4, 256, 8, tp=8, pp=8, fp8=True, fp8_all_gather=True), (COMPILE, FP8)),
-    ("titan 405B fsdp8 tp8 pp8 interleaved", TITAN, "reserved", 72.7,
-     titan("llama3-405b", 8192, 2, 256, 8, tp=8, pp=8, vpp=2, fp8=True, fp8_all_gather=True), (COMPILE, FP8)),
+    (
+        "titan 8B fsdp8 lb2 sac",
+        TITAN,
+        "reserved",
+        82.4,
+        titan("llama3-8b", 8192, 2, 16, 8, recompute="selective-op"),
+        (),
+    ),
+    (
+        "titan 8B fsdp128 lb2 sac",
+        TITAN,
+        "reserved",
+        67.0,
+        titan("llama3-8b", 8192, 2, 256, 128, recompute="selective-op"),
+        (),
+    ),
+    (
+        "titan 8B fsdp8 seq32k full",
+        TITAN,
+        "reserved",
+        83.9,
+        titan("llama3-8b", 32768, 1, 8, 8, fp8=True),
+        (COMPILE, FP8),
+    ),
+    (
+        "titan 8B fsdp4 cp2 seq64k full",
+        TITAN,
+        "reserved",
+        84.2,
+        titan("llama3-8b", 65536, 1, 4, 4, cp=2, fp8=True),
+        (COMPILE, FP8),
+    ),
+    (
+        "titan 8B fsdp2 cp4 seq128k full",
+        TITAN,
+        "reserved",
+        84.0,
+        titan("llama3-8b", 131072, 1, 2, 2, cp=4, fp8=True),
+        (COMPILE, FP8),
+    ),
+    (
+        "titan 8B cp8 seq256k full",
+        TITAN,
+        "reserved",
+        84.5,
+        titan("llama3-8b", 262144, 1, 1, 1, cp=8, fp8=True),
+        (COMPILE, FP8),
+    ),
+    (
+        "titan 70B fsdp32 tp8 lb16 full",
+        TITAN,
+        "reserved",
+        71.9,
+        titan("llama3-70b", 8192, 16, 512, 32, tp=8, fp8=True),
+        (COMPILE, FP8),
+    ),
+    (
+        "titan 405B fsdp8 tp8 pp8 1f1b",
+        TITAN,
+        "reserved",
+        82.5,
+        titan("llama3-405b", 8192, 4, 256, 8, tp=8, pp=8, fp8=True, fp8_all_gather=True),
+        (COMPILE, FP8),
+    ),
+    (
+        "titan 405B fsdp8 tp8 pp8 interleaved",
+        TITAN,
+        "reserved",
+        72.7,
+        titan("llama3-405b", 8192, 2, 256, 8, tp=8, pp=8, vpp=2, fp8=True, fp8_all_gather=True),
+        (COMPILE, FP8),
+    ),
     # torchtitan, Llama 3.1 8B on 4 and 8 nodes of 8 H200 (reserved at the 100th step), per-op SAC as in its 8B config
-    ("titan 8B fsdp32 lb2 sac h200", TITAN_H200, "reserved", 47.96,
-     titan("llama3-8b", 8192, 2, 64, 32, recompute="selective-op", fp8=True, fp8_all_gather=True, accelerator="H200"),
-     (COMPILE, FP8)),
-    ("titan 8B fsdp64 lb2 sac h200", TITAN_H200, "reserved", 46.97,
-     titan("llama3-8b", 8192, 2, 128, 64, recompute="selective-op", fp8=True, fp8_all_gather=True, accelerator="H200"),
-     (COMPILE, FP8)),
+    (
+        "titan 8B fsdp32 lb2 sac h200",
+        TITAN_H200,
+        "reserved",
+        47.96,
+        titan(
+            "llama3-8b", 8192, 2, 64, 32, recompute="selective-op", fp8=True, fp8_all_gather=True, accelerator="H200"
+        ),
+        (COMPILE, FP8),
+    ),
+    (
+        "titan 8B fsdp64 lb2 sac h200",
+        TITAN_H200,
+        "reserved",
+        46.97,
+        titan(
+            "llama3-8b", 8192, 2, 128, 64, recompute="selective-op", fp8=True, fp8_all_gather=True, accelerator="H200"
+        ),
+        (COMPILE, FP8),
+    ),
 ]
 
 
@@ -251,9 +502,16 @@ def evaluate() -> list[dict]:
         est = estimate(Job.from_dict(job), cat)
         mem = est["memory"]
         figure = mem["device_peak_bytes"] if definition == "device" else mem["reserved_peak_bytes"]
-        row = {"name": name, "source": source, "definition": definition, "measured_gib": measured,
-               "estimate_gib": figure / GIB, "tensors_gib": mem["peak_bytes"] / GIB, "fits": mem["fits"],
-               "unmodelled": list(unmodelled)}
+        row = {
+            "name": name,
+            "source": source,
+            "definition": definition,
+            "measured_gib": measured,
+            "estimate_gib": figure / GIB,
+            "tensors_gib": mem["peak_bytes"] / GIB,
+            "fits": mem["fits"],
+            "unmodelled": list(unmodelled),
+        }
         if measured != "OOM":
             row["error"] = figure / GIB / measured - 1
         out.append(row)
@@ -270,8 +528,10 @@ def main(argv: list[str]) -> int:
         pub = r["measured_gib"] if r["measured_gib"] == "OOM" else f"{r['measured_gib']:.1f}"
         est = f"{r['estimate_gib']:.1f}" + ("" if r["fits"] else "*")
         err = f"{r['error']:+.1%}" if "error" in r else ("OOM ok" if not r["fits"] else "MISSED")
-        print(f"{r['name']:44} {r['definition']:8} {pub:>9} {est:>9} {r['tensors_gib']:8.1f} {err:>7}  "
-              + "; ".join(r["unmodelled"]))
+        print(
+            f"{r['name']:44} {r['definition']:8} {pub:>9} {est:>9} {r['tensors_gib']:8.1f} {err:>7}  "
+            + "; ".join(r["unmodelled"])
+        )
     print("(* = the estimate calls it out of memory)")
     measured = [r for r in rows if "error" in r]
     modelled = [r for r in measured if not r["unmodelled"]]

@@ -7,6 +7,7 @@ tensor the blocks save for backward, with and without compression (weights exclu
 anyway). Loss: two real runs of `steps` steps (amp-bf16, same seed and data), with and without int8;
 the mean training loss of the last 10 steps of each, and their relative difference, printed last.
 """
+
 import argparse
 import sys
 import tempfile
@@ -35,9 +36,12 @@ def saved_bytes(compress: bool) -> int:
     weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
     total, seen = {"bytes": 0}, set()
 
-    def count(packed):                      # each distinct tensor once, however many ops save it
-        key = id(packed) if not isinstance(packed, torch.Tensor) else \
-            (packed.untyped_storage().data_ptr(), packed.storage_offset(), tuple(packed.shape))
+    def count(packed):  # each distinct tensor once, however many ops save it
+        key = (
+            id(packed)
+            if not isinstance(packed, torch.Tensor)
+            else (packed.untyped_storage().data_ptr(), packed.storage_offset(), tuple(packed.shape))
+        )
         if key in seen:
             return packed
         seen.add(key)
@@ -57,10 +61,15 @@ def saved_bytes(compress: bool) -> int:
 
 
 def final_loss(act_compress: str, steps: int, folder: Path, data: Path) -> float:
-    job = Job.from_dict({"model": MODEL, "batch": {"micro_batch": 8, "global_batch": 16},
-                         "precision": {"mode": "amp-bf16"}, "memory": {"act_compress": act_compress},
-                         "training": {"steps": steps, "warmup_steps": 10, "lr": 2e-3, "checkpoint_every": 0,
-                                      "data": str(data)}})
+    job = Job.from_dict(
+        {
+            "model": MODEL,
+            "batch": {"micro_batch": 8, "global_batch": 16},
+            "precision": {"mode": "amp-bf16"},
+            "memory": {"act_compress": act_compress},
+            "training": {"steps": steps, "warmup_steps": 10, "lr": 2e-3, "checkpoint_every": 0, "data": str(data)},
+        }
+    )
     prepare_run(job, folder, 1)
     run_training(job, folder, progress=False)
     losses = [r["loss"] for r in read_metrics(folder / "metrics.jsonl")][-10:]

@@ -9,6 +9,7 @@ settings (fp32, AdamW, clipping at 1.0, 2 micro-batches per step), one CPU proce
 taken over its steady steps (after 5 warm-up steps) from wall-clock stamps, which include whatever the
 loop does between steps (metrics line, memory reading, progress). Ratio of the medians printed last.
 """
+
 import argparse
 import statistics
 import sys
@@ -31,11 +32,21 @@ WARMUP = 5
 
 
 def job_for(steps: int, data: Path) -> Job:
-    return Job.from_dict({
-        "model": {"layers": 2, "hidden": 128, "heads": 4, "vocab": 256, "seq_len": 64},
-        "batch": {"micro_batch": 8, "global_batch": 16}, "precision": {"mode": "fp32"},
-        "training": {"steps": steps, "warmup_steps": 2, "lr": 1e-3, "checkpoint_every": 0, "num_workers": 1,
-                     "data": str(data)}})
+    return Job.from_dict(
+        {
+            "model": {"layers": 2, "hidden": 128, "heads": 4, "vocab": 256, "seq_len": 64},
+            "batch": {"micro_batch": 8, "global_batch": 16},
+            "precision": {"mode": "fp32"},
+            "training": {
+                "steps": steps,
+                "warmup_steps": 2,
+                "lr": 1e-3,
+                "checkpoint_every": 0,
+                "num_workers": 1,
+                "data": str(data),
+            },
+        }
+    )
 
 
 def toolkit_run(job: Job, folder: Path) -> float:
@@ -54,11 +65,20 @@ def hand_run(job: Job) -> float:
     model = GPT(spec)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     rest = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": t.weight_decay}, {"params": rest, "weight_decay": 0}],
-                            lr=t.lr, betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": t.weight_decay}, {"params": rest, "weight_decay": 0}],
+        lr=t.lr,
+        betas=(0.9, 0.95),
+    )
     accum = job.batch.global_batch // job.batch.micro_batch
-    batches = iter(make_loader(data, StepSampler(len(data), job.batch.global_batch, job.batch.micro_batch, 0, 1,
-                                                 t.seed, 0, t.steps), t.num_workers, t.prefetch))
+    batches = iter(
+        make_loader(
+            data,
+            StepSampler(len(data), job.batch.global_batch, job.batch.micro_batch, 0, 1, t.seed, 0, t.steps),
+            t.num_workers,
+            t.prefetch,
+        )
+    )
     stamps = []
     for step in range(t.steps):
         for group in opt.param_groups:

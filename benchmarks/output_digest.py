@@ -13,6 +13,7 @@ What it writes (one file each):
 - `grid.json`: `layout_grid`'s validity and the memory model's arrays over a few thousand layouts of three jobs.
 Headline figures come last: how many outputs were written, and the grid's layouts per second.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,20 +49,45 @@ README = [
     "--lora-targets q,v",
     "estimate --model llama2-7b --gpus 8xH100-SXM --zero 3 --precision mixed-bf16 --mfu 0.4",
 ]
-CHOICES = {   # flag: (sensible values, odd ones as tests/test_properties.py draws them)
-    "--gpus": (["1xA100-80GB", "8xA100-80GB", "64xH100-SXM", "16xAscend-910B", "8xMLU370-X8", "512xH100-SXM",
-                "4xRTX-4090", "8xV100-32GB", "32xH100-SXM"], ["0xA100-80GB", "8xTPU", "12xA100-40GB"]),
+CHOICES = {  # flag: (sensible values, odd ones as tests/test_properties.py draws them)
+    "--gpus": (
+        [
+            "1xA100-80GB",
+            "8xA100-80GB",
+            "64xH100-SXM",
+            "16xAscend-910B",
+            "8xMLU370-X8",
+            "512xH100-SXM",
+            "4xRTX-4090",
+            "8xV100-32GB",
+            "32xH100-SXM",
+        ],
+        ["0xA100-80GB", "8xTPU", "12xA100-40GB"],
+    ),
     "--precision": (["fp32", "amp-bf16", "amp-fp16", "mixed-bf16", "mixed-fp16", "pure-bf16"], ["bf16"]),
-    "--tp": ([1, 2, 4, 8], [3, 0]), "--pp": ([1, 2, 4], [3, -1]), "--dp": ([1, 2, 4, 8], [0]), "--vpp": ([1, 2], [3]),
-    "--cp": ([1, 2], [3]), "--zero": ([0, 1, 2, 3], [4]), "--offload": (["none", "optimizer", "params"], ["disk"]),
-    "--recompute": (["none", "selective", "full"], ["some"]), "--micro-batch": ([1, 2, 4], [0]),
-    "--global-batch": ([64, 512, 1024], [7]), "--seq": ([512, 2048, 4096], [0]), "--dropout": ([0.0, 0.1], [2]),
-    "--mfu": ([0.4], [0, 1.5]), "--tokens": (["1e9", "300e9"], ["-1"]), "--finetune": (["lora", "qlora", "full"],
-                                                                                  ["prefix"]),
-    "--lora-rank": ([8, 16], [0]), "--lora-targets": (["q,v", "q,k,v,o,up,down", "gate"], [""]),
-    "--schedule": (["1f1b", "gpipe"], ["zb"]), "--backend": (["torch", "deepspeed", "megatron"], ["jax"]),
-    "--attention": (["flash", "eager"], []), "--optimizer": (["adamw", "adam", "sgd", "adamw-8bit"], []),
-    "--optimizer-impl": (["for-loop", "foreach", "fused"], []), "--headroom": ([0.02, 0.1], [1.0]),
+    "--tp": ([1, 2, 4, 8], [3, 0]),
+    "--pp": ([1, 2, 4], [3, -1]),
+    "--dp": ([1, 2, 4, 8], [0]),
+    "--vpp": ([1, 2], [3]),
+    "--cp": ([1, 2], [3]),
+    "--zero": ([0, 1, 2, 3], [4]),
+    "--offload": (["none", "optimizer", "params"], ["disk"]),
+    "--recompute": (["none", "selective", "full"], ["some"]),
+    "--micro-batch": ([1, 2, 4], [0]),
+    "--global-batch": ([64, 512, 1024], [7]),
+    "--seq": ([512, 2048, 4096], [0]),
+    "--dropout": ([0.0, 0.1], [2]),
+    "--mfu": ([0.4], [0, 1.5]),
+    "--tokens": (["1e9", "300e9"], ["-1"]),
+    "--finetune": (["lora", "qlora", "full"], ["prefix"]),
+    "--lora-rank": ([8, 16], [0]),
+    "--lora-targets": (["q,v", "q,k,v,o,up,down", "gate"], [""]),
+    "--schedule": (["1f1b", "gpipe"], ["zb"]),
+    "--backend": (["torch", "deepspeed", "megatron"], ["jax"]),
+    "--attention": (["flash", "eager"], []),
+    "--optimizer": (["adamw", "adam", "sgd", "adamw-8bit"], []),
+    "--optimizer-impl": (["for-loop", "foreach", "fused"], []),
+    "--headroom": ([0.02, 0.1], [1.0]),
     "--grad-dtype": (["param", "fp32"], ["fp64"]),
 }
 SWITCHES = ["--sp", "--fp8", "--spot", "--expandable-segments"]
@@ -72,8 +98,11 @@ def _float(value):
 
 
 def _memory_dump(mem) -> dict:
-    out = {f.name: _float(getattr(mem, f.name)) for f in dataclasses.fields(mem)
-           if f.name not in ("phases", "states", "peak_phase")}
+    out = {
+        f.name: _float(getattr(mem, f.name))
+        for f in dataclasses.fields(mem)
+        if f.name not in ("phases", "states", "peak_phase")
+    }
     out["peak_phase"] = np.asarray(mem.peak_phase).tolist()
     out["phases"] = {k: _float(v) for k, v in mem.phases.items()}
     out["states"] = {f.name: _float(getattr(mem.states, f.name)) for f in dataclasses.fields(mem.states)}
@@ -96,18 +125,27 @@ def _run_cli(argv: list[str]) -> str:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             code = cli(argv)
-        except SystemExit as stop:         # argparse's refusals
+        except SystemExit as stop:  # argparse's refusals
             code = stop.code
-        except Exception as crash:         # a traceback a user would see: recorded and counted, not hidden
+        except Exception as crash:  # a traceback a user would see: recorded and counted, not hidden
             code = f"crash {type(crash).__name__}: {crash}"
     return f"$ {' '.join(argv)}\nrc {code}\n{out.getvalue()}{err.getvalue()}\n"
 
 
 def _random_argv(rng: random.Random) -> list[str]:
-    argv = ["--model", rng.choice(sorted(CATALOG.presets))] if rng.random() < 0.8 else \
-        ["--layers", str(rng.choice([2, 24, 80, 0])), "--hidden", str(rng.choice([64, 1024, 4096, 48])),
-         "--heads", str(rng.choice([4, 8, 32, 3]))]
-    odd = rng.random() < 0.25                   # a quarter of the samples may carry odd values
+    argv = (
+        ["--model", rng.choice(sorted(CATALOG.presets))]
+        if rng.random() < 0.8
+        else [
+            "--layers",
+            str(rng.choice([2, 24, 80, 0])),
+            "--hidden",
+            str(rng.choice([64, 1024, 4096, 48])),
+            "--heads",
+            str(rng.choice([4, 8, 32, 3])),
+        ]
+    )
+    odd = rng.random() < 0.25  # a quarter of the samples may carry odd values
     for flag, (sensible, strange) in CHOICES.items():
         if rng.random() < (0.6 if flag in ("--gpus", "--precision", "--tp", "--pp", "--zero") else 0.12):
             values = sensible + strange if odd and strange else sensible
@@ -133,25 +171,55 @@ def cli_outputs(samples: int) -> str:
 
 def grid_outputs() -> tuple[dict, float]:
     out, layouts, seconds = {}, 0, 0.0
-    for name, data in (("llama2-70b/mixed", {"model": {"preset": "llama2-70b"}, "precision": {"mode": "mixed-bf16"},
-                                            "cluster": {"accelerator": "H100-SXM", "count": 512}}),
-                       ("gpt3-13b/amp", {"model": {"preset": "gpt3-13b"}, "precision": {"mode": "amp-bf16"},
-                                         "cluster": {"accelerator": "A100-80GB", "count": 64}}),
-                       ("llama3-8b/fp32", {"model": {"preset": "llama3-8b"}, "precision": {"mode": "fp32"},
-                                           "cluster": {"accelerator": "A100-80GB", "count": 16},
-                                           "batch": {"global_batch": 256}})):
+    for name, data in (
+        (
+            "llama2-70b/mixed",
+            {
+                "model": {"preset": "llama2-70b"},
+                "precision": {"mode": "mixed-bf16"},
+                "cluster": {"accelerator": "H100-SXM", "count": 512},
+            },
+        ),
+        (
+            "gpt3-13b/amp",
+            {
+                "model": {"preset": "gpt3-13b"},
+                "precision": {"mode": "amp-bf16"},
+                "cluster": {"accelerator": "A100-80GB", "count": 64},
+            },
+        ),
+        (
+            "llama3-8b/fp32",
+            {
+                "model": {"preset": "llama3-8b"},
+                "precision": {"mode": "fp32"},
+                "cluster": {"accelerator": "A100-80GB", "count": 16},
+                "batch": {"global_batch": 256},
+            },
+        ),
+    ):
         job, _ = Job.from_dict(data).resolve()
         start = time.perf_counter()
-        grid = layout_grid(job, tp=[1, 2, 4, 8], pp=[1, 2, 4, 8], vpp=[1, 2], sp=[False, True], zero=[0, 1, 2, 3],
-                           offload=["none", "optimizer", "params"], micro_batch=[1, 2, 4],
-                           recompute=["none", "selective", "full"])
+        grid = layout_grid(
+            job,
+            tp=[1, 2, 4, 8],
+            pp=[1, 2, 4, 8],
+            vpp=[1, 2],
+            sp=[False, True],
+            zero=[0, 1, 2, 3],
+            offload=["none", "optimizer", "params"],
+            micro_batch=[1, 2, 4],
+            recompute=["none", "selective", "full"],
+        )
         mem = memory_estimate(grid.job)
         seconds += time.perf_counter() - start
         layouts += len(grid)
         dump = _memory_dump(mem)
-        out[name] = {"valid": grid.valid.tolist(),
-                     "sha256": hashlib.sha256(json.dumps(dump, sort_keys=True).encode()).hexdigest(),
-                     "peak_bytes": dump["peak_bytes"][:50]}
+        out[name] = {
+            "valid": grid.valid.tolist(),
+            "sha256": hashlib.sha256(json.dumps(dump, sort_keys=True).encode()).hexdigest(),
+            "peak_bytes": dump["peak_bytes"][:50],
+        }
     return out, layouts / seconds
 
 

@@ -6,6 +6,7 @@ and docs/accuracy.md whole (step time, memory, training on ranks against one pro
 
 tests/test_readme_tables.py runs --check, so the figures the docs quote cannot drift from the results files.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,19 +22,26 @@ BEGIN, END = "<!-- steptime-accuracy:begin -->", "<!-- steptime-accuracy:end -->
 
 def table(results: dict) -> str:
     """Each visible source's mean |error| in sample and held out (its own rows left out of the one fitted figure)."""
-    lines = [f"Step time against {results['held_out']['rows']} measured runs from "
-             f"{len(results['held_out']['by_source'])} sources (`benchmarks/steptime_accuracy.py`, "
-             f"{results['date']}, {results['commit']}); held out = the one figure fitted on training runs "
-             f"(sustained_fraction {results['fitted']['sustained_fraction']}) refitted without that source:", "",
-             "| source | rows | in-sample mean \\|error\\| | held-out mean \\|error\\| | held-out max |",
-             "|---|---:|---:|---:|---:|"]
+    lines = [
+        f"Step time against {results['held_out']['rows']} measured runs from "
+        f"{len(results['held_out']['by_source'])} sources (`benchmarks/steptime_accuracy.py`, "
+        f"{results['date']}, {results['commit']}); held out = the one figure fitted on training runs "
+        f"(sustained_fraction {results['fitted']['sustained_fraction']}) refitted without that source:",
+        "",
+        "| source | rows | in-sample mean \\|error\\| | held-out mean \\|error\\| | held-out max |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for source, held in results["held_out"]["by_source"].items():
         inside = results["in_sample"]["by_source"][source]
-        lines.append(f"| {source} | {held['rows']} | {100 * inside['mean_abs_error']:.1f} % | "
-                     f"{100 * held['mean_abs_error']:.1f} % | {100 * held['max_abs_error']:.1f} % |")
-    lines.append(f"| **all** | {results['held_out']['rows']} | {100 * results['in_sample']['mean_abs_error']:.1f} % | "
-                 f"{100 * results['held_out']['mean_abs_error']:.1f} % | "
-                 f"{100 * results['held_out']['max_abs_error']:.1f} % |")
+        lines.append(
+            f"| {source} | {held['rows']} | {100 * inside['mean_abs_error']:.1f} % | "
+            f"{100 * held['mean_abs_error']:.1f} % | {100 * held['max_abs_error']:.1f} % |"
+        )
+    lines.append(
+        f"| **all** | {results['held_out']['rows']} | {100 * results['in_sample']['mean_abs_error']:.1f} % | "
+        f"{100 * results['held_out']['mean_abs_error']:.1f} % | "
+        f"{100 * results['held_out']['max_abs_error']:.1f} % |"
+    )
     return "\n".join(lines)
 
 
@@ -54,16 +62,26 @@ def _measured(results: dict) -> str:
 
 
 def memory_section(results: dict) -> list[str]:
-    lines = ["## Memory", "", f"The analytic model against the traced program, {results['configurations']} jobs "
-             f"(`{results['benchmark']}`) {_measured(results)}: |modelled − traced| / traced of each device's peak.",
-             "", "| family | jobs | median | max |", "|---|---:|---:|---:|"]
+    lines = [
+        "## Memory",
+        "",
+        f"The analytic model against the traced program, {results['configurations']} jobs "
+        f"(`{results['benchmark']}`) {_measured(results)}: |modelled − traced| / traced of each device's peak.",
+        "",
+        "| family | jobs | median | max |",
+        "|---|---:|---:|---:|",
+    ]
     for family, s in results["peak"].items():
         lines.append(f"| {family} | {s['rows']} | {_pct(s['median_abs_error'])} | {_pct(s['max_abs_error'])} |")
     for family, s in results["int8_peak"].items():
-        lines.append(f"| int8 activations, {family} | {s['rows']} | {_pct(s['median_abs_error'])} | "
-                     f"{_pct(s['max_abs_error'])} |")
-    lines += ["", f"Saved activations: max {_pct(results['activations']['max_abs_error'])} over "
-                  f"{results['activations']['rows']} jobs."]
+        lines.append(
+            f"| int8 activations, {family} | {s['rows']} | {_pct(s['median_abs_error'])} | {_pct(s['max_abs_error'])} |"
+        )
+    lines += [
+        "",
+        f"Saved activations: max {_pct(results['activations']['max_abs_error'])} over "
+        f"{results['activations']['rows']} jobs.",
+    ]
     if results.get("offload_host_bytes"):
         lines.append(f"Host bytes under offload: max {_pct(results['offload_host_bytes']['max_abs_error'])}.")
     return lines
@@ -71,16 +89,26 @@ def memory_section(results: dict) -> list[str]:
 
 def layouts_section(results: dict) -> list[str]:
     rows = results["rows"]
-    lines = ["## Training on ranks against one process", "",
-             f"Every layout the runner trains, on gloo ranks, against the same job in one process (`benchmarks/"
-             f"layouts.py`) {_measured(results)}: the largest relative loss difference over 10 steps, and each "
-             "rank's measured peak against the estimate.", "",
-             "| layout | ranks | precision | max loss difference | peak error |", "|---|---:|---|---:|---:|"]
+    lines = [
+        "## Training on ranks against one process",
+        "",
+        f"Every layout the runner trains, on gloo ranks, against the same job in one process (`benchmarks/"
+        f"layouts.py`) {_measured(results)}: the largest relative loss difference over 10 steps, and each "
+        "rank's measured peak against the estimate.",
+        "",
+        "| layout | ranks | precision | max loss difference | peak error |",
+        "|---|---:|---|---:|---:|",
+    ]
     for row in rows:
-        lines.append(f"| {row['layout']} | {row['ranks']} | {row['precision']} | {row['max_loss_difference']:.1e} | "
-                     f"{_pct(row['peak_error'])} |")
-    lines += ["", "A ZeRO-3 run on 4 ranks resumed on 2 differs from the uninterrupted run by "
-                  f"{results['resume_dp4_to_dp2_difference']:.1e} (relative loss)."]
+        lines.append(
+            f"| {row['layout']} | {row['ranks']} | {row['precision']} | {row['max_loss_difference']:.1e} | "
+            f"{_pct(row['peak_error'])} |"
+        )
+    lines += [
+        "",
+        "A ZeRO-3 run on 4 ranks resumed on 2 differs from the uninterrupted run by "
+        f"{results['resume_dp4_to_dp2_difference']:.1e} (relative loss).",
+    ]
     return lines
 
 
@@ -88,22 +116,36 @@ def steptime_section(results: dict) -> list[str]:
     lines = ["## Step time", "", table(results), ""]
     calibrated = results.get("one_calibration")
     if calibrated:
-        lines += ["On this machine, one calibration (`toolkit calibrate` on the 2-rank DDP job) then every layout "
-                  "modelled with it against its measured step (`steptime_accuracy.py --one-calibration-only`):", "",
-                  "| layout | modelled − measured |", "|---|---:|"]
+        lines += [
+            "On this machine, one calibration (`toolkit calibrate` on the 2-rank DDP job) then every layout "
+            "modelled with it against its measured step (`steptime_accuracy.py --one-calibration-only`):",
+            "",
+            "| layout | modelled − measured |",
+            "|---|---:|",
+        ]
         lines += [f"| {name} | {100 * error:+.1f} % |" for name, error in calibrated.items()]
     return lines
 
 
 def accuracy_doc(results_dir: Path) -> str:
     """docs/accuracy.md from the results files."""
+
     def read(name):
         path = results_dir / name
         return json.loads(path.read_text()) if path.exists() else None
-    lines = ["# Accuracy", "", "Generated by `benchmarks/readme_tables.py` from `benchmarks/results/*.json`; do not "
-             "edit by hand. Each section names the benchmark that measured it, when, and where.", ""]
-    for name, section in (("steptime_accuracy.json", steptime_section), ("memory_accuracy.json", memory_section),
-                          ("layouts.json", layouts_section)):
+
+    lines = [
+        "# Accuracy",
+        "",
+        "Generated by `benchmarks/readme_tables.py` from `benchmarks/results/*.json`; do not "
+        "edit by hand. Each section names the benchmark that measured it, when, and where.",
+        "",
+    ]
+    for name, section in (
+        ("steptime_accuracy.json", steptime_section),
+        ("memory_accuracy.json", memory_section),
+        ("layouts.json", layouts_section),
+    ):
         results = read(name)
         if results is not None:
             lines += section(results) + [""]
@@ -119,8 +161,10 @@ def main() -> None:
     doc = accuracy_doc(RESULTS.parent)
     if args.check:
         if new != readme:
-            sys.exit("README's step-time table differs from benchmarks/results/steptime_accuracy.json: "
-                     "run benchmarks/readme_tables.py")
+            sys.exit(
+                "README's step-time table differs from benchmarks/results/steptime_accuracy.json: "
+                "run benchmarks/readme_tables.py"
+            )
         if not ACCURACY.exists() or ACCURACY.read_text() != doc:
             sys.exit("docs/accuracy.md differs from benchmarks/results/*.json: run benchmarks/readme_tables.py")
         return

@@ -10,6 +10,7 @@ end. The losses and gradient norms must equal, bit for bit, those of the same co
 interruption, and every step must appear exactly once in metrics.jsonl. 2.4 minutes on 2 cores (AMD EPYC).
 Headline figures last.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,15 +26,52 @@ from pathlib import Path
 
 import psutil
 
-FLAGS = ["--layers", "2", "--hidden", "64", "--heads", "4", "--vocab", "256", "--seq", "32", "--micro-batch", "2",
-         "--global-batch", "4", "--precision", "fp32", "--warmup", "1", "--lr", "1e-3", "--no-progress",
-         "--num-workers", "0", "--checkpoint-every", "1", "--nproc", "2"]
+FLAGS = [
+    "--layers",
+    "2",
+    "--hidden",
+    "64",
+    "--heads",
+    "4",
+    "--vocab",
+    "256",
+    "--seq",
+    "32",
+    "--micro-batch",
+    "2",
+    "--global-batch",
+    "4",
+    "--precision",
+    "fp32",
+    "--warmup",
+    "1",
+    "--lr",
+    "1e-3",
+    "--no-progress",
+    "--num-workers",
+    "0",
+    "--checkpoint-every",
+    "1",
+    "--nproc",
+    "2",
+]
 ACTIONS = ("SIGKILL a rank", "SIGTERM the launcher", "SIGKILL the launcher")
 
 
 def command(out: Path, data: Path, steps: int) -> list[str]:
-    return [sys.executable, "-m", "toolkit.cli", "train", *FLAGS, "--steps", str(steps), "--out", str(out),
-            "--data", str(data)]
+    return [
+        sys.executable,
+        "-m",
+        "toolkit.cli",
+        "train",
+        *FLAGS,
+        "--steps",
+        str(steps),
+        "--out",
+        str(out),
+        "--data",
+        str(data),
+    ]
 
 
 def records(out: Path) -> list[dict]:
@@ -46,7 +84,7 @@ def records(out: Path) -> list[dict]:
 def _ranks(p: subprocess.Popen) -> list:
     try:
         return [c for c in psutil.Process(p.pid).children() if "toolkit.train.worker" in " ".join(c.cmdline())]
-    except psutil.Error:            # (a child that exited while it was listed)
+    except psutil.Error:  # (a child that exited while it was listed)
         return []
 
 
@@ -59,12 +97,13 @@ def interrupt(out: Path, data: Path, steps: int, action: str, rng: random.Random
     ranks = []
     while len(records(out)) < target or len(ranks) < 2:
         if p.poll() is not None:
-            raise SystemExit(f"the run ended before it was interrupted ({p.returncode}): "
-                             f"{p.stderr.read().strip()[-400:]}")
+            raise SystemExit(
+                f"the run ended before it was interrupted ({p.returncode}): {p.stderr.read().strip()[-400:]}"
+            )
         if time.monotonic() > deadline:
             raise SystemExit("no progress in 300 s")
-        if len(ranks) < 2:         # found while it starts: listing them after the target let a fast CPU run on
-            ranks = _ranks(p)      # for 10 more steps, and once to its end, before the signal
+        if len(ranks) < 2:  # found while it starts: listing them after the target let a fast CPU run on
+            ranks = _ranks(p)  # for 10 more steps, and once to its end, before the signal
         time.sleep(0.01)
     began = time.monotonic()
     if action == "SIGKILL a rank":
@@ -84,11 +123,15 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="soak")
     parser.add_argument("--cycles", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--extra", default="", help='more train flags, e.g. "--zero 2 --precision mixed-bf16" '
-                                                      "(DeepSpeed's engine and its checkpoints)")
+    parser.add_argument(
+        "--extra",
+        default="",
+        help='more train flags, e.g. "--zero 2 --precision mixed-bf16" (DeepSpeed\'s engine and its checkpoints)',
+    )
     args = parser.parse_args(argv)
     FLAGS.extend(args.extra.split())
     from toolkit.train.data import ensure_demo_corpus
+
     work = Path(tempfile.mkdtemp(prefix="soak-"))
     data = ensure_demo_corpus(work / "cache")
     # room for every cycle to stop the run mid-way: on a fast CPU a step takes ~10 ms, and ranks whose launcher was

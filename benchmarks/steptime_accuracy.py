@@ -12,6 +12,7 @@ machine (skip it with --no-runs): the README's small GPT trained on 1 and 2 rank
 calibrate` with each run's job on as many ranks, and `toolkit compare --run --catalog` of modelled against
 measured median step.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,6 +46,8 @@ SOURCES = {"fms-fsdp-compile": "fms-fsdp", "fms-fsdp-eager": "fms-fsdp"}
 def source_of(row: dict) -> str:
     group = row.get("source_group") or row.get("group")
     return "torchtune" if group.startswith("torchtune") else SOURCES.get(group, group)
+
+
 THROUGHPUT_KINDS = ("step_s", "tflops_per_gpu", "tokens_per_s_per_gpu")
 
 
@@ -63,11 +66,14 @@ def load_rows(reference: Path) -> list[dict]:
         out.append(row)
     return out
 
+
 CORRECTIONS = {
-    "opt175b-s2.4-992": ({"batch": {"micro_batch": 8}, "model": {"dropout": 0.1}},
-                         "micro-batch 1 -> 8, dropout 0.1: metaseq's OPT launcher (metaseq/launcher/opt_baselines.py) "
-                         "trains with --update-freq 1 and --batch-size the replica's whole share of the batch, "
-                         "--dropout 0.1"),
+    "opt175b-s2.4-992": (
+        {"batch": {"micro_batch": 8}, "model": {"dropout": 0.1}},
+        "micro-batch 1 -> 8, dropout 0.1: metaseq's OPT launcher (metaseq/launcher/opt_baselines.py) "
+        "trains with --update-freq 1 and --batch-size the replica's whole share of the batch, "
+        "--dropout 0.1",
+    ),
 }
 """Fields a row's own source contradicts, with that source: applied over the row, and said beside its result."""
 
@@ -81,18 +87,27 @@ def job_of(row: dict) -> Job:
     if gbps is not None:
         cluster["inter_node_bw_bytes_per_s"] = gbps * 1e9 / 8 * cluster.get("gpus_per_node", 8)
     parallel = {k: v for k, v in row["parallel"].items() if k != "cp" or v not in (None, 1)}
-    if "-hsdp-" in row["id"]:         # fms-fsdp's HSDP: shard within the 8-GPU node, replicate across nodes
+    if "-hsdp-" in row["id"]:  # fms-fsdp's HSDP: shard within the 8-GPU node, replicate across nodes
         parallel["dp_replicate"] = row["cluster"]["count"] // row["cluster"].get("gpus_per_node", 8)
     model = dict(row["model"])
     model.setdefault("tie_embeddings", row.get("assumed", {}).get("model.tie_embeddings", "").startswith("true"))
     batch = dict(row["batch"])
     replicas = batch["micro_batch"] * parallel.get("dp", 1)
-    if batch["global_batch"] % replicas:     # OPT: 2M tokens on 124 replicas; the nearest whole batch, said below
+    if batch["global_batch"] % replicas:  # OPT: 2M tokens on 124 replicas; the nearest whole batch, said below
         batch["global_batch"] = round(batch["global_batch"] / replicas) * replicas
     finetune = {k: v for k, v in row.get("finetune", {}).items() if k in ("method", "rank", "targets")}
-    return Job.from_dict({"model": model, "batch": batch, "parallel": parallel, "memory": row["memory"],
-                          "precision": row["precision"], "optimizer": {"name": row["optimizer"]}, "cluster": cluster,
-                          "finetune": finetune})
+    return Job.from_dict(
+        {
+            "model": model,
+            "batch": batch,
+            "parallel": parallel,
+            "memory": row["memory"],
+            "precision": row["precision"],
+            "optimizer": {"name": row["optimizer"]},
+            "cluster": cluster,
+            "finetune": finetune,
+        }
+    )
 
 
 def measured_step_s(row: dict, job: Job) -> float:
@@ -102,11 +117,11 @@ def measured_step_s(row: dict, job: Job) -> float:
         return float(measured["value"])
     if measured["kind"] == "tokens_per_s_per_gpu":
         return row["batch"]["global_batch"] * job.model.seq_len / (measured["value"] * job.cluster.count)
-    m, b = job.model, row["batch"]["global_batch"]                   # the published batch
+    m, b = job.model, row["batch"]["global_batch"]  # the published batch
     s, L, h, V = m.seq_len, m.layers, m.hidden, m.vocab
     convention = measured["convention"]
     if convention == "narayanan2021":
-        flops = 96 * b * s * L * h ** 2 * (1 + s / (6 * h) + V / (16 * L * h))
+        flops = 96 * b * s * L * h**2 * (1 + s / (6 * h) + V / (16 * L * h))
     elif convention == "palm_noncausal":
         n = count_params(m).total
         flops = b * s * (6 * n + 12 * L * s * m.heads * m.head_dim_)
@@ -128,21 +143,28 @@ def evaluate(rows: list[dict], sustained: float | None = None) -> list[dict]:
             out.append(dict(entry, refused=str(err)))
             continue
         hw = hardware_for(job, catalog)
-        entry["fitted"] = hw.kernels is not None          # its step depends on the fitted figure
+        entry["fitted"] = hw.kernels is not None  # its step depends on the fitted figure
         if sustained is not None and hw.kernels is not None:
             hw = dataclasses.replace(hw, kernels=dataclasses.replace(hw.kernels, sustained_fraction=sustained))
         st = step_time(job, hw)
         measured = measured_step_s(row, job)
         predicted = float(st.step_s)
         notes = [CORRECTIONS[row["id"]][1]] if row["id"] in CORRECTIONS else []
-        if job.batch.global_batch != row["batch"]["global_batch"]:       # compare per sequence, like with like
+        if job.batch.global_batch != row["batch"]["global_batch"]:  # compare per sequence, like with like
             predicted *= row["batch"]["global_batch"] / job.batch.global_batch
             notes.append(f"global batch {row['batch']['global_batch']} -> {job.batch.global_batch} (whole replicas)")
         if notes:
             entry["note"] = "; ".join(notes)
-        out.append(dict(entry, measured_s=measured, predicted_s=predicted, error=(predicted - measured) / measured,
-                        model=f"{job.model.layers}x{job.model.hidden}", breakdown={k: float(v) for k, v in
-                                                                                  st.breakdown().items()}))
+        out.append(
+            dict(
+                entry,
+                measured_s=measured,
+                predicted_s=predicted,
+                error=(predicted - measured) / measured,
+                model=f"{job.model.layers}x{job.model.hidden}",
+                breakdown={k: float(v) for k, v in st.breakdown().items()},
+            )
+        )
     return out
 
 
@@ -188,14 +210,43 @@ def ordered_pairs(results: list[dict]) -> tuple[int, int]:
     return kept, total
 
 
-SMALL_GPT = ["--layers", "4", "--hidden", "256", "--heads", "8", "--vocab", "256", "--seq", "128", "--micro-batch", "2",
-             "--precision", "fp32", "--global-batch", "16", "--steps", "12", "--warmup", "2", "--no-progress",
-             "--num-workers", "0", "--checkpoint-every", "0"]
-SELF_CALIBRATION = [("1 rank", [], 1), ("1 rank, full recompute", ["--recompute", "full"], 1),
-                    ("1 rank, micro-batch 4", ["--micro-batch", "4"], 1),
-                    ("1 rank, ZeRO-3 (FSDP2 over one rank)", ["--zero", "3"], 1),
-                    ("2 ranks, dp (DDP)", [], 2), ("2 ranks, pp 2 (1F1B)", ["--pp", "2"], 2),
-                    ("2 ranks, ZeRO-2 (FSDP2)", ["--zero", "2"], 2), ("2 ranks, tp 2", ["--tp", "2"], 2)]
+SMALL_GPT = [
+    "--layers",
+    "4",
+    "--hidden",
+    "256",
+    "--heads",
+    "8",
+    "--vocab",
+    "256",
+    "--seq",
+    "128",
+    "--micro-batch",
+    "2",
+    "--precision",
+    "fp32",
+    "--global-batch",
+    "16",
+    "--steps",
+    "12",
+    "--warmup",
+    "2",
+    "--no-progress",
+    "--num-workers",
+    "0",
+    "--checkpoint-every",
+    "0",
+]
+SELF_CALIBRATION = [
+    ("1 rank", [], 1),
+    ("1 rank, full recompute", ["--recompute", "full"], 1),
+    ("1 rank, micro-batch 4", ["--micro-batch", "4"], 1),
+    ("1 rank, ZeRO-3 (FSDP2 over one rank)", ["--zero", "3"], 1),
+    ("2 ranks, dp (DDP)", [], 2),
+    ("2 ranks, pp 2 (1F1B)", ["--pp", "2"], 2),
+    ("2 ranks, ZeRO-2 (FSDP2)", ["--zero", "2"], 2),
+    ("2 ranks, tp 2", ["--tp", "2"], 2),
+]
 """The loop on this machine: train the README's small GPT, calibrate with its job on as many ranks, compare."""
 
 
@@ -208,34 +259,50 @@ def self_calibration(work: Path, repeats: int) -> list[tuple[str, int, float, fl
     machine lands on several layouts' single loops, not on one layout's every loop."""
     import subprocess
     from toolkit.trace.report import compare_run
+
     toolkit = [sys.executable, "-m", "toolkit.cli"]
     errors = {i: [] for i in range(len(SELF_CALIBRATION))}
     measured = {i: [] for i in range(len(SELF_CALIBRATION))}
     for k, (i, (name, flags, ranks)) in itertools.product(range(repeats), enumerate(SELF_CALIBRATION)):
         run, profile = work / f"run{i}-{k}", work / f"profile{i}-{k}.yaml"
-        subprocess.run([*toolkit, "train", *SMALL_GPT, *flags, "--nproc", str(ranks), "--out", str(run)],
-                       check=True, capture_output=True)
-        subprocess.run([*toolkit, "calibrate", "--nproc", str(ranks), "--config", str(run / "job.yaml"),
-                        "--out", str(profile)], check=True, capture_output=True)
+        subprocess.run(
+            [*toolkit, "train", *SMALL_GPT, *flags, "--nproc", str(ranks), "--out", str(run)],
+            check=True,
+            capture_output=True,
+        )
+        subprocess.run(
+            [*toolkit, "calibrate", "--nproc", str(ranks), "--config", str(run / "job.yaml"), "--out", str(profile)],
+            check=True,
+            capture_output=True,
+        )
         step = compare_run(run, [profile], trace=False)["time"]["step_s"]
         errors[i].append(step["error"])
         measured[i].append(step["measured"])
         row = yaml.safe_load(profile.read_text())["accelerators"][0]
         matmul_gflops = 1e3 * max(v for v in row["peak_tflops"].values() if isinstance(v, float))
-        print(f"  {name:28} measured {step['measured']:.3f} s, modelled {step['estimate']:.3f} s, "
-              f"{step['error']:+.1%}  (matmuls {matmul_gflops:.0f} GFLOP/s a rank)", flush=True)
+        print(
+            f"  {name:28} measured {step['measured']:.3f} s, modelled {step['estimate']:.3f} s, "
+            f"{step['error']:+.1%}  (matmuls {matmul_gflops:.0f} GFLOP/s a rank)",
+            flush=True,
+        )
     out = []
     for i, (name, _flags, ranks) in enumerate(SELF_CALIBRATION):
         spread = (max(measured[i]) - min(measured[i])) / statistics.median(measured[i])
         out.append((name, ranks, statistics.median(errors[i]), spread))
         if repeats > 1:
-            print(f"  {name:28} median {statistics.median(errors[i]):+.1%}, measured steps spread {spread:.1%}",
-                  flush=True)
+            print(
+                f"  {name:28} median {statistics.median(errors[i]):+.1%}, measured steps spread {spread:.1%}",
+                flush=True,
+            )
     return out
 
 
-ONE_CALIBRATION = [("2 ranks, dp (DDP)", []), ("2 ranks, ZeRO-2 (FSDP2)", ["--zero", "2"]),
-                   ("2 ranks, ZeRO-3 (FSDP2)", ["--zero", "3"]), ("2 ranks, tp 2", ["--tp", "2"])]
+ONE_CALIBRATION = [
+    ("2 ranks, dp (DDP)", []),
+    ("2 ranks, ZeRO-2 (FSDP2)", ["--zero", "2"]),
+    ("2 ranks, ZeRO-3 (FSDP2)", ["--zero", "3"]),
+    ("2 ranks, tp 2", ["--tp", "2"]),
+]
 """Layouts trained on 2 ranks and modelled with ONE profile, calibrated once on the DDP job: what the planner does
 when it ranks layouts it has not run (calibrate measures every layout's collectives, not only its job's)."""
 
@@ -244,27 +311,40 @@ def one_calibration(work: Path, repeats: int) -> list[tuple[str, float]]:
     """(layout, median error) of each ONE_CALIBRATION run against the model with the DDP job's profile."""
     toolkit = [sys.executable, "-m", "toolkit.cli"]
     from toolkit.trace.report import compare_run
-    subprocess.run([*toolkit, "train", *SMALL_GPT, "--steps", "3", "--nproc", "2", "--out", str(work / "base")],
-                   check=True, capture_output=True)
+
+    subprocess.run(
+        [*toolkit, "train", *SMALL_GPT, "--steps", "3", "--nproc", "2", "--out", str(work / "base")],
+        check=True,
+        capture_output=True,
+    )
     profile = work / "one-profile.yaml"
-    subprocess.run([*toolkit, "calibrate", "--nproc", "2", "--config", str(work / "base" / "job.yaml"), "--out",
-                    str(profile)], check=True, capture_output=True)
+    subprocess.run(
+        [*toolkit, "calibrate", "--nproc", "2", "--config", str(work / "base" / "job.yaml"), "--out", str(profile)],
+        check=True,
+        capture_output=True,
+    )
     errors: dict[str, list[float]] = {name: [] for name, _f in ONE_CALIBRATION}
     for k, (name, flags) in itertools.product(range(repeats), ONE_CALIBRATION):
         run = work / f"one-{len(errors[name])}-{name.split(',')[1].strip().replace(' ', '_')}-{k}"
-        subprocess.run([*toolkit, "train", *SMALL_GPT, *flags, "--nproc", "2", "--out", str(run)], check=True,
-                       capture_output=True)
+        subprocess.run(
+            [*toolkit, "train", *SMALL_GPT, *flags, "--nproc", "2", "--out", str(run)], check=True, capture_output=True
+        )
         step = compare_run(run, [profile], trace=False)["time"]["step_s"]
         errors[name].append(step["error"])
-        print(f"  {name:28} measured {step['measured']:.3f} s, modelled {step['estimate']:.3f} s, "
-              f"{step['error']:+.1%}", flush=True)
+        print(
+            f"  {name:28} measured {step['measured']:.3f} s, modelled {step['estimate']:.3f} s, {step['error']:+.1%}",
+            flush=True,
+        )
     return [(name, statistics.median(v)) for name, v in errors.items()]
 
 
-VARIANTS = [("full recompute", {"memory": {"recompute": "full"}}),
-            ("per-op recompute (selective-op)", {"memory": {"recompute": "selective-op"}}),
-            ("micro-batch 4", {"batch": {"micro_batch": 4}}), ("micro-batch 1", {"batch": {"micro_batch": 1}}),
-            ("eager attention", {"memory": {"attention": "eager"}})]
+VARIANTS = [
+    ("full recompute", {"memory": {"recompute": "full"}}),
+    ("per-op recompute (selective-op)", {"memory": {"recompute": "selective-op"}}),
+    ("micro-batch 4", {"batch": {"micro_batch": 4}}),
+    ("micro-batch 1", {"batch": {"micro_batch": 1}}),
+    ("eager attention", {"memory": {"attention": "eager"}}),
+]
 """One-rank variants of the small GPT that the planner weighs against each other with one profile."""
 
 
@@ -280,12 +360,17 @@ def variant_ratios(work: Path, rounds: int = 16) -> list[tuple[str, float, float
     from toolkit.estimate.report import estimate
     from toolkit.train.determinism import pinned, rank_threads
     from toolkit.train.loop import Trainer
+
     toolkit = [sys.executable, "-m", "toolkit.cli"]
-    subprocess.run([*toolkit, "train", *SMALL_GPT, "--steps", "3", "--out", str(work / "base")], check=True,
-                   capture_output=True)
+    subprocess.run(
+        [*toolkit, "train", *SMALL_GPT, "--steps", "3", "--out", str(work / "base")], check=True, capture_output=True
+    )
     profile = work / "variant-profile.yaml"
-    subprocess.run([*toolkit, "calibrate", "--config", str(work / "base" / "job.yaml"), "--out", str(profile)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [*toolkit, "calibrate", "--config", str(work / "base" / "job.yaml"), "--out", str(profile)],
+        check=True,
+        capture_output=True,
+    )
     catalog = load_catalog(profile)
     name = yaml.safe_load(profile.read_text())["accelerators"][0]["name"]
     base = Job.from_yaml(work / "base" / "job.yaml")
@@ -294,21 +379,25 @@ def variant_ratios(work: Path, rounds: int = 16) -> list[tuple[str, float, float
     def modelled_s(job):
         job = job.replace(cluster=dataclasses.replace(job.cluster, accelerator=name))
         return estimate(job.resolve(catalog)[0], catalog)["time"]["step_s"]
+
     out = []
     threads = rank_threads(1)
     with pinned(threads, "cpu"):
         for label, fields in VARIANTS:
             variant = base
             for section, values in fields.items():
-                variant = dataclasses.replace(variant, **{section: dataclasses.replace(getattr(variant, section),
-                                                                                        **values)})
-            pair = [Trainer(job, work / f"{label.replace(' ', '_')}-{side}", threads, progress=False)
-                    for side, job in (("base", base), ("variant", variant))]
+                variant = dataclasses.replace(
+                    variant, **{section: dataclasses.replace(getattr(variant, section), **values)}
+                )
+            pair = [
+                Trainer(job, work / f"{label.replace(' ', '_')}-{side}", threads, progress=False)
+                for side, job in (("base", base), ("variant", variant))
+            ]
             times = [[], []]
             for trainer in pair:
-                trainer.loop_began = time.perf_counter()      # (fit() sets it; the steps here are driven one by one)
+                trainer.loop_began = time.perf_counter()  # (fit() sets it; the steps here are driven one by one)
                 trainer.prog.model.train()
-            for step in range(3, 3 + rounds):                 # (after the steps whose memory a run records)
+            for step in range(3, 3 + rounds):  # (after the steps whose memory a run records)
                 for side, trainer in enumerate(pair):
                     began = time.perf_counter()
                     trainer.train_step(step)
@@ -317,8 +406,10 @@ def variant_ratios(work: Path, rounds: int = 16) -> list[tuple[str, float, float
                 trainer.close()
             measured = statistics.median(times[1][3:]) / statistics.median(times[0][3:])
             predicted = modelled_s(variant) / modelled_s(base)
-            print(f"  {label:32} measured x{measured:.3f}, modelled x{predicted:.3f}, {predicted / measured - 1:+.1%}",
-                  flush=True)
+            print(
+                f"  {label:32} measured x{measured:.3f}, modelled x{predicted:.3f}, {predicted / measured - 1:+.1%}",
+                flush=True,
+            )
             out.append((label, measured, predicted))
     return out
 
@@ -329,23 +420,33 @@ def summary(results: list[dict]) -> dict:
     by_source = {}
     for src in sorted({r["source"] for r in results}):
         errs = [abs(r["error"]) for r in results if r["source"] == src and "error" in r]
-        by_source[src] = {"rows": len(errs), "mean_abs_error": statistics.mean(errs) if errs else None,
-                          "max_abs_error": max(errs) if errs else None}
-    return {"rows": len(errors), "refused": len(results) - len(errors), "mean_abs_error": statistics.mean(errors),
-            "median_signed_error": statistics.median(r["error"] for r in results if "error" in r),
-            "max_abs_error": max(errors), "pairs_in_order": [kept, total], "by_source": by_source}
+        by_source[src] = {
+            "rows": len(errs),
+            "mean_abs_error": statistics.mean(errs) if errs else None,
+            "max_abs_error": max(errs) if errs else None,
+        }
+    return {
+        "rows": len(errors),
+        "refused": len(results) - len(errors),
+        "mean_abs_error": statistics.mean(errors),
+        "median_signed_error": statistics.median(r["error"] for r in results if "error" in r),
+        "max_abs_error": max(errors),
+        "pairs_in_order": [kept, total],
+        "by_source": by_source,
+    }
 
 
 def write_band(held_out: list[dict]) -> None:
     """The 10th and 90th percentiles of the held-out signed errors of each regime, into the band file (the
     calibrated regime, measured by the self-calibration loop on this machine, is kept as it stands)."""
     from toolkit.estimate.band import BAND_FILE
+
     data = yaml.safe_load(BAND_FILE.read_text())
     for regime, fitted in (("kernel_profile", True), ("assumed", False)):
         errors = sorted(r["error"] for r in held_out if "error" in r and r["fitted"] == fitted)
         deciles = statistics.quantiles(errors, n=10, method="inclusive")
         low, high = deciles[0], deciles[-1]
-        if len(errors) < 10:                    # too few runs to trust their spread: at least ±50 %
+        if len(errors) < 10:  # too few runs to trust their spread: at least ±50 %
             low, high = min(low, -0.5), max(high, 0.5)
         data["regimes"][regime].update(error_low=round(low, 4), error_high=round(high, 4), rows=len(errors))
     data.update(provenance())
@@ -362,31 +463,45 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json", metavar="PATH", help="write the figures and every row here")
     parser.add_argument("--reference", default=str(REFERENCE))
-    parser.add_argument("--no-runs", action="store_true", help="skip the self-calibration runs (about 2 minutes a repeat)")
+    parser.add_argument(
+        "--no-runs", action="store_true", help="skip the self-calibration runs (about 2 minutes a repeat)"
+    )
     parser.add_argument("--repeats", type=int, default=3, help="loops of train, calibrate, compare per layout")
     parser.add_argument("--variants-only", action="store_true", help="of the runs, only the one-profile variants")
-    parser.add_argument("--one-calibration-only", action="store_true",
-                        help="of the runs, only the layouts modelled with one profile calibrated on the DDP job")
-    parser.add_argument("--write-band", action="store_true", help="write the held-out error band of each regime "
-                        "to toolkit/data/steptime_band.yaml (what `toolkit estimate` shows as step_s_range)")
+    parser.add_argument(
+        "--one-calibration-only",
+        action="store_true",
+        help="of the runs, only the layouts modelled with one profile calibrated on the DDP job",
+    )
+    parser.add_argument(
+        "--write-band",
+        action="store_true",
+        help="write the held-out error band of each regime "
+        "to toolkit/data/steptime_band.yaml (what `toolkit estimate` shows as step_s_range)",
+    )
     args = parser.parse_args()
     rows = load_rows(Path(args.reference))
     sustained = fit_sustained(rows)
     results = evaluate(rows, sustained)
     held_out, per_source = leave_one_source_out(rows)
     held = {r["id"]: r for r in held_out}
-    print(f"sustained_fraction fitted on all visible sources: {sustained}; left out one at a time: "
-          + ", ".join(f"{k} {v}" for k, v in per_source.items()))
+    print(
+        f"sustained_fraction fitted on all visible sources: {sustained}; left out one at a time: "
+        + ", ".join(f"{k} {v}" for k, v in per_source.items())
+    )
     print(f"{'run':52} {'measured s':>10} {'model s':>9} {'in-sample':>9} {'held-out':>9}")
     for r in results:
         if "refused" in r:
             print(f"{r['id']:52} refused: {r['refused']}")
         else:
-            print(f"{r['id']:52} {r['measured_s']:10.3f} {r['predicted_s']:9.3f} {r['error']:+9.1%} "
-                  f"{held[r['id']]['error']:+9.1%}  {r.get('note', '')}")
+            print(
+                f"{r['id']:52} {r['measured_s']:10.3f} {r['predicted_s']:9.3f} {r['error']:+9.1%} "
+                f"{held[r['id']]['error']:+9.1%}  {r.get('note', '')}"
+            )
     looped, ratios, once = [], [], []
     if not args.no_runs:
         import tempfile
+
         print("\none calibration (the 2-rank DDP job's profile) for every 2-rank layout:")
         with tempfile.TemporaryDirectory() as work:
             once = one_calibration(Path(work), args.repeats)
@@ -401,21 +516,36 @@ def main() -> None:
     print("\nby source (held out: the fitted figure refitted without it):")
     for src, fig in outside["by_source"].items():
         ins = inside["by_source"][src]
-        print(f"  {src:32} rows {fig['rows']:3}  in-sample {100 * ins['mean_abs_error']:5.1f} %  "
-              f"held-out {100 * fig['mean_abs_error']:5.1f} % (max {100 * fig['max_abs_error']:.1f} %)")
+        print(
+            f"  {src:32} rows {fig['rows']:3}  in-sample {100 * ins['mean_abs_error']:5.1f} %  "
+            f"held-out {100 * fig['mean_abs_error']:5.1f} % (max {100 * fig['max_abs_error']:.1f} %)"
+        )
     if args.write_band:
         write_band(held_out)
     if args.json:
-        Path(args.json).write_text(json.dumps({**provenance(), "fitted": {"sustained_fraction": sustained,
-                                               "left_out": per_source}, "in_sample": inside, "held_out": outside,
-                                               "one_calibration": dict(once) or None,
-                                               "rows": results, "held_out_rows": held_out}, indent=1) + "\n")
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    **provenance(),
+                    "fitted": {"sustained_fraction": sustained, "left_out": per_source},
+                    "in_sample": inside,
+                    "held_out": outside,
+                    "one_calibration": dict(once) or None,
+                    "rows": results,
+                    "held_out_rows": held_out,
+                },
+                indent=1,
+            )
+            + "\n"
+        )
     print()
     print(f"rows: {outside['rows']} of {outside['rows'] + outside['refused']} (refused: {outside['refused']})")
     print(f"median signed error (held-out): {100 * outside['median_signed_error']:+.1f} %")
     print(f"max |error| (held-out): {100 * outside['max_abs_error']:.1f} %")
-    print(f"same-model pairs in measured order (held-out): {outside['pairs_in_order'][0]} of "
-          f"{outside['pairs_in_order'][1]}")
+    print(
+        f"same-model pairs in measured order (held-out): {outside['pairs_in_order'][0]} of "
+        f"{outside['pairs_in_order'][1]}"
+    )
     for ranks in sorted({r for _n, r, _e, _s in looped}):
         worst = max(abs(e) for _n, r, e, _s in looped if r == ranks)
         print(f"self-calibrated max |error|, {ranks} rank(s): {100 * worst:.1f} %")

@@ -6,6 +6,7 @@ Headless (no browser): the observers run synchronously in the setter, so the wal
 assignment is the panel's whole reaction. Changes cycle through controls of every kind (sliders,
 dropdowns, toggles) on Llama-2-70B on 64 H100 with an offer and spot, the heaviest path.
 """
+
 import argparse
 import itertools
 import statistics
@@ -17,17 +18,33 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from widgets.planner import PlannerPanel  # noqa: E402
 
-CHANGES = [("micro_batch", [1, 2, 4]), ("recompute", ["none", "selective", "full"]), ("zero", [1, 2, 3]),
-           ("tp", [8, 4]), ("precision", ["mixed-bf16", "mixed-fp16"]), ("sp", [True, False]),
-           ("spot", [True, False]), ("seq_len", [4096, 2048]), ("offload", ["none", "optimizer"])]
+CHANGES = [
+    ("micro_batch", [1, 2, 4]),
+    ("recompute", ["none", "selective", "full"]),
+    ("zero", [1, 2, 3]),
+    ("tp", [8, 4]),
+    ("precision", ["mixed-bf16", "mixed-fp16"]),
+    ("sp", [True, False]),
+    ("spot", [True, False]),
+    ("seq_len", [4096, 2048]),
+    ("offload", ["none", "optimizer"]),
+]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--changes", type=int, default=400)
     args = parser.parse_args()
-    panel = PlannerPanel(preset="llama2-70b", accelerator="H100-SXM", count=64, precision="mixed-bf16", tp=8, pp=2,
-                         zero=1, offer="p5.48xlarge")
+    panel = PlannerPanel(
+        preset="llama2-70b",
+        accelerator="H100-SXM",
+        count=64,
+        precision="mixed-bf16",
+        tp=8,
+        pp=2,
+        zero=1,
+        offer="p5.48xlarge",
+    )
     cycle = itertools.cycle([(name, value) for name, values in CHANGES for value in values])
     times, refused = [], 0
     for name, value in itertools.islice(cycle, args.changes):
@@ -37,7 +54,7 @@ def main() -> None:
         start = time.perf_counter()
         control.value = value
         elapsed = time.perf_counter() - start
-        if panel.error.value:            # an invalid combination: the message path, not the figures' path
+        if panel.error.value:  # an invalid combination: the message path, not the figures' path
             refused += 1
             continue
         times.append(elapsed)

@@ -2,6 +2,7 @@
 model on it. How close the model comes is benchmarks/steptime_accuracy.py's to say, on a quiet machine: beside
 another test worker, two threads per op on two busy cores measure element-wise kernels 100x slower than alone.
 The tests that time a cost against a reference are marked `quiet`, and `make test` runs them after the rest."""
+
 import dataclasses
 import statistics
 
@@ -14,9 +15,12 @@ from toolkit.estimate.steptime import hardware_for
 from toolkit.specs import Job, load_catalog
 from toolkit.trace.report import compare_run
 
-SMALL = {"model": {"layers": 2, "hidden": 128, "heads": 4, "vocab": 256, "seq_len": 64},
-         "batch": {"micro_batch": 2, "global_batch": 8}, "precision": {"mode": "fp32"},
-         "training": {"steps": 8, "warmup_steps": 1, "num_workers": 0, "checkpoint_every": 0}}
+SMALL = {
+    "model": {"layers": 2, "hidden": 128, "heads": 4, "vocab": 256, "seq_len": 64},
+    "batch": {"micro_batch": 2, "global_batch": 8},
+    "precision": {"mode": "fp32"},
+    "training": {"steps": 8, "warmup_steps": 1, "num_workers": 0, "checkpoint_every": 0},
+}
 
 
 def test_a_calibrated_profile_models_a_real_run(tmp_path, capsys, monkeypatch):
@@ -26,9 +30,10 @@ def test_a_calibrated_profile_models_a_real_run(tmp_path, capsys, monkeypatch):
     from toolkit.train.data import ensure_demo_corpus
     from toolkit.train.launch import prepare_run
     from toolkit.train.loop import run_training
+
     run, profile = tmp_path / "run", tmp_path / "profile.yaml"
     data = dict(SMALL, training=dict(SMALL["training"], data=str(ensure_demo_corpus(tmp_path / "cache"))))
-    run_training(prepare_run(Job.from_dict(data), run, 1), run, progress=False)   # one rank, in this process
+    run_training(prepare_run(Job.from_dict(data), run, 1), run, progress=False)  # one rank, in this process
     capsys.readouterr()
     with monkeypatch.context() as patch:
         patch.setattr(torch.cuda, "is_available", lambda: True)
@@ -37,22 +42,25 @@ def test_a_calibrated_profile_models_a_real_run(tmp_path, capsys, monkeypatch):
     assert "matmuls" in out and "NCCL collectives are not calibrated yet" in err
     row = yaml.safe_load(profile.read_text())["accelerators"][0]
     assert row["source"].startswith("measured on ") and row["as_of"]
-    catalog = load_catalog(profile)                  # a catalog row like any other, with its figures' source
+    catalog = load_catalog(profile)  # a catalog row like any other, with its figures' source
     job, _ = Job.from_yaml(run / "job.yaml").resolve(catalog)
     hw = hardware_for(job.replace(cluster=job.cluster.__class__(accelerator=row["name"], count=1)), catalog)
     assert hw.assumptions.gemm_fraction == 1.0 and hw.assumptions.comm_overlaps_compute is False
-    assert 1e6 < hw.peak_flops < 1e13 and hw.assumptions.op_overhead_s > 0, row     # (a loaded CPU measures low)
+    assert 1e6 < hw.peak_flops < 1e13 and hw.assumptions.op_overhead_s > 0, row  # (a loaded CPU measures low)
     step = compare_run(run, [profile], trace=False)["time"]["step_s"]
     modelled = estimate(job.replace(cluster=job.cluster.__class__(accelerator=row["name"], count=1)), catalog)
     assert step["measured"] > 0 and step["estimate"] == pytest.approx(modelled["time"]["step_s"]), (step, row)
     assert step["error"] == pytest.approx((step["estimate"] - step["measured"]) / step["measured"])
 
 
-@pytest.mark.parametrize("argv, expect", [
-    (["--nproc", "0", "--out", "p.yaml"], "--nproc = 0: must be 1 or more"),
-    (["--out", "/no/such/folder/p.yaml"], "its folder /no/such/folder does not exist"),
-    (["--config", "missing.yaml", "--out", "p.yaml"], "missing.yaml"),
-])
+@pytest.mark.parametrize(
+    "argv, expect",
+    [
+        (["--nproc", "0", "--out", "p.yaml"], "--nproc = 0: must be 1 or more"),
+        (["--out", "/no/such/folder/p.yaml"], "its folder /no/such/folder does not exist"),
+        (["--config", "missing.yaml", "--out", "p.yaml"], "missing.yaml"),
+    ],
+)
 def test_bad_calibrate_input_is_one_line(capsys, argv, expect):
     assert main(["calibrate", *argv]) == 2
     err = capsys.readouterr().err.strip()
@@ -68,6 +76,7 @@ def test_a_tensor_parallel_job_calibrates_its_collectives_on_two_ranks(tmp_path)
 
     from toolkit.calibrate import calibrate
     from toolkit.estimate.steptime import step_time
+
     job = Job.from_dict(dict(SMALL, parallel={"tp": 2}))
     profile = tmp_path / "profile.yaml"
     row = calibrate(job, 2, profile)["accelerators"][0]
@@ -76,7 +85,7 @@ def test_a_tensor_parallel_job_calibrates_its_collectives_on_two_ranks(tmp_path)
     catalog = load_catalog(profile)
     placed, _ = job.replace(cluster=job.cluster.__class__(accelerator=row["name"], count=2)).resolve(catalog)
     hw = hardware_for(placed, catalog)
-    slower = dataclasses.replace(hw.assumptions, tp_collective_s=2 * fixed_s)   # the measured figure is the one used
+    slower = dataclasses.replace(hw.assumptions, tp_collective_s=2 * fixed_s)  # the measured figure is the one used
     assert step_time(placed, hw, slower).tp_comm_s > step_time(placed, hw).tp_comm_s > 0
 
 
@@ -89,6 +98,7 @@ def test_an_fsdp2_job_calibrates_its_collectives_on_two_ranks(tmp_path):
 
     from toolkit.calibrate import calibrate
     from toolkit.estimate.steptime import step_time
+
     job = Job.from_dict(dict(SMALL, parallel={"zero": 2}))
     profile = tmp_path / "profile.yaml"
     row = calibrate(job, 2, profile)["accelerators"][0]
@@ -113,6 +123,7 @@ def test_a_one_process_zero3_job_calibrates_what_fsdp2_costs_over_one_rank(tmp_p
 
     from toolkit.calibrate import calibrate
     from toolkit.estimate.steptime import step_time
+
     job = Job.from_dict(dict(SMALL, parallel={"zero": 3}))
     profile = tmp_path / "profile.yaml"
     row = calibrate(job, 1, profile)["accelerators"][0]
@@ -124,7 +135,7 @@ def test_a_one_process_zero3_job_calibrates_what_fsdp2_costs_over_one_rank(tmp_p
     plain, _ = Job.from_dict(SMALL).replace(cluster=placed.cluster).resolve(catalog)
     hw = hardware_for(placed, catalog)
     sharded_s, plain_s = step_time(placed, hw), step_time(plain, hw)
-    collectives = 3 * placed.model.layers * (placed.grad_accum or 1)     # two gathers and a reduce-scatter a block
+    collectives = 3 * placed.model.layers * (placed.grad_accum or 1)  # two gathers and a reduce-scatter a block
     assert sharded_s.dp_comm_exposed_s >= collectives * fixed_s and plain_s.dp_comm_exposed_s == 0
 
 
@@ -137,6 +148,7 @@ def test_in_model_matmul_flops_are_the_models_linear_layers_counted_by_torch():
 
     from toolkit.calibrate.profile import kernel_totals
     from toolkit.program.model import GPT
+
     job = Job.from_dict(SMALL)
     model = GPT(job.model)
     tokens = torch.randint(0, job.model.vocab, (job.batch.micro_batch, job.model.seq_len))
@@ -147,14 +159,17 @@ def test_in_model_matmul_flops_are_the_models_linear_layers_counted_by_torch():
     linear = sum(mod.weight.numel() for mod in model.modules() if isinstance(mod, torch.nn.Linear))
     assert totals["matmul_flops"] == 3 * 2 * n * linear, totals
     m = job.model
-    assert totals["attention_flops"] == m.layers * 3 * 2 * 2 * job.batch.micro_batch * m.heads * m.seq_len ** 2 \
-        * m.head_dim_ / 2, totals
+    assert (
+        totals["attention_flops"]
+        == m.layers * 3 * 2 * 2 * job.batch.micro_batch * m.heads * m.seq_len**2 * m.head_dim_ / 2
+    ), totals
     assert totals["matmul_s"] > 0 and totals["attention_s"] > 0
 
 
 def test_an_encoder_job_calibrates_its_matmuls_at_its_shapes():
     """The runner's GPT builds decoders only: an encoder job's rates come from its shapes alone, not a crash."""
     from toolkit.calibrate.profile import job_shapes, measure_rank
+
     job = Job.from_dict(dict(SMALL, model=dict(SMALL["model"], encoder=True))).resolve()[0]
     figures = measure_rank(job, 0, 1)
     assert figures["in_model"] is False and figures["shapes"] == [list(s) for s in job_shapes(job)]
@@ -172,17 +187,18 @@ def test_a_thin_dimension_slows_a_product_as_the_fitted_half_size_says():
     from toolkit.calibrate.profile import job_shapes
     from toolkit.calibrate.kernels import half_size, matmul_flops, thin_shapes
     from toolkit.estimate.steptime import thin_factor
+
     around = thin_shapes(job_shapes(Job.from_dict(SMALL).resolve()[0]))
     probes = [(256, 256, 256), (256, 32, 256), (256, 256, 64)]
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)          # (beside another test worker, two threads a product on two cores thrash)
+    torch.set_num_threads(1)  # (beside another test worker, two threads a product on two cores thrash)
     try:
         rates = matmul_flops(around + probes, torch.float32, rounds=5)
     finally:
         torch.set_num_threads(threads)
-    _rate, half = half_size(around, rates[:len(around)])
+    _rate, half = half_size(around, rates[: len(around)])
     square = rates[len(around)]
-    for shape, rate in zip(probes[1:], rates[len(around) + 1:]):
+    for shape, rate in zip(probes[1:], rates[len(around) + 1 :]):
         predicted = thin_factor(*probes[0], half) / thin_factor(*shape, half)
         assert predicted == pytest.approx(rate / square, rel=0.2), (shape, half, rate / square)
 
@@ -200,17 +216,20 @@ def test_op_units_scale_as_the_dispatcher_counts_tensor_operations(layers, atten
     from toolkit.calibrate.kernels import dispatched_ops, ops_per_unit, rank_spec
     from toolkit.estimate.steptime import op_units
     from toolkit.program.model import GPT
+
     job = Job.from_dict(dict(SMALL, model=dict(SMALL["model"], layers=4))).resolve()[0]
     per_unit = ops_per_unit(job)
     assert 2 < per_unit < 6
-    deeper = job.replace(model=dataclasses.replace(job.model, layers=layers),
-                         memory=dataclasses.replace(job.memory, attention=attention))
+    deeper = job.replace(
+        model=dataclasses.replace(job.model, layers=layers), memory=dataclasses.replace(job.memory, attention=attention)
+    )
     spec = dataclasses.replace(rank_spec(deeper), layers=layers)
     model = GPT(spec, attention=deeper.memory.attention)
     tokens = torch.randint(0, spec.vocab, (2, spec.seq_len))
 
     def step():
         model(tokens, tokens).backward()
+
     step()
     counted = dispatched_ops(step)
     assert float(op_units(deeper, layers, True)) * per_unit == pytest.approx(counted, rel=0.06)
@@ -230,6 +249,7 @@ def test_per_op_recompute_pays_for_its_dispatch_mode_as_torchs_profiler_sees_it(
     from toolkit.estimate.steptime import Assumptions
     from toolkit.train.determinism import pinned
     from toolkit.program.model import _every_other_matmul
+
     job = Job.from_dict(dict(SMALL, model=dict(SMALL["model"], hidden=256))).resolve()[0]
     with pinned(1, "cpu"):
         measured = selective_op_overhead_s(job)
@@ -260,19 +280,22 @@ def test_a_checkpointed_region_costs_at_least_what_torchs_profiler_sees_outside_
     from torch.profiler import ProfilerActivity, profile
     from toolkit.calibrate.kernels import checkpoint_overhead_s, region_runs
     from toolkit.train.determinism import pinned
-    job = Job.from_dict(dict(SMALL, model=dict(SMALL["model"], hidden=256, heads=8, seq_len=128),
-                             memory={"recompute": "full"})).resolve()[0]          # the README's small GPT's block
+
+    job = Job.from_dict(
+        dict(SMALL, model=dict(SMALL["model"], hidden=256, heads=8, seq_len=128), memory={"recompute": "full"})
+    ).resolve()[0]  # the README's small GPT's block
     outside_s = {"checkpointed": [], "plain": []}
     with pinned(1, "cpu"):
         measured = checkpoint_overhead_s(job)
         runs = region_runs(job)
         for name in outside_s:
             runs[name]()
-        for _ in range(9):            # paired and alternating, as calibrate times them: a loaded machine's moments
-            for name in outside_s:    # fall on both calls of a pair (five of one, then five of the other, once
-                with profile(activities=[ProfilerActivity.CPU]) as prof:    # read -0.5 ms under CI's load)
+        for _ in range(9):  # paired and alternating, as calibrate times them: a loaded machine's moments
+            for name in outside_s:  # fall on both calls of a pair (five of one, then five of the other, once
+                with profile(activities=[ProfilerActivity.CPU]) as prof:  # read -0.5 ms under CI's load)
                     runs[name]()
-                outside_s[name].append(sum(e.self_cpu_time_total for e in prof.key_averages()
-                                           if not e.key.startswith("aten::")) / 1e6)
+                outside_s[name].append(
+                    sum(e.self_cpu_time_total for e in prof.key_averages() if not e.key.startswith("aten::")) / 1e6
+                )
     hooks_s = statistics.median(c - p for c, p in zip(outside_s["checkpointed"], outside_s["plain"]))
     assert 0.8 * hooks_s < measured < 4 * hooks_s, (measured, hooks_s)

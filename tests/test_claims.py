@@ -1,4 +1,5 @@
 """`toolkit claims`: the seed article's claims recomputed from the catalog and the estimator, never stored."""
+
 import json
 
 from toolkit.claims import check_claims
@@ -15,19 +16,22 @@ def test_claims_json_lists_at_least_ten_with_their_evidence(capsys):
         assert {"claim", "computed", "verdict", "source"} <= set(c) and c["verdict"] in VERDICTS and c["source"]
     assert sum(c["computed"] is not None for c in claims) >= 10
     by_id = {c["id"]: c for c in claims}
-    assert "3,638 PF-days" in by_id["gpt3-pf-days"]["computed"]            # Brown et al.: 3.14e23 FLOPs = 3,640
+    assert "3,638 PF-days" in by_id["gpt3-pf-days"]["computed"]  # Brown et al.: 3.14e23 FLOPs = 3,640
     assert by_id["gpt3-pf-days"]["verdict"] == "true"
-    assert by_id["fp16-gradients-75"]["verdict"] == "false"                  # 2 bytes against 4: half, not a quarter
-    assert by_id["mlu370-192gb"]["verdict"] == "false"                       # Cambricon: 48 GB
+    assert by_id["fp16-gradients-75"]["verdict"] == "false"  # 2 bytes against 4: half, not a quarter
+    assert by_id["mlu370-192gb"]["verdict"] == "false"  # Cambricon: 48 GB
 
 
 def test_a_verdict_follows_the_catalog_it_is_computed_from(tmp_path):
     """With a user catalog that gives the MLU370-X8 192 GB, that claim turns true: computed, not stored."""
     mine = tmp_path / "mine.yaml"
-    mine.write_text("accelerators:\n  - name: MLU370-X8\n    vendor: Cambricon\n    memory_bytes: 206158430208\n"
-                    "    peak_tflops: {fp32: 32.0, tf32: n/a, fp16: 96.0, bf16: 96.0, fp8: n/a, int8: unknown}\n"
-                    "    source: a test\n    as_of: 2026-12-02\n")
+    mine.write_text(
+        "accelerators:\n  - name: MLU370-X8\n    vendor: Cambricon\n    memory_bytes: 206158430208\n"
+        "    peak_tflops: {fp32: 32.0, tf32: n/a, fp16: 96.0, bf16: 96.0, fp8: n/a, int8: unknown}\n"
+        "    source: a test\n    as_of: 2026-12-02\n"
+    )
     from toolkit.specs import load_catalog
+
     claims = {c.id: c for c in check_claims(load_catalog(mine))}
     assert claims["mlu370-192gb"].verdict == "true" and "192 GB" in claims["mlu370-192gb"].computed
 

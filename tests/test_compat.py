@@ -1,5 +1,6 @@
 """Upgrades: on a torch whose private internals moved, trace refuses in one line and training runs on unrecorded;
 estimate never looks at them."""
+
 import subprocess
 import sys
 
@@ -7,8 +8,10 @@ import torch
 
 from toolkit.compat import CHECKED, version_note
 
-BLOCK = ("import sys; sys.modules['torch.distributed._tools.mem_tracker'] = None; "   # as if torch had moved it
-         "from toolkit.cli import main; sys.exit(main(sys.argv[1:]))")
+BLOCK = (
+    "import sys; sys.modules['torch.distributed._tools.mem_tracker'] = None; "  # as if torch had moved it
+    "from toolkit.cli import main; sys.exit(main(sys.argv[1:]))"
+)
 
 
 def _toolkit_without_memtracker(*argv):

@@ -1,6 +1,7 @@
 """What the planner's Run starts: the job itself where this machine holds it, else a proxy that keeps the job's
 kinds of parallelism, schedule, ZeRO stage, precision and recompute on at most four ranks, and says what it
 scaled. (The proxy trains for real in notebooks/00_start_here and in the browser test.)"""
+
 import itertools
 
 import pytest
@@ -16,16 +17,31 @@ def _job(**parallel):
     mode = parallel.pop("mode", "amp-bf16")
     recompute = parallel.pop("recompute", "none")
     count = parallel.pop("count", 64)
-    return Job.from_dict({"model": {"preset": "llama2-13b"}, "precision": {"mode": mode},
-                          "memory": {"recompute": recompute}, "parallel": parallel,
-                          "cluster": {"accelerator": "H100-SXM", "count": count}})
+    return Job.from_dict(
+        {
+            "model": {"preset": "llama2-13b"},
+            "precision": {"mode": mode},
+            "memory": {"recompute": recompute},
+            "parallel": parallel,
+            "cluster": {"accelerator": "H100-SXM", "count": count},
+        }
+    )
 
 
-LAYOUTS = [dict(tp=tp, pp=pp, zero=zero, vpp=vpp, sp=sp, schedule=schedule, mode=mode, recompute=recompute)
-           for tp, pp, zero, vpp, sp, schedule, mode, recompute in itertools.product(
-               (1, 2, 8), (1, 2, 4), (0, 1, 3), (1, 2), (False, True), ("1f1b", "gpipe"),
-               ("amp-bf16", "fp32", "mixed-bf16"), ("none", "selective", "full"))
-           if not (vpp > 1 and pp == 1) and not (sp and tp == 1)]
+LAYOUTS = [
+    dict(tp=tp, pp=pp, zero=zero, vpp=vpp, sp=sp, schedule=schedule, mode=mode, recompute=recompute)
+    for tp, pp, zero, vpp, sp, schedule, mode, recompute in itertools.product(
+        (1, 2, 8),
+        (1, 2, 4),
+        (0, 1, 3),
+        (1, 2),
+        (False, True),
+        ("1f1b", "gpipe"),
+        ("amp-bf16", "fp32", "mixed-bf16"),
+        ("none", "selective", "full"),
+    )
+    if not (vpp > 1 and pp == 1) and not (sp and tp == 1)
+]
 
 
 @pytest.mark.parametrize("layout", LAYOUTS[::7], ids=lambda d: "-".join(f"{k}{v}" for k, v in d.items()))
@@ -35,7 +51,7 @@ def test_a_proxy_keeps_what_the_job_is_made_of_on_at_most_four_ranks(layout):
     except SpecError as err:
         pytest.skip(f"the job itself is refused, so there is no proxy to check: {err}")
     plan = run_plan(job, CPU)
-    if plan.job is None:                               # refused: the reason is said in words, Run stays off
+    if plan.job is None:  # refused: the reason is said in words, Run stays off
         assert plan.refusal and "not" in plan.text()
         return
     proxy, par, full = plan.job, plan.job.parallel, job.parallel
@@ -46,15 +62,21 @@ def test_a_proxy_keeps_what_the_job_is_made_of_on_at_most_four_ranks(layout):
     assert proxy.memory.recompute == job.memory.recompute
     assert proxy.precision.mode == job.precision.mode or any("precision" in c for c in plan.changes)
     assert proxy.model.layers <= 8 and proxy.model.hidden == 128 and proxy.grad_accum >= par.pp
-    for name in ("dp", "tp", "pp", "vpp"):             # every degree it lowered is named
+    for name in ("dp", "tp", "pp", "vpp"):  # every degree it lowered is named
         if getattr(par, name) != getattr(full, name):
             assert any(c.startswith(f"{name} {getattr(full, name)} → {getattr(par, name)}") for c in plan.changes)
-    Job.from_dict(proxy.to_dict()).resolve()           # what the launcher writes to launch.yaml reads back
+    Job.from_dict(proxy.to_dict()).resolve()  # what the launcher writes to launch.yaml reads back
 
 
 def test_a_machine_that_holds_the_job_runs_it_as_planned_and_one_that_does_not_runs_a_proxy():
-    job = Job.from_dict({"model": {"preset": "llama2-7b"}, "precision": {"mode": "amp-bf16"},
-                         "parallel": {"zero": 3}, "cluster": {"accelerator": "H100-SXM", "count": 8}})
+    job = Job.from_dict(
+        {
+            "model": {"preset": "llama2-7b"},
+            "precision": {"mode": "amp-bf16"},
+            "parallel": {"zero": 3},
+            "cluster": {"accelerator": "H100-SXM", "count": 8},
+        }
+    )
     own = run_plan(job, H100)
     assert not own.proxy and own.nproc == 8 and own.job.model.layers == 32
     two = run_plan(job, LocalDevices("cuda", 2, 80 * 2**30, "H100"))
@@ -66,9 +88,9 @@ def test_a_machine_that_holds_the_job_runs_it_as_planned_and_one_that_does_not_r
 
 
 def test_a_layout_the_runner_does_not_train_is_refused_in_words_before_run():
-    plan = run_plan(_job(mode="mixed-bf16", zero=3, offload="params"), CPU)     # ZeRO-Infinity: estimated only
+    plan = run_plan(_job(mode="mixed-bf16", zero=3, offload="params"), CPU)  # ZeRO-Infinity: estimated only
     assert plan.job is None and "not available" in plan.text() and "ZeRO-Infinity" in plan.text()
-    staged = run_plan(_job(pp=2, zero=3, offload="params"), CPU)     # FSDP2's offload under pipelines: runs
+    staged = run_plan(_job(pp=2, zero=3, offload="params"), CPU)  # FSDP2's offload under pipelines: runs
     assert staged.job is not None and staged.job.parallel.offload == "params" and staged.job.parallel.pp == 2
-    megatron = run_plan(_job(tp=8, mode="mixed-bf16", count=64), CPU)     # estimated only: the proxy says so
+    megatron = run_plan(_job(tp=8, mode="mixed-bf16", count=64), CPU)  # estimated only: the proxy says so
     assert megatron.job.precision.mode == "amp-bf16" and any("Megatron" in c for c in megatron.changes)

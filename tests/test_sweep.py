@@ -1,4 +1,5 @@
 """Every preset on every kind of accelerator, in many layouts: an estimate or a one-line refusal, never a crash."""
+
 import itertools
 
 from toolkit.estimate import estimate
@@ -10,11 +11,21 @@ def test_no_combination_crashes():
     catalog = load_catalog()
     outcomes = {"estimated": 0, "refused": 0}
     for preset, accelerator, mode, zero, (tp, pp) in itertools.product(
-            catalog.presets, ("A100-80GB", "V100-32GB", "TPU-v5e", "DCU-Z100"), ("amp-bf16", "mixed-fp16"),
-            (0, 3), ((1, 1), (8, 4))):
-        data = {"model": {"preset": preset}, "cluster": {"accelerator": accelerator, "count": 64},
-                "precision": {"mode": mode}, "parallel": {"zero": zero, "tp": tp, "pp": pp},
-                "memory": {"recompute": "full"}, "mfu": 0.4, "cost": {}}
+        catalog.presets,
+        ("A100-80GB", "V100-32GB", "TPU-v5e", "DCU-Z100"),
+        ("amp-bf16", "mixed-fp16"),
+        (0, 3),
+        ((1, 1), (8, 4)),
+    ):
+        data = {
+            "model": {"preset": preset},
+            "cluster": {"accelerator": accelerator, "count": 64},
+            "precision": {"mode": mode},
+            "parallel": {"zero": zero, "tp": tp, "pp": pp},
+            "memory": {"recompute": "full"},
+            "mfu": 0.4,
+            "cost": {},
+        }
         try:
             text = render_estimate(estimate(Job.from_dict(data, catalog), catalog))
         except SpecError as err:

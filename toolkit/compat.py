@@ -9,6 +9,7 @@ torch. On a torch without them `toolkit trace` and `compare` say so in one line,
 memory record and says why, and `estimate`, `plan` and `train` never refuse over a version. DeepSpeed's and
 bitsandbytes' public APIs are used as they are; the versions they were checked on are listed here too.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -18,8 +19,18 @@ import torch
 
 from .specs.errors import SpecError
 
-__all__ = ["CHECKED", "PROBLEM", "FakeStore", "FakeTensorMode", "FSDPMemTracker", "MemTracker", "MemRefType",
-           "sharding_prop", "require_internals", "version_note"]
+__all__ = [
+    "CHECKED",
+    "PROBLEM",
+    "FakeStore",
+    "FakeTensorMode",
+    "FSDPMemTracker",
+    "MemTracker",
+    "MemRefType",
+    "sharding_prop",
+    "require_internals",
+    "version_note",
+]
 
 CHECKED = {"torch": "2.13", "deepspeed": "0.19", "accelerate": "1.15"}
 """Versions the tracer's internals and the runner were tested with (CI: the CPU build of torch 2.13)."""
@@ -42,6 +53,7 @@ def _tools_without_their_index() -> None:
         return
     try:
         import torch.distributed
+
         spec = importlib.util.find_spec(name)
         package = importlib.util.module_from_spec(spec)
     except (ImportError, AttributeError, ValueError):
@@ -58,8 +70,9 @@ try:
     from torch.distributed._tools.mem_tracker import _MemRefType as MemRefType
     from torch.distributed.tensor import _sharding_prop as sharding_prop
     from torch.testing._internal.distributed.fake_pg import FakeStore
+
     PROBLEM: str | None = None
-except (ImportError, AttributeError) as err:          # moved or renamed in this torch
+except (ImportError, AttributeError) as err:  # moved or renamed in this torch
     FakeTensorMode = FSDPMemTracker = MemTracker = FakeStore = _Missing
     MemRefType = sharding_prop = None
     PROBLEM = f"{type(err).__name__}: {err}"
@@ -68,9 +81,12 @@ except (ImportError, AttributeError) as err:          # moved or renamed in this
 def require_internals(what: str = "the trace") -> None:
     """Refuse, in one line, to run a measurement this torch lacks the internals for."""
     if PROBLEM is not None:
-        raise SpecError("torch", torch.__version__,
-                        f"{what} uses torch internals this version lacks ({PROBLEM}); it was checked on torch "
-                        f"{CHECKED['torch']}: install that to trace (estimate, plan and train work as they are)")
+        raise SpecError(
+            "torch",
+            torch.__version__,
+            f"{what} uses torch internals this version lacks ({PROBLEM}); it was checked on torch "
+            f"{CHECKED['torch']}: install that to trace (estimate, plan and train work as they are)",
+        )
 
 
 def version_note() -> str | None:
@@ -78,5 +94,7 @@ def version_note() -> str | None:
     running = ".".join(torch.__version__.split("+")[0].split(".")[:2])
     if running == CHECKED["torch"]:
         return None
-    return (f"torch {torch.__version__}: the tracer's internals were checked on {CHECKED['torch']}; traced and "
-            "recorded figures may drift on this version")
+    return (
+        f"torch {torch.__version__}: the tracer's internals were checked on {CHECKED['torch']}; traced and "
+        "recorded figures may drift on this version"
+    )

@@ -1,4 +1,5 @@
 """Human-readable text for estimates and catalog rows (the CLI's non-JSON output)."""
+
 from __future__ import annotations
 
 from .specs.axes import AXES
@@ -37,10 +38,17 @@ def _rows(rows: list[tuple[str, str]], indent: str = "  ") -> list[str]:
     return [f"{indent}{k:<{width}}  {v}" for k, v in rows]
 
 
-_PART_NAMES = {"compute_s": "compute", "memory_bound_s": "memory-bound", "overhead_s": "per-op overhead",
-               "tp_comm_s": "tp comm",
-               "cp_comm_s": "cp ring", "dp_comm_exposed_s": "dp comm (exposed)", "pp_comm_s": "pp sends", "bubble_s": "bubble",
-               "optimizer_s": "optimizer"}
+_PART_NAMES = {
+    "compute_s": "compute",
+    "memory_bound_s": "memory-bound",
+    "overhead_s": "per-op overhead",
+    "tp_comm_s": "tp comm",
+    "cp_comm_s": "cp ring",
+    "dp_comm_exposed_s": "dp comm (exposed)",
+    "pp_comm_s": "pp sends",
+    "bubble_s": "bubble",
+    "optimizer_s": "optimizer",
+}
 
 
 def render_estimate(est: dict) -> str:
@@ -48,8 +56,12 @@ def render_estimate(est: dict) -> str:
     par, cl, model = job["parallel"], job["cluster"], est["model"]
     batch, seq = job["batch"], job["model"]["seq_len"]
     device = f"{cl['count']} × {cl['accelerator']}" if cl["accelerator"] else f"{cl['count']} device(s), no accelerator"
-    layout = f"dp {par['dp']} · tp {par['tp']} · pp {par['pp']}" + (f" · vpp {par['vpp']}" if par["vpp"] > 1 else "") \
-        + (f" · cp {par['cp']}" if par.get("cp", 1) > 1 else "") + (" · sp" if par["sp"] else "")
+    layout = (
+        f"dp {par['dp']} · tp {par['tp']} · pp {par['pp']}"
+        + (f" · vpp {par['vpp']}" if par["vpp"] > 1 else "")
+        + (f" · cp {par['cp']}" if par.get("cp", 1) > 1 else "")
+        + (" · sp" if par["sp"] else "")
+    )
     accum = batch["global_batch"] // (batch["micro_batch"] * par["dp"])
     out = [
         f"{model['name'] or 'model'}: {count(model['params'])} parameters ({model['params']:,})",
@@ -61,56 +73,119 @@ def render_estimate(est: dict) -> str:
         "memory per device (busiest)",
     ]
     fits = {True: "fits", False: "does NOT fit", None: "fit unknown: activations need the model's shape"}[mem["fits"]]
-    out += _rows([("parameters", gib(mem["params_bytes"])), ("gradients", gib(mem["grads_bytes"])),
-                  ("optimizer states", gib(mem["optimizer_bytes"])), ("model states", gib(mem["states_bytes"])),
-                  ("activations", "not modelled yet" if mem["activations_bytes"] is None else gib(mem["activations_bytes"])),
-                  ("peak in a step", "—" if mem["peak_bytes"] is None
-                   else f"{gib(mem['peak_bytes'])}" + (f" (at {mem['peak_phase']})" if mem.get("peak_phase") else "")),
-                  *([("reserved (allocator)", f"{gib(mem['reserved_peak_bytes'])} (+{gib(t['fragmentation_bytes'])} "
-                      f"fragmentation{', expandable segments' if mem.get('expandable_segments') else ''}, "
-                      f"+{gib(t['workspace_bytes'])} workspaces)"),
-                     ("on the device", f"{gib(mem['device_peak_bytes'])} (+{gib(t['context_bytes'])} CUDA context, "
-                      f"+{gib(t['comm_bytes'])} communication buffers): what nvidia-smi shows")]
-                    if (t := mem.get("device_terms")) else []),
-                  ("offloaded to host", gib(mem["host_bytes"])),
-                  ("device capacity", f"{gib(mem['device_bytes'])} ({gib(mem['usable_bytes'])} usable): {fits}"
-                   if mem["device_bytes"] else "—")])
+    out += _rows(
+        [
+            ("parameters", gib(mem["params_bytes"])),
+            ("gradients", gib(mem["grads_bytes"])),
+            ("optimizer states", gib(mem["optimizer_bytes"])),
+            ("model states", gib(mem["states_bytes"])),
+            ("activations", "not modelled yet" if mem["activations_bytes"] is None else gib(mem["activations_bytes"])),
+            (
+                "peak in a step",
+                "—"
+                if mem["peak_bytes"] is None
+                else f"{gib(mem['peak_bytes'])}" + (f" (at {mem['peak_phase']})" if mem.get("peak_phase") else ""),
+            ),
+            *(
+                [
+                    (
+                        "reserved (allocator)",
+                        f"{gib(mem['reserved_peak_bytes'])} (+{gib(t['fragmentation_bytes'])} "
+                        f"fragmentation{', expandable segments' if mem.get('expandable_segments') else ''}, "
+                        f"+{gib(t['workspace_bytes'])} workspaces)",
+                    ),
+                    (
+                        "on the device",
+                        f"{gib(mem['device_peak_bytes'])} (+{gib(t['context_bytes'])} CUDA context, "
+                        f"+{gib(t['comm_bytes'])} communication buffers): what nvidia-smi shows",
+                    ),
+                ]
+                if (t := mem.get("device_terms"))
+                else []
+            ),
+            ("offloaded to host", gib(mem["host_bytes"])),
+            (
+                "device capacity",
+                f"{gib(mem['device_bytes'])} ({gib(mem['usable_bytes'])} usable): {fits}"
+                if mem["device_bytes"]
+                else "—",
+            ),
+        ]
+    )
     out += ["", "compute"]
     if comp["flops_6nd"] is None:
         out += ["  no token budget (--tokens)"]
     else:
-        rows = [("6·N·D", f"{sci(comp['flops_6nd'])} FLOPs = {comp['pf_days_6nd']:,.0f} PF-days"),
-                ("attention", f"{sci(comp['attention_flops'])} FLOPs ({comp['attention_convention']})"),
-                ("model FLOPs", f"{sci(comp['total_flops'])} = "
-                 + ("—" if comp["pf_days"] is None else f"{comp['pf_days']:,.0f} PF-days")
-                 + (" (every matmul, attention included)" if comp.get("model_flops_per_token") else ""))]
+        rows = [
+            ("6·N·D", f"{sci(comp['flops_6nd'])} FLOPs = {comp['pf_days_6nd']:,.0f} PF-days"),
+            ("attention", f"{sci(comp['attention_flops'])} FLOPs ({comp['attention_convention']})"),
+            (
+                "model FLOPs",
+                f"{sci(comp['total_flops'])} = "
+                + ("—" if comp["pf_days"] is None else f"{comp['pf_days']:,.0f} PF-days")
+                + (" (every matmul, attention included)" if comp.get("model_flops_per_token") else ""),
+            ),
+        ]
         if comp.get("hardware_flops") and comp["hardware_flops"] != comp["total_flops"]:
             rows.append(("with recompute", f"{sci(comp['hardware_flops'])} (what HFU counts)"))
         out += _rows(rows)
-    out += ["", f"time ({time['dtype']} peak " + ("unknown" if time["peak_flops_per_device"] is None
-                                                  else f"{time['peak_flops_per_device'] / 1e12:,.1f} TFLOP/s")
-            + (f", MFU {time['mfu']:.3g} {'given' if time['mfu_source'] == 'given' else 'modelled'})"
-               if time["mfu"] is not None else ", no MFU given)")]
+    out += [
+        "",
+        f"time ({time['dtype']} peak "
+        + (
+            "unknown"
+            if time["peak_flops_per_device"] is None
+            else f"{time['peak_flops_per_device'] / 1e12:,.1f} TFLOP/s"
+        )
+        + (
+            f", MFU {time['mfu']:.3g} {'given' if time['mfu_source'] == 'given' else 'modelled'})"
+            if time["mfu"] is not None
+            else ", no MFU given)"
+        ),
+    ]
     if time["step_s"] is not None:
         parts = ", ".join(f"{_PART_NAMES[k]} {v:.3g}" for k, v in time["breakdown"].items() if v > 0)
         low, high = time.get("step_s_range") or (time["step_s"], time["step_s"])
-        out += _rows([("step (modelled)", f"{time['step_s']:.3g} s = {parts} (s)"),
-                      ("likely range", f"{low:.3g}–{high:.3g} s (where measured steps fell on held-out runs, "
-                                       f"{time.get('step_s_regime')} regime)"),
-                      ("throughput", f"{time['tokens_per_s']:,.0f} tokens/s, MFU {time['mfu_modelled']:.1%}, "
-                                     f"HFU {time['hfu_modelled']:.1%}, matmul efficiency "
-                                     f"{time['gemm_efficiency']:.0%} of peak")])
+        out += _rows(
+            [
+                ("step (modelled)", f"{time['step_s']:.3g} s = {parts} (s)"),
+                (
+                    "likely range",
+                    f"{low:.3g}–{high:.3g} s (where measured steps fell on held-out runs, "
+                    f"{time.get('step_s_regime')} regime)",
+                ),
+                (
+                    "throughput",
+                    f"{time['tokens_per_s']:,.0f} tokens/s, MFU {time['mfu_modelled']:.1%}, "
+                    f"HFU {time['hfu_modelled']:.1%}, matmul efficiency "
+                    f"{time['gemm_efficiency']:.0%} of peak",
+                ),
+            ]
+        )
     if time["train_s"] is None and time.get("tokens_per_s"):
-        out += _rows([("per 1B tokens", f"{1e9 / time['tokens_per_s'] / 3600:,.1f} h "
-                                        "(no token budget given: --tokens, or --dataset-tokens for a fine-tune)")])
+        out += _rows(
+            [
+                (
+                    "per 1B tokens",
+                    f"{1e9 / time['tokens_per_s'] / 3600:,.1f} h "
+                    "(no token budget given: --tokens, or --dataset-tokens for a fine-tune)",
+                )
+            ]
+        )
     elif time["train_s"] is None:
         out += ["  —"]
     else:
-        out += _rows([("time to train", f"{time['train_days']:,.1f} days ({time['train_s'] / 3600:,.0f} h)"),
-                      ("device-hours", f"{time['device_hours']:,.0f}")])
+        out += _rows(
+            [
+                ("time to train", f"{time['train_days']:,.1f} days ({time['train_s'] / 3600:,.0f} h)"),
+                ("device-hours", f"{time['device_hours']:,.0f}"),
+            ]
+        )
     if cost["offer"]:
         kind = "spot (high end of range)" if cost["spot"] else "on-demand"
-        price = "price unknown" if cost["price_per_hour"] is None else f"{cost['price_per_hour']:,} {cost['currency']}/h"
+        price = (
+            "price unknown" if cost["price_per_hour"] is None else f"{cost['price_per_hour']:,} {cost['currency']}/h"
+        )
         out += ["", f"cost on {cost['offer']} ({cost['instances']} instance(s) × {price}, {kind})"]
         line = money(cost["amount"], cost["currency"])
         if cost["amount_spot_low"] is not None:
@@ -118,9 +193,11 @@ def render_estimate(est: dict) -> str:
         out += [f"  {line}"]
         run = cost.get("spot_run")
         if run:
-            out += [f"  with interruptions: {money(run['amount'], cost['currency'])} — about {run['interruptions']:.1f} "
-                    f"interruptions, +{run['overhead_fraction']:.1%} wall time, a checkpoint every "
-                    f"{run['interval_s'] / 60:,.0f} min ({run['checkpoint_write_s']:.0f} s to write; Young/Daly)"]
+            out += [
+                f"  with interruptions: {money(run['amount'], cost['currency'])} — about {run['interruptions']:.1f} "
+                f"interruptions, +{run['overhead_fraction']:.1%} wall time, a checkpoint every "
+                f"{run['interval_s'] / 60:,.0f} min ({run['checkpoint_write_s']:.0f} s to write; Young/Daly)"
+            ]
     energy = cost.get("energy")
     if energy:
         line = f"  energy {energy['kwh']:,.0f} kWh (accelerators at TDP × PUE {energy['pue']:g})"
@@ -160,8 +237,10 @@ def render_run_comparison(cmp: dict) -> str:
         peak = row["peak_bytes"]
         error = "—" if peak["error"] is None else f"{100 * peak['error']:+.2f} %"
         traced = "—" if peak["trace"] is None else gib(peak["trace"])
-        out.append(f"  {row['rank']:<6}{row['stage']:<7}{gib(peak['estimate']):>12}{traced:>12}"
-                   f"{gib(peak['measured']):>12}{error:>10}")
+        out.append(
+            f"  {row['rank']:<6}{row['stage']:<7}{gib(peak['estimate']):>12}{traced:>12}"
+            f"{gib(peak['measured']):>12}{error:>10}"
+        )
     if not cmp["ranks"]:
         out.append("  (no memory/rank*.json yet: the run records its first two steps)")
     elif cmp["ranks"][0]["instrument"]:
@@ -171,9 +250,12 @@ def render_run_comparison(cmp: dict) -> str:
     step = cmp["time"]["step_s"]
     if step["measured"] is not None:
         error = "" if step["error"] is None else f" ({100 * step['error']:+.1f} %)"
-        modelled = (f"modelled {step['estimate']:.3f} s{error}" if step["estimate"] is not None else
-                    "no modelled step: this device has no catalog row (`toolkit calibrate --out profile.yaml`, "
-                    "then --catalog profile.yaml)")
+        modelled = (
+            f"modelled {step['estimate']:.3f} s{error}"
+            if step["estimate"] is not None
+            else "no modelled step: this device has no catalog row (`toolkit calibrate --out profile.yaml`, "
+            "then --catalog profile.yaml)"
+        )
         out.append(f"  step time     measured {step['measured']:.3f} s (median, after the recorded steps); {modelled}")
     return "\n".join(out)
 
@@ -196,8 +278,11 @@ def duration_text(seconds: float) -> str:
     return f"{seconds / 3600:,.1f} h" if seconds < 2 * 86400 else f"{seconds / 86400:,.1f} days"
 
 
-_NETWORK_SOURCE = {"given": "the job's or its offer's", "accelerator": "the accelerator's reference system",
-                   "assumed": "assumed: give --offer or cluster.inter_node_bw_bytes_per_s"}
+_NETWORK_SOURCE = {
+    "given": "the job's or its offer's",
+    "accelerator": "the accelerator's reference system",
+    "assumed": "assumed: give --offer or cluster.inter_node_bw_bytes_per_s",
+}
 
 
 def plan_assumptions(result: dict) -> list[str]:
@@ -206,12 +291,16 @@ def plan_assumptions(result: dict) -> list[str]:
         return []
     best = result["plans"][0]
     net = best.get("network") or {}
-    budget = (f"per {best['tokens']:.3g} tokens (a fine-tune with no budget given: --tokens or --dataset-tokens)"
-              if result.get("per_billion_tokens") else f"token budget {best['tokens']:.3g} tokens")
+    budget = (
+        f"per {best['tokens']:.3g} tokens (a fine-tune with no budget given: --tokens or --dataset-tokens)"
+        if result.get("per_billion_tokens")
+        else f"token budget {best['tokens']:.3g} tokens"
+    )
     lines = [f"  {budget}; MFU modelled by the step-time model (not given)"]
     if best["devices"] > 8 and net:
-        lines.append(f"  network across nodes {net['gbps_per_device']:.0f} Gb/s per device "
-                     f"({_NETWORK_SOURCE[net['source']]})")
+        lines.append(
+            f"  network across nodes {net['gbps_per_device']:.0f} Gb/s per device ({_NETWORK_SOURCE[net['source']]})"
+        )
     if len(result["plans"]) > 1:
         second = result["plans"][1]
         parts = {k: second["breakdown"][k] - best["breakdown"][k] for k in best["breakdown"]}
@@ -219,8 +308,10 @@ def plan_assumptions(result: dict) -> list[str]:
         if abs(diff) < 1e-3 * best["step_s"]:
             lines.append("  #1 against #2: the same modelled step (ties keep the search's order)")
         else:
-            lines.append(f"  #1 against #2: {_PART_NAMES.get(name, name)} {diff * 1e3:+.3g} ms a step for #2 "
-                         "(the largest difference of their steps' parts)")
+            lines.append(
+                f"  #1 against #2: {_PART_NAMES.get(name, name)} {diff * 1e3:+.3g} ms a step for #2 "
+                "(the largest difference of their steps' parts)"
+            )
     return lines
 
 
@@ -234,52 +325,78 @@ def render_plan(result: dict) -> str:
     for i, p in enumerate(result["plans"], 1):
         where = f"{p['devices']}x{p['accelerator']}" + (f" ({p['instances']}x {p['offer']})" if p["offer"] else "")
         mark = "≈" if p.get("within_error") and i > 1 else ""
-        rows.append((f"{i}{mark}", where, layout_text(p["layout"]), f"{gib(p['device_peak_bytes'])}/{gib(p['usable_bytes'])}",
-                     duration_text(p["step_s"]), f"{p['mfu']:.0%}", duration_text(p["train_days"] * 86400),
-                     money(p["cost"], p["currency"]) if p["cost"] is not None else "—"))
+        rows.append(
+            (
+                f"{i}{mark}",
+                where,
+                layout_text(p["layout"]),
+                f"{gib(p['device_peak_bytes'])}/{gib(p['usable_bytes'])}",
+                duration_text(p["step_s"]),
+                f"{p['mfu']:.0%}",
+                duration_text(p["train_days"] * 86400),
+                money(p["cost"], p["currency"]) if p["cost"] is not None else "—",
+            )
+        )
     widths = [max(len(r[c]) for r in rows) for c in range(len(head))]
     out += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     if any(p.get("within_error") for p in result["plans"][1:]):
-        out.append("  ≈ within the model's error of #1: their likely ranges (held-out spread of the step-time model) "
-                   "overlap, so measure before trusting the order")
-    simulated = [(i, p["pipeline"]) for i, p in enumerate(result["plans"], 1)
-                 if (p.get("pipeline") or {}).get("simulated_s")]
+        out.append(
+            "  ≈ within the model's error of #1: their likely ranges (held-out spread of the step-time model) "
+            "overlap, so measure before trusting the order"
+        )
+    simulated = [
+        (i, p["pipeline"]) for i, p in enumerate(result["plans"], 1) if (p.get("pipeline") or {}).get("simulated_s")
+    ]
     if simulated:
-        out.append("  pipelines, closed form against the schedule simulator: " + "; ".join(
-            f"#{i} {pipe['closed_form_s']:.2f} vs {pipe['simulated_s']:.2f} s (bubble {pipe['bubble_fraction']:.0%})"
-            for i, pipe in simulated[:5]))
+        out.append(
+            "  pipelines, closed form against the schedule simulator: "
+            + "; ".join(
+                f"#{i} {pipe['closed_form_s']:.2f} vs {pipe['simulated_s']:.2f} s (bubble {pipe['bubble_fraction']:.0%})"
+                for i, pipe in simulated[:5]
+            )
+        )
     if result["pareto"]:
         out += ["", "Pareto front (no plan is both faster and cheaper):"]
-        out += [f"  {p['train_days']:,.1f} days, {money(p['cost'], p['currency'])}: {p['devices']}x{p['accelerator']}, "
-                f"{layout_text(p['layout'])}" for p in result["pareto"]]
+        out += [
+            f"  {p['train_days']:,.1f} days, {money(p['cost'], p['currency'])}: {p['devices']}x{p['accelerator']}, "
+            f"{layout_text(p['layout'])}"
+            for p in result["pareto"]
+        ]
     if result["refused_clusters"]:
         out += ["", "not tried:"] + [f"  - {r}" for r in result["refused_clusters"]]
     return "\n".join(out)
 
 
 def render_doctor(result: dict) -> str:
-    if "fixes" not in result:                       # a run's diagnosis
+    if "fixes" not in result:  # a run's diagnosis
         return "\n".join([f"run of {result['steps']} steps:"] + [f"  - {f}" for f in result["findings"]])
     state = "fits" if result["fits"] else "does NOT fit"
-    out = [f"device peak {gib(result['device_peak_bytes'])} (tensors {gib(result['peak_bytes'])}) of "
-           f"{gib(result['usable_bytes'])} usable: {state}"
-           + (f"; step {result['step_s']:.3g} s (modelled)" if result["step_s"] is not None else "")]
+    out = [
+        f"device peak {gib(result['device_peak_bytes'])} (tensors {gib(result['peak_bytes'])}) of "
+        f"{gib(result['usable_bytes'])} usable: {state}"
+        + (f"; step {result['step_s']:.3g} s (modelled)" if result["step_s"] is not None else "")
+    ]
     out += [f"  - {f}" for f in result["findings"]]
     if result["fixes"]:
         out += ["", "changes, best first:" if result["fits"] else "changes that make it fit come first:"]
         for f in result["fixes"][:12]:
             time = "" if f["step_change"] is None else f", step {f['step_change']:+.0%}"
             mark = "fits" if f["fits"] else "still over"
-            out.append(f"  {f['change']}: {gib(result['device_peak_bytes'])} -> {gib(f['device_peak_bytes'])} per device "
-                       f"({mark}{time})")
+            out.append(
+                f"  {f['change']}: {gib(result['device_peak_bytes'])} -> {gib(f['device_peak_bytes'])} per device "
+                f"({mark}{time})"
+            )
     elif result["fits"]:
         out += ["", "no single change makes it faster"]
     combined = result.get("combined")
     if combined:
         time = "" if combined["step_change"] is None else f", step {combined['step_change']:+.0%}"
         verdict = "fits" if combined["fits"] else "still does not fit: more devices or a larger accelerator"
-        out += ["", f"no single change fits; together: {' + '.join(combined['changes'])}",
-                f"  -> {gib(combined['device_peak_bytes'])} per device ({verdict}{time})"]
+        out += [
+            "",
+            f"no single change fits; together: {' + '.join(combined['changes'])}",
+            f"  -> {gib(combined['device_peak_bytes'])} per device ({verdict}{time})",
+        ]
     return "\n".join(out)
 
 
@@ -287,9 +404,12 @@ def render_pipeline(tl: dict, width: int = 96) -> str:
     """A simulated schedule (Timeline.to_dict()): its figures, then one text row per rank, F/B/W for the
     operation at each instant (lower case for odd micro-batches, so neighbours stay apart) and '.' for idle."""
     p, m, v = tl["stages"], tl["microbatches"], tl["vpp"]
-    lines = [f"{tl['schedule']}: {p} stages, {m} micro-batches" + (f", vpp {v}" if v > 1 else "")
-             + f" · step {tl['step_s']:.4g} s · bubble {tl['bubble_fraction']:.1%} (idle / stages × step)",
-             "peak micro-batch chunks in flight per rank: " + " ".join(str(n) for n in tl["peak_in_flight"])]
+    lines = [
+        f"{tl['schedule']}: {p} stages, {m} micro-batches"
+        + (f", vpp {v}" if v > 1 else "")
+        + f" · step {tl['step_s']:.4g} s · bubble {tl['bubble_fraction']:.1%} (idle / stages × step)",
+        "peak micro-batch chunks in flight per rank: " + " ".join(str(n) for n in tl["peak_in_flight"]),
+    ]
     cell_s = tl["step_s"] / width if tl["step_s"] > 0 else 1.0
     for rank in range(p):
         row = ["."] * width

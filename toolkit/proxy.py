@@ -9,6 +9,7 @@ big: the model (a few layers of width 128), the devices (at most four ranks: glo
 batch and the number of steps. Everything it changed is listed, so nobody mistakes its numbers for the
 full job's. No torch here: the planner panel asks on every redraw.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,15 +30,15 @@ PROXY_TRAINING = {"steps": 30, "warmup_steps": 3, "lr": 2e-3, "eval_every": 10, 
 
 @dataclasses.dataclass(frozen=True)
 class LocalDevices:
-    kind: str                          # "cuda" or "cpu"
-    count: int                         # GPUs, or CPU cores
+    kind: str  # "cuda" or "cpu"
+    count: int  # GPUs, or CPU cores
     memory_bytes: float | None = None  # per GPU
     name: str = "CPU"
 
 
 @dataclasses.dataclass(frozen=True)
 class RunPlan:
-    job: Job | None                    # what Run trains (None when nothing can run)
+    job: Job | None  # what Run trains (None when nothing can run)
     nproc: int
     proxy: bool
     kept: tuple[str, ...] = ()
@@ -50,8 +51,11 @@ class RunPlan:
             return [f"Run: not available here. {self.refusal}"]
         if not self.proxy:
             return [f"Run: the job itself, on {self.nproc} rank(s) of this machine."]
-        return [f"Run: this machine cannot hold the job ({self.refusal}), so Run trains a proxy on {self.nproc} "
-                "rank(s).", f"Kept: {', '.join(self.kept)}.", f"Scaled: {'; '.join(self.changes)}."]
+        return [
+            f"Run: this machine cannot hold the job ({self.refusal}), so Run trains a proxy on {self.nproc} rank(s).",
+            f"Kept: {', '.join(self.kept)}.",
+            f"Scaled: {'; '.join(self.changes)}.",
+        ]
 
     def text(self) -> str:
         return " ".join(self.lines())
@@ -68,8 +72,13 @@ def local_devices() -> LocalDevices:
     """The GPUs nvidia-smi lists (name, count, memory), or this machine's CPU cores when there are none."""
     if shutil.which("nvidia-smi"):
         try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
-                                 capture_output=True, text=True, timeout=10, check=True).stdout
+            out = subprocess.run(
+                ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=True,
+            ).stdout
             rows = [line.split(",") for line in out.strip().splitlines() if line.strip()]
             if rows:
                 return LocalDevices("cuda", len(rows), float(rows[0][1]) * 2**20, rows[0][0].strip())
@@ -78,8 +87,9 @@ def local_devices() -> LocalDevices:
     return LocalDevices("cpu", os.cpu_count() or 1)
 
 
-def run_plan(job: Job, here: LocalDevices | None = None, max_ranks: int = 4,
-             device_peak_bytes: float | None = None) -> RunPlan:
+def run_plan(
+    job: Job, here: LocalDevices | None = None, max_ranks: int = 4, device_peak_bytes: float | None = None
+) -> RunPlan:
     """The job itself when this machine's GPUs hold it (enough of them, enough memory, a layout the runner runs);
     otherwise a proxy of at most `max_ranks` ranks. `job` is resolved here (the planner's job need not be);
     `device_peak_bytes`, where the caller has estimated it already, spares estimating it again."""
@@ -102,6 +112,7 @@ def _why_not_here(job: Job, here: LocalDevices, need: float | None) -> str | Non
         return f"{here.count} GPU(s) here; the job needs {job.devices}"
     if need is None:
         from .estimate import estimate_result
+
         memory = estimate_result(job).memory
         need = memory.device_peak_bytes or memory.peak_bytes
     if here.memory_bytes is not None and need > here.memory_bytes:
@@ -136,25 +147,53 @@ def _proxy(job: Job, here: LocalDevices, max_ranks: int, why: str) -> RunPlan:
     micro = min(job.batch.micro_batch, AXIS["micro_batch"].proxy_max)
     rounds = min(job.grad_accum or 1, 4)
     if pp > 1:
-        rounds = max(rounds, pp) // pp * pp              # at least one micro-batch per stage, whole rounds of pp
+        rounds = max(rounds, pp) // pp * pp  # at least one micro-batch per stage, whole rounds of pp
     mode, mode_note = job.precision.mode, None
     if job.backend == "megatron":
-        mode, mode_note = "amp-bf16", (f"precision {job.precision.mode} → amp-bf16 (with tp or pp, {job.precision.mode} "
-                                       "is Megatron's program, estimated only; torch's program trains amp-bf16)")
+        mode, mode_note = (
+            "amp-bf16",
+            (
+                f"precision {job.precision.mode} → amp-bf16 (with tp or pp, {job.precision.mode} "
+                "is Megatron's program, estimated only; torch's program trains amp-bf16)"
+            ),
+        )
     elif here.kind != "cuda" and job.backend == "deepspeed" and mode == "mixed-fp16":
         mode, mode_note = "mixed-bf16", "precision mixed-fp16 → mixed-bf16 (DeepSpeed runs fp16 on GPUs only)"
     data = job.to_dict()
-    data["model"] = {**data["model"], "name": f"proxy of {model.name or 'the model'}", "layers": layers,
-                     "hidden": PROXY_MODEL["hidden"], "heads": heads, "kv_heads": kv_heads, "head_dim": None,
-                     "ffn": None, "vocab": PROXY_MODEL["vocab"], "seq_len": PROXY_MODEL["seq_len"],
-                     "max_positions": None, "dropout": 0.0, "params": None}
+    data["model"] = {
+        **data["model"],
+        "name": f"proxy of {model.name or 'the model'}",
+        "layers": layers,
+        "hidden": PROXY_MODEL["hidden"],
+        "heads": heads,
+        "kv_heads": kv_heads,
+        "head_dim": None,
+        "ffn": None,
+        "vocab": PROXY_MODEL["vocab"],
+        "seq_len": PROXY_MODEL["seq_len"],
+        "max_positions": None,
+        "dropout": 0.0,
+        "params": None,
+    }
     data["batch"] = {"micro_batch": micro, "global_batch": micro * dp * rounds}
     data["precision"] = {**data["precision"], "mode": mode}
-    data["parallel"] = {**data["parallel"], **_other_axes(par, dp), "backend": None if mode_note else par.backend,
-                        "dp": dp, "tp": tp, "pp": pp, "vpp": vpp, "stage_layers": None, "partition": None,
-                        "sp": par.sp and tp > 1}
-    data["cluster"] = {**data["cluster"], "count": dp * tp * pp,
-                       "accelerator": data["cluster"]["accelerator"] if here.kind == "cuda" else None}
+    data["parallel"] = {
+        **data["parallel"],
+        **_other_axes(par, dp),
+        "backend": None if mode_note else par.backend,
+        "dp": dp,
+        "tp": tp,
+        "pp": pp,
+        "vpp": vpp,
+        "stage_layers": None,
+        "partition": None,
+        "sp": par.sp and tp > 1,
+    }
+    data["cluster"] = {
+        **data["cluster"],
+        "count": dp * tp * pp,
+        "accelerator": data["cluster"]["accelerator"] if here.kind == "cuda" else None,
+    }
     data["memory"] = {**data["memory"], "program": None}
     data["cost"] = {**data["cost"], "offer": None}
     data["training"] = {**data["training"], **PROXY_TRAINING, "init_from": None, "data": None}
@@ -166,8 +205,9 @@ def _proxy(job: Job, here: LocalDevices, max_ranks: int, why: str) -> RunPlan:
     refusal = run_refusal(proxy)
     if refusal is not None:
         return RunPlan(None, 0, False, refusal=f"The proxy would need what the runner does not train: {refusal[2]}.")
-    return RunPlan(proxy, proxy.devices, True, kept=_kept(proxy), refusal=why,
-                   changes=_changes(job, proxy, here, mode_note))
+    return RunPlan(
+        proxy, proxy.devices, True, kept=_kept(proxy), refusal=why, changes=_changes(job, proxy, here, mode_note)
+    )
 
 
 def _other_axes(par, dp: int) -> dict:
@@ -188,12 +228,17 @@ def _kept(proxy: Job) -> tuple[str, ...]:
     if par.sp:
         kept.append("sequence parallel")
     if par.pp > 1:
-        kept.append(f"{'interleaved ' if par.vpp > 1 else ''}{par.schedule} schedule" +
-                    (f", {par.vpp} virtual stages" if par.vpp > 1 else ""))
+        kept.append(
+            f"{'interleaved ' if par.vpp > 1 else ''}{par.schedule} schedule"
+            + (f", {par.vpp} virtual stages" if par.vpp > 1 else "")
+        )
     if par.zero or par.offload != "none":
         kept.append(f"ZeRO-{par.zero}" + (f" + offload {par.offload}" if par.offload != "none" else ""))
-    kept += [proxy.precision.mode + (" (DeepSpeed)" if proxy.backend == "deepspeed" else ""),
-             f"recompute {proxy.memory.recompute}", proxy.optimizer.name]
+    kept += [
+        proxy.precision.mode + (" (DeepSpeed)" if proxy.backend == "deepspeed" else ""),
+        f"recompute {proxy.memory.recompute}",
+        proxy.optimizer.name,
+    ]
     if proxy.finetune.method != "full":
         kept.append(f"{proxy.finetune.method} rank {proxy.finetune.rank}")
     if proxy.memory.act_compress != "none":
@@ -204,18 +249,23 @@ def _kept(proxy: Job) -> tuple[str, ...]:
 def _changes(job: Job, proxy: Job, here: LocalDevices, mode_note: str | None) -> tuple[str, ...]:
     m, p = job.model, proxy.model
     where = f"{proxy.devices} CPU process(es) over gloo" if here.kind != "cuda" else f"{proxy.devices} × {here.name}"
-    changes = [f"model {m.name or 'custom'} ({m.layers} layers, hidden {m.hidden}, {m.heads} heads, vocab {m.vocab}, "
-               f"{m.seq_len} tokens) → {p.layers} layers, hidden {p.hidden}, {p.heads} heads"
-               + (f" ({p.kv_heads_} KV)" if p.kv_heads_ != p.heads else "") + f", vocab {p.vocab}, {p.seq_len} tokens",
-               f"devices {job.devices} × {job.cluster.accelerator or 'GPU'} → {where}"]
+    changes = [
+        f"model {m.name or 'custom'} ({m.layers} layers, hidden {m.hidden}, {m.heads} heads, vocab {m.vocab}, "
+        f"{m.seq_len} tokens) → {p.layers} layers, hidden {p.hidden}, {p.heads} heads"
+        + (f" ({p.kv_heads_} KV)" if p.kv_heads_ != p.heads else "")
+        + f", vocab {p.vocab}, {p.seq_len} tokens",
+        f"devices {job.devices} × {job.cluster.accelerator or 'GPU'} → {where}",
+    ]
     pj, pp_ = job.parallel, proxy.parallel
     scaled = [axis.name for axis in AXES if axis.section == "parallel" and axis.proxy_max is not None]
     for name in ("dp", *scaled):
         if getattr(pj, name) != getattr(pp_, name):
             changes.append(f"{name} {getattr(pj, name)} → {getattr(pp_, name)}")
-    changes.append(f"batch {job.batch.global_batch} sequences (micro-batch {job.batch.micro_batch}, "
-                   f"{job.grad_accum} accumulation steps) → {proxy.batch.global_batch} (micro-batch "
-                   f"{proxy.batch.micro_batch}, {proxy.grad_accum})")
+    changes.append(
+        f"batch {job.batch.global_batch} sequences (micro-batch {job.batch.micro_batch}, "
+        f"{job.grad_accum} accumulation steps) → {proxy.batch.global_batch} (micro-batch "
+        f"{proxy.batch.micro_batch}, {proxy.grad_accum})"
+    )
     if mode_note:
         changes.append(mode_note)
     changes.append(_steps_change(proxy.training.steps))

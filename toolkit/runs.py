@@ -13,6 +13,7 @@ or torch.cuda's allocator statistics on a GPU. The peak is the second step's, as
 then the optimizer's states exist; `categories` is the breakdown at that peak; `states` holds the parameters,
 gradients and optimizer states the step kept.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,9 +22,21 @@ from pathlib import Path
 
 from .specs.errors import SpecError
 
-__all__ = ["MEMORY_KEYS", "memory_file", "write_rank_memory", "read_rank_memory", "PIPELINE_KEYS",
-           "write_stage_timeline", "read_pipeline_timeline", "run_catalog_files", "write_run_catalog",
-           "METRICS_KEYS", "read_metrics", "MetricsTail", "damaged_lines_note"]
+__all__ = [
+    "MEMORY_KEYS",
+    "memory_file",
+    "write_rank_memory",
+    "read_rank_memory",
+    "PIPELINE_KEYS",
+    "write_stage_timeline",
+    "read_pipeline_timeline",
+    "run_catalog_files",
+    "write_run_catalog",
+    "METRICS_KEYS",
+    "read_metrics",
+    "MetricsTail",
+    "damaged_lines_note",
+]
 
 RUN_CATALOGS = "catalogs"
 
@@ -37,7 +50,7 @@ def run_catalog_files(out_dir: str | Path) -> list[Path]:
 def write_run_catalog(out_dir: str | Path, catalog_files) -> None:
     """Keep verbatim copies of the user's catalog files in the run folder (load_catalog merges them as it
     merged the originals)."""
-    texts = [(Path(p).name, Path(p).read_text(encoding="utf-8")) for p in catalog_files]   # (before the folder goes)
+    texts = [(Path(p).name, Path(p).read_text(encoding="utf-8")) for p in catalog_files]  # (before the folder goes)
     folder = Path(out_dir) / RUN_CATALOGS
     for old in run_catalog_files(out_dir):
         old.unlink()
@@ -72,8 +85,12 @@ def _write_json(path: Path, record: dict) -> Path:
 
 def read_rank_memory(out_dir: str | Path) -> list[dict]:
     """Every rank's record, by rank; [] when the run recorded none (yet). A damaged file is named, with the fix."""
-    records = _read_records(Path(out_dir) / "memory", MEMORY_KEYS, "memory record",
-                            "delete it and rerun the first two steps (or ignore the memory comparison)")
+    records = _read_records(
+        Path(out_dir) / "memory",
+        MEMORY_KEYS,
+        "memory record",
+        "delete it and rerun the first two steps (or ignore the memory comparison)",
+    )
     return sorted(records, key=lambda r: r["rank"])
 
 
@@ -114,21 +131,45 @@ def read_pipeline_timeline(out_dir: str | Path) -> dict | None:
     records.sort(key=lambda r: r["stage"])
     first = records[0]
     if [r["stage"] for r in records] != list(range(first["stages"])):
-        raise SpecError(str(folder), [r["stage"] for r in records], f"needs one timeline per stage "
-                                                                     f"(0..{first['stages'] - 1}); rerun the step")
+        raise SpecError(
+            str(folder),
+            [r["stage"] for r in records],
+            f"needs one timeline per stage (0..{first['stages'] - 1}); rerun the step",
+        )
     spans = [dict(span, rank=r["stage"]) for r in records for span in r["spans"]]
     step_s = max(r["step_s"] for r in records)
     busy_s = [sum(s["end_s"] - s["start_s"] for s in r["spans"]) for r in records]
     from .estimate.pipeline import peak_in_flight
-    return {"schedule": first["schedule"], "stages": first["stages"], "microbatches": first["microbatches"],
-            "vpp": first["vpp"], "step": first["step"], "timeline": spans, "step_s": step_s, "busy_s": busy_s,
-            "bubble_fraction": 1 - sum(busy_s) / (len(records) * step_s) if step_s > 0 else 0.0,
-            "peak_in_flight": list(peak_in_flight([(s["rank"], s["kind"], s["start_s"]) for s in spans],
-                                                  len(records)))}
+
+    return {
+        "schedule": first["schedule"],
+        "stages": first["stages"],
+        "microbatches": first["microbatches"],
+        "vpp": first["vpp"],
+        "step": first["step"],
+        "timeline": spans,
+        "step_s": step_s,
+        "busy_s": busy_s,
+        "bubble_fraction": 1 - sum(busy_s) / (len(records) * step_s) if step_s > 0 else 0.0,
+        "peak_in_flight": list(peak_in_flight([(s["rank"], s["kind"], s["start_s"]) for s in spans], len(records))),
+    }
 
 
-METRICS_KEYS = ("step", "loss", "lr", "tokens_per_s", "tflops", "mfu", "mem_bytes", "mem_kind", "grad_norm",
-        "loss_scale", "skipped", "time_s", "wall_s")
+METRICS_KEYS = (
+    "step",
+    "loss",
+    "lr",
+    "tokens_per_s",
+    "tflops",
+    "mfu",
+    "mem_bytes",
+    "mem_kind",
+    "grad_norm",
+    "loss_scale",
+    "skipped",
+    "time_s",
+    "wall_s",
+)
 """Every line has these; `eval_loss` when evaluated, `mem_base_bytes` on the first line of a (resumed)
 process, `skipped_total` on a skipped step. time_s is the step's own duration; wall_s the seconds since
 this process began its training loop, so that overheads between steps show too."""
@@ -161,14 +202,14 @@ class MetricsTail:
             return 0
         stat = self.path.stat()
         size = stat.st_size
-        if stat.st_ino != self._inode or size < self._offset:    # replaced by a resume's rewrite: start over
+        if stat.st_ino != self._inode or size < self._offset:  # replaced by a resume's rewrite: start over
             self.records, self.damaged, self._offset, self._lines, self._inode = [], [], 0, 0, stat.st_ino
         if size == self._offset:
             return 0
         with open(self.path, "rb") as f:
             f.seek(self._offset)
             chunk = f.read(size - self._offset)
-        complete = chunk[:chunk.rfind(b"\n") + 1]        # a line still being written waits for the next poll
+        complete = chunk[: chunk.rfind(b"\n") + 1]  # a line still being written waits for the next poll
         before = len(self.records)
         for line in complete.splitlines():
             self._lines += 1
@@ -178,7 +219,7 @@ class MetricsTail:
                 record = None
             if isinstance(record, dict) and "step" in record:
                 self.records.append(record)
-            else:                           # a line cut or overwritten: the lines after it still count
+            else:  # a line cut or overwritten: the lines after it still count
                 self.damaged.append(self._lines)
         self._offset += len(complete)
         return len(self.records) - before
@@ -191,5 +232,7 @@ def damaged_lines_note(path: str | Path) -> str | None:
     if not tail.damaged:
         return None
     shown = ", ".join(map(str, tail.damaged[:5])) + (" …" if len(tail.damaged) > 5 else "")
-    return (f"{path}: line {shown} is not a JSON record (cut or overwritten); skipped, the other "
-            f"{len(tail.records)} records are read")
+    return (
+        f"{path}: line {shown} is not a JSON record (cut or overwritten); skipped, the other "
+        f"{len(tail.records)} records are read"
+    )

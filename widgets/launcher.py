@@ -12,6 +12,7 @@ shows the process's memory and, once the ranks recorded them (their first two st
 peak beside the estimated peak: on CPU the RSS counts the interpreter and libraries, the markers compare
 like with like.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -43,8 +44,14 @@ class LauncherPanel(PanelText, W.VBox):
     state = traitlets.Unicode("ready")
     """ready, starting (no step yet), running, stopping, stopped, finished or failed; the buttons follow it."""
 
-    def __init__(self, job: Job, out_dir: str | Path, nproc: int = 1, extra_args: tuple[str, ...] = (),
-                 max_redraws_per_s: float = 4.0):
+    def __init__(
+        self,
+        job: Job,
+        out_dir: str | Path,
+        nproc: int = 1,
+        extra_args: tuple[str, ...] = (),
+        max_redraws_per_s: float = 4.0,
+    ):
         self.job, self.out, self.nproc = job, Path(out_dir), nproc
         self.extra_args = tuple(extra_args)
         self.min_redraw_s = 1.0 / max_redraws_per_s
@@ -64,16 +71,19 @@ class LauncherPanel(PanelText, W.VBox):
         self.stop_button.on_click(lambda _b: self.stop())
         self.resume_button.on_click(lambda _b: self.resume())
         self.folder = W.HTML()
-        super().__init__([W.HBox([self.launch_button, self.stop_button, self.resume_button]), self.status,
-                          self.folder, self.figure])
+        super().__init__(
+            [W.HBox([self.launch_button, self.stop_button, self.resume_button]), self.status, self.folder, self.figure]
+        )
 
     @staticmethod
     def _estimate_of(job: Job, nproc: int) -> Estimate | None:
         """The estimate of the job as it will run: on nproc ranks, dp = nproc / (tp·pp), as `toolkit train` sets."""
         par = job.parallel
         if par.dp is None and nproc % (par.tp * par.pp) == 0:
-            job = job.replace(parallel=dataclasses.replace(par, dp=nproc // (par.tp * par.pp)),
-                              cluster=dataclasses.replace(job.cluster, count=nproc))
+            job = job.replace(
+                parallel=dataclasses.replace(par, dp=nproc // (par.tp * par.pp)),
+                cluster=dataclasses.replace(job.cluster, count=nproc),
+            )
         try:
             return estimate_result(job)
         except SpecError:
@@ -100,8 +110,9 @@ class LauncherPanel(PanelText, W.VBox):
             return
         done = self.records[-1]["step"] if self.records else 0
         if self.state == "finished" and self.job.training.steps <= done:
-            self.status.value = (f"finished at step {done}: nothing to resume (raise training.steps to continue, "
-                                 "or Launch a new run)")
+            self.status.value = (
+                f"finished at step {done}: nothing to resume (raise training.steps to continue, or Launch a new run)"
+            )
             return
         self._start()
 
@@ -110,9 +121,21 @@ class LauncherPanel(PanelText, W.VBox):
         self.out.mkdir(parents=True, exist_ok=True)
         request = self.out / "launch.yaml"
         self.job.to_yaml(request)
-        command = [sys.executable, "-m", "toolkit.cli", "train", "--config", str(request), "--out", str(self.out),
-                   "--nproc", str(self.nproc), "--no-progress", *self.extra_args]
-        self._log = open(self.out / "launcher.log", "a")      # (a resume adds to the log of the run)
+        command = [
+            sys.executable,
+            "-m",
+            "toolkit.cli",
+            "train",
+            "--config",
+            str(request),
+            "--out",
+            str(self.out),
+            "--nproc",
+            str(self.nproc),
+            "--no-progress",
+            *self.extra_args,
+        ]
+        self._log = open(self.out / "launcher.log", "a")  # (a resume adds to the log of the run)
         self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.PIPE, text=True)
         self.status.value = f"starting: {html.escape(' '.join(command[2:]))}"
         self.folder.value = _folder_html(self.out, self.job)
@@ -160,11 +183,11 @@ class LauncherPanel(PanelText, W.VBox):
         lines = log.read_text(errors="replace").splitlines() if log.exists() else []
         command = next((line for line in reversed(lines) if line.startswith("starting: accelerate launch")), None)
         if command:
-            self.folder.value += f"<br><small>ranks: <code>{html.escape(command[len('starting: '):])}</code></small>"
+            self.folder.value += f"<br><small>ranks: <code>{html.escape(command[len('starting: ') :])}</code></small>"
         return command is not None
 
     def _redraw(self) -> None:
-        if len(self.rank_memory) < self.nproc:          # (written once, after each rank's second step)
+        if len(self.rank_memory) < self.nproc:  # (written once, after each rank's second step)
             self.rank_memory = read_rank_memory(self.out)
         fig = metrics_figure(self.records, self._estimate, self.rank_memory)
         with self.figure.batch_update():
@@ -179,8 +202,10 @@ class LauncherPanel(PanelText, W.VBox):
         if last and self.state == "starting":
             self._set_state("running")
         if last and self.running and self.state == "running":
-            self.status.value = (f"running: step {last['step']}, loss {last['loss'] if last['loss'] is None else round(last['loss'], 4)}, "
-                                 f"{last.get('tokens_per_s') or 0:,.0f} tokens/s")
+            self.status.value = (
+                f"running: step {last['step']}, loss {last['loss'] if last['loss'] is None else round(last['loss'], 4)}, "
+                f"{last.get('tokens_per_s') or 0:,.0f} tokens/s"
+            )
 
     def _finished(self) -> None:
         code = self.process.returncode
@@ -222,8 +247,7 @@ def fresh_folder(out: Path) -> Path:
 def _folder_html(out: Path, job: Job) -> str:
     """Where the run writes: its log, metrics and checkpoints, and how to open a tracker's logs."""
     where = html.escape(str(out.resolve()))
-    line = (f"<small>run folder <code>{where}</code>: launcher.log, metrics.jsonl, checkpoints/, "
-            "memory/")
+    line = f"<small>run folder <code>{where}</code>: launcher.log, metrics.jsonl, checkpoints/, memory/"
     if "tensorboard" in job.training.trackers:
         line += f"; TensorBoard: <code>tensorboard --logdir {where}</code>"
     return line + "</small>"

@@ -13,6 +13,7 @@ Two things plotly's FigureWidget does not do:
   showed "Error displaying widget: model not found". Here `_esm` is a 1 KB loader; the page asks the kernel for
   the bundle once (an anywidget command, as one binary buffer) and every figure on the page shares it.
 """
+
 from copy import deepcopy
 from functools import cache
 
@@ -56,7 +57,7 @@ export default () => {
 
 @cache
 def _bundle_bytes() -> bytes:
-    return str(go.FigureWidget._esm).encode()      # (anywidget read plotly's bundle file when plotly loaded)
+    return str(go.FigureWidget._esm).encode()  # (anywidget read plotly's bundle file when plotly loaded)
 
 
 class LiveFigure(go.FigureWidget):
@@ -68,13 +69,20 @@ class LiveFigure(go.FigureWidget):
         return None, [_bundle_bytes()]
 
     def _keep_state(self) -> None:
-        with self.hold_sync():                  # (both in one message)
+        with self.hold_sync():  # (both in one message)
             self._widget_data = deepcopy(self._data)
             self._widget_layout = deepcopy(self._layout_obj._props)
 
 
-_MESSAGES = ("_send_relayout_msg", "_send_restyle_msg", "_send_addTraces_msg", "_send_moveTraces_msg",
-             "_send_update_msg", "_send_animate_msg", "_send_deleteTraces_msg")
+_MESSAGES = (
+    "_send_relayout_msg",
+    "_send_restyle_msg",
+    "_send_addTraces_msg",
+    "_send_moveTraces_msg",
+    "_send_update_msg",
+    "_send_animate_msg",
+    "_send_deleteTraces_msg",
+)
 """plotly.basewidget's senders: every change to the page goes through one of them."""
 
 
@@ -82,6 +90,7 @@ def _then_keep_state(name: str):
     def send(self, *args, **kwargs):
         getattr(go.FigureWidget, name)(self, *args, **kwargs)
         self._keep_state()
+
     send.__name__ = name
     return send
 

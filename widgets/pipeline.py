@@ -9,6 +9,7 @@ backward 2 per micro-batch and stage, as in notebook 07) and redraws; a combinat
 without interleaving, micro-batches the interleaved rounds cannot group) is said in one line and the old chart is
 marked stale, never raised.
 """
+
 from __future__ import annotations
 
 import html
@@ -40,8 +41,15 @@ class PipelinePanel(PanelText, W.VBox):
         self.figure = LiveFigure()
         for control in self.controls.values():
             control.observe(lambda _change: self.refresh(), names="value")
-        super().__init__([W.HBox(list(self.controls.values())[:2]), W.HBox(list(self.controls.values())[2:]),
-                          self.error, self.figure, self.summary])
+        super().__init__(
+            [
+                W.HBox(list(self.controls.values())[:2]),
+                W.HBox(list(self.controls.values())[2:]),
+                self.error,
+                self.figure,
+                self.summary,
+            ]
+        )
         self.refresh()
 
     def refresh(self) -> None:
@@ -65,6 +73,8 @@ def _summary_html(tl) -> str:
     p, m = tl.stages, tl.microbatches
     closed = (p - 1) / (m + p - 1)
     held = ", ".join(f"rank {r}: {n}" for r, n in enumerate(tl.peak_in_flight))
-    return (f"<b>step</b> {tl.step_s:.3g} units · <b>bubble</b> {tl.bubble_fraction:.1%} of each rank's time "
-            f"(1F1B's closed form (p − 1)/(m + p − 1) = {closed:.1%})<br>"
-            f"<b>activations held at once</b>, in micro-batch chunks (each 1/vpp of a stage's layers): {held}")
+    return (
+        f"<b>step</b> {tl.step_s:.3g} units · <b>bubble</b> {tl.bubble_fraction:.1%} of each rank's time "
+        f"(1F1B's closed form (p − 1)/(m + p − 1) = {closed:.1%})<br>"
+        f"<b>activations held at once</b>, in micro-batch chunks (each 1/vpp of a stage's layers): {held}"
+    )

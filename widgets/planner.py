@@ -12,6 +12,7 @@ the best layouts (the planner's top plans and their Pareto front). Run trains th
 this machine cannot hold it, a scaled-down proxy with the same kinds of parallelism (toolkit.proxy); what Run
 will start is said in words before anyone presses it, and the launcher panel appears under the planner.
 """
+
 from __future__ import annotations
 
 import html
@@ -32,11 +33,17 @@ from widgets.live_figure import LiveFigure
 __all__ = ["PlannerPanel"]
 
 _FIELD_OF_CONTROL = {
-    "preset": "model.preset", "seq_len": "model.seq_len",
-    "global_batch": "batch.global_batch", "precision": "precision.mode", "optimizer": "optimizer.name",
+    "preset": "model.preset",
+    "seq_len": "model.seq_len",
+    "global_batch": "batch.global_batch",
+    "precision": "precision.mode",
+    "optimizer": "optimizer.name",
     **{axis.name: axis.field for axis in AXES},
     "accelerator": "cluster.accelerator",
-    "count": "cluster.count", "tokens_b": "tokens", "offer": "cost.offer", "spot": "cost.spot",
+    "count": "cluster.count",
+    "tokens_b": "tokens",
+    "offer": "cost.offer",
+    "spot": "cost.spot",
 }
 
 
@@ -45,29 +52,42 @@ def axis_control(axis, style: dict) -> W.Widget:
     if axis.control == "checkbox":
         return W.Checkbox(value=axis.default, description=axis.label)
     if axis.control == "slider":
-        return W.IntSlider(value=axis.default, min=axis.choices[0], max=axis.choices[-1], description=axis.label,
-                           style=style)
+        return W.IntSlider(
+            value=axis.default, min=axis.choices[0], max=axis.choices[-1], description=axis.label, style=style
+        )
     if axis.control == "toggle":
-        return W.ToggleButtons(options=list(axis.choices), value=axis.default, description=axis.label,
-                               style={**style, "button_width": "40px"})
+        return W.ToggleButtons(
+            options=list(axis.choices),
+            value=axis.default,
+            description=axis.label,
+            style={**style, "button_width": "40px"},
+        )
     return W.Dropdown(options=list(axis.choices), value=axis.default, description=axis.label, style=style)
 
 
 class PlannerPanel(PanelText, W.VBox):
     panel_name = "the planner"
 
-    def __init__(self, preset: str = "llama2-7b", accelerator: str = "H100-SXM", count: int = 8,
-                 tokens: float | None = None, catalog=None, run_dir: str | Path = "runs/planner", here=None,
-                 **layout):
+    def __init__(
+        self,
+        preset: str = "llama2-7b",
+        accelerator: str = "H100-SXM",
+        count: int = 8,
+        tokens: float | None = None,
+        catalog=None,
+        run_dir: str | Path = "runs/planner",
+        here=None,
+        **layout,
+    ):
         self.catalog = catalog or load_catalog()
         self.job: Job | None = None
         self.result: Estimate | None = None
         self.run_dir, self.here = Path(run_dir), here or local_devices()
         self.run_plan: RunPlan | None = None
-        self.launcher = None            # the LauncherPanel of the last Run
+        self.launcher = None  # the LauncherPanel of the last Run
         self.last_update_s = 0.0
         self._quiet = False
-        self._fixes_for: dict | None = None     # the job the fix list was made for
+        self._fixes_for: dict | None = None  # the job the fix list was made for
         c = self.controls = self._make_controls(preset, accelerator, count, tokens)
         for name, value in layout.items():
             c[name].value = value
@@ -82,8 +102,14 @@ class PlannerPanel(PanelText, W.VBox):
         self.fixes_box = W.VBox()
         self.best_box = W.VBox()
         self.run_note = W.HTML()
-        self.run_steps = W.BoundedIntText(value=30, min=1, max=100_000, description="steps",
-                                          layout=W.Layout(width="160px"), style={"description_width": "40px"})
+        self.run_steps = W.BoundedIntText(
+            value=30,
+            min=1,
+            max=100_000,
+            description="steps",
+            layout=W.Layout(width="160px"),
+            style={"description_width": "40px"},
+        )
         self.run_button = W.Button(description="Run", icon="play", button_style="success")
         self.run_button.on_click(lambda _b: self.run())
         self.run_steps.observe(lambda _c: self._show_run_plan(self.run_plan), names="value")
@@ -96,11 +122,27 @@ class PlannerPanel(PanelText, W.VBox):
             control.observe(self._changed, names="value")
         grid = W.GridBox(list(c.values()), layout=W.Layout(grid_template_columns="repeat(3, 300px)"))
         buttons = W.HBox([self.export_path, self.export_button, self.suggest_button, self.best_button])
-        defaults = W.HTML("<small>* 0 means the preset's own: its sequence length, its published global batch "
-                          "and token budget</small>")
+        defaults = W.HTML(
+            "<small>* 0 means the preset's own: its sequence length, its published global batch "
+            "and token budget</small>"
+        )
         run_row = W.HBox([self.run_button, self.run_steps])
-        super().__init__([grid, defaults, self.error, self.memory_fig, self.step_fig, self.summary, buttons,
-                          self.fixes_box, self.best_box, run_row, self.run_note, self.run_area])
+        super().__init__(
+            [
+                grid,
+                defaults,
+                self.error,
+                self.memory_fig,
+                self.step_fig,
+                self.summary,
+                buttons,
+                self.fixes_box,
+                self.best_box,
+                run_row,
+                self.run_note,
+                self.run_area,
+            ]
+        )
         self.refresh()
 
     # ---- controls --------------------------------------------------------------------------------
@@ -109,20 +151,29 @@ class PlannerPanel(PanelText, W.VBox):
         style = {"description_width": "110px"}
         offers = self._offers_for(accelerator)
         return {
-            "preset": W.Dropdown(options=sorted(p.name for p in cat.presets.values()
-                                                if p.model.has_shape and not p.model.encoder),
-                                 value=preset, description="model", style=style),
+            "preset": W.Dropdown(
+                options=sorted(p.name for p in cat.presets.values() if p.model.has_shape and not p.model.encoder),
+                value=preset,
+                description="model",
+                style=style,
+            ),
             "seq_len": W.IntText(value=0, description="sequence *", style=style),
             "global_batch": W.IntText(value=0, description="global batch *", style=style),
             "precision": W.Dropdown(options=["auto", *PRECISIONS], value="auto", description="precision", style=style),
-            "optimizer": W.Dropdown(options=["adamw", "adam", "sgd", "adamw-8bit"], description="optimizer",
-                                    style=style),
+            "optimizer": W.Dropdown(
+                options=["adamw", "adam", "sgd", "adamw-8bit"], description="optimizer", style=style
+            ),
             **{axis.name: axis_control(axis, style) for axis in AXES},
-            "accelerator": W.Dropdown(options=[a.name for a in cat.accelerators.values()], value=accelerator,
-                                      description="accelerator", style=style),
+            "accelerator": W.Dropdown(
+                options=[a.name for a in cat.accelerators.values()],
+                value=accelerator,
+                description="accelerator",
+                style=style,
+            ),
             "count": W.IntText(value=count, description="devices", style=style),
-            "tokens_b": W.FloatText(value=0.0 if tokens is None else tokens / 1e9,
-                                    description="tokens, B *", style=style),
+            "tokens_b": W.FloatText(
+                value=0.0 if tokens is None else tokens / 1e9, description="tokens, B *", style=style
+            ),
             "offer": W.Dropdown(options=offers, value="none", description="cloud offer", style=style),
             "spot": W.Checkbox(value=False, description="spot prices"),
         }
@@ -133,13 +184,16 @@ class PlannerPanel(PanelText, W.VBox):
         model = {"preset": v["preset"]}
         if v["seq_len"]:
             model["seq_len"] = v["seq_len"]
-        data = {"model": model,
-                "batch": {"global_batch": v["global_batch"]} if v["global_batch"] else {},
-                "precision": {"mode": None if v["precision"] == "auto" else v["precision"]},
-                "optimizer": {"name": v["optimizer"]},
-                "parallel": {}, "memory": {},
-                "cluster": {"accelerator": v["accelerator"], "count": v["count"]},
-                "cost": {"offer": None if v["offer"] == "none" else v["offer"], "spot": v["spot"]}}
+        data = {
+            "model": model,
+            "batch": {"global_batch": v["global_batch"]} if v["global_batch"] else {},
+            "precision": {"mode": None if v["precision"] == "auto" else v["precision"]},
+            "optimizer": {"name": v["optimizer"]},
+            "parallel": {},
+            "memory": {},
+            "cluster": {"accelerator": v["accelerator"], "count": v["count"]},
+            "cost": {"offer": None if v["offer"] == "none" else v["offer"], "spot": v["spot"]},
+        }
         for axis in AXES:
             data[axis.section][axis.name] = v[axis.name]
         if v["tokens_b"]:
@@ -163,12 +217,13 @@ class PlannerPanel(PanelText, W.VBox):
     def _offers_for(self, accelerator: str) -> list[str]:
         """The offers that carry the chosen accelerator (a job on one device cannot be priced on another's)."""
         name = self.catalog.accelerator(accelerator).name
-        return ["none"] + sorted(o.name for o in self.catalog.offers.values()
-                                 if self.catalog.accelerator(o.accelerator).name == name)
+        return ["none"] + sorted(
+            o.name for o in self.catalog.offers.values() if self.catalog.accelerator(o.accelerator).name == name
+        )
 
     def _accelerator_changed(self, change) -> None:
         offer = self.controls["offer"]
-        quiet, self._quiet = self._quiet, True          # (one redraw, by the accelerator's own observer)
+        quiet, self._quiet = self._quiet, True  # (one redraw, by the accelerator's own observer)
         try:
             kept = offer.value
             offer.options = self._offers_for(change["new"])
@@ -193,13 +248,13 @@ class PlannerPanel(PanelText, W.VBox):
             self.last_update_s = time.perf_counter() - began
             return
         self.job, self.result = job, result
-        if self._fixes_for is not None and job.to_dict() != self._fixes_for:   # a fix list is for one job
+        if self._fixes_for is not None and job.to_dict() != self._fixes_for:  # a fix list is for one job
             self.fixes_box.children, self._fixes_for = [], None
         self.error.value = ""
         copy_into(self.memory_fig, memory_figure(result))
         copy_into(self.step_fig, step_figure(result))
         self.summary.value = _summary_html(result)
-        peak = result.memory.device_peak_bytes or result.memory.peak_bytes     # (estimated once, above)
+        peak = result.memory.device_peak_bytes or result.memory.peak_bytes  # (estimated once, above)
         self._show_run_plan(run_plan(job, self.here, device_peak_bytes=peak))
         self.last_update_s = time.perf_counter() - began
 
@@ -218,12 +273,15 @@ class PlannerPanel(PanelText, W.VBox):
             self.controls[name].layout.border = "2px solid #d62728"
         where = f" (control: {', '.join(names)})" if names else ""
         self.error.value = f"<div style='color:#d62728'><b>not valid{where}:</b> {html.escape(str(err))}</div>"
-        for fig in (self.memory_fig, self.step_fig):          # the last valid view stays, marked as such
+        for fig in (self.memory_fig, self.step_fig):  # the last valid view stays, marked as such
             title = fig.layout.title.text or ""
             if not title.startswith(STALE):
                 fig.layout.title = STALE + title
-        self.summary.value = f"<div style='opacity:0.5'>{self.summary.value}</div>" \
-            if not self.summary.value.startswith("<div style='opacity:0.5'>") else self.summary.value
+        self.summary.value = (
+            f"<div style='opacity:0.5'>{self.summary.value}</div>"
+            if not self.summary.value.startswith("<div style='opacity:0.5'>")
+            else self.summary.value
+        )
         self._show_run_plan(None)
 
     # ---- buttons -------------------------------------------------------------------------------------
@@ -231,6 +289,7 @@ class PlannerPanel(PanelText, W.VBox):
         """Train what `run_plan` says (the job, or its proxy for `steps` steps) in a new folder under run_dir,
         through a LauncherPanel shown under the planner; returns it (Stop and Resume are its buttons)."""
         from widgets.launcher import LauncherPanel, fresh_folder
+
         plan = self.run_plan
         if plan is None or plan.job is None or (self.launcher is not None and self.launcher.running):
             return self.launcher
@@ -239,10 +298,13 @@ class PlannerPanel(PanelText, W.VBox):
         self.launcher = LauncherPanel(job, out, nproc=nproc or plan.nproc)
         self.launcher.observe(lambda _c: self._show_run_plan(self.run_plan), names="state")
         what = "a proxy of the job" if plan.proxy else "the job"
-        self.run_area.children = [W.HTML(f"<b>Running {what}</b> in <code>{html.escape(str(out))}</code>"),
-                                  self.launcher]
+        self.run_area.children = [
+            W.HTML(f"<b>Running {what}</b> in <code>{html.escape(str(out))}</code>"),
+            self.launcher,
+        ]
         self.launcher.launch()
         return self.launcher
+
     def export(self) -> Path | None:
         """Write the current (resolved) job as YAML to the path in the text box."""
         if self.result is None:
@@ -255,22 +317,28 @@ class PlannerPanel(PanelText, W.VBox):
     def suggest(self) -> list[dict]:
         """The doctor's fixes for this job, each a button that applies it."""
         from toolkit.plan.doctor import diagnose_job
+
         if self.job is None:
             return []
         report = diagnose_job(self.job, self.catalog)
         rows: list[W.Widget] = [W.HTML("<b>" + html.escape(f) + "</b>") for f in report["findings"]]
         for fix in report["fixes"][:8]:
             change = "" if fix["step_change"] is None else f", step {fix['step_change']:+.0%}"
-            label = f"{fix['change']}: {fix['device_peak_bytes'] / 2**30:.1f} GiB{change}" + ("" if fix["fits"] else
-                                                                                         " (still over)")
-            button = W.Button(description=label, layout=W.Layout(width="auto"),
-                              button_style="success" if fix["fits"] else "")
+            label = f"{fix['change']}: {fix['device_peak_bytes'] / 2**30:.1f} GiB{change}" + (
+                "" if fix["fits"] else " (still over)"
+            )
+            button = W.Button(
+                description=label, layout=W.Layout(width="auto"), button_style="success" if fix["fits"] else ""
+            )
             button.on_click(lambda _b, job=fix["job"]: self.apply_fix(job))
             rows.append(button)
         if report.get("combined") and report["combined"]["fits"]:
             combined = report["combined"]
-            button = W.Button(description="together: " + " + ".join(combined["changes"]),
-                              layout=W.Layout(width="auto"), button_style="success")
+            button = W.Button(
+                description="together: " + " + ".join(combined["changes"]),
+                layout=W.Layout(width="auto"),
+                button_style="success",
+            )
             button.on_click(lambda _b, job=combined["job"]: self.apply_fix(job))
             rows.append(button)
         if not report["fixes"]:
@@ -283,12 +351,13 @@ class PlannerPanel(PanelText, W.VBox):
     def apply_plan(self, plan: dict) -> None:
         """Set the controls to one of the best layouts: devices, accelerator and the layout."""
         from toolkit.plan.search import plan_job
+
         job = plan_job(self.job, plan)
         quiet, self._quiet = self._quiet, True
         try:
             self.controls["accelerator"].value = job.cluster.accelerator
             self.controls["count"].value = job.cluster.count
-            self.controls["global_batch"].value = plan["global_batch"]     # (the default follows dp: keep the plan's)
+            self.controls["global_batch"].value = plan["global_batch"]  # (the default follows dp: keep the plan's)
         finally:
             self._quiet = quiet
         self.set_job(job.to_dict())
@@ -296,35 +365,61 @@ class PlannerPanel(PanelText, W.VBox):
     def apply_fix(self, fixed: dict) -> None:
         """Apply what a fix changes (only that: fixes compose), then list the fixes for the job it leaves."""
         base = self._fixes_for or {}
-        changed = {section: {k: v for k, v in (fixed.get(section) or {}).items()
-                             if (base.get(section) or {}).get(k) != v}
-                   for section in ("parallel", "memory", "batch", "optimizer")}
+        changed = {
+            section: {k: v for k, v in (fixed.get(section) or {}).items() if (base.get(section) or {}).get(k) != v}
+            for section in ("parallel", "memory", "batch", "optimizer")
+        }
         self.set_job(changed)
         self.suggest()
 
     def best_layouts(self, top: int = 8) -> dict | None:
         """The planner's best layouts on this cluster (or on the chosen offer): a table and the Pareto plot."""
         from toolkit.plan import search
+
         if self.job is None:
             return None
         v = self.controls
         offers = [v["offer"].value] if v["offer"].value != "none" else None
         gpus = None if offers else (v["count"].value, v["accelerator"].value)
-        result = search(self.job, self.catalog, gpus=gpus, offers=offers, max_gpus=v["count"].value,
-                        objective="cost" if offers else "time", top=top)
+        result = search(
+            self.job,
+            self.catalog,
+            gpus=gpus,
+            offers=offers,
+            max_gpus=v["count"].value,
+            objective="cost" if offers else "time",
+            top=top,
+        )
         rows = []
         for plan in result["plans"]:
             apply = W.Button(description="apply", icon="check", layout=W.Layout(width="80px"))
             apply.on_click(lambda _b, plan=plan: self.apply_plan(plan))
-            rows.append(W.HBox([apply, W.HTML(
-                f"{plan['devices']}x{plan['accelerator']} · {html.escape(layout_text(plan['layout']))} · "
-                f"{plan['device_peak_bytes'] / 2**30:.1f} GiB · step {plan['step_s']:.3g} s "
-                f"({plan['step_s_range'][0]:.3g}–{plan['step_s_range'][1]:.3g}) · MFU {plan['mfu']:.0%} · "
-                f"{plan['train_days']:,.1f} days {_money(plan['cost'], plan['currency'])}"
-                + (" · <i>within the model's error of the best</i>" if plan.get("within_error")
-                   and plan is not result["plans"][0] else ""))]))
-        table = W.VBox([W.HTML(f"<p>{result['fitting']:,} of {result['evaluated']:,} layouts fit (apply sets the "
-                               "controls)</p>"), *rows])
+            rows.append(
+                W.HBox(
+                    [
+                        apply,
+                        W.HTML(
+                            f"{plan['devices']}x{plan['accelerator']} · {html.escape(layout_text(plan['layout']))} · "
+                            f"{plan['device_peak_bytes'] / 2**30:.1f} GiB · step {plan['step_s']:.3g} s "
+                            f"({plan['step_s_range'][0]:.3g}–{plan['step_s_range'][1]:.3g}) · MFU {plan['mfu']:.0%} · "
+                            f"{plan['train_days']:,.1f} days {_money(plan['cost'], plan['currency'])}"
+                            + (
+                                " · <i>within the model's error of the best</i>"
+                                if plan.get("within_error") and plan is not result["plans"][0]
+                                else ""
+                            )
+                        ),
+                    ]
+                )
+            )
+        table = W.VBox(
+            [
+                W.HTML(
+                    f"<p>{result['fitting']:,} of {result['evaluated']:,} layouts fit (apply sets the controls)</p>"
+                ),
+                *rows,
+            ]
+        )
         self._plans = result["plans"]
         children = [table]
         if result["pareto"]:
@@ -345,13 +440,17 @@ def _summary_html(result: Estimate) -> str:
         lines.append(f"<b>time to train:</b> {t.train_days:,.1f} days ({t.device_hours:,.0f} device-hours; {mfu})")
     if t.step_s is not None and t.step_s_range:
         low, high = t.step_s_range
-        lines.append(f"<b>step:</b> {t.step_s:.3g} s, likely {low:.3g}–{high:.3g} s (where measured steps fell around "
-                     "the model's on runs it never saw)")
+        lines.append(
+            f"<b>step:</b> {t.step_s:.3g} s, likely {low:.3g}–{high:.3g} s (where measured steps fell around "
+            "the model's on runs it never saw)"
+        )
     if cost.amount is not None:
         line = f"<b>cost:</b> {cost.amount:,.0f} {cost.currency} on {cost.instances} × {cost.offer}"
         if cost.spot_run:
-            line += (f"; with interruptions {cost.spot_run['amount']:,.0f} "
-                     f"(checkpoint every {cost.spot_run['interval_s'] / 60:,.0f} min)")
+            line += (
+                f"; with interruptions {cost.spot_run['amount']:,.0f} "
+                f"(checkpoint every {cost.spot_run['interval_s'] / 60:,.0f} min)"
+            )
         lines.append(line)
     lines += [f"<small>{html.escape(n)}</small>" for n in result.notes]
     return "<br>".join(lines)

@@ -1,6 +1,7 @@
 """JupyterLab on localhost and headless Chromium (Debian's) driven by Playwright, for the browser tests and for
 benchmarks/browser_latency.py. The notebook is served from a scratch folder, so saving it there (as the
 reload test does) never touches the repository's copy, and its runs land there too."""
+
 from __future__ import annotations
 
 import contextlib
@@ -20,8 +21,15 @@ from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def _free_port() -> int:
@@ -39,6 +47,7 @@ def jupyter_lab(root: Path, notebooks: list[Path], clear_outputs: bool = False):
         shutil.copy(notebook, root / notebook.name)
         if clear_outputs:
             import nbformat
+
             nb = nbformat.read(root / notebook.name, as_version=4)
             for cell in nb.cells:
                 if cell.cell_type == "code":
@@ -48,10 +57,25 @@ def jupyter_lab(root: Path, notebooks: list[Path], clear_outputs: bool = False):
     env = dict(os.environ, JUPYTER_CONFIG_DIR=str(root / ".config"), JUPYTER_RUNTIME_DIR=str(root / ".rt"))
     log = root / "lab.log"
     server = subprocess.Popen(
-        [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-         f"--ServerApp.token={token}", f"--ServerApp.root_dir={root}", "--allow-root",
-         "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
-        cwd=root, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+        [
+            sys.executable,
+            "-m",
+            "jupyter",
+            "lab",
+            "--no-browser",
+            "--ip=127.0.0.1",
+            f"--port={port}",
+            f"--ServerApp.token={token}",
+            f"--ServerApp.root_dir={root}",
+            "--allow-root",
+            "--LabApp.news_url=",
+            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        ],
+        cwd=root,
+        env=env,
+        stdout=open(log, "w"),
+        stderr=subprocess.STDOUT,
+    )
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while True:
@@ -72,8 +96,12 @@ def open_notebook(browser, base: str, token: str, name: str):
     """A page with the notebook open and its kernel idle (the kernel session is made through the REST API, as the
     UI would; JupyterLab's "Select Kernel" dialog, which it sometimes raises anyway, is answered)."""
     body = json.dumps({"path": name, "name": name, "type": "notebook", "kernel": {"name": "python3"}})
-    request = urllib.request.Request(f"{base}/api/sessions?token={token}", data=body.encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"{base}/api/sessions?token={token}",
+        data=body.encode(),
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(request, timeout=30) as response:
         assert json.loads(response.read())["kernel"]["id"]
     page = browser.new_page(viewport={"width": 1400, "height": 1000})

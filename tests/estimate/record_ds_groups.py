@@ -8,6 +8,7 @@ with gradient clipping. Every torch.distributed call is wrapped before DeepSpeed
 stage) writes the ranks of each group it ran a collective on, one entry per group object, to OUT.json. Point-to-
 point sends between stages are left out: the estimate counts those as pipeline neighbours.
 """
+
 import json
 import os
 import sys
@@ -18,9 +19,24 @@ import torch.distributed.distributed_c10d as c10d
 from torch import nn
 
 PP, TP, DP = 2, 2, 2
-COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "_all_gather_base", "reduce",
-               "reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base", "all_to_all", "all_to_all_single",
-               "gather", "scatter", "barrier", "all_gather_object", "broadcast_object_list")
+COLLECTIVES = (
+    "all_reduce",
+    "broadcast",
+    "all_gather",
+    "all_gather_into_tensor",
+    "_all_gather_base",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "_reduce_scatter_base",
+    "all_to_all",
+    "all_to_all_single",
+    "gather",
+    "scatter",
+    "barrier",
+    "all_gather_object",
+    "broadcast_object_list",
+)
 used: dict[int, list[int]] = {}
 
 
@@ -30,11 +46,12 @@ def record(fn):
         group = dist.group.WORLD if group is None else group
         used.setdefault(id(group), dist.get_process_group_ranks(group))
         return fn(*args, **kwargs)
+
     return wrapped
 
 
 def main(out: str) -> None:
-    for name in COLLECTIVES:                  # (DeepSpeed's torch backend binds some of them when it starts)
+    for name in COLLECTIVES:  # (DeepSpeed's torch backend binds some of them when it starts)
         fn = getattr(c10d, name, None)
         if fn is not None:
             for module in (c10d, dist):
@@ -43,11 +60,12 @@ def main(out: str) -> None:
     import deepspeed
     from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
     from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
     topology = PipeModelDataParallelTopology(num_pp=PP, num_mp=TP, num_dp=DP)
     rank = dist.get_rank()
     tp_group = None
-    for ranks in topology.get_axis_comm_lists("model"):     # Megatron's mpu builds its own tensor-parallel groups
+    for ranks in topology.get_axis_comm_lists("model"):  # Megatron's mpu builds its own tensor-parallel groups
         group = dist.new_group(ranks)
         tp_group = group if rank in ranks else tp_group
 
@@ -66,16 +84,29 @@ def main(out: str) -> None:
 
         def forward(self, x):
             y = self.linear(x)
-            dist.all_reduce(y.detach(), group=tp_group)      # (the row-parallel output's reduction)
+            dist.all_reduce(y.detach(), group=tp_group)  # (the row-parallel output's reduction)
             return x + y
 
-    layers = [TiedLayerSpec("embed", Embedding, tied_weight_attr="weight"), *[LayerSpec(ParallelBlock)] * 4,
-              TiedLayerSpec("embed", Embedding, tied_weight_attr="weight")]
-    module = PipelineModule(layers=layers, topology=topology, partition_method="uniform",
-                            loss_fn=lambda out, y: nn.functional.cross_entropy(out.flatten(0, 1).float(), y.flatten()))
-    config = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 2, "bf16": {"enabled": True},
-              "zero_optimization": {"stage": 1}, "gradient_clipping": 1.0, "steps_per_print": 10**9,
-              "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "torch_adam": True}}}
+    layers = [
+        TiedLayerSpec("embed", Embedding, tied_weight_attr="weight"),
+        *[LayerSpec(ParallelBlock)] * 4,
+        TiedLayerSpec("embed", Embedding, tied_weight_attr="weight"),
+    ]
+    module = PipelineModule(
+        layers=layers,
+        topology=topology,
+        partition_method="uniform",
+        loss_fn=lambda out, y: nn.functional.cross_entropy(out.flatten(0, 1).float(), y.flatten()),
+    )
+    config = {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 2,
+        "bf16": {"enabled": True},
+        "zero_optimization": {"stage": 1},
+        "gradient_clipping": 1.0,
+        "steps_per_print": 10**9,
+        "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "torch_adam": True}},
+    }
     engine, *_ = deepspeed.initialize(model=module, config=config, model_parameters=list(module.parameters()))
     batch = (torch.randint(0, 64, (1, 8)), torch.randint(0, 64, (1, 8)))
     engine.train_batch(iter([batch] * 2))

@@ -5,14 +5,19 @@
 The reference for toolkit.estimate.pipeline.rank_orders: what torch executes, not its `pipeline_order`
 table. Every rank writes OUT.json.rank{r}: {schedule: [[kind, micro, stage], ...]}.
 """
+
 import json
 import sys
 
 import torch
 import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage
-from torch.distributed.pipelining.schedules import (Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B,
-                                                    ScheduleInterleavedZeroBubble)
+from torch.distributed.pipelining.schedules import (
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    ScheduleInterleavedZeroBubble,
+)
 
 
 def recorded_stage(index: int, stages: int, log: list) -> PipelineStage:
@@ -31,16 +36,23 @@ def recorded_stage(index: int, stages: int, log: list) -> PipelineStage:
         log.append(["W", chunk, index])
         return weight(chunk, *args, **kwargs)
 
-    stage.forward_one_chunk, stage.backward_one_chunk, stage.backward_weight_one_chunk = on_forward, on_backward, on_weight
+    stage.forward_one_chunk, stage.backward_one_chunk, stage.backward_weight_one_chunk = (
+        on_forward,
+        on_backward,
+        on_weight,
+    )
     return stage
 
 
 def run(schedule_class, m: int, v: int, rank: int, p: int) -> list:
     log: list = []
     stages = [recorded_stage(c * p + rank, p * v, log) for c in range(v)]
-    loss = lambda out, target: ((out - target) ** 2).mean()           # noqa: E731
-    schedule = (schedule_class(stages[0], m, loss_fn=loss) if schedule_class in (ScheduleGPipe, Schedule1F1B)
-                else schedule_class(stages, m, loss_fn=loss))
+    loss = lambda out, target: ((out - target) ** 2).mean()  # noqa: E731
+    schedule = (
+        schedule_class(stages[0], m, loss_fn=loss)
+        if schedule_class in (ScheduleGPipe, Schedule1F1B)
+        else schedule_class(stages, m, loss_fn=loss)
+    )
     x, target = torch.randn(m, 4), torch.randn(m, 4)
     has_first = any(s.is_first for s in stages)
     has_last = any(s.is_last for s in stages)
@@ -53,10 +65,12 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank, p = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
-    logs = {"gpipe": run(ScheduleGPipe, m, 1, rank, p),
-            "1f1b": run(Schedule1F1B, m, 1, rank, p),
-            "interleaved": run(ScheduleInterleaved1F1B, m, v, rank, p),
-            "zb-h1": run(ScheduleInterleavedZeroBubble, m, 1, rank, p)}
+    logs = {
+        "gpipe": run(ScheduleGPipe, m, 1, rank, p),
+        "1f1b": run(Schedule1F1B, m, 1, rank, p),
+        "interleaved": run(ScheduleInterleaved1F1B, m, v, rank, p),
+        "zb-h1": run(ScheduleInterleavedZeroBubble, m, 1, rank, p),
+    }
     with open(f"{out}.rank{rank}", "w") as f:
         json.dump(logs, f)
     dist.barrier()

@@ -6,6 +6,7 @@ ranks and count the collectives torch's profiler records, by size.
 The reference for toolkit.estimate.comm.tp_collectives_per_block: what the program issues, not a formula.
 Rank 0 writes OUT.json: {case: {"activation": all-reduce equivalents of block activations, "small": the rest}}.
 """
+
 import json
 import sys
 
@@ -18,13 +19,20 @@ from toolkit.specs.job import ModelSpec
 from toolkit.program.model import GPT
 from toolkit.program.parallel import loss_parallel, tensor_parallel
 
-CASES = {"gelu": ({"mlp": "gelu"}, False, "none"), "swiglu": ({"mlp": "swiglu", "norm": "rmsnorm"}, False, "none"),
-         "gelu-sp": ({"mlp": "gelu"}, True, "none"), "gelu-full-recompute": ({"mlp": "gelu"}, False, "full"),
-         "swiglu-per-op-recompute": ({"mlp": "swiglu", "norm": "rmsnorm"}, False, "selective-op"),
-         "gelu-sp-per-op-recompute": ({"mlp": "gelu"}, True, "selective-op")}
+CASES = {
+    "gelu": ({"mlp": "gelu"}, False, "none"),
+    "swiglu": ({"mlp": "swiglu", "norm": "rmsnorm"}, False, "none"),
+    "gelu-sp": ({"mlp": "gelu"}, True, "none"),
+    "gelu-full-recompute": ({"mlp": "gelu"}, False, "full"),
+    "swiglu-per-op-recompute": ({"mlp": "swiglu", "norm": "rmsnorm"}, False, "selective-op"),
+    "gelu-sp-per-op-recompute": ({"mlp": "gelu"}, True, "selective-op"),
+}
 LAYERS, HIDDEN, SEQ, MICRO = 3, 64, 16, 2
-KINDS = {"_c10d_functional::all_reduce": 1.0, "_c10d_functional::all_gather_into_tensor": 0.5,
-         "_c10d_functional::reduce_scatter_tensor": 0.5}   # a gather and a reduce-scatter move one all-reduce's bytes
+KINDS = {
+    "_c10d_functional::all_reduce": 1.0,
+    "_c10d_functional::all_gather_into_tensor": 0.5,
+    "_c10d_functional::reduce_scatter_tensor": 0.5,
+}  # a gather and a reduce-scatter move one all-reduce's bytes
 
 
 def _inside_itself(event) -> bool:

@@ -8,6 +8,7 @@ reads 84), an HGX A100 with 4 HDR NICs quoted in prose (nccl-tests#100, ~91 GB/s
 nodes), Ethernet offers (GCP A3's TCPX), and nccl-tests#309's untuned 8-node run (320.7 GB/s, the same cluster
 tuned read 391.4: the model reads 405). Small messages (1-64 MB) are latency-bound and not checked here.
 """
+
 import pytest
 
 from toolkit.estimate.comm import bus_bw_bytes_per_s
@@ -26,26 +27,48 @@ ROWS = [
     ("H100-SXM", 1, None, "reduce_scatter", 362.16, "NVIDIA/nccl#1047 (8 GB)"),
     ("H200", 1, None, "all_gather", 361.4, ML_ENG + " (16 GB)"),
     ("H200", 1, None, "reduce_scatter", 362.9, ML_ENG + " (16 GB)"),
-    ("A100-40GB", 2, 200e9, "all_reduce", 237.94, "oracle-quickstart OKE RDMA README, BM.GPU.B4.8 16 x 100 Gb/s (8 GB)"),
+    (
+        "A100-40GB",
+        2,
+        200e9,
+        "all_reduce",
+        237.94,
+        "oracle-quickstart OKE RDMA README, BM.GPU.B4.8 16 x 100 Gb/s (8 GB)",
+    ),
     ("H100-SXM", 2, None, "all_reduce", 469.21, "NVIDIA/nccl-tests#309, Dell XE9680, 8 x 400 Gb/s NDR (16 GB)"),
-    ("H100-SXM", 2, 400e9, "all_reduce", 437.79, "aws-samples/awsome-distributed-training 7217859f, p5.48xlarge "
-                                                "3200 Gb/s EFA (2 GB)"),
+    (
+        "H100-SXM",
+        2,
+        400e9,
+        "all_reduce",
+        437.79,
+        "aws-samples/awsome-distributed-training 7217859f, p5.48xlarge 3200 Gb/s EFA (2 GB)",
+    ),
     ("H100-SXM", 8, None, "all_reduce", 391.37, "NVIDIA/nccl-tests#309 (gj-aion, tuned; 8 GB)"),
-    ("H200", 16, 400e9, "all_reduce", 369.86, "aws-samples/awsome-distributed-training c5168b8e, p5en.48xlarge "
-                                             "3200 Gb/s EFA (16 GB)"),
+    (
+        "H200",
+        16,
+        400e9,
+        "all_reduce",
+        369.86,
+        "aws-samples/awsome-distributed-training c5168b8e, p5en.48xlarge 3200 Gb/s EFA (16 GB)",
+    ),
     ("H100-SXM", 128, None, "all_reduce", 367.29, "NVIDIA/nccl-tests#322, RoCE, ring (16 GB)"),
 ]
 
 
-@pytest.mark.parametrize("accelerator, nodes, network, kind, measured, source", ROWS,
-                         ids=[f"{r[0]}-{r[1]}n-{r[3]}" for r in ROWS])
-def test_bus_bandwidth_is_within_20_percent_of_published_nccl_tests(catalog, accelerator, nodes, network, kind,
-                                                                     measured, source):
+@pytest.mark.parametrize(
+    "accelerator, nodes, network, kind, measured, source", ROWS, ids=[f"{r[0]}-{r[1]}n-{r[3]}" for r in ROWS]
+)
+def test_bus_bandwidth_is_within_20_percent_of_published_nccl_tests(
+    catalog, accelerator, nodes, network, kind, measured, source
+):
     cluster = {"accelerator": accelerator, "count": 8 * nodes, "gpus_per_node": 8}
     if network:
         cluster["inter_node_bw_bytes_per_s"] = network
-    job = Job.from_dict({"model": {"preset": "llama2-7b"}, "precision": {"mode": "amp-bf16"}, "cluster": cluster},
-                        catalog)
+    job = Job.from_dict(
+        {"model": {"preset": "llama2-7b"}, "precision": {"mode": "amp-bf16"}, "cluster": cluster}, catalog
+    )
     hw = hardware_for(job, catalog)
     modelled = float(bus_bw_bytes_per_s(8 * nodes, 1, hw, Assumptions(), kind)) / 1e9
     assert modelled == pytest.approx(measured, rel=0.20), source
@@ -54,9 +77,14 @@ def test_bus_bandwidth_is_within_20_percent_of_published_nccl_tests(catalog, acc
 def test_a_group_with_one_rank_a_node_gets_one_nic_and_a_full_node_all_of_them(catalog):
     """dp beside tp 8 puts one rank of each dp group on a node: its ring crosses one NIC (25 GB/s on DGX A100);
     dp over whole nodes drives all eight."""
-    job = Job.from_dict({"model": {"preset": "llama2-7b"}, "precision": {"mode": "amp-bf16"},
-                         "cluster": {"accelerator": "A100-80GB", "count": 512}},
-                        catalog)
+    job = Job.from_dict(
+        {
+            "model": {"preset": "llama2-7b"},
+            "precision": {"mode": "amp-bf16"},
+            "cluster": {"accelerator": "A100-80GB", "count": 512},
+        },
+        catalog,
+    )
     hw, a = hardware_for(job, catalog), Assumptions()
     one_nic = float(bus_bw_bytes_per_s(64, 8, hw, a, "all_gather"))
     all_nics = float(bus_bw_bytes_per_s(512, 1, hw, a, "all_gather"))

@@ -1,5 +1,6 @@
 """What a GPU holds beyond the tensors (toolkit.estimate.device), checked against published nvidia-smi readings,
 the process groups torch really creates, and the planner's and doctor's use of it."""
+
 import dataclasses
 import json
 import subprocess
@@ -43,12 +44,15 @@ def test_device_peak_is_within_the_benchmarks_max_of_what_nvidia_smi_showed(job,
     assert est["peak_bytes"] / GIB < measured_gib * 0.9
 
 
-@pytest.mark.parametrize("job, published", [
-    (bloom(14336, 72, 64, 32, 2, 6, 1), "OOM"),
-    (bloom(14336, 72, 64, 48, 8, 1, 1, 2016), "OOM"),
-    (bloom(12288, 100, 64, 16, 4, 6, 1, partition=EMBEDDING_SLOTS, grads="fp32"), "OOM"),
-    (bloom(14336, 72, 64, 24, 8, 2, 2, 2016), "76 GiB"),
-])
+@pytest.mark.parametrize(
+    "job, published",
+    [
+        (bloom(14336, 72, 64, 32, 2, 6, 1), "OOM"),
+        (bloom(14336, 72, 64, 48, 8, 1, 1, 2016), "OOM"),
+        (bloom(12288, 100, 64, 16, 4, 6, 1, partition=EMBEDDING_SLOTS, grads="fp32"), "OOM"),
+        (bloom(14336, 72, 64, 24, 8, 2, 2, 2016), "76 GiB"),
+    ],
+)
 def test_published_out_of_memory_layouts_do_not_fit_and_the_fullest_run_does(job, published):
     assert estimate(Job.from_dict(job), published_catalog())["memory"]["fits"] is (published != "OOM")
 
@@ -78,10 +82,15 @@ def test_bf16_optimizer_adds_four_unsharded_bytes_per_parameter():
 
 
 def _held(**changes):
-    job = Job.from_dict({"model": {"preset": "llama2-7b"}, "batch": {"micro_batch": 1},
-                         "parallel": {"zero": 3, **changes.pop("parallel", {})},
-                         "memory": {"recompute": "full", **changes.pop("memory", {})},
-                         "cluster": {"accelerator": changes.pop("accelerator", "A100-80GB"), "count": 8}})
+    job = Job.from_dict(
+        {
+            "model": {"preset": "llama2-7b"},
+            "batch": {"micro_batch": 1},
+            "parallel": {"zero": 3, **changes.pop("parallel", {})},
+            "memory": {"recompute": "full", **changes.pop("memory", {})},
+            "cluster": {"accelerator": changes.pop("accelerator", "A100-80GB"), "count": 8},
+        }
+    )
     return estimate(job)["memory"]
 
 
@@ -92,7 +101,7 @@ def test_each_term_moves_the_way_its_cause_does():
     assert plain["peak_bytes"] < expandable["reserved_peak_bytes"] < plain["reserved_peak_bytes"]
     two_d = _held(parallel={"tp": 2})
     assert two_d["device_terms"]["comm_bytes"] > plain["device_terms"]["comm_bytes"]
-    tpu = _held(accelerator="TPU-v4")        # XLA plans its buffers: no allocator pool, no NCCL
+    tpu = _held(accelerator="TPU-v4")  # XLA plans its buffers: no allocator pool, no NCCL
     assert tpu["device_peak_bytes"] == tpu["reserved_peak_bytes"] == tpu["peak_bytes"]
     assert estimate(Job.from_dict({"model": {"preset": "gpt2"}}))["memory"]["device_peak_bytes"] is None
 
@@ -100,8 +109,11 @@ def test_each_term_moves_the_way_its_cause_does():
 def test_process_groups_are_those_torch_creates_for_the_mesh():
     """A rank of a DeviceMesh belongs to the world group and one group per mesh dimension (a 1-D mesh over the
     world reuses the world group): counted on a fake 8-rank process group, one rank traced."""
-    meshes = [((8,), ("dp",), {"dp": 8}), ((4, 2), ("dp", "tp"), {"dp": 4, "tp": 2}),
-              ((2, 2, 2), ("dp", "cp", "tp"), {"dp": 2, "cp": 2, "tp": 2})]
+    meshes = [
+        ((8,), ("dp",), {"dp": 8}),
+        ((4, 2), ("dp", "tp"), {"dp": 4, "tp": 2}),
+        ((2, 2, 2), ("dp", "cp", "tp"), {"dp": 2, "cp": 2, "tp": 2}),
+    ]
     script = textwrap.dedent("""
         import sys
         import torch.distributed as dist
@@ -113,11 +125,13 @@ def test_process_groups_are_those_torch_creates_for_the_mesh():
             print(len({id(mesh.get_group(n)) for n in names} | {id(dist.group.WORLD)}))
             dist.destroy_process_group()
     """)
-    out = subprocess.run([sys.executable, "-c", script, repr([m[:2] for m in meshes])], capture_output=True,
-                         text=True, check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", script, repr([m[:2] for m in meshes])], capture_output=True, text=True, check=True
+    ).stdout.split()
     for (_shape, _names, layout), torch_count in zip(meshes, map(int, out), strict=True):
-        job = Job.from_dict({"model": {"preset": "llama2-7b"}, "parallel": layout,
-                             "cluster": {"accelerator": "A100-80GB", "count": 8}}).resolve()[0]
+        job = Job.from_dict(
+            {"model": {"preset": "llama2-7b"}, "parallel": layout, "cluster": {"accelerator": "A100-80GB", "count": 8}}
+        ).resolve()[0]
         # (with cp the gradients reduce over dp × cp, which takes the place of the mesh's plain dp group)
         assert comm_groups(job)[0] == torch_count, (layout, torch_count)
 
@@ -130,16 +144,32 @@ def test_deepspeeds_pipeline_engine_communicates_on_the_groups_counted(tmp_path)
     embedding's group and the pipe group (the last two over the same two ranks). The estimate counts those and the
     world group, which Megatron-DeepSpeed's training loop barriers on (megatron/training.py, print_datetime)."""
     out = tmp_path / "groups.json"
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "8",
-                           str(Path(__file__).with_name("record_ds_groups.py")), str(out)],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "8",
+            str(Path(__file__).with_name("record_ds_groups.py")),
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     recorded = json.loads(out.read_text())
     assert sorted(map(len, recorded)) == [2, 2, 2, 2, 2, 4]
-    job = Job.from_dict({"model": {"layers": 4, "hidden": 64, "heads": 4, "vocab": 64, "seq_len": 8},
-                         "precision": {"mode": "mixed-bf16"}, "batch": {"micro_batch": 1, "global_batch": 4},
-                         "parallel": {"dp": 2, "tp": 2, "pp": 2, "zero": 1, "backend": "deepspeed"},
-                         "cluster": {"accelerator": "A100-80GB", "count": 8}}).resolve()[0]
+    job = Job.from_dict(
+        {
+            "model": {"layers": 4, "hidden": 64, "heads": 4, "vocab": 64, "seq_len": 8},
+            "precision": {"mode": "mixed-bf16"},
+            "batch": {"micro_batch": 1, "global_batch": 4},
+            "parallel": {"dp": 2, "tp": 2, "pp": 2, "zero": 1, "backend": "deepspeed"},
+            "cluster": {"accelerator": "A100-80GB", "count": 8},
+        }
+    ).resolve()[0]
     assert comm_groups(job)[0] == len(recorded) + 1
 
 
@@ -150,8 +180,10 @@ def test_nccl_opens_the_channels_its_logs_show_and_a_communicator_holds_what_was
     connections give less than either, by under a third (the 16 channels it assumed before gave 308 MB, 43 % under
     the smaller)."""
     cat = load_catalog()
-    channels = {name: assumptions_for(cat.accelerator(name)).comm_channels
-                for name in ("A100-80GB", "A100-40GB", "H100-SXM", "RTX-4090")}
+    channels = {
+        name: assumptions_for(cat.accelerator(name)).comm_channels
+        for name in ("A100-80GB", "A100-40GB", "H100-SXM", "RTX-4090")
+    }
     assert channels == {"A100-80GB": 24, "A100-40GB": 24, "H100-SXM": 32, "RTX-4090": 2}
     one = assumptions_for(cat.accelerator("A100-80GB")).comm_group_bytes
     assert 688e6 * 2 / 3 < one < 544e6
@@ -159,20 +191,33 @@ def test_nccl_opens_the_channels_its_logs_show_and_a_communicator_holds_what_was
 
 def test_pipeline_ranks_talk_to_their_neighbours():
     def peers(pp, vpp=1):
-        job = Job.from_dict({"model": {"preset": "llama2-7b"}, "parallel": {"pp": pp, "vpp": vpp},
-                             "cluster": {"accelerator": "A100-80GB", "count": pp}}).resolve()[0]
+        job = Job.from_dict(
+            {
+                "model": {"preset": "llama2-7b"},
+                "parallel": {"pp": pp, "vpp": vpp},
+                "cluster": {"accelerator": "A100-80GB", "count": pp},
+            }
+        ).resolve()[0]
         return int(comm_groups(job)[1])
+
     assert (peers(1), peers(2), peers(4), peers(2, vpp=2)) == (0, 1, 2, 2)
 
 
 def test_a_job_that_fits_only_without_fragmentation_gets_expandable_segments_first():
     cat = load_catalog()
-    base = Job.from_dict({"model": {"preset": "llama2-7b"}, "batch": {"micro_batch": 2},
-                          "parallel": {"zero": 3}, "memory": {"recompute": "selective"},
-                          "cluster": {"accelerator": "A100-80GB", "count": 8}})
+    base = Job.from_dict(
+        {
+            "model": {"preset": "llama2-7b"},
+            "batch": {"micro_batch": 2},
+            "parallel": {"zero": 3},
+            "memory": {"recompute": "selective"},
+            "cluster": {"accelerator": "A100-80GB", "count": 8},
+        }
+    )
     plain = estimate(base, cat)["memory"]
-    with_segments = estimate(base.replace(memory=dataclasses.replace(base.memory, expandable_segments=True)),
-                             cat)["memory"]
+    with_segments = estimate(base.replace(memory=dataclasses.replace(base.memory, expandable_segments=True)), cat)[
+        "memory"
+    ]
     between = (plain["device_peak_bytes"] + with_segments["device_peak_bytes"]) / 2
     tight = base.replace(memory=dataclasses.replace(base.memory, headroom_fraction=1 - between / 80 / GIB))
     report = diagnose_job(tight, cat)
@@ -188,9 +233,16 @@ def test_the_planner_lists_only_layouts_whose_device_peak_fits():
         assert plan["peak_bytes"] < plan["reserved_peak_bytes"] < plan["device_peak_bytes"] <= plan["usable_bytes"]
     best = result["plans"][0]
     lay = best["layout"]
-    single = estimate(Job.from_dict({"model": {"preset": "llama2-7b"}, "tokens": 1e9,
-                                     "batch": {"micro_batch": lay["micro_batch"], "global_batch": best["global_batch"]},
-                                     "parallel": {k: lay[k] for k in ("dp", "tp", "pp", "vpp", "sp", "zero", "offload")},
-                                     "memory": {"recompute": lay["recompute"]},
-                                     "cluster": {"accelerator": "A100-80GB", "count": 8}}))
+    single = estimate(
+        Job.from_dict(
+            {
+                "model": {"preset": "llama2-7b"},
+                "tokens": 1e9,
+                "batch": {"micro_batch": lay["micro_batch"], "global_batch": best["global_batch"]},
+                "parallel": {k: lay[k] for k in ("dp", "tp", "pp", "vpp", "sp", "zero", "offload")},
+                "memory": {"recompute": lay["recompute"]},
+                "cluster": {"accelerator": "A100-80GB", "count": 8},
+            }
+        )
+    )
     assert single["memory"]["device_peak_bytes"] == pytest.approx(best["device_peak_bytes"], rel=1e-9)

@@ -1,4 +1,5 @@
 """The exact FLOP count against torch's FlopCounterMode on the runner's GPT (eager attention)."""
+
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -7,10 +8,22 @@ from toolkit.estimate.flops import flops_per_token
 from toolkit.specs import Job
 from toolkit.program.model import GPT
 
-LLAMA = {"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "vocab": 100, "seq_len": 32, "ffn": 160,
-         "mlp": "swiglu", "norm": "rmsnorm", "position": "rope", "bias": "none", "tie_embeddings": False}
+LLAMA = {
+    "layers": 2,
+    "hidden": 64,
+    "heads": 4,
+    "kv_heads": 2,
+    "vocab": 100,
+    "seq_len": 32,
+    "ffn": 160,
+    "mlp": "swiglu",
+    "norm": "rmsnorm",
+    "position": "rope",
+    "bias": "none",
+    "tie_embeddings": False,
+}
 GPT2 = {"layers": 3, "hidden": 48, "heads": 6, "vocab": 90, "seq_len": 24, "max_positions": 24}
-GPT2_DROPOUT = {**GPT2, "dropout": 0.1}     # its masks are saved: recompute cannot stop before the down projection
+GPT2_DROPOUT = {**GPT2, "dropout": 0.1}  # its masks are saved: recompute cannot stop before the down projection
 
 
 def counted(job: Job, batch: int = 3) -> tuple[float, float]:
@@ -30,7 +43,7 @@ def counted(job: Job, batch: int = 3) -> tuple[float, float]:
 def test_matches_flop_counter(model, recompute):
     job = Job.from_dict({"model": model, "memory": {"recompute": recompute, "attention": "eager"}}).resolve()[0]
     tokens = 3 * job.model.seq_len
-    per_token = flops_per_token(job, causal=False)          # eager multiplies the whole score matrix
+    per_token = flops_per_token(job, causal=False)  # eager multiplies the whole score matrix
     forward, step = counted(job)
     assert forward == pytest.approx(per_token.forward * tokens, rel=0.01)
     # backward = 2 x forward, plus the recomputed forward work

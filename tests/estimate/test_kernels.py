@@ -1,6 +1,7 @@
 """The kernel model against the kernel-level measurements it cites (toolkit/data/kernels.yaml), never against
 training runs: GEMM time by shape on Hopper, the best matmul rate on both generations, fused attention by
 sequence, and the choice of implementation."""
+
 import pytest
 
 from toolkit.estimate.kernels import attention_fraction, attention_kernel_of, gemm_s, kernel_profile
@@ -10,9 +11,16 @@ from toolkit.specs import SpecError
 # matmul_interpolator_data.h at 372d578b, kDefaultMatmulPTable, bf16xbf16->bf16, batch 1), TFLOP/s by (m, n, k):
 # every product of the table whose dimensions are all 1024 or more.
 XLA_SM90_TFLOPS = {
-    (1024, 1024, 2048): 350.0, (1024, 2048, 1024): 373.3, (1024, 2048, 2048): 524.3, (1024, 4096, 1024): 490.3,
-    (2048, 2048, 2048): 632.0, (2048, 4096, 1024): 594.2, (4096, 1024, 1024): 488.1, (4096, 1024, 4096): 738.5,
-    (4096, 4096, 2048): 738.7, (4096, 4096, 4096): 783.3,
+    (1024, 1024, 2048): 350.0,
+    (1024, 2048, 1024): 373.3,
+    (1024, 2048, 2048): 524.3,
+    (1024, 4096, 1024): 490.3,
+    (2048, 2048, 2048): 632.0,
+    (2048, 4096, 1024): 594.2,
+    (4096, 1024, 1024): 488.1,
+    (4096, 1024, 4096): 738.5,
+    (4096, 4096, 2048): 738.7,
+    (4096, 4096, 4096): 783.3,
 }
 H100_PEAK, H100_HBM = 989.4e12, 3.35e12
 
@@ -37,9 +45,14 @@ def test_a_large_product_runs_at_the_published_maximum_achievable_matmul_rate(ac
 
 
 # FlashAttention-2 paper, forward + backward TFLOP/s (A100: Fig. 4; H100: Fig. 7), head dim 128, at 2k and 8k
-FA2_TABLE = [("A100-80GB", 312e12, False, 2048, 187), ("A100-80GB", 312e12, False, 8192, 201),
-             ("A100-80GB", 312e12, True, 2048, 155), ("A100-80GB", 312e12, True, 8192, 182),
-             ("H100-SXM", 989e12, False, 2048, 320), ("H100-SXM", 989e12, True, 8192, 308)]
+FA2_TABLE = [
+    ("A100-80GB", 312e12, False, 2048, 187),
+    ("A100-80GB", 312e12, False, 8192, 201),
+    ("A100-80GB", 312e12, True, 2048, 155),
+    ("A100-80GB", 312e12, True, 8192, 182),
+    ("H100-SXM", 989e12, False, 2048, 320),
+    ("H100-SXM", 989e12, True, 8192, 308),
+]
 
 
 @pytest.mark.parametrize("accelerator, peak, causal, seq, tflops", FA2_TABLE)
@@ -51,8 +64,8 @@ def test_flash_attention_2_runs_at_its_papers_rate(accelerator, peak, causal, se
 def test_between_measured_lengths_the_rate_is_interpolated_and_beyond_them_held():
     prof = kernel_profile("A100-80GB")
     at_3k = attention_fraction(prof, "fa2", 3072, 128, True) * 312
-    assert 155 < at_3k < 173                                  # between 2k's 155 and 4k's 173
-    assert attention_fraction(prof, "fa2", 131072, 128, True) * 312 == pytest.approx(189)   # 16k's, held
+    assert 155 < at_3k < 173  # between 2k's 155 and 4k's 173
+    assert attention_fraction(prof, "fa2", 131072, 128, True) * 312 == pytest.approx(189)  # 16k's, held
 
 
 def test_each_backend_runs_its_usual_attention_and_a_missing_one_is_refused_in_one_line():
@@ -62,7 +75,7 @@ def test_each_backend_runs_its_usual_attention_and_a_missing_one_is_refused_in_o
     assert attention_kernel_of(ampere, "megatron", None) == "fa2"
     with pytest.raises(SpecError, match="'fa3'.*no kernel measurement on ampere"):
         attention_kernel_of(ampere, "torch", "fa3")
-    assert kernel_profile("MI300X") is None                   # no profile: the model's stated assumptions
+    assert kernel_profile("MI300X") is None  # no profile: the model's stated assumptions
 
 
 def test_hopper_runs_attention_faster_with_fa3_than_fa2_as_its_paper_measured():

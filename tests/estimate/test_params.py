@@ -1,4 +1,5 @@
 """Parameter counts: exact where a checkpoint's count is published, near the paper's size name otherwise."""
+
 import pytest
 
 from toolkit.estimate import count_params
@@ -16,12 +17,22 @@ def test_preset_matches_published_count(preset):
     assert error < (0.005 if preset.params_published_kind == "exact" else 0.02), (counted, preset.params_published)
 
 
-@pytest.mark.parametrize("name, exact", [
-    ("gpt2", 124_439_808), ("gpt2-medium", 354_823_168), ("gpt2-large", 774_030_080), ("gpt2-xl", 1_557_611_200),
-    ("bert-large", 335_141_888), ("llama2-7b", 6_738_415_616), ("llama2-13b", 13_015_864_320),
-    ("llama2-70b", 68_976_648_192), ("llama3-8b", 8_030_261_248), ("llama3-70b", 70_553_706_496),
-    ("llama3-405b", 405_853_388_800),
-])
+@pytest.mark.parametrize(
+    "name, exact",
+    [
+        ("gpt2", 124_439_808),
+        ("gpt2-medium", 354_823_168),
+        ("gpt2-large", 774_030_080),
+        ("gpt2-xl", 1_557_611_200),
+        ("bert-large", 335_141_888),
+        ("llama2-7b", 6_738_415_616),
+        ("llama2-13b", 13_015_864_320),
+        ("llama2-70b", 68_976_648_192),
+        ("llama3-8b", 8_030_261_248),
+        ("llama3-70b", 70_553_706_496),
+        ("llama3-405b", 405_853_388_800),
+    ],
+)
 def test_exact_counts_to_the_parameter(catalog, name, exact):
     assert count_params(catalog.preset(name).model).total == exact
 
@@ -44,4 +55,5 @@ def test_gqa_shrinks_attention(catalog):
 
 def test_size_only_model():
     from toolkit.specs import ModelSpec
+
     assert count_params(ModelSpec(params=7_000_000_000)).total == 7_000_000_000

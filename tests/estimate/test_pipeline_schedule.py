@@ -1,5 +1,6 @@
 """The pipeline schedule simulator against the papers' closed forms, flow-shop theory, and what torch's
 schedules execute on real gloo ranks."""
+
 import json
 import subprocess
 import sys
@@ -62,15 +63,31 @@ def test_the_orders_are_what_torch_runs_on_gloo_ranks(tmp_path):
     p, m, v = 3, 6, 2
     out = tmp_path / "order.json"
     script = Path(__file__).with_name("record_schedule_order.py")
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(p),
-                           "--standalone", str(script), str(m), str(v), str(out)],
-                          capture_output=True, text=True, timeout=180)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            str(p),
+            "--standalone",
+            str(script),
+            str(m),
+            str(v),
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     for rank in range(p):
         ran = json.loads(Path(f"{out}.rank{rank}").read_text())
         for schedule in ("gpipe", "1f1b", "interleaved", "zb-h1"):
-            ours = [[a.kind, a.micro, a.stage] for a in rank_orders(schedule, p, m, v if schedule == "interleaved"
-                                                                       else 1)[rank]]
+            ours = [
+                [a.kind, a.micro, a.stage]
+                for a in rank_orders(schedule, p, m, v if schedule == "interleaved" else 1)[rank]
+            ]
             assert ours == ran[schedule], f"{schedule}, rank {rank}"
 
 
@@ -79,29 +96,41 @@ def test_replaying_a_timeline_recovers_its_step(schedule, v):
     """A run's timeline (here a simulated one with uneven stages and a send delay) replayed from its own chunk
     times and delays gives its step back: what `toolkit pipeline --run` does with a measured one."""
     n = 4 * v
-    original = simulate(schedule, 4, 8, v, forward_s=[1.0 + 0.1 * i for i in range(n)],
-                        backward_s=[2.0 + 0.3 * i for i in range(n)], p2p_s=0.2).to_dict()
+    original = simulate(
+        schedule,
+        4,
+        8,
+        v,
+        forward_s=[1.0 + 0.1 * i for i in range(n)],
+        backward_s=[2.0 + 0.3 * i for i in range(n)],
+        p2p_s=0.2,
+    ).to_dict()
     again = replay(original)
     assert again.step_s == pytest.approx(original["step_s"], rel=1e-12)
     assert again.bubble_fraction == pytest.approx(original["bubble_fraction"], rel=1e-12)
 
 
 def test_the_cli_prints_the_timeline_as_json(capsys):
-    assert main(["pipeline", "--stages", "4", "--microbatches", "8", "--schedule", "interleaved", "--vpp", "2",
-                 "--json"]) == 0
+    assert (
+        main(["pipeline", "--stages", "4", "--microbatches", "8", "--schedule", "interleaved", "--vpp", "2", "--json"])
+        == 0
+    )
     result = json.loads(capsys.readouterr().out)
     assert result["bubble_fraction"] == pytest.approx(3 / 19)
     assert result["step_s"] == pytest.approx(max(s["end_s"] for s in result["timeline"]))
-    assert len(result["timeline"]) == 4 * 2 * 8 * 2           # ranks × chunks × micro-batches × (F, B)
+    assert len(result["timeline"]) == 4 * 2 * 8 * 2  # ranks × chunks × micro-batches × (F, B)
 
 
-@pytest.mark.parametrize("argv, says", [
-    (["--schedule", "1fb1"], "did you mean 1f1b"),
-    (["--vpp", "2"], "needs the interleaved schedule"),
-    (["--forward-s", "1,2,3"], "--forward-s needs one value per virtual stage (4)"),
-    (["--schedule", "interleaved", "--vpp", "2", "--microbatches", "9"], "multiple of"),
-    (["--weight-s", "3"], "cannot exceed"),
-])
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--schedule", "1fb1"], "did you mean 1f1b"),
+        (["--vpp", "2"], "needs the interleaved schedule"),
+        (["--forward-s", "1,2,3"], "--forward-s needs one value per virtual stage (4)"),
+        (["--schedule", "interleaved", "--vpp", "2", "--microbatches", "9"], "multiple of"),
+        (["--weight-s", "3"], "cannot exceed"),
+    ],
+)
 def test_bad_schedules_get_one_line(capsys, argv, says):
     base = {"--stages": "4", "--microbatches": "8"}
     args = dict(base, **dict(zip(argv[::2], argv[1::2])))
@@ -114,7 +143,7 @@ def test_a_damaged_or_missing_run_timeline_gets_one_line(tmp_path, capsys):
     assert main(["pipeline", "--run", str(tmp_path)]) == 2
     assert "holds no pipeline timeline" in capsys.readouterr().err
     (tmp_path / "pipeline").mkdir()
-    (tmp_path / "pipeline" / "rank0.json").write_text('{"stage": 0, "spans": [')          # cut mid-write
+    (tmp_path / "pipeline" / "rank0.json").write_text('{"stage": 0, "spans": [')  # cut mid-write
     assert main(["pipeline", "--run", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert "rank0.json" in err and "not a readable pipeline timeline" in err and len(err.splitlines()) == 1

@@ -1,4 +1,5 @@
 """Spot interruptions: Young's interval minimises the modelled overhead; costs grow with interruptions."""
+
 import numpy as np
 import pytest
 
@@ -11,7 +12,7 @@ def test_young_interval_minimises_the_overhead():
     run = spot_run(1e6, 16, 0.10, 40e9, 1e9, 600)
     rate = 16 * -np.log(0.9) / MONTH_S
     assert run.interval_s == pytest.approx(np.sqrt(2 * 40 / rate))
-    for factor in (0.5, 0.8, 1.25, 2.0):   # the same overhead formula at other intervals is worse
+    for factor in (0.5, 0.8, 1.25, 2.0):  # the same overhead formula at other intervals is worse
         tau = run.interval_s * factor
         other = 40 / tau + rate * (tau / 2 + 40 + 600)
         assert other > run.overhead_fraction
@@ -26,8 +27,12 @@ def test_more_instances_and_more_reclaiming_cost_more():
 
 
 def test_estimate_reports_the_spot_run(catalog):
-    data = {"model": {"preset": "llama2-7b"}, "cluster": {"accelerator": "H100-SXM", "count": 16},
-            "precision": {"mode": "mixed-bf16"}, "cost": {"offer": "p5.48xlarge", "spot": True}}
+    data = {
+        "model": {"preset": "llama2-7b"},
+        "cluster": {"accelerator": "H100-SXM", "count": 16},
+        "precision": {"mode": "mixed-bf16"},
+        "cost": {"offer": "p5.48xlarge", "spot": True},
+    }
     cost = estimate(Job.from_dict(data, catalog), catalog)["cost"]
     assert cost["spot_run"]["amount"] > cost["amount"] and cost["spot_run"]["interruptions"] > 0
     calmer = {**data, "cost": {**data["cost"], "interruptions_per_month": 0.01}}
@@ -37,8 +42,12 @@ def test_estimate_reports_the_spot_run(catalog):
 
 
 def test_prices_in_other_currencies_convert_by_the_dated_rate(catalog, tmp_path):
-    est = estimate(Job.from_dict({"model": {"preset": "llama2-7b"}, "cost": {"offer": "ecs.gn7e-c16g1.32xlarge"},
-                                  "mfu": 0.4}, catalog), catalog)["cost"]
+    est = estimate(
+        Job.from_dict(
+            {"model": {"preset": "llama2-7b"}, "cost": {"offer": "ecs.gn7e-c16g1.32xlarge"}, "mfu": 0.4}, catalog
+        ),
+        catalog,
+    )["cost"]
     assert est["currency"] == "CNY"
     assert est["amount_usd"] == pytest.approx(est["amount"] / catalog.exchange_rates["cny"].per_usd)
     mine = tmp_path / "rates.yaml"

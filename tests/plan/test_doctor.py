@@ -1,4 +1,5 @@
 """The doctor: each fix is a real job whose estimate says what the fix claims; runs are read for symptoms."""
+
 import json
 
 import pytest
@@ -9,14 +10,21 @@ from toolkit.specs import Job
 
 
 def test_fixes_for_a_job_that_does_not_fit(catalog):
-    job = Job.from_dict({"model": {"preset": "llama2-70b"}, "cluster": {"accelerator": "H100-SXM", "count": 64},
-                         "parallel": {"tp": 8, "pp": 4, "zero": 1}, "precision": {"mode": "mixed-bf16"}}, catalog)
+    job = Job.from_dict(
+        {
+            "model": {"preset": "llama2-70b"},
+            "cluster": {"accelerator": "H100-SXM", "count": 64},
+            "parallel": {"tp": 8, "pp": 4, "zero": 1},
+            "precision": {"mode": "mixed-bf16"},
+        },
+        catalog,
+    )
     report = diagnose_job(job, catalog)
     assert not report["fits"] and any("out of memory" in f for f in report["findings"])
     fitting = [f for f in report["fixes"] if f["fits"]]
-    assert fitting and report["fixes"][:len(fitting)] == fitting          # fitting fixes first
+    assert fitting and report["fixes"][: len(fitting)] == fitting  # fitting fixes first
     steps = [f["step_change"] for f in fitting]
-    assert steps == sorted(steps)                                          # cheapest first
+    assert steps == sorted(steps)  # cheapest first
     for fix in report["fixes"][:4]:
         est = estimate(Job.from_dict(fix["job"], catalog), catalog)
         assert est["memory"]["peak_bytes"] == pytest.approx(fix["peak_bytes"])
@@ -25,8 +33,15 @@ def test_fixes_for_a_job_that_does_not_fit(catalog):
 
 
 def test_no_single_fix_so_changes_are_combined(catalog):
-    job = Job.from_dict({"model": {"preset": "llama2-7b"}, "cluster": {"accelerator": "A100-80GB", "count": 8},
-                         "precision": {"mode": "mixed-bf16"}, "batch": {"micro_batch": 4}}, catalog)
+    job = Job.from_dict(
+        {
+            "model": {"preset": "llama2-7b"},
+            "cluster": {"accelerator": "A100-80GB", "count": 8},
+            "precision": {"mode": "mixed-bf16"},
+            "batch": {"micro_batch": 4},
+        },
+        catalog,
+    )
     report = diagnose_job(job, catalog)
     assert not any(f["fits"] for f in report["fixes"])
     combined = report["combined"]
@@ -35,9 +50,16 @@ def test_no_single_fix_so_changes_are_combined(catalog):
 
 
 def test_a_slow_pipeline_is_named(catalog):
-    job = Job.from_dict({"model": {"preset": "llama2-13b"}, "cluster": {"accelerator": "H100-SXM", "count": 16},
-                         "parallel": {"pp": 8}, "precision": {"mode": "mixed-bf16"},
-                         "batch": {"micro_batch": 1, "global_batch": 16}}, catalog)
+    job = Job.from_dict(
+        {
+            "model": {"preset": "llama2-13b"},
+            "cluster": {"accelerator": "H100-SXM", "count": 16},
+            "parallel": {"pp": 8},
+            "precision": {"mode": "mixed-bf16"},
+            "batch": {"micro_batch": 1, "global_batch": 16},
+        },
+        catalog,
+    )
     report = diagnose_job(job, catalog)
     assert report["fits"] and any("pipeline bubble" in f for f in report["findings"])
     assert report["fixes"] and all(f["step_change"] < 0 for f in report["fixes"])
@@ -74,9 +96,20 @@ def test_a_full_fine_tune_that_does_not_fit_is_offered_adapters_and_pure_bf16_be
 def test_a_fine_tune_is_budgeted_by_its_data_not_the_pretraining_preset(cli_json):
     full = cli_json("estimate", "--model", "llama2-7b", "--gpus", "1xA100-80GB", "--finetune", "full")
     assert full["job"]["workload"] == "finetune" and full["job"]["tokens"] is None
-    assert full["time"]["train_s"] is None and full["job"]["batch"]["global_batch"] == 1     # not 2T tokens, 4M a step
-    data = cli_json("estimate", "--model", "llama2-7b", "--gpus", "1xA100-80GB", "--finetune", "lora",
-                    "--dataset-tokens", "5e7", "--epochs", "3")
+    assert full["time"]["train_s"] is None and full["job"]["batch"]["global_batch"] == 1  # not 2T tokens, 4M a step
+    data = cli_json(
+        "estimate",
+        "--model",
+        "llama2-7b",
+        "--gpus",
+        "1xA100-80GB",
+        "--finetune",
+        "lora",
+        "--dataset-tokens",
+        "5e7",
+        "--epochs",
+        "3",
+    )
     assert data["job"]["tokens"] == pytest.approx(1.5e8)
     assert data["time"]["train_s"] == pytest.approx(1.5e8 / data["time"]["tokens_per_s"])
     pretrain = cli_json("estimate", "--model", "llama2-7b", "--gpus", "8xA100-80GB")

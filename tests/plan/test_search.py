@@ -1,4 +1,5 @@
 """The planner's search: it agrees with `estimate` plan by plan, keeps only what fits, ranks and fronts right."""
+
 import numpy as np
 import pytest
 
@@ -15,12 +16,18 @@ def result(catalog):
 
 def _job_of(plan, catalog):
     layout = plan["layout"]
-    return Job.from_dict({"model": {"preset": "llama2-13b"}, "precision": {"mode": "mixed-bf16"},
-                          "cluster": {"accelerator": plan["accelerator"], "count": plan["devices"]},
-                          "cost": {"offer": plan["offer"]},
-                          "parallel": {k: layout[k] for k in ("dp", "tp", "pp", "vpp", "sp", "zero", "offload")},
-                          "batch": {"micro_batch": layout["micro_batch"], "global_batch": plan["global_batch"]},
-                          "memory": {"recompute": layout["recompute"]}}, catalog)
+    return Job.from_dict(
+        {
+            "model": {"preset": "llama2-13b"},
+            "precision": {"mode": "mixed-bf16"},
+            "cluster": {"accelerator": plan["accelerator"], "count": plan["devices"]},
+            "cost": {"offer": plan["offer"]},
+            "parallel": {k: layout[k] for k in ("dp", "tp", "pp", "vpp", "sp", "zero", "offload")},
+            "batch": {"micro_batch": layout["micro_batch"], "global_batch": plan["global_batch"]},
+            "memory": {"recompute": layout["recompute"]},
+        },
+        catalog,
+    )
 
 
 def test_each_plan_is_what_estimate_says_of_that_job(result, catalog):
@@ -37,10 +44,10 @@ def test_ranked_by_cost_and_the_front_is_undominated(result):
     costs = [p["cost"] for p in result["plans"]]
     assert costs == sorted(costs)
     front = result["pareto"]
-    cheapest = result["plans"][0]                     # nothing is cheaper, so nothing dominates it: on the front
+    cheapest = result["plans"][0]  # nothing is cheaper, so nothing dominates it: on the front
     assert min(p["cost"] for p in front) == pytest.approx(cheapest["cost"])
     days, prices = [p["train_days"] for p in front], [p["cost"] for p in front]
-    assert days == sorted(days) and prices == sorted(prices, reverse=True)   # faster plans cost more
+    assert days == sorted(days) and prices == sorted(prices, reverse=True)  # faster plans cost more
     for a in front:
         assert not any(b["train_days"] < a["train_days"] and b["cost"] < a["cost"] for b in result["plans"])
     assert result["evaluated"] > result["fitting"] > 0
@@ -53,15 +60,17 @@ def test_pareto_front_on_known_points():
 
 
 def test_fixed_choices_are_not_varied(catalog):
-    job = Job.from_dict({"model": {"preset": "llama2-7b"}, "parallel": {"tp": 2, "zero": 1},
-                         "precision": {"mode": "mixed-bf16"}}, catalog)
+    job = Job.from_dict(
+        {"model": {"preset": "llama2-7b"}, "parallel": {"tp": 2, "zero": 1}, "precision": {"mode": "mixed-bf16"}},
+        catalog,
+    )
     result = search(job, catalog, gpus=(16, "H100-SXM"), fixed={"tp", "zero"}, top=50)
     assert {(p["layout"]["tp"], p["layout"]["zero"]) for p in result["plans"]} == {(2, 1)}
 
 
 def test_deadline_and_nothing_fits(catalog):
     job = Job.from_dict({"model": {"preset": "llama2-70b"}, "precision": {"mode": "mixed-bf16"}}, catalog)
-    none = search(job, catalog, gpus=(8, "RTX-4090"), fixed={"offload"})     # offload none: 70B needs > 8 x 24 GB
+    none = search(job, catalog, gpus=(8, "RTX-4090"), fixed={"offload"})  # offload none: 70B needs > 8 x 24 GB
     assert none["plans"] == [] and none["evaluated"] > 0
     quick = search(job, catalog, offers=["p5.48xlarge"], max_gpus=256, deadline_days=100)
     assert quick["plans"] and all(p["train_days"] <= 100 for p in quick["plans"])

@@ -6,6 +6,7 @@ built from the runner's modules (toolkit.program.model), on a fake process group
 The reference for toolkit.specs.partition: OUT.json maps each case to DeepSpeed's boundaries (`parts`) and the
 blocks each stage gets.
 """
+
 import json
 import sys
 
@@ -46,7 +47,7 @@ def gpt_model_pipe(spec: ModelSpec):
             super().__init__(spec.hidden, spec.vocab, bias=False)
 
     ParallelTransformerLayerPipe = type("ParallelTransformerLayerPipe", (Block,), {})
-    norm = (type("LayerNorm", (nn.LayerNorm,), {}) if spec.norm == "layernorm" else type("RMSNorm", (nn.RMSNorm,), {}))
+    norm = type("LayerNorm", (nn.LayerNorm,), {}) if spec.norm == "layernorm" else type("RMSNorm", (nn.RMSNorm,), {})
 
     def _to_float16(x):
         return x
@@ -57,14 +58,18 @@ def gpt_model_pipe(spec: ModelSpec):
     layers = [_to_float16, TiedLayerSpec("embed", EmbeddingPipe, tied_weight_attr="weight"), lambda x: x]
     layers += [LayerSpec(ParallelTransformerLayerPipe, spec, "eager", False) for _ in range(spec.layers)]
     layers += [lambda x: x, LayerSpec(norm, spec.hidden)]
-    layers += [TiedLayerSpec("embed", EmbeddingPipe, tied_weight_attr="weight") if spec.tie_embeddings
-               else LayerSpec(LMHeadPipe)]
+    layers += [
+        TiedLayerSpec("embed", EmbeddingPipe, tied_weight_attr="weight")
+        if spec.tie_embeddings
+        else LayerSpec(LMHeadPipe)
+    ]
     return layers + [float16_to_fp32]
 
 
 def main(out: str) -> None:
     import deepspeed.comm
     from deepspeed.pipe import PipelineModule
+
     recorded = {}
     for name, (fields, pp, method) in CASES.items():
         dist.init_process_group("fake", rank=0, world_size=pp, store=FakeStore())
@@ -76,7 +81,7 @@ def main(out: str) -> None:
         blocks = [names[a:b].count("ParallelTransformerLayerPipe") for a, b in zip(parts, parts[1:])]
         recorded[name] = {"parts": parts, "blocks": blocks}
         dist.destroy_process_group()
-        deepspeed.comm.comm.cdb = None        # the next case starts a process group of its own size
+        deepspeed.comm.comm.cdb = None  # the next case starts a process group of its own size
     with open(out, "w") as f:
         json.dump(recorded, f)
 

@@ -1,6 +1,7 @@
 """The registry of layout axes (toolkit.specs.axes) walked front end by front end: the grid, the search, the CLI,
 the planner panel, the text report, the proxy, the device groups and the runner's mesh each take every axis. A
 front end that loses an axis fails here, naming the axis."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -10,10 +11,23 @@ from toolkit.specs import Job, load_catalog
 from toolkit.specs.axes import AXES, MESH_ORDER, data_parallel, model_parallel
 
 CATALOG = load_catalog()
-BASE = {"model": {"preset": "llama2-7b"}, "cluster": {"accelerator": "H100-SXM", "count": 64},
-        "precision": {"mode": "amp-bf16"}}
-NON_DEFAULT = {"tp": 2, "pp": 2, "vpp": 2, "cp": 2, "sp": True, "zero": 3, "dp_replicate": 2, "offload": "params",
-               "micro_batch": 2, "recompute": "full"}
+BASE = {
+    "model": {"preset": "llama2-7b"},
+    "cluster": {"accelerator": "H100-SXM", "count": 64},
+    "precision": {"mode": "amp-bf16"},
+}
+NON_DEFAULT = {
+    "tp": 2,
+    "pp": 2,
+    "vpp": 2,
+    "cp": 2,
+    "sp": True,
+    "zero": 3,
+    "dp_replicate": 2,
+    "offload": "params",
+    "micro_batch": 2,
+    "recompute": "full",
+}
 """A value other than the default for each axis, one that a 64-GPU Llama-2-7B job allows."""
 
 
@@ -36,6 +50,7 @@ def test_the_grid_and_the_search_vary_it(axis):
     from toolkit.estimate.grid import AXES as GRID_AXES
     from toolkit.estimate.grid import layout_grid
     from toolkit.plan.search import AXIS_VALUES
+
     assert GRID_AXES.get(axis.name) == axis.section
     assert AXIS_VALUES.get(axis.name), f"the planner's search does not try {axis.name}"
     base = job_with("zero", 3) if axis.name == "dp_replicate" else job_with("tp", 1)
@@ -46,8 +61,10 @@ def test_the_grid_and_the_search_vary_it(axis):
 @pytest.mark.parametrize("axis", AXES, ids=lambda a: a.name)
 def test_the_cli_takes_its_flag_and_the_search_keeps_it_fixed(axis, tmp_path):
     from toolkit.cli.main import build_parser, fixed_axes, job_from_args
-    flag_value = {True: [], "params": ["params"], "full": ["full"]}.get(NON_DEFAULT[axis.name],
-                                                                           [str(NON_DEFAULT[axis.name])])
+
+    flag_value = {True: [], "params": ["params"], "full": ["full"]}.get(
+        NON_DEFAULT[axis.name], [str(NON_DEFAULT[axis.name])]
+    )
     args = build_parser().parse_args(["estimate", "--model", "llama2-7b", axis.flag, *flag_value])
     assert axis.name in fixed_axes(args)
     job = job_from_args(args, CATALOG)
@@ -61,6 +78,7 @@ def test_the_cli_takes_its_flag_and_the_search_keeps_it_fixed(axis, tmp_path):
 @pytest.mark.parametrize("axis", AXES, ids=lambda a: a.name)
 def test_the_text_report_shows_it(axis):
     from toolkit.format import layout_text
+
     plain = {"dp": 8, **{a.name: a.default for a in AXES}}
     assert layout_text({**plain, axis.name: NON_DEFAULT[axis.name]}) != layout_text(plain)
 
@@ -80,6 +98,7 @@ _PANEL = []
 def _panel():
     if not _PANEL:
         from widgets.planner import PlannerPanel
+
         _PANEL.append(PlannerPanel(preset="llama2-7b", accelerator="H100-SXM", count=64))
     return _PANEL[0]
 
@@ -87,13 +106,14 @@ def _panel():
 @pytest.mark.parametrize("axis", AXES, ids=lambda a: a.name)
 def test_the_proxy_takes_it_within_what_this_machine_runs(axis):
     from toolkit.proxy import LocalDevices, run_plan
+
     job = job_with(axis.name, NON_DEFAULT[axis.name])
     plan = run_plan(job, LocalDevices("cpu", 2), max_ranks=4)
     assert plan.job is not None, plan.refusal
     value = getattr(getattr(plan.job, axis.section), axis.name)
     kept = NON_DEFAULT[axis.name] if axis.proxy_max is None else min(NON_DEFAULT[axis.name], axis.proxy_max)
     if axis.name == "sp":
-        kept = plan.job.parallel.tp > 1            # sequence parallelism goes where tensor parallelism does
+        kept = plan.job.parallel.tp > 1  # sequence parallelism goes where tensor parallelism does
     assert value == kept
     if value != NON_DEFAULT[axis.name] and axis.section == "parallel":
         assert any(c.startswith(f"{axis.name} ") for c in plan.changes), plan.changes
@@ -102,6 +122,7 @@ def test_the_proxy_takes_it_within_what_this_machine_runs(axis):
 @pytest.mark.parametrize("axis", [a for a in AXES if a.splits_devices], ids=lambda a: a.name)
 def test_the_device_groups_and_the_mesh_count_each_dimension(axis):
     from toolkit.estimate.device import comm_groups
+
     plain = job_with("tp", 1)
     split = job_with(axis.name, NON_DEFAULT[axis.name])
     assert comm_groups(split) != comm_groups(plain)
@@ -111,6 +132,7 @@ def test_the_device_groups_and_the_mesh_count_each_dimension(axis):
 
 def test_the_dp_rule_on_arrays_is_the_rule_on_each_layout():
     from types import SimpleNamespace
+
     tp, pp, cp = np.array([1, 2, 8]), np.array([1, 4, 2]), np.array([1, 1, 2])
     par = SimpleNamespace(tp=tp, pp=pp, cp=cp)
     assert data_parallel(64, par).tolist() == [64, 8, 2]
@@ -119,6 +141,7 @@ def test_the_dp_rule_on_arrays_is_the_rule_on_each_layout():
 
 def test_the_runner_builds_its_mesh_in_the_registry_order():
     from toolkit.specs.axes import mesh_dims
+
     assert mesh_dims({"tp": 2, "dp": 4, "pp": 3}) == (("pp", "dp", "tp"), (3, 4, 2))
     assert mesh_dims({"tp": 2, "dp_shard": 2, "dp_replicate": 2}) == (("dp_replicate", "dp_shard", "tp"), (2, 2, 2))
 
@@ -126,5 +149,6 @@ def test_the_runner_builds_its_mesh_in_the_registry_order():
 def test_a_flag_the_registry_lacks_is_not_a_layout_axis():
     """The parser's own layout flags are the registry's, plus dp (which the dp rule derives)."""
     from toolkit.cli.main import OVERRIDES
+
     parallel_flags = {flag for flag, (section, _f, _c) in OVERRIDES.items() if section == "parallel"}
     assert {a.name for a in AXES if a.section == "parallel"} <= parallel_flags

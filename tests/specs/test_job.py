@@ -1,4 +1,5 @@
 """The Job: YAML round trip, defaults chosen by resolve(), and models from HF config.json files."""
+
 from pathlib import Path
 
 import pytest
@@ -10,20 +11,28 @@ HF = Path(__file__).parents[1] / "fixtures" / "hf"
 
 
 def test_yaml_round_trip_is_exact(tmp_path, catalog):
-    job = Job.from_dict({"model": {"preset": "llama2-70b", "seq_len": 8192},
-                         "batch": {"micro_batch": 2, "global_batch": 512},
-                         "precision": {"mode": "mixed-bf16", "grad_dtype": "fp32"}, "optimizer": {"name": "adamw"},
-                         "parallel": {"tp": 8, "pp": 4, "vpp": 2, "sp": True, "zero": 1},
-                         "memory": {"recompute": "selective", "act_compress": "int8"},
-                         "cluster": {"accelerator": "h100", "count": 64}, "tokens": 2e12, "mfu": 0.4,
-                         "cost": {"offer": "p5.48xlarge", "spot": True}}, catalog)
+    job = Job.from_dict(
+        {
+            "model": {"preset": "llama2-70b", "seq_len": 8192},
+            "batch": {"micro_batch": 2, "global_batch": 512},
+            "precision": {"mode": "mixed-bf16", "grad_dtype": "fp32"},
+            "optimizer": {"name": "adamw"},
+            "parallel": {"tp": 8, "pp": 4, "vpp": 2, "sp": True, "zero": 1},
+            "memory": {"recompute": "selective", "act_compress": "int8"},
+            "cluster": {"accelerator": "h100", "count": 64},
+            "tokens": 2e12,
+            "mfu": 0.4,
+            "cost": {"offer": "p5.48xlarge", "spot": True},
+        },
+        catalog,
+    )
     path = tmp_path / "job.yaml"
     job.to_yaml(path)
     again = Job.from_yaml(path, catalog)
     assert again == job
     resolved, _ = job.resolve(catalog)
     assert Job.from_yaml(_dump(resolved, tmp_path), catalog) == resolved
-    assert resolved.cluster.accelerator == "H100-SXM"       # alias resolved to the catalog name
+    assert resolved.cluster.accelerator == "H100-SXM"  # alias resolved to the catalog name
     assert resolved.parallel.dp == 2 and resolved.grad_accum == 128
 
 
@@ -40,8 +49,14 @@ def test_preset_override_changes_only_what_is_named(catalog):
 
 
 def test_defaults_and_notes(catalog):
-    job, notes = Job.from_dict({"model": {"preset": "gpt3-175b"}, "parallel": {"tp": 8, "pp": 8},
-                                "cluster": {"accelerator": "A100-80GB", "count": 1024}}, catalog).resolve(catalog)
+    job, notes = Job.from_dict(
+        {
+            "model": {"preset": "gpt3-175b"},
+            "parallel": {"tp": 8, "pp": 8},
+            "cluster": {"accelerator": "A100-80GB", "count": 1024},
+        },
+        catalog,
+    ).resolve(catalog)
     assert job.parallel.dp == 16
     # published 3.2M tokens = 1563 sequences of 2048, rounded up to a multiple of micro-batch × dp = 16
     assert job.batch.global_batch == 1568 and job.grad_accum == 98
@@ -53,14 +68,21 @@ def test_defaults_and_notes(catalog):
 def test_interleaved_default_batch_is_whole_rounds(catalog):
     """With vpp > 1 the published batch is rounded up to whole rounds of pp micro-batches, which torch's interleaved
     schedule needs (1563 sequences on dp 16 would be 98 micro-batches: 98 % (98 // 8) != 0, refused)."""
-    job, _ = Job.from_dict({"model": {"preset": "gpt3-175b"}, "parallel": {"tp": 8, "pp": 8, "vpp": 2},
-                            "cluster": {"accelerator": "A100-80GB", "count": 1024}}, catalog).resolve(catalog)
-    assert job.batch.global_batch == 1664 and job.grad_accum == 104         # 16 × 8 × 13
+    job, _ = Job.from_dict(
+        {
+            "model": {"preset": "gpt3-175b"},
+            "parallel": {"tp": 8, "pp": 8, "vpp": 2},
+            "cluster": {"accelerator": "A100-80GB", "count": 1024},
+        },
+        catalog,
+    ).resolve(catalog)
+    assert job.batch.global_batch == 1664 and job.grad_accum == 104  # 16 × 8 × 13
 
 
 def test_fp16_default_where_no_bf16(catalog):
-    job, notes = Job.from_dict({"model": {"preset": "gpt2"}, "cluster": {"accelerator": "V100-32GB", "count": 8}},
-                               catalog).resolve(catalog)
+    job, notes = Job.from_dict(
+        {"model": {"preset": "gpt2"}, "cluster": {"accelerator": "V100-32GB", "count": 8}}, catalog
+    ).resolve(catalog)
     assert job.precision.mode == "amp-fp16" and any("no bf16" in n for n in notes)
 
 
@@ -76,10 +98,16 @@ def test_numbers_in_yaml_strings_are_parsed(tmp_path, catalog):
     assert job.tokens == 300e9 and job.mfu == 0.4
 
 
-@pytest.mark.parametrize("folder, exact", [
-    ("llama2-7b", 6_738_415_616), ("mistral-7b", 7_241_732_096), ("qwen2-0.5b", 494_032_768),
-    ("gpt2", 124_439_808), ("pythia-160m", 162_322_944),
-])
+@pytest.mark.parametrize(
+    "folder, exact",
+    [
+        ("llama2-7b", 6_738_415_616),
+        ("mistral-7b", 7_241_732_096),
+        ("qwen2-0.5b", 494_032_768),
+        ("gpt2", 124_439_808),
+        ("pythia-160m", 162_322_944),
+    ],
+)
 def test_hf_config_gives_exact_counts(folder, exact):
     """Counts published for these checkpoints (model cards / num_parameters())."""
     assert count_params(model_from_hf_config(HF / folder)).total == exact
@@ -100,6 +128,7 @@ def test_hf_config_in_job(catalog):
 
 
 def test_size_only_model_resolves(catalog):
-    job, _ = Job.from_dict({"model": {"params": "7e9"}, "cluster": {"accelerator": "A100-80GB", "count": 8}},
-                           catalog).resolve(catalog)
+    job, _ = Job.from_dict(
+        {"model": {"params": "7e9"}, "cluster": {"accelerator": "A100-80GB", "count": 8}}, catalog
+    ).resolve(catalog)
     assert job.model == ModelSpec(params=7_000_000_000)

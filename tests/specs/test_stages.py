@@ -1,5 +1,6 @@
 """Uneven pipeline stages and context parallelism: the split rule against the runs that used it, the one-line
 refusals, and the planner choosing them where they help."""
+
 import dataclasses
 
 import numpy as np
@@ -18,8 +19,8 @@ def test_llama3_and_bloom_splits():
     assert rank_layers(126, 16, 2) == [7] + [8] * 14 + [7]
     assert chunk_layers(126, 16, 2) == [3] + [4] * 30 + [3]
     assert rank_layers(70, 12) == [5] + [6] * 10 + [5]
-    assert rank_layers(96, 8) == [12] * 8                                  # equal stages stay equal
-    assert rank_layers(31, 4) == [8, 8, 8, 7]                             # one short: the last gives it up
+    assert rank_layers(96, 8) == [12] * 8  # equal stages stay equal
+    assert rank_layers(31, 4) == [8, 8, 8, 7]  # one short: the last gives it up
 
 
 def test_grid_counts_equal_the_listed_split():
@@ -32,13 +33,18 @@ def test_grid_counts_equal_the_listed_split():
         assert middle[i] == max(ranks[1:-1] or [ranks[0]])
 
 
-@pytest.mark.parametrize("argv, expect", [
-    (["--pp", "4", "--stage-layers", "3,4,4"], "needs pp × vpp = 4 entries of at least 1 layer summing to "
-                                               "model.layers = 12; for example [3, 3, 3, 3]"),
-    (["--pp", "8"], "12 layers on pp × vpp = 8 chunks leave the first or last chunk empty; use pp 7 or 12"),
-    (["--cp", "5"], "2 × cp must divide model.seq_len = 1024"),
-    (["--cp", "16"], "tp × pp × cp = 16 does not divide cluster.count = 8"),
-])
+@pytest.mark.parametrize(
+    "argv, expect",
+    [
+        (
+            ["--pp", "4", "--stage-layers", "3,4,4"],
+            "needs pp × vpp = 4 entries of at least 1 layer summing to model.layers = 12; for example [3, 3, 3, 3]",
+        ),
+        (["--pp", "8"], "12 layers on pp × vpp = 8 chunks leave the first or last chunk empty; use pp 7 or 12"),
+        (["--cp", "5"], "2 × cp must divide model.seq_len = 1024"),
+        (["--cp", "16"], "tp × pp × cp = 16 does not divide cluster.count = 8"),
+    ],
+)
 def test_bad_split_or_cp_is_one_line(capsys, argv, expect):
     assert main(["estimate", "--model", "gpt2", "--gpus", "8xA100-80GB", *argv]) == 2
     err = capsys.readouterr().err.strip()
@@ -55,17 +61,25 @@ def test_the_planner_uses_cp_where_sequences_are_long():
     does not split over every device, yet the search runs, and every top plan splits sequences; at 8K the planner
     does not try cp at all, and it plans 126 layers on 16 stages."""
     catalog = load_catalog()
-    long = Job.from_dict({"model": {"preset": "llama3-405b", "seq_len": 131072}, "precision": {"mode": "mixed-bf16"},
-                          "batch": {"global_batch": 128}, "tokens": 1e12}, catalog)
+    long = Job.from_dict(
+        {
+            "model": {"preset": "llama3-405b", "seq_len": 131072},
+            "precision": {"mode": "mixed-bf16"},
+            "batch": {"global_batch": 128},
+            "tokens": 1e12,
+        },
+        catalog,
+    )
     plans = search(long, catalog, gpus=(16384, "H100-SXM"), top=5)["plans"]
     assert plans and all(p["layout"]["cp"] > 1 for p in plans)
-    short = Job.from_dict({"model": {"preset": "llama3-405b"}, "precision": {"mode": "mixed-bf16"},
-                           "tokens": 1e12}, catalog)
+    short = Job.from_dict(
+        {"model": {"preset": "llama3-405b"}, "precision": {"mode": "mixed-bf16"}, "tokens": 1e12}, catalog
+    )
     plans = search(short, catalog, gpus=(16384, "H100-SXM"), top=5, fixed={"micro_batch"})["plans"]
     assert plans and all(p["layout"]["cp"] == 1 for p in plans)
-    uneven = short.replace(parallel=dataclasses.replace(short.parallel, pp=16))   # 126 layers: 8 on 14 ranks, 7 on 2
+    uneven = short.replace(parallel=dataclasses.replace(short.parallel, pp=16))  # 126 layers: 8 on 14 ranks, 7 on 2
     plans = search(uneven, catalog, gpus=(16384, "H100-SXM"), top=5, fixed={"pp", "micro_batch"})["plans"]
     assert plans and all(p["layout"]["pp"] == 16 for p in plans)
-    for plan in plans:                  # its top plans' pipelines are run through the schedule simulator too
+    for plan in plans:  # its top plans' pipelines are run through the schedule simulator too
         pipe = plan["pipeline"]
         assert pipe["simulated_s"] == pytest.approx(pipe["closed_form_s"], rel=0.03) and 0 < pipe["bubble_fraction"] < 1

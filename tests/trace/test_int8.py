@@ -1,12 +1,16 @@
 """int8 saved activations: the estimate counts what the runner's hooks pack, byte for byte on the trace."""
+
 import pytest
 
 from toolkit.estimate.memory import memory_estimate
 from toolkit.specs import Job, SpecError
 from toolkit.trace.memory import trace_memory
 
-BASE = {"model": {"layers": 4, "hidden": 256, "heads": 4, "vocab": 256, "seq_len": 1024},
-        "batch": {"micro_batch": 4}, "memory": {"act_compress": "int8", "program": "cpu"}}
+BASE = {
+    "model": {"layers": 4, "hidden": 256, "heads": 4, "vocab": 256, "seq_len": 1024},
+    "batch": {"micro_batch": 4},
+    "memory": {"act_compress": "int8", "program": "cpu"},
+}
 
 
 def _job(precision, **model):
@@ -14,10 +18,15 @@ def _job(precision, **model):
     return Job.from_dict(data).resolve()[0]
 
 
-@pytest.mark.parametrize("precision, model", [
-    ("fp32", {}), ("amp-bf16", {}), ("pure-bf16", {"mlp": "swiglu", "norm": "rmsnorm", "position": "rope"}),
-    ("mixed-bf16", {"dropout": 0.1}),
-])
+@pytest.mark.parametrize(
+    "precision, model",
+    [
+        ("fp32", {}),
+        ("amp-bf16", {}),
+        ("pure-bf16", {"mlp": "swiglu", "norm": "rmsnorm", "position": "rope"}),
+        ("mixed-bf16", {"dropout": 0.1}),
+    ],
+)
 def test_activations_equal_the_trace_and_halve_bf16(precision, model):
     job = _job(precision, **model)
     traced, est = trace_memory(job), memory_estimate(job)

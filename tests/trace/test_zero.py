@@ -1,6 +1,7 @@
 """DeepSpeed's ZeRO (the mixed-* modes, and fp32 where parallel.backend names it, with zero 1/2/3): DeepSpeed itself
 on real gloo ranks, each rank measured with MemTracker, against the analytic model of its buckets, partitions and
 flat optimizer step."""
+
 import dataclasses
 
 import pytest
@@ -10,23 +11,37 @@ from toolkit.specs import Job, SpecError
 from toolkit.trace.memory import trace_memory
 from toolkit.trace.zero import deepspeed_config, trace_zero_ranks
 
-LLAMA = {"preset": "llama2-7b", "layers": 4, "hidden": 256, "heads": 4, "kv_heads": 2, "ffn": 688,
-         "seq_len": 256, "vocab": 4000}
+LLAMA = {
+    "preset": "llama2-7b",
+    "layers": 4,
+    "hidden": 256,
+    "heads": 4,
+    "kv_heads": 2,
+    "ffn": 688,
+    "seq_len": 256,
+    "vocab": 4000,
+}
 GPT2 = {"preset": "gpt2-xl", "layers": 4, "hidden": 512, "heads": 8, "seq_len": 256, "vocab": 8000}
 
 
 def zero_job(zero, m=1, dp=2, rec="none", bucket_mb=4.0, model=LLAMA, mode="mixed-bf16", **parallel):
-    data = {"model": model, "batch": {"micro_batch": 2, "global_batch": 2 * dp * m}, "precision": {"mode": mode},
-            "parallel": {"zero": zero, "dp": dp, **parallel}, "cluster": {"count": dp * parallel.get("tp", 1)},
-            "memory": {"recompute": rec, "program": "cpu"}, "training": {"bucket_cap_mb": bucket_mb}}
+    data = {
+        "model": model,
+        "batch": {"micro_batch": 2, "global_batch": 2 * dp * m},
+        "precision": {"mode": mode},
+        "parallel": {"zero": zero, "dp": dp, **parallel},
+        "cluster": {"count": dp * parallel.get("tp", 1)},
+        "memory": {"recompute": rec, "program": "cpu"},
+        "training": {"bucket_cap_mb": bucket_mb},
+    }
     return Job.from_dict(data).resolve()[0]
 
 
 def assert_matches(job, traced, rel=0.02):
     est = memory_estimate(job)
     assert est.params_bytes == pytest.approx(traced.params_bytes, rel=0.01)
-    assert est.grads_bytes == pytest.approx(traced.grads_bytes, rel=0.03)    # (DeepSpeed rounds partitions to
-    assert est.optimizer_bytes == pytest.approx(traced.optimizer_bytes, rel=0.01)     # whole tensors)
+    assert est.grads_bytes == pytest.approx(traced.grads_bytes, rel=0.03)  # (DeepSpeed rounds partitions to
+    assert est.optimizer_bytes == pytest.approx(traced.optimizer_bytes, rel=0.01)  # whole tensors)
     assert est.activations_bytes == pytest.approx(traced.activations_bytes, rel=0.03)
     assert est.peak_bytes == pytest.approx(traced.peak_bytes, rel=rel)
     return est
@@ -38,9 +53,9 @@ def test_zero1_holds_whole_gradients_and_its_bucket_while_accumulating():
     job = zero_job(1, m=2, bucket_mb=25.0, model=GPT2)
     traced = trace_memory(job)
     assert traced.program.startswith("cpu, DeepSpeed") and "ZeRO-1" in traced.program
-    est = assert_matches(job, traced, rel=0.01)           # (the 25 MB bucket is 8 % of this peak)
+    est = assert_matches(job, traced, rel=0.01)  # (the 25 MB bucket is 8 % of this peak)
     assert est.peak_phase == "loss"
-    assert traced.grads_bytes == pytest.approx(traced.params_bytes, rel=1e-3)   # whole, 16-bit like the weights
+    assert traced.grads_bytes == pytest.approx(traced.params_bytes, rel=1e-3)  # whole, 16-bit like the weights
 
 
 def test_zero2_peaks_reducing_its_last_bucket():
@@ -72,7 +87,7 @@ def test_deepspeed_in_fp32_keeps_fp32_weights_and_still_copies_its_partition(zer
     assert est.host_bytes == pytest.approx(traced.host_bytes, rel=0.01)
     if zero == 1:
         params = traced.params_bytes / 4
-        assert traced.optimizer_bytes == pytest.approx(params * (4 + 8) / 2, rel=0.01)     # the copy and m, v
+        assert traced.optimizer_bytes == pytest.approx(params * (4 + 8) / 2, rel=0.01)  # the copy and m, v
 
 
 def test_zero3_partitions_weights_and_keeps_its_gradient_buffers():
@@ -90,10 +105,10 @@ def test_zero3_partitions_weights_and_keeps_its_gradient_buffers():
     if memory_estimate(job).activations_bytes - traced.activations_bytes > 0.5 * head_bytes:
         traced = dataclasses.replace(traced, activations_bytes=traced.activations_bytes + head_bytes)
     est = assert_matches(job, traced)
-    assert est.params_bytes < traced.peak_bytes / 10                     # weights partitioned over dp = 2
+    assert est.params_bytes < traced.peak_bytes / 10  # weights partitioned over dp = 2
 
 
-@pytest.mark.parametrize("zero, m", [(3, 2)])   # ZeRO-1 and 2 with offload: rows of benchmarks/memory_accuracy.py
+@pytest.mark.parametrize("zero, m", [(3, 2)])  # ZeRO-1 and 2 with offload: rows of benchmarks/memory_accuracy.py
 def test_zero_offload_keeps_fp32_states_and_gradients_on_the_host(zero, m):
     """ZeRO-Offload: the host holds the fp32 partition and its gradient, the optimizer states, a 16-bit copy of the
     partition, a staging buffer the size of the largest tensor and (ZeRO-2 accumulating) the summed gradients,
@@ -120,15 +135,21 @@ def test_bf16_optimizer_keeps_fp32_gradients_and_casts_them_to_reduce(layers, vo
     bytes a parameter for a moment. Where the logits are small that moment is the peak (8 layers: 10 % over the
     model that lacked it; now within 0.01 %); with a larger vocabulary the loss is (the same program, 4 layers)."""
     model = {"layers": layers, "hidden": 256, "heads": 8, "vocab": vocab, "seq_len": 128}
-    job = Job.from_dict({"model": model, "batch": {"micro_batch": 2, "global_batch": 8},
-                         "precision": {"mode": "mixed-bf16", "grad_dtype": "fp32"},
-                         "parallel": {"zero": 1, "dp": 2, "backend": "deepspeed"}, "cluster": {"count": 2},
-                         "memory": {"program": "cpu"}}).resolve()[0]
+    job = Job.from_dict(
+        {
+            "model": model,
+            "batch": {"micro_batch": 2, "global_batch": 8},
+            "precision": {"mode": "mixed-bf16", "grad_dtype": "fp32"},
+            "parallel": {"zero": 1, "dp": 2, "backend": "deepspeed"},
+            "cluster": {"count": 2},
+            "memory": {"program": "cpu"},
+        }
+    ).resolve()[0]
     traced = trace_memory(job)
     assert "ZeRO-1" in traced.program
     est = assert_matches(job, traced)
-    params = est.params_bytes / 2                                   # bf16 weights
-    assert traced.grads_bytes == pytest.approx(6 * params, rel=0.01)   # bf16 gradients and the fp32 buffer
+    params = est.params_bytes / 2  # bf16 weights
+    assert traced.grads_bytes == pytest.approx(6 * params, rel=0.01)  # bf16 gradients and the fp32 buffer
     assert est.peak_phase == phase
 
 
@@ -147,7 +168,7 @@ def test_zero2_keeps_its_gradient_partition_through_the_step(impl):
 def test_deepspeed_config_is_what_the_estimate_models():
     config = deepspeed_config(zero_job(3, bucket_mb=8.0))
     zero = config["zero_optimization"]
-    assert zero["reduce_bucket_size"] == 4 * 2**20                      # 8 MB of 16-bit elements
+    assert zero["reduce_bucket_size"] == 4 * 2**20  # 8 MB of 16-bit elements
     assert config["bf16"] == {"enabled": True} and zero["stage3_max_reuse_distance"] == 0
     # one block: q and o 256 x 256, k and v 256 x 128 (2 kv heads of 64), gate, up and down 256 x 688, two norms
     assert zero["stage3_prefetch_bucket_size"] == 2 * 256 * 256 + 2 * 256 * 128 + 3 * 256 * 688 + 2 * 256

@@ -1,4 +1,5 @@
 """Token shards and the sampler: exact bytes on disk, the same samples per step on 1 or 2 ranks, resumable."""
+
 import json
 
 import numpy as np
@@ -22,8 +23,8 @@ def test_shards_hold_the_utf8_bytes_train_head_and_val_tail(folder):
     val = np.fromfile(path / index["splits"]["val"][0]["file"], dtype=np.uint16)
     raw = [t.encode() for _, t in texts]
     cuts = [len(r) - int(len(r) * 0.1) for r in raw]
-    assert train.tobytes() == np.frombuffer(raw[0][:cuts[0]] + raw[1][:cuts[1]], np.uint8).astype(np.uint16).tobytes()
-    assert bytes(val.astype(np.uint8)) == raw[0][cuts[0]:] + raw[1][cuts[1]:]
+    assert train.tobytes() == np.frombuffer(raw[0][: cuts[0]] + raw[1][: cuts[1]], np.uint8).astype(np.uint16).tobytes()
+    assert bytes(val.astype(np.uint8)) == raw[0][cuts[0] :] + raw[1][cuts[1] :]
     assert index["vocab"] == 256
 
 
@@ -31,7 +32,7 @@ def test_window_is_inputs_plus_one_shifted_target(folder):
     data = TokenShards(folder[0], "train", seq_len=16)
     assert len(data) == (data.index["splits"]["train"][0]["tokens"] - 1) // 16
     w0, w1 = data[0], data[1]
-    assert w0.shape == (17,) and w0[16] == w1[0]          # windows overlap by the one target token
+    assert w0.shape == (17,) and w0[16] == w1[0]  # windows overlap by the one target token
 
 
 def _steps(windows, world, start, end, seed=7, gb=8, mb=2):
@@ -41,7 +42,7 @@ def _steps(windows, world, start, end, seed=7, gb=8, mb=2):
         batches = list(sampler)
         accum = gb // (mb * world)
         for s in range(end - start):
-            per_step.setdefault(start + s, []).extend(i for b in batches[s * accum:(s + 1) * accum] for i in b)
+            per_step.setdefault(start + s, []).extend(i for b in batches[s * accum : (s + 1) * accum] for i in b)
     return {s: sorted(v) for s, v in per_step.items()}
 
 
@@ -52,11 +53,11 @@ def test_one_and_two_ranks_take_the_same_samples_each_step():
 def test_resuming_at_step_k_replays_the_tail_exactly():
     full = list(StepSampler(50, 8, 2, 0, 1, 7, 0, 20))
     tail = list(StepSampler(50, 8, 2, 0, 1, 7, 12, 20))
-    assert tail == full[12 * 4:]
+    assert tail == full[12 * 4 :]
 
 
 def test_each_epoch_visits_every_window_once_in_a_new_order():
-    flat = [i for b in StepSampler(40, 8, 2, 0, 1, 3, 0, 10) for i in b]   # 80 samples = 2 epochs
+    flat = [i for b in StepSampler(40, 8, 2, 0, 1, 3, 0, 10) for i in b]  # 80 samples = 2 epochs
     assert sorted(flat[:40]) == list(range(40)) == sorted(flat[40:])
     assert flat[:40] != flat[40:]
 

@@ -2,6 +2,7 @@
 per-rank memory against the estimate, and a refusal to resume on another world size (its SIGKILL-and-resume, bit
 for bit, is in benchmarks/soak.py).
 (Its own file so that pytest-xdist runs it beside the other layout tests.)"""
+
 from toolkit.runs import read_rank_memory
 from toolkit.specs import Job
 
@@ -21,12 +22,13 @@ def test_deepspeed_zero2_trains_as_one_mixed_process_and_refuses_other_rank_coun
     assert Job.from_yaml(ref / "job.yaml").resolve()[0].backend == "deepspeed"
     _assert_close(_records(ref), _records(one), rel=1e-3)
     assert (ref / "checkpoints" / "step_00000006.ds").is_dir()
-    assert [r["rank"] for r in read_rank_memory(ref)] == [0, 1]   # flat buffers and partitions, measured by the run
+    assert [r["rank"] for r in read_rank_memory(ref)] == [0, 1]  # flat buffers and partitions, measured by the run
     for rank in _compare(ref, capsys)["ranks"]:
         assert abs(rank["peak_bytes"]["error"]) < 0.01
     # (its SIGKILL-and-resume, bit for bit: benchmarks/soak.py --extra "--zero 2 --precision mixed-bf16")
-    moved = train_here(ref, *STEPS[2:], "--steps", "8", "--precision", "mixed-bf16", "--zero", "2",
-                          "--data", str(corpus))
+    moved = train_here(
+        ref, *STEPS[2:], "--steps", "8", "--precision", "mixed-bf16", "--zero", "2", "--data", str(corpus)
+    )
     assert moved.returncode != 0 and "written by 2 ranks" in moved.stderr and "--nproc 2" in moved.stderr
 
 

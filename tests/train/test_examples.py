@@ -1,4 +1,5 @@
 """examples/: each Job file loads and is estimated as its comment says; tiny.yaml trains on this CPU."""
+
 import dataclasses
 from pathlib import Path
 
@@ -20,13 +21,14 @@ def load(name: str) -> Job:
 
 def test_every_example_is_tested():
     assert sorted(p.stem for p in EXAMPLES.glob("*.yaml")) == sorted(
-        ["tiny", "gpt2-small", "llama2-7b-lora-rtx4090", "gpt3-175b-a100"])
+        ["tiny", "gpt2-small", "llama2-7b-lora-rtx4090", "gpt3-175b-a100"]
+    )
 
 
 def test_gpt3_example_is_the_published_budget():
     result = estimate(load("gpt3-175b-a100"))
-    assert result["compute"]["pf_days_6nd"] == pytest.approx(3640, rel=0.01)     # Brown et al. 2020, Table D.1
-    assert result["memory"]["fits"] and result["cost"]["instances"] == 128          # 8 A100s per p4de
+    assert result["compute"]["pf_days_6nd"] == pytest.approx(3640, rel=0.01)  # Brown et al. 2020, Table D.1
+    assert result["memory"]["fits"] and result["cost"]["instances"] == 128  # 8 A100s per p4de
 
 
 def test_llama_lora_fits_a_4090_where_full_finetuning_does_not():
@@ -34,18 +36,18 @@ def test_llama_lora_fits_a_4090_where_full_finetuning_does_not():
     lora = estimate(job)["memory"]
     full = estimate(job.replace(finetune=Job().finetune))["memory"]
     assert lora["device_bytes"] == 24 * 2**30 and lora["fits"] and not full["fits"]
-    assert full["params_bytes"] > 13e9                                     # 6.74 B bf16 weights alone
+    assert full["params_bytes"] > 13e9  # 6.74 B bf16 weights alone
 
 
 def test_gpt2_example_is_gpt2_small():
     result = estimate(load("gpt2-small"))
-    assert result["model"]["params"] == 124_439_808                     # Hugging Face gpt2, num_parameters()
+    assert result["model"]["params"] == 124_439_808  # Hugging Face gpt2, num_parameters()
     assert result["memory"]["fits"] and result["job"]["batch"]["global_batch"] == 480
 
 
 def test_tiny_example_trains_here_and_leaves_the_layout_to_the_launcher(tmp_path, corpus):
     job = load("tiny")
-    assert job.parallel.dp is None and job.cluster.count is None          # 1, 2 or 4 ranks alike
+    assert job.parallel.dp is None and job.cluster.count is None  # 1, 2 or 4 ranks alike
     assert job.precision.mode == "fp32" and job.model.dropout == 0
     assert all(job.batch.global_batch % (job.batch.micro_batch * n) == 0 for n in (1, 2, 4))
     job = job.replace(training=dataclasses.replace(job.training, data=str(corpus)))

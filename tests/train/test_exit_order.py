@@ -1,5 +1,6 @@
 """The launcher's record of which rank died first (toolkit.train.launch.ExitOrder), on plain processes whose
 exit order is set by construction: the first to die is named, not the lowest rank that failed."""
+
 import json
 import signal
 import subprocess
@@ -13,7 +14,7 @@ def _sleeper(seconds: float, code: int = 0) -> subprocess.Popen:
 
 
 def test_exits_are_recorded_in_the_order_they_happen(tmp_path):
-    workers = [_sleeper(1.2), _sleeper(30), _sleeper(0.4, code=7)]      # rank 2 dies first, then rank 0
+    workers = [_sleeper(1.2), _sleeper(30), _sleeper(0.4, code=7)]  # rank 2 dies first, then rank 0
     exits = ExitOrder(workers)
     try:
         while len(exits.order) < 2:
@@ -25,6 +26,6 @@ def test_exits_are_recorded_in_the_order_they_happen(tmp_path):
         exits.close()
     assert [e["rank"] for e in exits.order] == [2, 0, 1]
     assert [e["code"] for e in exits.order] == [7, 0, -signal.SIGKILL]
-    assert exits.order[1]["at_s"] - exits.order[0]["at_s"] > 0.5          # stamped as each exits, not per poll
+    assert exits.order[1]["at_s"] - exits.order[0]["at_s"] > 0.5  # stamped as each exits, not per poll
     exits.write(tmp_path / "exits.json")
     assert json.loads((tmp_path / "exits.json").read_text())[2]["signal"] == "SIGKILL"

@@ -1,4 +1,5 @@
 """Starting from Hugging Face weights on disk: the runner's GPT computes what transformers computes."""
+
 import pytest
 import torch
 
@@ -10,9 +11,19 @@ from toolkit.program.model import GPT  # noqa: E402
 
 
 def _llama(tmp_path, **extra):
-    config = transformers.LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                      rope_theta=500000.0, rms_norm_eps=1e-6, tie_word_embeddings=False, **extra)
+    config = transformers.LlamaConfig(
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        rope_theta=500000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        **extra,
+    )
     torch.manual_seed(3)
     model = transformers.LlamaForCausalLM(config).eval()
     model.save_pretrained(tmp_path / "llama")
@@ -42,19 +53,25 @@ def test_loaded_model_gives_the_same_logits_as_transformers(tmp_path, make):
 
 def test_lora_fine_tune_from_a_hugging_face_folder(train, tmp_path):
     _reference, folder = _gpt2(tmp_path)
-    records, state = train(model={"hf_config": str(folder), "seq_len": 32, "dropout": 0.0, "vocab": 300},
-                           finetune={"method": "lora", "rank": 4, "targets": ["q", "v"]},
-                           training={"steps": 3, "init_from": str(folder)})
+    records, state = train(
+        model={"hf_config": str(folder), "seq_len": 32, "dropout": 0.0, "vocab": 300},
+        finetune={"method": "lora", "rank": 4, "targets": ["q", "v"]},
+        training={"steps": 3, "init_from": str(folder)},
+    )
     assert records[-1]["loss"] < records[0]["loss"]
     from safetensors.torch import load_file
+
     hf = load_file(str(folder / "model.safetensors"))
     assert torch.equal(state["model"]["blocks.0.mlp.up.weight"], hf["transformer.h.0.mlp.c_fc.weight"].t())
 
 
 def test_fine_tune_from_our_own_run(train, tmp_path):
     _, pretrained = train("pre", training={"steps": 3})
-    records, state = train("post", finetune={"method": "lora", "rank": 4, "targets": ["q", "v"]},
-                           training={"steps": 2, "init_from": str(tmp_path / "pre")})
+    records, state = train(
+        "post",
+        finetune={"method": "lora", "rank": 4, "targets": ["q", "v"]},
+        training={"steps": 2, "init_from": str(tmp_path / "pre")},
+    )
     assert torch.equal(state["model"]["blocks.1.mlp.down.weight"], pretrained["model"]["blocks.1.mlp.down.weight"])
     assert torch.equal(state["model"]["blocks.1.attn.q.base.weight"], pretrained["model"]["blocks.1.attn.q.weight"])
 
@@ -62,7 +79,9 @@ def test_fine_tune_from_our_own_run(train, tmp_path):
 def test_weights_that_do_not_fit_are_named(tmp_path):
     _reference, folder = _llama(tmp_path)
     wrong = GPT(Job.from_dict({"model": {"hf_config": str(folder), "hidden": 128, "seq_len": 32}}).model)
-    with pytest.raises(SpecError, match=r"does not fit the job's model \(shape: tok.weight \(300, 64\) vs \(300, 128\)"):
+    with pytest.raises(
+        SpecError, match=r"does not fit the job's model \(shape: tok.weight \(300, 64\) vs \(300, 128\)"
+    ):
         load_initial_weights(wrong, folder)
     with pytest.raises(SpecError, match="neither config.json nor a valid checkpoint"):
         load_initial_weights(wrong, tmp_path)

@@ -5,6 +5,7 @@ checkpoints must resume on another layout (bitwise on the same one after a SIGKI
 `accelerate launch` starting the ranks: tests/train/test_export.py (to the same bits as torchrun).
 
 The reference is an independent program: one process, no parallelism, no sharded state."""
+
 import json
 import shutil
 
@@ -68,12 +69,15 @@ def _check_rank_memory(out, nproc, capsys, pipeline=False, sharded=False):
         assert rank["categories"]["params_bytes"]["estimate"] == rank["categories"]["params_bytes"]["measured"]
         peak = rank["peak_bytes"]
         assert peak["error"] == pytest.approx((peak["estimate"] - peak["measured"]) / peak["measured"])
-        if pipeline:                                       # each rank against its own stage's estimate
+        if pipeline:  # each rank against its own stage's estimate
             assert rank["stage"] == rank["rank"] // (nproc // 2) and abs(peak["error"]) < 0.03
-        else:                                              # ZeRO-1 included: DDP's kept gradient buckets
+        else:  # ZeRO-1 included: DDP's kept gradient buckets
             assert abs(peak["error"]) < (0.035 if sharded else 0.01)
     assert compared["time"]["step_s"]["measured"] > 0 and set(compared["time"]["step_s"]) == {
-        "estimate", "measured", "error"}
+        "estimate",
+        "measured",
+        "error",
+    }
 
 
 def _check_stage_timeline(out, capsys):
@@ -92,10 +96,14 @@ def _check_stage_timeline(out, capsys):
 
 # A representative slice: benchmarks/layouts.py trains every layout family (pipelines' three schedules, dp x pp,
 # tp + sp on 2 ranks, ZeRO-2, DeepSpeed's stages) against the same one-process reference.
-@pytest.mark.parametrize("layout, nproc", [
-    (("--tp", "2", "--sp"), 4),                           # dp 2 x tp 2 + sp: DTensor plan, tied embeddings, learned
-                                                          # positions; replicas average DTensor gradients by hand
-], ids=["dp2xtp2-sp"])                                    # (ZeRO-1 over DDP: benchmarks/layouts.py)
+@pytest.mark.parametrize(
+    "layout, nproc",
+    [
+        (("--tp", "2", "--sp"), 4),  # dp 2 x tp 2 + sp: DTensor plan, tied embeddings, learned
+        # positions; replicas average DTensor gradients by hand
+    ],
+    ids=["dp2xtp2-sp"],
+)  # (ZeRO-1 over DDP: benchmarks/layouts.py)
 def test_a_sharded_layout_trains_as_one_process(tmp_path, corpus, one_process, capsys, layout, nproc):
     result = toolkit_train(tmp_path, *STEPS, *layout, "--nproc", str(nproc), "--data", str(corpus))
     assert result.returncode == 0, result.stderr
@@ -122,7 +130,7 @@ def test_a_sharded_checkpoint_resumes_in_one_process(tmp_path, corpus, one_proce
         _check_stage_timeline(ref, capsys)
     record = torch.load(ref / "checkpoints" / "step_00000006.pt", weights_only=True)
     shards = sorted(p.name for p in (ref / "checkpoints" / "step_00000006.dcp").iterdir())
-    assert record["model"] is None and record["optimizer"] is None                 # nothing gathered on rank 0
+    assert record["model"] is None and record["optimizer"] is None  # nothing gathered on rank 0
     assert sorted(record["dcp"]["files"]) == shards == [".metadata", "__0_0.distcp", "__1_0.distcp"]
     shutil.copytree(ref, moved)
     damaged = moved / "checkpoints" / "step_00000006.dcp" / "__1_0.distcp"
@@ -135,12 +143,19 @@ def test_a_sharded_checkpoint_resumes_in_one_process(tmp_path, corpus, one_proce
     _assert_close(_records(moved), one_process, rel=1e-5)
 
 
-@pytest.mark.parametrize("layout", [("--tp", "2", "--pp", "2", "--sp"), ("--dp", "2", "--pp", "2", "--zero", "2"),
-                                    ("--dp", "2", "--pp", "2", "--zero", "1"),
-                                    ("--dp", "2", "--pp", "2", "--zero", "3", "--offload", "params")],
-                         ids=["tp2xpp2-sp", "dp2xpp2-zero2", "dp2xpp2-zero1", "dp2xpp2-zero3-offload"])
-def test_a_four_rank_pipeline_trains_as_one_process_and_its_checkpoint_resumes_in_one(tmp_path, corpus, one_process,
-                                                                                      capsys, layout):
+@pytest.mark.parametrize(
+    "layout",
+    [
+        ("--tp", "2", "--pp", "2", "--sp"),
+        ("--dp", "2", "--pp", "2", "--zero", "2"),
+        ("--dp", "2", "--pp", "2", "--zero", "1"),
+        ("--dp", "2", "--pp", "2", "--zero", "3", "--offload", "params"),
+    ],
+    ids=["tp2xpp2-sp", "dp2xpp2-zero2", "dp2xpp2-zero1", "dp2xpp2-zero3-offload"],
+)
+def test_a_four_rank_pipeline_trains_as_one_process_and_its_checkpoint_resumes_in_one(
+    tmp_path, corpus, one_process, capsys, layout
+):
     """tp 2 × pp 2 with sequence parallelism: each pipeline stage is sharded by the DTensor plan, stages send their
     ranks' tokens of the residual stream, the last computes the vocabulary-parallel loss on its columns of the logits.
     dp 2 × pp 2 at ZeRO-2: each stage an FSDP2 unit over its dp pair (torchtitan's layout: gathered through the step,
@@ -170,6 +185,7 @@ def test_a_zero1_run_resumes_on_its_own_ranks_bit_for_bit(tmp_path, corpus, one_
     so the checkpoint also resumes in one process, which needs all of them. A damaged shard of the newest one is found
     by the rank whose share of the checks it is, and both ranks go back to the checkpoint before it."""
     from torch.distributed.checkpoint import FileSystemReader
+
     ref, moved, alone = tmp_path / "ref", tmp_path / "moved", tmp_path / "alone"
     args = (*STEPS, "--zero", "1", "--nproc", "2", "--data", str(corpus))
     assert toolkit_train(ref, *args).returncode == 0
@@ -178,19 +194,19 @@ def test_a_zero1_run_resumes_on_its_own_ranks_bit_for_bit(tmp_path, corpus, one_
     for index, where in metadata.storage_data.items():
         if index.fqn.startswith("optim/"):
             written_by.setdefault(where.relative_path, set()).add(index.fqn.split("/")[1])
-    assert sorted(written_by) == ["__0_0.distcp", "__1_0.distcp"]               # both ranks wrote states ...
-    assert not written_by["__0_0.distcp"] & written_by["__1_0.distcp"]          # ... of different parameters
+    assert sorted(written_by) == ["__0_0.distcp", "__1_0.distcp"]  # both ranks wrote states ...
+    assert not written_by["__0_0.distcp"] & written_by["__1_0.distcp"]  # ... of different parameters
     shutil.copytree(ref, alone)
     _drop_checkpoint(alone, 6)
     resumed = train_here(alone, *STEPS, "--data", str(corpus))
     assert resumed.returncode == 0 and "resumed from step_00000003.pt" in resumed.stdout + resumed.stderr
     _assert_close(_records(alone), one_process, rel=1e-5)
     shutil.copytree(ref, moved)
-    damaged = moved / "checkpoints" / "step_00000006.dcp" / "__0_0.distcp"     # (rank 1 checks this one: the
-    data = bytearray(damaged.read_bytes())                                      # ranks share the files' checks
-    data[len(data) // 2] ^= 0xFF                                                # and agree on the verdict)
+    damaged = moved / "checkpoints" / "step_00000006.dcp" / "__0_0.distcp"  # (rank 1 checks this one: the
+    data = bytearray(damaged.read_bytes())  # ranks share the files' checks
+    data[len(data) // 2] ^= 0xFF  # and agree on the verdict)
     damaged.write_bytes(bytes(data))
-    shutil.rmtree(moved / "memory")                      # (recorded again by the resumed run: the failing path)
+    shutil.rmtree(moved / "memory")  # (recorded again by the resumed run: the failing path)
     again = toolkit_train(moved, *args)
     assert again.returncode == 0, again.stderr
     assert "step_00000006.dcp/__0_0.distcp: checksum mismatch" in again.stdout + again.stderr
@@ -199,19 +215,33 @@ def test_a_zero1_run_resumes_on_its_own_ranks_bit_for_bit(tmp_path, corpus, one_
     assert sorted(p.name for p in (moved / "memory").glob("rank*.json")) == ["rank0.json", "rank1.json"]
 
 
-@pytest.mark.parametrize("environ, message", [
-    ({"ACCELERATE_MIXED_PRECISION": "bf16"}, "ACCELERATE_MIXED_PRECISION = 'bf16': conflicts with precision.mode"),
-    ({"ACCELERATE_USE_FSDP": "true"}, "ACCELERATE_USE_FSDP = 'true': the toolkit builds the parallel layout"),
-    ({"ACCELERATE_USE_DEEPSPEED": "1"}, "ACCELERATE_USE_DEEPSPEED = '1'"),
-    ({"ACCELERATE_DYNAMO_BACKEND": "INDUCTOR"}, "ACCELERATE_DYNAMO_BACKEND = 'INDUCTOR': would compile"),
-    ({"ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "4"}, "ACCELERATE_GRADIENT_ACCUMULATION_STEPS = '4'"),
-])
+@pytest.mark.parametrize(
+    "environ, message",
+    [
+        ({"ACCELERATE_MIXED_PRECISION": "bf16"}, "ACCELERATE_MIXED_PRECISION = 'bf16': conflicts with precision.mode"),
+        ({"ACCELERATE_USE_FSDP": "true"}, "ACCELERATE_USE_FSDP = 'true': the toolkit builds the parallel layout"),
+        ({"ACCELERATE_USE_DEEPSPEED": "1"}, "ACCELERATE_USE_DEEPSPEED = '1'"),
+        ({"ACCELERATE_DYNAMO_BACKEND": "INDUCTOR"}, "ACCELERATE_DYNAMO_BACKEND = 'INDUCTOR': would compile"),
+        ({"ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "4"}, "ACCELERATE_GRADIENT_ACCUMULATION_STEPS = '4'"),
+    ],
+)
 def test_accelerate_cannot_change_the_program(environ, message):
-    job, _ = Job.from_dict({"model": {"layers": 2, "hidden": 64, "heads": 4, "vocab": 256, "seq_len": 32},
-                            "batch": {"micro_batch": 2, "global_batch": 4}, "parallel": {"dp": 1},
-                            "precision": {"mode": "fp32"}}).resolve()
-    refuse_accelerate_overrides(job, {"ACCELERATE_MIXED_PRECISION": "no", "ACCELERATE_DYNAMO_BACKEND": "NO",
-                                      "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "2"})    # what launch sets: fine
+    job, _ = Job.from_dict(
+        {
+            "model": {"layers": 2, "hidden": 64, "heads": 4, "vocab": 256, "seq_len": 32},
+            "batch": {"micro_batch": 2, "global_batch": 4},
+            "parallel": {"dp": 1},
+            "precision": {"mode": "fp32"},
+        }
+    ).resolve()
+    refuse_accelerate_overrides(
+        job,
+        {
+            "ACCELERATE_MIXED_PRECISION": "no",
+            "ACCELERATE_DYNAMO_BACKEND": "NO",
+            "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "2",
+        },
+    )  # what launch sets: fine
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         refuse_accelerate_overrides(job, environ)
 
@@ -230,8 +260,23 @@ def test_fsdp2_under_autocast_holds_what_gloo_holds_and_the_estimate_says_so(tmp
     MemTracker reading is the reference: the estimate within 1 % (1.6 % low here without the clone, 4.35 % on
     benchmarks/layouts.py's GPT) and the
     fake-process-group trace, which clones as gloo does, within 0.5 %."""
-    result = toolkit_train(tmp_path, "--steps", "3", "--global-batch", "8", "--checkpoint-every", "0", "--zero", "2",
-                           "--precision", "amp-bf16", "--nproc", "2", "--data", str(corpus))
+    result = toolkit_train(
+        tmp_path,
+        "--steps",
+        "3",
+        "--global-batch",
+        "8",
+        "--checkpoint-every",
+        "0",
+        "--zero",
+        "2",
+        "--precision",
+        "amp-bf16",
+        "--nproc",
+        "2",
+        "--data",
+        str(corpus),
+    )
     assert result.returncode == 0, result.stderr
     capsys.readouterr()
     assert main(["compare", "--run", str(tmp_path), "--json"]) == 0
@@ -242,8 +287,9 @@ def test_fsdp2_under_autocast_holds_what_gloo_holds_and_the_estimate_says_so(tmp
         assert peak["trace"] == pytest.approx(peak["measured"], rel=0.005)
 
 
-def test_hsdp_on_four_ranks_trains_as_one_process_and_its_checkpoint_resumes_in_one(tmp_path, corpus, one_process,
-                                                                                     capsys):
+def test_hsdp_on_four_ranks_trains_as_one_process_and_its_checkpoint_resumes_in_one(
+    tmp_path, corpus, one_process, capsys
+):
     """HSDP (torchtitan's dp_replicate × dp_shard): FSDP2 on a 2 × 2 mesh shards each block over a pair of ranks and
     keeps two copies, whose reduce-scattered gradients are all-reduced across the pairs. It trains as one process
     does, each rank holds the shard the estimate says (half the model's states, not ZeRO-3-over-4's quarter), and
@@ -258,7 +304,7 @@ def test_hsdp_on_four_ranks_trains_as_one_process_and_its_checkpoint_resumes_in_
     assert [r["rank"] for r in compared["ranks"]] == [0, 1, 2, 3]
     for rank in compared["ranks"]:
         states = rank["categories"]
-        assert states["params_bytes"]["estimate"] == states["params_bytes"]["measured"]    # a half, exactly
+        assert states["params_bytes"]["estimate"] == states["params_bytes"]["measured"]  # a half, exactly
         assert abs(rank["peak_bytes"]["error"]) < 0.02
     shutil.copytree(ref, moved)
     _drop_checkpoint(moved, 6)

@@ -1,4 +1,5 @@
 """Pruning, int8 activations, recompute, LoRA: each changes what it should and nothing else."""
+
 import contextlib
 
 import pytest
@@ -18,7 +19,7 @@ def test_magnitude_pruning_holds_the_exact_global_sparsity_through_training(trai
     weights = _block_weights(state["model"])
     zeros = sum(int((w == 0).sum()) for w in weights.values())
     total = sum(w.numel() for w in weights.values())
-    assert zeros == int(0.6 * total)                       # masks re-applied after every step
+    assert zeros == int(0.6 * total)  # masks re-applied after every step
     assert (state["model"]["tok.weight"] == 0).sum() == 0  # embeddings are not pruned
     assert records[-1]["loss"] < records[0]["loss"]
 
@@ -83,7 +84,7 @@ def test_int8_leaves_weights_and_the_loss_alone():
     for t, packed in seen:
         compressed = not isinstance(packed, torch.Tensor)
         assert compressed != (t.untyped_storage().data_ptr() in params or not t.is_floating_point())
-        assert t.shape[-1] != 100                   # nothing from the vocabulary projection or the loss
+        assert t.shape[-1] != 100  # nothing from the vocabulary projection or the loss
 
 
 @pytest.mark.parametrize("recompute", ["full", "selective", "selective-op"])
@@ -96,13 +97,17 @@ def test_recompute_keeps_the_numbers(train, recompute):
 
 
 def test_the_articles_snippet_is_a_valid_job(train):
-    job = Job.from_dict({"model": {"layers": 2, "hidden": 64, "heads": 4, "vocab": 256, "seq_len": 32},
-                         "training": {"gradient_checkpointing": True, "pruning": {"method": "magnitude",
-                                                                                 "sparsity": 0.6}}})
+    job = Job.from_dict(
+        {
+            "model": {"layers": 2, "hidden": 64, "heads": 4, "vocab": 256, "seq_len": 32},
+            "training": {"gradient_checkpointing": True, "pruning": {"method": "magnitude", "sparsity": 0.6}},
+        }
+    )
     resolved, _ = job.resolve()
     assert resolved.memory.recompute == "full" and resolved.training.pruning.sparsity == 0.6
-    records, _ = train(training={"steps": 2, "gradient_checkpointing": True,
-                                 "pruning": {"method": "magnitude", "sparsity": 0.6}})
+    records, _ = train(
+        training={"steps": 2, "gradient_checkpointing": True, "pruning": {"method": "magnitude", "sparsity": 0.6}}
+    )
     assert len(records) == 2
 
 
@@ -111,8 +116,10 @@ def test_lora_trains_only_the_adapters(train):
     model = state["model"]
     torch.manual_seed(state["job"]["training"]["seed"])
     fresh = GPT(ModelSpec(layers=2, hidden=64, heads=4, vocab=256, seq_len=32)).state_dict()
-    assert torch.equal(model["blocks.0.mlp.up.weight"], fresh["blocks.0.mlp.up.weight"])        # frozen
-    assert torch.equal(model["blocks.1.attn.q.base.weight"], fresh["blocks.1.attn.q.weight"])    # frozen under the adapter
+    assert torch.equal(model["blocks.0.mlp.up.weight"], fresh["blocks.0.mlp.up.weight"])  # frozen
+    assert torch.equal(
+        model["blocks.1.attn.q.base.weight"], fresh["blocks.1.attn.q.weight"]
+    )  # frozen under the adapter
     assert not torch.equal(model["blocks.0.attn.q.b"], torch.zeros_like(model["blocks.0.attn.q.b"]))  # B trained
     trained = {k for k in model if k.endswith((".a", ".b"))}
     assert trained == {f"blocks.{i}.attn.{p}.{ab}" for i in range(2) for p in "qv" for ab in "ab"}
@@ -123,6 +130,6 @@ def test_int8_packs_a_tensor_saved_by_several_ops_once():
     """q, k and v each save the norm output (as their own view): one int8 copy, not three."""
     _model, hooks, seen = _recorded_forward(2)
     packed = [r for _t, r in seen if not isinstance(r, torch.Tensor)]
-    norm_out = [r for r in packed if tuple(r[3]) == (32, 64)]       # (tokens, hidden) views of the norm output
+    norm_out = [r for r in packed if tuple(r[3]) == (32, 64)]  # (tokens, hidden) views of the norm output
     assert len(norm_out) >= 3 and len({id(r) for r in norm_out}) < len(norm_out)
     assert hooks.original_bytes == sum(r[4] * 4 for r in {id(r): r for r in packed}.values())

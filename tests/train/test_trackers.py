@@ -1,9 +1,10 @@
 """training.trackers: TensorBoard, wandb (offline) and trackio runs write what metrics.jsonl holds, each read
 back with its own reader (all three are in the test extra)."""
+
 from pathlib import Path
 
 import pytest
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator   # (the test extra has it)
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # (the test extra has it)
 
 from toolkit.train.trackers import tracker_config
 
@@ -31,14 +32,15 @@ def _wandb_history(path: Path) -> list[dict]:
     header, 32 KiB blocks of records: checksum, length, kind FULL/FIRST/MIDDLE/LAST, data)."""
     import json
     from wandb.proto import wandb_internal_pb2
+
     buf, pos, chunks, pending = path.read_bytes(), 7, [], b""
     while pos + 7 <= len(buf):
         left = 32768 - pos % 32768
-        length, kind = int.from_bytes(buf[pos + 4:pos + 6], "little"), buf[pos + 6]
-        if left < 7 or kind == 0:                      # block trailer or padding
+        length, kind = int.from_bytes(buf[pos + 4 : pos + 6], "little"), buf[pos + 6]
+        if left < 7 or kind == 0:  # block trailer or padding
             pos += left
             continue
-        chunk, pos = buf[pos + 7:pos + 7 + length], pos + 7 + length
+        chunk, pos = buf[pos + 7 : pos + 7 + length], pos + 7 + length
         if kind in (1, 2):
             pending = chunk
         else:
@@ -50,8 +52,9 @@ def _wandb_history(path: Path) -> list[dict]:
         record = wandb_internal_pb2.Record()
         record.ParseFromString(data)
         if record.WhichOneof("record_type") == "history":
-            rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                         for item in record.history.item})
+            rows.append(
+                {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+            )
     return rows
 
 
@@ -64,8 +67,7 @@ def test_wandb_logs_offline_into_the_run_folder_what_metrics_jsonl_holds(train, 
     logs = list(Path(tmp_path / "wb" / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(logs) == 1, "no offline wandb run in the run folder"
     history = _wandb_history(logs[0])
-    assert {r["_step"]: r["loss"] for r in history} == pytest.approx({r["step"]: r["loss"] for r in records},
-                                                                      rel=1e-6)
+    assert {r["_step"]: r["loss"] for r in history} == pytest.approx({r["step"]: r["loss"] for r in records}, rel=1e-6)
 
 
 def test_trackio_logs_into_the_run_folder_what_metrics_jsonl_holds(train, tmp_path, monkeypatch):
@@ -74,11 +76,12 @@ def test_trackio_logs_into_the_run_folder_what_metrics_jsonl_holds(train, tmp_pa
     import json
     import os
     import sqlite3
+
     monkeypatch.delenv("TRACKIO_DIR", raising=False)
     try:
         records, _ = train(name="tio", training={"trackers": ["trackio"], "steps": 3})
     finally:
-        os.environ.pop("TRACKIO_DIR", None)          # (the runner set it for this process)
+        os.environ.pop("TRACKIO_DIR", None)  # (the runner set it for this process)
     databases = list((tmp_path / "tio" / "trackio").glob("*.db"))
     assert databases, "no trackio database in the run folder"
     with sqlite3.connect(databases[0]) as db:

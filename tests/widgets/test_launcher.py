@@ -1,4 +1,5 @@
 """The launcher panel: a real run in a subprocess, watched from a thread, stopped while it trains."""
+
 import time
 
 from toolkit.runs import read_rank_memory
@@ -8,9 +9,14 @@ from widgets.planner import PlannerPanel
 
 
 def _job(steps=2000):
-    return Job.from_dict({"model": {"layers": 2, "hidden": 64, "heads": 4, "vocab": 256, "seq_len": 32},
-                          "batch": {"micro_batch": 2, "global_batch": 4}, "precision": {"mode": "fp32"},
-                          "training": {"steps": steps, "warmup_steps": 1, "num_workers": 0}})
+    return Job.from_dict(
+        {
+            "model": {"layers": 2, "hidden": 64, "heads": 4, "vocab": 256, "seq_len": 32},
+            "batch": {"micro_batch": 2, "global_batch": 4},
+            "precision": {"mode": "fp32"},
+            "training": {"steps": steps, "warmup_steps": 1, "num_workers": 0},
+        }
+    )
 
 
 def test_stop_during_a_run_checkpoints_and_the_kernel_stays_responsive(tmp_path):
@@ -36,17 +42,17 @@ def test_stop_during_a_run_checkpoints_and_the_kernel_stays_responsive(tmp_path)
     assert (tmp_path / "run" / "checkpoints" / f"step_{step:08d}.pt").exists()
     assert "stopped cleanly" in panel.status.value and not panel.resume_button.disabled
     assert panel.state == "stopped" and panel.launch_button.disabled and panel.stop_button.disabled
-    assert len(panel.figure.data[0].x) == step            # every line drawn
-    assert panel.redraws <= 4 * 60                         # rate-limited, not one redraw per line
+    assert len(panel.figure.data[0].x) == step  # every line drawn
+    assert panel.redraws <= 4 * 60  # rate-limited, not one redraw per line
     # each rank's tensor peak (what the estimate measures, unlike the process's RSS) beside the estimated peak
     peaks = next(t for t in panel.figure.data if t.name.startswith("tensor peak per rank"))
     estimated = next(t for t in panel.figure.data if t.name == "estimated peak (tensors)")
     recorded = read_rank_memory(tmp_path / "run")
     assert [r["rank"] for r in recorded] == [0, 1] and list(peaks.x) == [2, 2]
     assert list(peaks.y) == [r["peak_bytes"] / 2**30 for r in recorded]
-    assert abs(peaks.y[0] - estimated.y[0]) / peaks.y[0] < 0.25     # like with like (RSS is ~8x the tensors)
+    assert abs(peaks.y[0] - estimated.y[0]) / peaks.y[0] < 0.25  # like with like (RSS is ~8x the tensors)
     rss = next(t for t in panel.figure.data if t.name.startswith("measured"))
-    assert max(rss.y) > 5 * max(peaks.y) and rss.yaxis != peaks.yaxis    # each on its own axis, both visible
+    assert max(rss.y) > 5 * max(peaks.y) and rss.yaxis != peaks.yaxis  # each on its own axis, both visible
 
 
 def test_resume_continues_where_it_stopped(tmp_path):
@@ -69,8 +75,9 @@ def test_resume_continues_where_it_stopped(tmp_path):
 
 def test_a_failed_run_shows_its_error(tmp_path):
     job = _job()
-    bad = job.replace(parallel=job.parallel.__class__(tp=2),
-                      precision=job.precision.__class__(mode="mixed-bf16"))    # (one process for a tp-2 layout)
+    bad = job.replace(
+        parallel=job.parallel.__class__(tp=2), precision=job.precision.__class__(mode="mixed-bf16")
+    )  # (one process for a tp-2 layout)
     panel = LauncherPanel(bad, tmp_path / "run")
     panel.launch()
     assert panel.wait(120) == 2
@@ -81,6 +88,7 @@ def test_a_failed_run_shows_its_error(tmp_path):
 
 def test_a_new_launch_after_a_run_never_writes_into_it(tmp_path):
     from widgets.launcher import fresh_folder
+
     (tmp_path / "run").mkdir()
     (tmp_path / "run-2").mkdir()
     assert fresh_folder(tmp_path / "run") == tmp_path / "run-3"
@@ -90,6 +98,7 @@ def test_the_memory_chart_puts_the_process_and_the_tensors_on_separate_labelled_
     """On a CPU the process (~0.4 GiB) holds far more than the tensors (~0.01 GiB) the estimate and the per-rank
     markers compare: each gets its own axis, named, so neither is flattened onto zero."""
     from toolkit.plots import metrics_figure
+
     records = [{"step": s, "loss": 3.0, "tokens_per_s": 10.0, "mem_bytes": 4e8, "mem_kind": "rss"} for s in (1, 2)]
     ranks = [{"rank": 0, "stage": 0, "steps": [1, 2], "peak_bytes": 1e7, "instrument": "MemTracker"}]
     fig = metrics_figure(records, None, ranks)

@@ -1,4 +1,5 @@
 """The pipeline panel redraws the simulator's schedule on every control change and never raises on a bad one."""
+
 import pytest
 
 from toolkit.estimate.pipeline import simulate
@@ -14,7 +15,7 @@ def test_more_microbatches_shrink_the_bubble_as_the_closed_form_says():
     # 1F1B, equal stages: bubble = (p - 1) / (m + p - 1) (Narayanan et al. 2021)
     assert after == pytest.approx(3 / (16 + 3), rel=1e-9) and before == pytest.approx(3 / 7, rel=1e-9)
     assert "16 micro-batches" in panel.figure.layout.title.text
-    assert len(panel.figure.data) >= 2                          # forwards and backwards drawn
+    assert len(panel.figure.data) >= 2  # forwards and backwards drawn
 
 
 def test_interleaving_is_the_simulators_and_holds_more_chunks():
@@ -28,7 +29,7 @@ def test_interleaving_is_the_simulators_and_holds_more_chunks():
 
 def test_a_combination_the_schedule_refuses_is_said_and_the_chart_marked_stale():
     panel = PipelinePanel(stages=4, microbatches=8)
-    panel.controls["vpp"].value = 2                             # 1F1B holds one stage per rank
+    panel.controls["vpp"].value = 2  # 1F1B holds one stage per rank
     assert "needs the interleaved schedule" in panel.error.value
     assert panel.figure.layout.title.text.startswith("stale:")
     panel.controls["vpp"].value = 1

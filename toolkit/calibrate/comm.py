@@ -1,6 +1,7 @@
 """Collectives, measured on the process group with every rank busy: all-reduce latency and bandwidth,
 reduce-scatter and all-gather bandwidth, and the collectives of tensor parallelism and FSDP2 as the runner's
 program issues them in the job's blocks. toolkit.calibrate runs these on every rank at once."""
+
 from __future__ import annotations
 
 import statistics
@@ -15,7 +16,7 @@ from ..specs.job import Job
 
 __all__ = ["collective_fit", "sharded_bw_bytes_per_s", "tp_collective_s", "fsdp_collective_s"]
 
-COLLECTIVE_BYTES = tuple(4096 * 4 ** k for k in range(7))          # 4 KiB ... 16 MiB
+COLLECTIVE_BYTES = tuple(4096 * 4**k for k in range(7))  # 4 KiB ... 16 MiB
 COLLECTIVE_REPEATS = 9
 FSDP_BLOCKS = 4
 """Blocks FSDP2's collectives are timed over (fewer when the job has fewer)."""
@@ -29,7 +30,7 @@ def collective_fit(world: int) -> tuple[float | None, float | None]:
     if world == 1:
         return None, None
     sizes, times = [], []
-    for nbytes in COLLECTIVE_BYTES:              # a fixed count: every rank must call as often as the others
+    for nbytes in COLLECTIVE_BYTES:  # a fixed count: every rank must call as often as the others
         buffer = torch.zeros(nbytes // 4)
         dist.all_reduce(buffer)
         repeats = COLLECTIVE_REPEATS * max(1, 2**20 // nbytes) if nbytes < 2**20 else COLLECTIVE_REPEATS
@@ -41,7 +42,7 @@ def collective_fit(world: int) -> tuple[float | None, float | None]:
     t = np.array(times)
     slope, intercept = np.polyfit(np.array(sizes), t, 1, w=1 / t)
     times_all = torch.tensor([1 / slope if slope > 0 else 0.0, max(intercept, 0.0) / (2 * (world - 1))])
-    dist.all_reduce(times_all, op=dist.ReduceOp.MIN)         # every rank reports the group's figure
+    dist.all_reduce(times_all, op=dist.ReduceOp.MIN)  # every rank reports the group's figure
     return float(times_all[0]) or None, float(times_all[1])
 
 
@@ -89,8 +90,9 @@ def _extra_s(layout, local, run, seconds: float) -> float:
     return float(extra)
 
 
-def tp_collective_s(job: Job, world: int, dtype: torch.dtype, bus_bw_bytes_per_s: float | None,
-                    seconds: float = 2.0) -> float | None:
+def tp_collective_s(
+    job: Job, world: int, dtype: torch.dtype, bus_bw_bytes_per_s: float | None, seconds: float = 2.0
+) -> float | None:
     """Seconds of one tensor-parallel collective's fixed cost as the runner's program issues it, beyond moving its
     bytes: one of the job's blocks under the runner's own DTensor plan (toolkit.program.parallel.block_plan, the
     job's tp group and sequence parallelism), forward and backward, against a block of this rank's share (heads
@@ -105,6 +107,7 @@ def tp_collective_s(job: Job, world: int, dtype: torch.dtype, bus_bw_bytes_per_s
     from torch.distributed.tensor.parallel import parallelize_module
     from ..estimate.comm import tp_collectives_per_block
     from ..program.parallel import block_plan
+
     m, sp = job.model, job.parallel.sp
     mesh = init_device_mesh("cpu", (world // tp, tp), mesh_dim_names=("rest", "tp"))["tp"]
     run, build = block_run(job, m.seq_len // tp if sp else m.seq_len)
@@ -112,7 +115,7 @@ def tp_collective_s(job: Job, world: int, dtype: torch.dtype, bus_bw_bytes_per_s
     torch.manual_seed(0)
     whole = build(m)
     parallelize_module(whole, mesh, block_plan(whole, sp))
-    share = build(rank_spec(job))                 # this rank's heads and MLP width
+    share = build(rank_spec(job))  # this rank's heads and MLP width
     extra = _extra_s(whole, share, lambda b: (run if b is whole else local_run)(b), seconds)
     collectives = float(tp_collectives_per_block(job))
     activation_bytes = job.batch.micro_batch * m.seq_len * m.hidden * torch.finfo(dtype).bits // 8
@@ -134,8 +137,9 @@ class _Blocks(torch.nn.Module):
         return x
 
 
-def fsdp_collective_s(job: Job, world: int, reduce_scatter_bw: float | None, gather_bw: float | None,
-                      seconds: float = 1.0) -> float | None:
+def fsdp_collective_s(
+    job: Job, world: int, reduce_scatter_bw: float | None, gather_bw: float | None, seconds: float = 1.0
+) -> float | None:
     """Seconds of one FSDP2 collective's cost beyond its ring bytes, as the runner's program issues it: up to
     FSDP_BLOCKS of the job's blocks sharded as toolkit.program.parallelize.apply_fsdp shards them (its dp group,
     mixed-precision policy and resharding) under an empty root, forward and backward, against the same blocks
@@ -150,11 +154,12 @@ def fsdp_collective_s(job: Job, world: int, reduce_scatter_bw: float | None, gat
     from torch.distributed.fsdp import fully_shard
     from ..estimate.states import bytes_per_param
     from ..program.parallelize import fsdp_policies, join_one_process_group, leave_one_process_group
+
     par = job.parallel
     dp = world // (par.tp * par.pp)
     if par.zero < 2 or job.backend != "torch" or world % (par.tp * par.pp):
         return None
-    if world == 1 and not dist.is_initialized():     # (calibrate's one rank runs in its own process)
+    if world == 1 and not dist.is_initialized():  # (calibrate's one rank runs in its own process)
         join_one_process_group("cpu")
         try:
             return fsdp_collective_s(job, world, reduce_scatter_bw, gather_bw, seconds)
@@ -173,9 +178,10 @@ def fsdp_collective_s(job: Job, world: int, reduce_scatter_bw: float | None, gat
     extra = _extra_s(sharded, whole, run, seconds) / count
     params = sum(p.numel() for p in whole.blocks[0].parameters())
     weight_b, grad_b, _ = bytes_per_param(job)
-    gather_b = 2 if job.precision.plan.family == "amp" else weight_b        # FSDP2 gathers amp's 16-bit copies
+    gather_b = 2 if job.precision.plan.family == "amp" else weight_b  # FSDP2 gathers amp's 16-bit copies
     gathers = 2 if reshard else 1
     ring = (dp - 1) / dp * params
-    moving_s = gathers * ring * gather_b / (gather_bw or float("inf")) + \
-        ring * grad_b / (reduce_scatter_bw or float("inf"))
+    moving_s = gathers * ring * gather_b / (gather_bw or float("inf")) + ring * grad_b / (
+        reduce_scatter_bw or float("inf")
+    )
     return max((extra - moving_s) / (gathers + 1), 0.0)

@@ -13,6 +13,7 @@ profile.yaml` predicts this machine's reserved and nvidia-smi peaks and its step
 between kernels (per-op and checkpoint costs) stays 0 as for catalog rows: a GPU's asynchronous launches hide it
 at training sizes; collectives are not measured (one GPU's process, no NCCL).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -42,32 +43,51 @@ def gpu_row(job: Job, catalog: Catalog, out_dir: str | Path) -> dict:
     catalog's row of the same GPU (its other figures kept, its source extended), or a row of its own (capacity
     measured, the matmul rate as its peak) when the catalog does not know it. Probe runs are kept under OUT_DIR."""
     import torch
+
     props = torch.cuda.get_device_properties(0)
     name = catalog_row_for(props.name, props.total_memory, catalog)
     probe = probe_job(job.replace(cluster=dataclasses.replace(job.cluster, accelerator=name)), props.total_memory)
     terms = device_memory_terms(probe, out_dir)
     kernels = _in_fresh_process("_kernel_figures", probe.to_dict())
     host, today = platform.node() or "this-host", datetime.date.today().isoformat()
-    how = (f"measured on {host} ({props.name}), {today} by toolkit calibrate: device_memory from {PROBE_STEPS} steps "
-           f"of {probe.model.layers} layers of one tensor-parallel rank's share of the job in one process, under "
-           f"torch's default allocator and expandable segments; the job's {kernels['dtype']} products, attention, "
-           "element-wise kernels and optimizer timed on the device")
+    how = (
+        f"measured on {host} ({props.name}), {today} by toolkit calibrate: device_memory from {PROBE_STEPS} steps "
+        f"of {probe.model.layers} layers of one tensor-parallel rank's share of the job in one process, under "
+        f"torch's default allocator and expandable segments; the job's {kernels['dtype']} products, attention, "
+        "element-wise kernels and optimizer timed on the device"
+    )
     base = catalog.accelerator(name) if name else None
     peak = base.peak_flops(kernels["dtype"]) if base else None
-    row = {"name": base.name, "source": f"{base.source} (as of {base.as_of}); {how}"} if base else {
-        "name": re.sub(r"[^A-Za-z0-9]+", "-", props.name).strip("-"), "vendor": props.name.split()[0],
-        "memory_bytes": int(props.total_memory), "link_bw_bytes_per_s": "unknown", "tdp_w": "unknown",
-        "source": how}
-    if peak is None:          # (the catalog gives no peak for this dtype: the measured rate stands for it)
+    row = (
+        {"name": base.name, "source": f"{base.source} (as of {base.as_of}); {how}"}
+        if base
+        else {
+            "name": re.sub(r"[^A-Za-z0-9]+", "-", props.name).strip("-"),
+            "vendor": props.name.split()[0],
+            "memory_bytes": int(props.total_memory),
+            "link_bw_bytes_per_s": "unknown",
+            "tdp_w": "unknown",
+            "source": how,
+        }
+    )
+    if peak is None:  # (the catalog gives no peak for this dtype: the measured rate stands for it)
         peak = kernels["matmul_flops"]
         known = {d: "n/a" if d in base.unsupported else v for d, v in base.peak_tflops.items()} if base else {}
         row["peak_tflops"] = {d: "unknown" if known.get(d) is None else known[d] for d in DTYPES}
         row["peak_tflops"][kernels["dtype"]] = peak / 1e12
-    row.update({"memory_bw_bytes_per_s": kernels["memory_bw_bytes_per_s"], "device_memory": terms, "as_of": today,
-                "assumptions": {"gemm_fraction": kernels["matmul_flops"] / peak,
-                                "gemm_half_size": kernels["gemm_half_size"],
-                                "attention_fraction": kernels["attention_flops"] / peak,
-                                "optimizer_params_per_s": kernels["optimizer_params_per_s"]}})
+    row.update(
+        {
+            "memory_bw_bytes_per_s": kernels["memory_bw_bytes_per_s"],
+            "device_memory": terms,
+            "as_of": today,
+            "assumptions": {
+                "gemm_fraction": kernels["matmul_flops"] / peak,
+                "gemm_half_size": kernels["gemm_half_size"],
+                "attention_fraction": kernels["attention_flops"] / peak,
+                "optimizer_params_per_s": kernels["optimizer_params_per_s"],
+            },
+        }
+    )
     return row
 
 
@@ -96,14 +116,21 @@ def probe_job(job: Job, capacity_bytes: float) -> Job:
     `capacity_bytes` (at least one); parallelism, ZeRO and offload off, no checkpoints or evaluation."""
     from .kernels import rank_spec
     from ..estimate import estimate_result
+
     data = job.replace(model=dataclasses.replace(rank_spec(job), layers=job.model.layers)).to_dict()
     data["parallel"] = {"dp": 1, "tp": 1, "pp": 1}
     data["cluster"] = {**data["cluster"], "count": 1}
     data["batch"] = {"micro_batch": job.batch.micro_batch, "global_batch": job.batch.micro_batch}
     data["cost"] = {**data["cost"], "offer": None}
     data["tokens"], data["mfu"] = None, None
-    data["training"] = {**data["training"], "steps": PROBE_STEPS, "warmup_steps": 1, "eval_every": 0,
-                        "checkpoint_every": 0, "init_from": None}
+    data["training"] = {
+        **data["training"],
+        "steps": PROBE_STEPS,
+        "warmup_steps": 1,
+        "eval_every": 0,
+        "checkpoint_every": 0,
+        "init_from": None,
+    }
     data["model"] = {**data["model"], "params": None}
     data["memory"] = {**data["memory"], "program": None}
     best = None
@@ -121,18 +148,21 @@ def device_memory_terms(probe: Job, out_dir: str | Path) -> dict:
     """{context_bytes, workspace_bytes, fragmentation, fragmentation_expandable} of the first GPU, read from runs
     of `probe` (a `probe_job`) under OUT_DIR (see the module's docstring)."""
     import torch
+
     free, total = torch.cuda.mem_get_info(0)
-    others = total - free             # already on the device: other processes and this one's own context
+    others = total - free  # already on the device: other processes and this one's own context
     peaks = {}
     for expandable in (False, True):
         run = Path(out_dir) / ("expandable" if expandable else "default")
         setting = dataclasses.replace(probe.memory, expandable_segments=expandable)
         peaks[expandable] = _probe_peaks(probe.replace(memory=setting), run)
     plain = peaks[False]
-    return {"context_bytes": int(max(plain["device_peak_bytes"] - plain["reserved_peak_bytes"] - others, 0)),
-            "workspace_bytes": _in_fresh_process("_workspace_bytes", probe.to_dict()),
-            "fragmentation": 1 - plain["peak_bytes"] / plain["reserved_peak_bytes"],
-            "fragmentation_expandable": 1 - peaks[True]["peak_bytes"] / peaks[True]["reserved_peak_bytes"]}
+    return {
+        "context_bytes": int(max(plain["device_peak_bytes"] - plain["reserved_peak_bytes"] - others, 0)),
+        "workspace_bytes": _in_fresh_process("_workspace_bytes", probe.to_dict()),
+        "fragmentation": 1 - plain["peak_bytes"] / plain["reserved_peak_bytes"],
+        "fragmentation_expandable": 1 - peaks[True]["peak_bytes"] / peaks[True]["reserved_peak_bytes"],
+    }
 
 
 def _probe_peaks(probe: Job, run: Path) -> dict:
@@ -151,7 +181,8 @@ def _probe_run(job_dict: dict, out: str) -> dict:
     from ..train.determinism import pinned, rank_threads
     from ..train.launch import prepare_run
     from ..train.loop import Trainer
-    job = prepare_run(Job.from_dict(job_dict), out, 1, force=True)   # (the probe sizes itself)
+
+    job = prepare_run(Job.from_dict(job_dict), out, 1, force=True)  # (the probe sizes itself)
     kept = [o for o in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "").split(",") if o and "expandable_segments" not in o]
     expandable = ["expandable_segments:True"] if job.memory.expandable_segments else []
     os.environ["PYTORCH_CUDA_ALLOC_CONF"] = ",".join(kept + expandable)
@@ -163,8 +194,10 @@ def _probe_run(job_dict: dict, out: str) -> dict:
 
 def _in_fresh_process(function: str, *args):
     """This module's `function(*args)` in a new interpreter (a CUDA context of its own); its JSON result."""
-    code = (f"import json, sys; from toolkit.calibrate.device import {function}; "
-            f"print(json.dumps({function}(*json.loads(sys.argv[1]))))")
+    code = (
+        f"import json, sys; from toolkit.calibrate.device import {function}; "
+        f"print(json.dumps({function}(*json.loads(sys.argv[1]))))"
+    )
     done = subprocess.run([sys.executable, "-c", code, json.dumps(args)], capture_output=True, text=True)
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
@@ -179,6 +212,7 @@ def _workspace_bytes(job_dict: dict) -> int:
     import torch
     from .kernels import job_shapes
     from ..program.precision import torch_precision
+
     job, _ = Job.from_dict(job_dict).resolve()
     plan = torch_precision(job.precision.mode or "fp32")
     m, k, n = max(job_shapes(job), key=lambda s: s[0] * s[1] * s[2])
@@ -200,19 +234,32 @@ def _kernel_figures(job_dict: dict, device: str = "cuda") -> dict:
     """In a fresh process: the probe's products (its own, and with their rows halved and doubled) timed on the GPU
     and fitted to a large-matrix rate and `gemm_half_size`; its fused attention's rate, its block's element-wise
     bandwidth (bytes counted as the step-time model counts them) and its optimizer's rate, in its compute dtype."""
-    from .kernels import (attention_flops, elementwise_bw_bytes_per_s, half_size, job_shapes,
-                                    matmul_flops, optimizer_params_per_s, thin_shapes)
+    from .kernels import (
+        attention_flops,
+        elementwise_bw_bytes_per_s,
+        half_size,
+        job_shapes,
+        matmul_flops,
+        optimizer_params_per_s,
+        thin_shapes,
+    )
     from ..specs.job import compute_dtype
     from ..program.precision import TORCH_DTYPES
+
     job, _ = Job.from_dict(job_dict).resolve()
     dtype_name = compute_dtype(job.precision.mode or "fp32")
     dtype = TORCH_DTYPES[dtype_name]
     shapes = job_shapes(job)
     timed = thin_shapes(shapes) + shapes
     rate, half = half_size(timed, matmul_flops(timed, dtype, rounds=2, device=device))
-    return {"dtype": dtype_name, "matmul_flops": rate, "gemm_half_size": half,
-            "attention_flops": attention_flops(job, dtype, device=device),
-            "memory_bw_bytes_per_s": elementwise_bw_bytes_per_s(job, dtype, device=device),
-            # (one block: its rate per parameter is the model's, and the probe's layers would not fit twice over)
-            "optimizer_params_per_s": optimizer_params_per_s(
-                job.replace(model=dataclasses.replace(job.model, layers=1)), device=device)}
+    return {
+        "dtype": dtype_name,
+        "matmul_flops": rate,
+        "gemm_half_size": half,
+        "attention_flops": attention_flops(job, dtype, device=device),
+        "memory_bw_bytes_per_s": elementwise_bw_bytes_per_s(job, dtype, device=device),
+        # (one block: its rate per parameter is the model's, and the probe's layers would not fit twice over)
+        "optimizer_params_per_s": optimizer_params_per_s(
+            job.replace(model=dataclasses.replace(job.model, layers=1)), device=device
+        ),
+    }

@@ -1,6 +1,7 @@
 """What one rank computes, measured where the runner's program runs it: matmul and attention rates inside the
 job's own model (torch's profiler), element-wise bandwidth, the optimizer's rate, and the fixed costs of one
 operation and of one checkpointed region. toolkit.calibrate runs these on every rank at once."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -13,11 +14,31 @@ import torch.distributed as dist
 
 from ..specs.job import Job
 
-__all__ = ["SWEEP", "job_shapes", "head_shape", "matmul_flops", "half_size", "thin_shapes", "rank_spec", "rank_step",
-           "in_model_rates", "kernel_totals", "memory_bw_bytes_per_s", "attention_flops",
-           "elementwise_bw_bytes_per_s", "optimizer_params_per_s", "op_overhead_s", "ops_per_unit",
-           "dispatched_ops", "checkpoint_overhead_s", "region_runs", "region_tail", "selective_op_overhead_s",
-           "block_run", "timed_s"]
+__all__ = [
+    "SWEEP",
+    "job_shapes",
+    "head_shape",
+    "matmul_flops",
+    "half_size",
+    "thin_shapes",
+    "rank_spec",
+    "rank_step",
+    "in_model_rates",
+    "kernel_totals",
+    "memory_bw_bytes_per_s",
+    "attention_flops",
+    "elementwise_bw_bytes_per_s",
+    "optimizer_params_per_s",
+    "op_overhead_s",
+    "ops_per_unit",
+    "dispatched_ops",
+    "checkpoint_overhead_s",
+    "region_runs",
+    "region_tail",
+    "selective_op_overhead_s",
+    "block_run",
+    "timed_s",
+]
 
 SWEEP = (256, 512, 1024)
 """Square matmul sizes measured without a job."""
@@ -43,6 +64,7 @@ def timed_s(fn, seconds: float = 0.3, least: int = 3, device: str = "cpu") -> fl
 def job_shapes(job: Job) -> list[tuple[int, int, int]]:
     """The (m, k, n) of the job's matmuls on one rank: q, k, v, o, the MLP and the output projection."""
     from ..estimate.steptime import block_matmul_shapes
+
     shapes = {tuple(int(x) for x in shape) for shape in block_matmul_shapes(job)}
     return sorted(shapes | {head_shape(job)})
 
@@ -61,13 +83,16 @@ def matmul_flops(shapes, dtype: torch.dtype, rounds: int = 3, device: str = "cpu
     for m, k, n in shapes:
         # operands cycled through more memory than the caches hold: in a training step they arrive cold
         copies = max(2, int(COLD_BYTES // ((m * k + n * k + m * n) * torch.finfo(dtype).bits // 8)))
-        sets = [tuple(torch.randn(r, c, dtype=dtype, device=device) for r, c in ((m, k), (n, k), (m, n)))
-                for _ in range(copies)]
+        sets = [
+            tuple(torch.randn(r, c, dtype=dtype, device=device) for r, c in ((m, k), (n, k), (m, n)))
+            for _ in range(copies)
+        ]
         turn = iter(range(10**9))
 
         def linear(sets=sets, turn=turn, copies=copies):
             x, w, gy = sets[next(turn) % copies]
             x @ w.t(), gy @ w, gy.t() @ x
+
         runs.append((3 * 2.0 * m * k * n, linear))
     rates = [[] for _ in shapes]
     for _ in range(rounds):
@@ -82,6 +107,7 @@ def half_size(shapes, rates) -> tuple[float, float]:
     every shape weighs the same. The size is sought up to the thinnest dimension measured (beyond it the rate is
     an extrapolation)."""
     from ..estimate.steptime import thin_factor
+
     logs = np.log(np.asarray(rates, dtype=float))
     best = None
     for half in np.concatenate([[0.0], np.geomspace(1, min(min(shape) for shape in shapes), 300)]):
@@ -104,16 +130,26 @@ IN_MODEL_SAMPLES = 12
 """Training steps of that model the profiler records."""
 _MATMULS = {"aten::mm": (0, 1), "aten::addmm": (1, 2)}
 """The linear layers' kernels, with the positions of their two matrices among the recorded input shapes."""
-_FLASH = ("aten::_scaled_dot_product_flash_attention_for_cpu",
-          "aten::_scaled_dot_product_flash_attention_for_cpu_backward")
+_FLASH = (
+    "aten::_scaled_dot_product_flash_attention_for_cpu",
+    "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+)
 
 
 def rank_spec(job: Job):
     """The job's model as one rank holds it: heads, MLP width and vocabulary over tp, tokens over cp."""
     m, par = job.model, job.parallel
-    return dataclasses.replace(m, heads=m.heads // par.tp, kv_heads=m.kv_heads_ // par.tp, head_dim=m.head_dim_,
-                               ffn=m.ffn_ // par.tp, vocab=-(-m.vocab // par.tp), seq_len=m.seq_len // par.cp,
-                               max_positions=m.max_positions_, layers=min(m.layers, IN_MODEL_LAYERS))
+    return dataclasses.replace(
+        m,
+        heads=m.heads // par.tp,
+        kv_heads=m.kv_heads_ // par.tp,
+        head_dim=m.head_dim_,
+        ffn=m.ffn_ // par.tp,
+        vocab=-(-m.vocab // par.tp),
+        seq_len=m.seq_len // par.cp,
+        max_positions=m.max_positions_,
+        layers=min(m.layers, IN_MODEL_LAYERS),
+    )
 
 
 def rank_step(job: Job):
@@ -121,6 +157,7 @@ def rank_step(job: Job):
     micro-batch of random tokens through it, forward and backward under the job's autocast."""
     from ..program.model import GPT
     from ..program.precision import torch_precision
+
     spec, plan = rank_spec(job), torch_precision(job.precision.mode or "fp32")
     torch.manual_seed(0)
     model = GPT(spec, attention=job.memory.attention, dtype=plan.param_dtype)
@@ -130,6 +167,7 @@ def rank_step(job: Job):
         with plan.autocast("cpu"):
             loss = model(tokens, tokens)
         loss.backward()
+
     return spec, step
 
 
@@ -144,10 +182,11 @@ def in_model_rates(job: Job, seconds: float = 1.5) -> tuple[float, float | None]
     are profiled, spread evenly over about `seconds` (reading a profile costs more than recording it); every
     rank runs as many steps, so each one's kernels share the machine with the others' as in a run."""
     from torch.profiler import ProfilerActivity, profile
+
     _spec, step = rank_step(job)
     step_s = torch.tensor([timed_s(step, seconds=0.0, least=1)])
     if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(step_s, op=dist.ReduceOp.MAX)           # one stride for all: the same number of steps
+        dist.all_reduce(step_s, op=dist.ReduceOp.MAX)  # one stride for all: the same number of steps
     stride = max(1, round(seconds / (IN_MODEL_SAMPLES * float(step_s))))
     totals = dict.fromkeys(("matmul_flops", "matmul_s", "attention_flops", "attention_s"), 0.0)
     for i in range(IN_MODEL_SAMPLES * stride):
@@ -174,7 +213,7 @@ def kernel_totals(prof) -> dict:
             totals["matmul_s"] += event.cpu_time_total / 1e6
         elif event.key in _FLASH:
             totals["attention_s"] += event.cpu_time_total / 1e6
-            if event.key == _FLASH[0]:                 # (batch, heads, seq, head dim); causal: half the products
+            if event.key == _FLASH[0]:  # (batch, heads, seq, head dim); causal: half the products
                 batch, heads, seq, dim = event.input_shapes[0]
                 totals["attention_flops"] += 3 * 2 * 2.0 * batch * heads * seq * seq * dim / 2 * event.count
     return totals
@@ -189,14 +228,20 @@ def memory_bw_bytes_per_s(numel: int = 16 * 2**20) -> float:
 def attention_flops(job: Job, dtype: torch.dtype, device: str = "cpu") -> float:
     """FLOP/s of the job's fused attention (torch's SDPA, causal) forward and backward at its shape on one rank."""
     import torch.nn.functional as F
+
     m = job.model
     heads = max(1, m.heads // job.parallel.tp)
-    q, k, v = (torch.randn(job.batch.micro_batch, heads, m.seq_len, m.head_dim_, dtype=dtype, device=device,
-                           requires_grad=True) for _ in range(3))
+    q, k, v = (
+        torch.randn(
+            job.batch.micro_batch, heads, m.seq_len, m.head_dim_, dtype=dtype, device=device, requires_grad=True
+        )
+        for _ in range(3)
+    )
 
     def run():
         F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
-    flops = 3 * 2 * 2.0 * job.batch.micro_batch * heads * m.seq_len * m.seq_len * m.head_dim_ / 2   # causal half
+
+    flops = 3 * 2 * 2.0 * job.batch.micro_batch * heads * m.seq_len * m.seq_len * m.head_dim_ / 2  # causal half
     return flops / timed_s(run, device=device)
 
 
@@ -206,6 +251,7 @@ def elementwise_bw_bytes_per_s(job: Job, dtype: torch.dtype, device: str = "cpu"
     (toolkit.estimate.steptime); on a GPU they are bound by memory, on a CPU often by their arithmetic."""
     import torch.nn.functional as F
     from ..estimate.elementwise import memory_bound_bytes_per_token
+
     m = job.model
     tokens = job.batch.micro_batch * m.seq_len
     x = torch.randn(tokens, m.hidden, dtype=dtype, device=device, requires_grad=True)
@@ -218,9 +264,12 @@ def elementwise_bw_bytes_per_s(job: Job, dtype: torch.dtype, device: str = "cpu"
         act = F.silu(gate) * up if m.mlp == "swiglu" else F.gelu(up, approximate="tanh")
         y = norm(x) + norm(x) + x + x
         (y.sum() + act.sum()).backward()
-    plain = job.replace(memory=dataclasses.replace(job.memory, attention="flash", recompute="none"),
-                        model=dataclasses.replace(m, dropout=0.0, position="learned"),
-                        parallel=dataclasses.replace(job.parallel, sp=False))
+
+    plain = job.replace(
+        memory=dataclasses.replace(job.memory, attention="flash", recompute="none"),
+        model=dataclasses.replace(m, dropout=0.0, position="learned"),
+        parallel=dataclasses.replace(job.parallel, sp=False),
+    )
     return float(memory_bound_bytes_per_token(plain, False)) * tokens / timed_s(run, device=device)
 
 
@@ -228,7 +277,8 @@ def optimizer_params_per_s(job: Job, device: str = "cpu") -> float:
     """Parameters per second the job's optimizer (AdamW, its implementation) steps, over the model's tensors."""
     from ..estimate.phases import optimizer_impl
     from ..program.model import GPT
-    decoder = job.model.has_shape and not job.model.encoder       # (the runner's GPT builds decoders)
+
+    decoder = job.model.has_shape and not job.model.encoder  # (the runner's GPT builds decoders)
     model = GPT(job.model) if decoder else torch.nn.Sequential(*[torch.nn.Linear(512, 512)] * 16)
     model = model.to(device)
     for p in model.parameters():
@@ -241,12 +291,14 @@ def optimizer_params_per_s(job: Job, device: str = "cpu") -> float:
 def dispatched_ops(fn) -> int:
     """Tensor operations one call of fn dispatches (torch's dispatcher sees each: a view, a product, an add)."""
     from torch.utils._python_dispatch import TorchDispatchMode
+
     count = [0]
 
     class Count(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             count[0] += 1
             return func(*args, **(kwargs or {}))
+
     with Count():
         fn()
     return count[0]
@@ -262,6 +314,7 @@ def op_overhead_s(chain: int = 200) -> float:
         for _ in range(chain):
             y = y * 1.0001
         y.backward()
+
     return timed_s(run) / dispatched_ops(run)
 
 
@@ -270,8 +323,9 @@ def ops_per_unit(job: Job) -> float:
     the job's own model: this rank's share (`rank_spec`), one micro-batch forward and backward in the job's
     precision, counted at the dispatcher, over the units the model counts for that micro-batch."""
     from ..estimate.steptime import op_units
+
     spec, step = rank_step(job)
-    step()                                            # (the first backward makes the .grad tensors)
+    step()  # (the first backward makes the .grad tensors)
     plain = job.replace(memory=dataclasses.replace(job.memory, recompute="none"))
     return dispatched_ops(step) / float(op_units(plain, spec.layers, True))
 
@@ -284,20 +338,26 @@ def block_run(job: Job, tokens_per_rank: int):
     the forward alone."""
     from ..program.model import Block, rope_tables
     from ..program.precision import torch_precision
+
     m, plan = job.model, torch_precision(job.precision.mode or "fp32")
     x = torch.randn(job.batch.micro_batch, tokens_per_rank, m.hidden, dtype=plan.param_dtype, requires_grad=True)
     rope = rope_tables(m.seq_len, m.head_dim_) if m.position == "rope" else (None, None)
 
     def run(block, checkpointed: bool = False, backward: bool = True, context_fn=None):
         from torch.utils.checkpoint import checkpoint, noop_context_fn
+
         with plan.autocast("cpu"):
-            out = checkpoint(block, x, *rope, use_reentrant=False, context_fn=context_fn or noop_context_fn) \
-                if checkpointed else block(x, *rope)
+            out = (
+                checkpoint(block, x, *rope, use_reentrant=False, context_fn=context_fn or noop_context_fn)
+                if checkpointed
+                else block(x, *rope)
+            )
         if backward:
             out.float().sum().backward()
 
     def build(spec):
         return Block(spec, job.memory.attention, False).to(plan.param_dtype)
+
     return run, build
 
 
@@ -319,8 +379,12 @@ def checkpoint_overhead_s(job: Job, rounds: int = 30) -> float:
             began = time.perf_counter()
             run()
             times[name].append(time.perf_counter() - began)
-    rounds_s = [checkpointed - plain - (forward - tail) for checkpointed, plain, forward, tail in
-                zip(*(times[name][3:] for name in ("checkpointed", "plain", "forward", "tail")))]
+    rounds_s = [
+        checkpointed - plain - (forward - tail)
+        for checkpointed, plain, forward, tail in zip(
+            *(times[name][3:] for name in ("checkpointed", "plain", "forward", "tail"))
+        )
+    ]
     return max(statistics.median(rounds_s), 0.0)
 
 
@@ -329,6 +393,7 @@ def region_runs(job: Job) -> dict:
     in its dtype and under its autocast as a micro-batch runs it."""
     from torch.utils.checkpoint import checkpoint
     from ..program.precision import torch_precision
+
     plan = torch_precision(job.precision.mode or "fp32")
     run, build = block_run(job, job.model.seq_len // job.parallel.cp)
     spec = rank_spec(job)
@@ -338,23 +403,34 @@ def region_runs(job: Job) -> dict:
         def call():
             with plan.autocast("cpu"):
                 return fn()
+
         return call
+
     if job.memory.recompute != "selective":
         act = torch.randn(b, s, spec.ffn_, dtype=plan.param_dtype, requires_grad=True)
         residual = torch.randn(b, s, spec.hidden, dtype=plan.param_dtype)
         tail = (lambda: block.mlp.down(act) + residual) if region_tail(job) == "down" else (lambda: None)
-        return {"checkpointed": lambda: run(block, checkpointed=True), "plain": lambda: run(block),
-                "forward": lambda: run(block, backward=False), "tail": autocast(tail)}
+        return {
+            "checkpointed": lambda: run(block, checkpointed=True),
+            "plain": lambda: run(block),
+            "forward": lambda: run(block, backward=False),
+            "tail": autocast(tail),
+        }
     q = torch.randn(b, spec.heads, s, spec.head_dim_, dtype=plan.param_dtype, requires_grad=True)
-    k, v = (torch.randn(b, spec.kv_heads_, s, spec.head_dim_, dtype=plan.param_dtype, requires_grad=True)
-            for _ in range(2))
+    k, v = (
+        torch.randn(b, spec.kv_heads_, s, spec.head_dim_, dtype=plan.param_dtype, requires_grad=True) for _ in range(2)
+    )
     probs = torch.randn(b, spec.heads, s, s, dtype=plan.param_dtype, requires_grad=True)
     values = v.repeat_interleave(spec.heads // spec.kv_heads_, dim=1)
     tail = (lambda: probs @ values) if region_tail(job) == "probs-v" else (lambda: None)
-    return {"checkpointed": autocast(lambda: checkpoint(block.attn.core, q, k, v, use_reentrant=False)
-                                     .float().sum().backward()),
-            "plain": autocast(lambda: block.attn.core(q, k, v).float().sum().backward()),
-            "forward": autocast(lambda: block.attn.core(q, k, v)), "tail": autocast(tail)}
+    return {
+        "checkpointed": autocast(
+            lambda: checkpoint(block.attn.core, q, k, v, use_reentrant=False).float().sum().backward()
+        ),
+        "plain": autocast(lambda: block.attn.core(q, k, v).float().sum().backward()),
+        "forward": autocast(lambda: block.attn.core(q, k, v)),
+        "tail": autocast(tail),
+    }
 
 
 def region_tail(job: Job) -> str | None:
@@ -378,6 +454,7 @@ def selective_op_overhead_s(job: Job, rounds: int = 30) -> float:
 
     def nothing_saved():
         return create_selective_checkpoint_contexts(lambda ctx, op, *args, **kwargs: CheckpointPolicy.PREFER_RECOMPUTE)
+
     run, build = block_run(job, job.model.seq_len // job.parallel.cp)
     block = build(rank_spec(job))
     times = {False: [], True: []}

@@ -17,6 +17,7 @@ matrices by `gemm_half_size`, the size at which a dimension halves a product's r
 timed with their rows halved and doubled; so the profile sets the model's `gemm_fraction` to 1 (the model slows
 thin shapes by that size and the roofline) and `link_efficiency` to 1 (the bandwidth is the one achieved).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,10 +32,25 @@ import torch
 import yaml
 
 from .comm import collective_fit, fsdp_collective_s, sharded_bw_bytes_per_s, tp_collective_s
-from .kernels import (IN_MODEL_LAYERS, SWEEP, attention_flops, checkpoint_overhead_s,
-                                elementwise_bw_bytes_per_s, half_size, head_shape, in_model_rates, job_shapes,
-                                kernel_totals, matmul_flops, memory_bw_bytes_per_s, op_overhead_s, ops_per_unit,
-                                optimizer_params_per_s, selective_op_overhead_s, thin_shapes)
+from .kernels import (
+    IN_MODEL_LAYERS,
+    SWEEP,
+    attention_flops,
+    checkpoint_overhead_s,
+    elementwise_bw_bytes_per_s,
+    half_size,
+    head_shape,
+    in_model_rates,
+    job_shapes,
+    kernel_totals,
+    matmul_flops,
+    memory_bw_bytes_per_s,
+    op_overhead_s,
+    ops_per_unit,
+    optimizer_params_per_s,
+    selective_op_overhead_s,
+    thin_shapes,
+)
 from ..specs.catalog import DTYPES as DTYPE_NAMES
 from ..specs.errors import SpecError
 from ..specs.job import Job, compute_dtype
@@ -43,12 +59,14 @@ from ..program.precision import TORCH_DTYPES
 
 __all__ = ["calibrate", "measure_rank", "profile_row", "in_model_rates", "kernel_totals", "job_shapes"]
 
+
 def measure_rank(job: Job, rank: int, world: int) -> dict:
     """One rank's figures, measured while every other rank measures the same, with a training rank's settings:
     its thread count and, on CPU, deterministic kernels (toolkit.train.determinism.pinned)."""
-    importlib.import_module("toolkit.train.loop")     # what a training rank loads (accelerate, the runner)
+    importlib.import_module("toolkit.train.loop")  # what a training rank loads (accelerate, the runner)
     from ..train.determinism import pinned, rank_threads
-    with pinned(rank_threads(world), "cpu"):         # (its kernels run on CPU cores, GPU or not)
+
+    with pinned(rank_threads(world), "cpu"):  # (its kernels run on CPU cores, GPU or not)
         return _measure_rank(job, rank, world)
 
 
@@ -59,20 +77,28 @@ def _measure_rank(job: Job, rank: int, world: int) -> dict:
     shapes = job_shapes(job) if shaped else [(n, n, n) for n in SWEEP]
     bandwidth, latency = collective_fit(world)
     reduce_scatter_bw, gather_bw = sharded_bw_bytes_per_s(world)
-    figures = {"rank": rank, "dtype": compute_dtype(mode), "shapes": [list(s) for s in shapes],
-               **_compute_rates(job, shapes, dtype),
-               "memory_bw_bytes_per_s": elementwise_bw_bytes_per_s(job, dtype) if shaped else memory_bw_bytes_per_s(),
-               "optimizer_params_per_s": optimizer_params_per_s(job), "op_overhead_s": op_overhead_s(),
-               "checkpoint_overhead_s": checkpoint_overhead_s(job) if shaped else None,
-               "ops_per_unit": ops_per_unit(job) if shaped and not job.model.encoder else None,
-               "selective_op_overhead_s": selective_op_overhead_s(job) if shaped and not job.model.encoder else None,
-               "bus_bw_bytes_per_s": bandwidth, "latency_s": latency,
-               "tp_collective_s": tp_collective_s(as_tp(job, world), world, dtype, bandwidth) if shaped else None,
-               "fsdp_collective_s": fsdp_collective_s(as_fsdp(job, world), world, reduce_scatter_bw, gather_bw)
-               if shaped else None,
-               "reduce_scatter_bw_bytes_per_s": reduce_scatter_bw, "gather_bw_bytes_per_s": gather_bw}
+    figures = {
+        "rank": rank,
+        "dtype": compute_dtype(mode),
+        "shapes": [list(s) for s in shapes],
+        **_compute_rates(job, shapes, dtype),
+        "memory_bw_bytes_per_s": elementwise_bw_bytes_per_s(job, dtype) if shaped else memory_bw_bytes_per_s(),
+        "optimizer_params_per_s": optimizer_params_per_s(job),
+        "op_overhead_s": op_overhead_s(),
+        "checkpoint_overhead_s": checkpoint_overhead_s(job) if shaped else None,
+        "ops_per_unit": ops_per_unit(job) if shaped and not job.model.encoder else None,
+        "selective_op_overhead_s": selective_op_overhead_s(job) if shaped and not job.model.encoder else None,
+        "bus_bw_bytes_per_s": bandwidth,
+        "latency_s": latency,
+        "tp_collective_s": tp_collective_s(as_tp(job, world), world, dtype, bandwidth) if shaped else None,
+        "fsdp_collective_s": fsdp_collective_s(as_fsdp(job, world), world, reduce_scatter_bw, gather_bw)
+        if shaped
+        else None,
+        "reduce_scatter_bw_bytes_per_s": reduce_scatter_bw,
+        "gather_bw_bytes_per_s": gather_bw,
+    }
     gc.collect()
-    figures["baseline_bytes"] = _resident_bytes()   # the rank with its code, threads and gloo buffers, tensors freed
+    figures["baseline_bytes"] = _resident_bytes()  # the rank with its code, threads and gloo buffers, tensors freed
     return figures
 
 
@@ -83,20 +109,42 @@ def as_fsdp(job: Job, world: int) -> Job:
     par = job.parallel
     if (par.zero >= 2 and job.backend == "torch") or job.precision.mode not in TORCH_SEMANTICS:
         return job
-    return job.replace(parallel=dataclasses.replace(par, zero=3, tp=1, pp=1, vpp=1, dp=world, sp=False,
-                                                    offload="none", dp_replicate=1, stage_layers=None,
-                                                    partition=None, backend="torch"))
+    return job.replace(
+        parallel=dataclasses.replace(
+            par,
+            zero=3,
+            tp=1,
+            pp=1,
+            vpp=1,
+            dp=world,
+            sp=False,
+            offload="none",
+            dp_replicate=1,
+            stage_layers=None,
+            partition=None,
+            backend="torch",
+        )
+    )
 
 
 def as_tp(job: Job, world: int) -> Job:
     """The job with tensor parallelism over the world where it has none and its heads split so (the cost of one
     DTensor collective, for tensor-parallel layouts the planner weighs against the job's own)."""
     par, m = job.parallel, job.model
-    if par.tp > 1 or world < 2 or job.precision.mode not in TORCH_SEMANTICS or not m.has_shape \
-            or m.heads % world or m.kv_heads_ % world:
+    if (
+        par.tp > 1
+        or world < 2
+        or job.precision.mode not in TORCH_SEMANTICS
+        or not m.has_shape
+        or m.heads % world
+        or m.kv_heads_ % world
+    ):
         return job
-    return job.replace(parallel=dataclasses.replace(par, tp=world, dp=1, pp=1, vpp=1, zero=0, sp=False,
-                                                    stage_layers=None, partition=None))
+    return job.replace(
+        parallel=dataclasses.replace(
+            par, tp=world, dp=1, pp=1, vpp=1, zero=0, sp=False, stage_layers=None, partition=None
+        )
+    )
 
 
 def _compute_rates(job: Job, shapes, dtype: torch.dtype) -> dict:
@@ -106,14 +154,22 @@ def _compute_rates(job: Job, shapes, dtype: torch.dtype) -> dict:
     each product by its thin dimensions, so a micro-batch other than the job's is priced at its own shapes."""
     around = thin_shapes(shapes) if job.model.has_shape else list(shapes)
     timed = around + list(shapes) if job.model.has_shape else around
-    if not job.model.has_shape or job.model.encoder:      # (the runner's GPT builds decoders)
+    if not job.model.has_shape or job.model.encoder:  # (the runner's GPT builds decoders)
         rate, half = half_size(timed, matmul_flops(timed, dtype, rounds=2))
-        return {"matmul_flops": [rate], "gemm_half_size": half,
-                "attention_flops": attention_flops(job, dtype) if job.model.has_shape else None, "in_model": False}
+        return {
+            "matmul_flops": [rate],
+            "gemm_half_size": half,
+            "attention_flops": attention_flops(job, dtype) if job.model.has_shape else None,
+            "in_model": False,
+        }
     matmul, attention = in_model_rates(job)
     _rate, half = half_size(timed, matmul_flops(timed, dtype, rounds=2))
-    return {"matmul_flops": [_large_matrix_rate(job, matmul, half)], "gemm_half_size": half,
-            "attention_flops": attention or attention_flops(job, dtype), "in_model": True}
+    return {
+        "matmul_flops": [_large_matrix_rate(job, matmul, half)],
+        "gemm_half_size": half,
+        "attention_flops": attention or attention_flops(job, dtype),
+        "in_model": True,
+    }
 
 
 def _large_matrix_rate(job: Job, rate: float, half: float) -> float:
@@ -121,6 +177,7 @@ def _large_matrix_rate(job: Job, rate: float, half: float) -> float:
     products and the vocabulary projection, as in_model_rates times them) times each one's thin factor, over
     their FLOPs."""
     from ..estimate.steptime import block_matmul_shapes, thin_factor
+
     blocks = min(job.model.layers, IN_MODEL_LAYERS)
     weighted = [(shape, blocks) for shape in block_matmul_shapes(job)] + [(head_shape(job), 1)]
     flops = sum(count * m * k * n for (m, k, n), count in weighted)
@@ -144,10 +201,13 @@ def profile_row(ranks: list[dict], world: int) -> dict:
     # the job's matmuls together: their FLOPs over their time (the roofline only slows thin shapes further)
     peak = min(len(r["matmul_flops"]) / sum(1 / x for x in r["matmul_flops"]) for r in ranks)
     bus = ranks[0]["bus_bw_bytes_per_s"]
-    assumptions = {"gemm_fraction": 1.0, "link_efficiency": 1.0,
-                   "comm_overlaps_compute": False,     # measured on CPU cores (gloo), which do both in turn
-                   "op_overhead_s": max(r["op_overhead_s"] for r in ranks),
-                   "optimizer_params_per_s": min(r["optimizer_params_per_s"] for r in ranks)}
+    assumptions = {
+        "gemm_fraction": 1.0,
+        "link_efficiency": 1.0,
+        "comm_overlaps_compute": False,  # measured on CPU cores (gloo), which do both in turn
+        "op_overhead_s": max(r["op_overhead_s"] for r in ranks),
+        "optimizer_params_per_s": min(r["optimizer_params_per_s"] for r in ranks),
+    }
     if ranks[0]["attention_flops"]:
         assumptions["attention_fraction"] = min(r["attention_flops"] for r in ranks) / peak
     if ranks[0]["latency_s"] is not None:
@@ -165,19 +225,38 @@ def profile_row(ranks: list[dict], world: int) -> dict:
         if ranks[0].get(key) is not None:
             assumptions[key] = max(r[key] for r in ranks)
     baselines = [r["baseline_bytes"] for r in ranks if r.get("baseline_bytes")]
-    row = {"name": f"measured-{host}", "vendor": "measured", "memory_bytes": _memory_bytes(world),
-           "memory_bw_bytes_per_s": min(r["memory_bw_bytes_per_s"] for r in ranks),
-           "link_bw_bytes_per_s": 2 * bus if bus else "unknown", "tdp_w": "unknown",
-           "peak_tflops": {**{d: "unknown" for d in DTYPE_NAMES}, dtype: peak / 1e12}, "assumptions": assumptions,
-           # what a CPU rank holds beyond its tensors: the process itself (interpreter, torch's code and data, the
-           # gloo group), measured; no CUDA context, cuBLAS workspace, caching allocator or NCCL buffers
-           **({"device_memory": {"context_bytes": max(baselines), "workspace_bytes": 0, "fragmentation": 0.0,
-                                 "fragmentation_expandable": 0.0, "communicator_bytes": 0}} if baselines else {}),
-           "source": f"measured on {host}, {today} by toolkit calibrate ({world} rank(s) busy at once, "
-                     + (f"matmuls and attention timed inside the job's model, {dtype}, forward and backward)"
-                        if ranks[0].get("in_model") else
-                        f"{len(ranks[0]['shapes'])} matmul shapes in {dtype}, forward and backward)"),
-           "as_of": today}
+    row = {
+        "name": f"measured-{host}",
+        "vendor": "measured",
+        "memory_bytes": _memory_bytes(world),
+        "memory_bw_bytes_per_s": min(r["memory_bw_bytes_per_s"] for r in ranks),
+        "link_bw_bytes_per_s": 2 * bus if bus else "unknown",
+        "tdp_w": "unknown",
+        "peak_tflops": {**{d: "unknown" for d in DTYPE_NAMES}, dtype: peak / 1e12},
+        "assumptions": assumptions,
+        # what a CPU rank holds beyond its tensors: the process itself (interpreter, torch's code and data, the
+        # gloo group), measured; no CUDA context, cuBLAS workspace, caching allocator or NCCL buffers
+        **(
+            {
+                "device_memory": {
+                    "context_bytes": max(baselines),
+                    "workspace_bytes": 0,
+                    "fragmentation": 0.0,
+                    "fragmentation_expandable": 0.0,
+                    "communicator_bytes": 0,
+                }
+            }
+            if baselines
+            else {}
+        ),
+        "source": f"measured on {host}, {today} by toolkit calibrate ({world} rank(s) busy at once, "
+        + (
+            f"matmuls and attention timed inside the job's model, {dtype}, forward and backward)"
+            if ranks[0].get("in_model")
+            else f"{len(ranks[0]['shapes'])} matmul shapes in {dtype}, forward and backward)"
+        ),
+        "as_of": today,
+    }
     return {"accelerators": [row]}
 
 
@@ -195,18 +274,22 @@ def calibrate(job: Job | None, nproc: int, out_path, gpu_only: bool = False) -> 
     the profile gains that GPU's row, measured on it (toolkit.calibrate.device); `gpu_only` measures that alone
     (the CPU figures at a large job's shapes take long on CPU cores)."""
     from ..trace.ranks import trace_on_ranks
+
     if gpu_only and not torch.cuda.device_count():
         raise SpecError("--gpu-only", True, "needs a CUDA GPU on this host; leave it out to calibrate the CPU cores")
     job = job or Job()
     rows = []
     if not gpu_only:
-        measured = trace_on_ranks(measure_rank, job, nproc, "calibration", "rank", "measure on fewer ranks",
-                                  result=dict) if nproc > 1 else [measure_rank(job, 0, 1)]
+        measured = (
+            trace_on_ranks(measure_rank, job, nproc, "calibration", "rank", "measure on fewer ranks", result=dict)
+            if nproc > 1
+            else [measure_rank(job, 0, 1)]
+        )
         rows = profile_row(measured, nproc)["accelerators"]
     if torch.cuda.device_count():
         try:
             rows.append(_gpu_row(job, out_path))
-        except (RuntimeError, SpecError) as err:       # (the CPU row measured above is still written)
+        except (RuntimeError, SpecError) as err:  # (the CPU row measured above is still written)
             if gpu_only:
                 raise SpecError("", None, f"the GPU was not measured: {err}") from err
             print(f"the GPU was not measured: {err}", file=sys.stderr)
@@ -223,6 +306,7 @@ def _gpu_row(job: Job, out_path) -> dict:
     from pathlib import Path
     from .device import gpu_row
     from ..specs import load_catalog
+
     if not job.model.has_shape:
         raise RuntimeError("give --config JOB.yaml (the probe trains the job's blocks on the GPU)")
     return gpu_row(job, load_catalog(), Path(out_path).with_name(Path(out_path).stem + "-device-probe"))

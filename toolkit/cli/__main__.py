@@ -1,4 +1,5 @@
 """`python -m toolkit.cli ...`: the `toolkit` command."""
+
 import sys
 
 from .main import main

@@ -1,5 +1,6 @@
 """`toolkit calibrate`: measure this machine and write a catalog profile (toolkit.calibrate), kept apart from
 cli.py's job commands. `toolkit compare --run DIR --catalog profile.yaml` then models a run with it."""
+
 from __future__ import annotations
 
 import argparse
@@ -13,54 +14,73 @@ __all__ = ["add_calibrate_parser", "cmd_calibrate"]
 
 
 def add_calibrate_parser(sub) -> argparse.ArgumentParser:
-    cal = sub.add_parser("calibrate", help="measure matmuls, memory bandwidth, per-op cost and collectives here; "
-                                           "write a catalog row the step-time model can use",
-                         description="Measure on N gloo ranks at once (matmuls at the job's shapes and dtype, or a "
-                                     "sweep without a job), and write an accelerator row with the figures and "
-                                     "their source. Then: toolkit compare --run DIR --catalog PROFILE.")
+    cal = sub.add_parser(
+        "calibrate",
+        help="measure matmuls, memory bandwidth, per-op cost and collectives here; "
+        "write a catalog row the step-time model can use",
+        description="Measure on N gloo ranks at once (matmuls at the job's shapes and dtype, or a "
+        "sweep without a job), and write an accelerator row with the figures and "
+        "their source. Then: toolkit compare --run DIR --catalog PROFILE.",
+    )
     cal.add_argument("--nproc", metavar="N", type=int, default=1, help="ranks measuring at once (as in training)")
     cal.add_argument("--config", metavar="JOB.yaml", help="a job (or a run's job.yaml): its shapes and precision")
     cal.add_argument("--out", metavar="PROFILE.yaml", required=True, help="where to write the profile")
-    cal.add_argument("--gpu-only", action="store_true",
-                     help="on a GPU host, measure only its GPU, not the CPU cores: the job's kernels' rates, and "
-                          "what the GPU holds beyond the tensors (CUDA context, cuBLAS workspaces, allocator "
-                          "fragmentation) from a few steps of the job's blocks")
+    cal.add_argument(
+        "--gpu-only",
+        action="store_true",
+        help="on a GPU host, measure only its GPU, not the CPU cores: the job's kernels' rates, and "
+        "what the GPU holds beyond the tensors (CUDA context, cuBLAS workspaces, allocator "
+        "fragmentation) from a few steps of the job's blocks",
+    )
     return cal
 
 
 def cmd_calibrate(args) -> int:
     from ..calibrate import calibrate
+
     if args.nproc < 1:
         raise SpecError("--nproc", args.nproc, "must be 1 or more")
     check_output_folder("--out", args.out)
     out = Path(args.out)
     import torch
-    if torch.cuda.is_available() and not args.gpu_only:   # (not silently: CPU figures applied to GPUs mislead)
-        print("calibrate times this host's CPU cores over gloo for its first row; the GPU gets a row of its own, "
-              "measured on the device (--gpu-only: that row alone); NCCL collectives are not calibrated yet",
-              file=sys.stderr)
+
+    if torch.cuda.is_available() and not args.gpu_only:  # (not silently: CPU figures applied to GPUs mislead)
+        print(
+            "calibrate times this host's CPU cores over gloo for its first row; the GPU gets a row of its own, "
+            "measured on the device (--gpu-only: that row alone); NCCL collectives are not calibrated yet",
+            file=sys.stderr,
+        )
     job = None
     if args.config:
         job, _notes = Job.from_yaml(args.config).resolve(load_catalog())
     profile = calibrate(job, args.nproc, out, gpu_only=args.gpu_only)
     for row in profile["accelerators"]:
         print(_row_line(row))
-    print(f"written to {out}; use it with: toolkit compare --run DIR --catalog {out}, or toolkit estimate --catalog {out}")
+    print(
+        f"written to {out}; use it with: toolkit compare --run DIR --catalog {out}, or toolkit estimate --catalog {out}"
+    )
     return 0
 
 
 def _row_line(row: dict) -> str:
     """One line of what a profile row measured: the CPU's rates, or a GPU's rates and memory beyond the tensors."""
-    if row.get("vendor") != "measured":          # a GPU's row (toolkit.calibrate.device)
+    if row.get("vendor") != "measured":  # a GPU's row (toolkit.calibrate.device)
         terms, a, gib = row["device_memory"], row["assumptions"], 2**30
-        return (f"{row['name']}: matmuls at {a['gemm_fraction']:.0%} of peak (half rate at {a['gemm_half_size']:.0f}), "
-                f"attention {a['attention_fraction']:.0%}, element-wise {row['memory_bw_bytes_per_s'] / 1e9:.0f} GB/s; "
-                f"CUDA context {terms['context_bytes'] / gib:.2f} GiB, cuBLAS workspaces "
-                f"{terms['workspace_bytes'] / 2**20:.0f} MiB, cached blocks {terms['fragmentation']:.1%} of the pool "
-                f"({terms['fragmentation_expandable']:.1%} with expandable segments)")
+        return (
+            f"{row['name']}: matmuls at {a['gemm_fraction']:.0%} of peak (half rate at {a['gemm_half_size']:.0f}), "
+            f"attention {a['attention_fraction']:.0%}, element-wise {row['memory_bw_bytes_per_s'] / 1e9:.0f} GB/s; "
+            f"CUDA context {terms['context_bytes'] / gib:.2f} GiB, cuBLAS workspaces "
+            f"{terms['workspace_bytes'] / 2**20:.0f} MiB, cached blocks {terms['fragmentation']:.1%} of the pool "
+            f"({terms['fragmentation_expandable']:.1%} with expandable segments)"
+        )
     rate = max(v for v in row["peak_tflops"].values() if not isinstance(v, str))
     link = row["link_bw_bytes_per_s"]
-    return (f"{row['name']}: matmuls {rate * 1e3:.1f} GFLOP/s, memory {row['memory_bw_bytes_per_s'] / 1e9:.1f} GB/s, "
-            f"per-op {row['assumptions']['op_overhead_s'] * 1e6:.1f} µs"
-            + (f", all-reduce {link / 2 / 1e9:.2f} GB/s and {row['assumptions']['latency_intra_s'] * 1e6:.0f} µs a step"
-               if not isinstance(link, str) else ""))
+    return (
+        f"{row['name']}: matmuls {rate * 1e3:.1f} GFLOP/s, memory {row['memory_bw_bytes_per_s'] / 1e9:.1f} GB/s, "
+        f"per-op {row['assumptions']['op_overhead_s'] * 1e6:.1f} µs"
+        + (
+            f", all-reduce {link / 2 / 1e9:.2f} GB/s and {row['assumptions']['latency_intra_s'] * 1e6:.0f} µs a step"
+            if not isinstance(link, str)
+            else ""
+        )
+    )

@@ -1,5 +1,6 @@
 """`toolkit catalog`: list the accelerators, offers and presets the estimates use, or show one row whole. Kept apart
 from cli.py's job commands."""
+
 from __future__ import annotations
 
 import json
@@ -22,7 +23,9 @@ def cmd_catalog(args) -> int:
     lookup = {"accelerators": catalog.accelerator, "offers": catalog.offer, "presets": catalog.preset}[kind]
     rows = [lookup(args.name)] if args.name else list(getattr(catalog, kind).values())
     if args.json:
-        print(json.dumps([to_dict(r) for r in rows] if not args.name else to_dict(rows[0]), indent=2, ensure_ascii=False))
+        print(
+            json.dumps([to_dict(r) for r in rows] if not args.name else to_dict(rows[0]), indent=2, ensure_ascii=False)
+        )
         return 0
     if args.name:
         for key, value in to_dict(rows[0]).items():
@@ -35,16 +38,45 @@ def cmd_catalog(args) -> int:
 def _table(kind: str, rows) -> str:
     if kind == "accelerators":
         head = ("name", "vendor", "memory", "bf16 TFLOP/s", "fp16", "fp8", "as_of")
-        body = [(r.name, r.vendor, f"{r.memory_bytes / 2**30:.0f} GiB" if r.memory_bytes else "unknown",
-                 *(_peak(r, d) for d in ("bf16", "fp16", "fp8")), r.as_of) for r in rows]
+        body = [
+            (
+                r.name,
+                r.vendor,
+                f"{r.memory_bytes / 2**30:.0f} GiB" if r.memory_bytes else "unknown",
+                *(_peak(r, d) for d in ("bf16", "fp16", "fp8")),
+                r.as_of,
+            )
+            for r in rows
+        ]
     elif kind == "offers":
         head = ("name", "provider", "devices", "on-demand/h", "spot/h", "currency", "as_of")
-        body = [(r.name, r.provider, f"{r.count}x{r.accelerator}", _num(r.on_demand_per_hour),
-                 _num(r.spot_per_hour_high), r.currency, r.as_of) for r in rows]
+        body = [
+            (
+                r.name,
+                r.provider,
+                f"{r.count}x{r.accelerator}",
+                _num(r.on_demand_per_hour),
+                _num(r.spot_per_hour_high),
+                r.currency,
+                r.as_of,
+            )
+            for r in rows
+        ]
     else:
         head = ("name", "params", "layers", "hidden", "heads", "seq", "tokens", "as_of")
-        body = [(r.name, count(count_params(r.model).total), r.model.layers, r.model.hidden, r.model.heads,
-                 r.model.seq_len, count(r.tokens) if r.tokens else "unknown", r.as_of) for r in rows]
+        body = [
+            (
+                r.name,
+                count(count_params(r.model).total),
+                r.model.layers,
+                r.model.hidden,
+                r.model.heads,
+                r.model.seq_len,
+                count(r.tokens) if r.tokens else "unknown",
+                r.as_of,
+            )
+            for r in rows
+        ]
     table = [head] + [tuple(str(c) for c in row) for row in body]
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table)

@@ -18,6 +18,7 @@ of the input's dtype, and SDPA with dropout falls back to the math path, which s
 softmax, its dropout mask and the dropped probabilities. "cuda" keeps 1-byte dropout masks
 and lets the flash kernel regenerate its dropout mask; it is modelled, not yet traced.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -37,6 +38,7 @@ _INT64 = 8
 @dataclass(frozen=True)
 class ActivationBytes:
     """Saved activations of one pipeline stage (the whole model without pipelining)."""
+
     per_layer: float
     """Saved by one transformer block (its input included) for one micro-batch."""
     layers: float
@@ -69,14 +71,20 @@ class ActivationBytes:
 
     @property
     def total(self) -> float:
-        return self.layers + self.embedding + self.head * self.heads_held \
+        return (
+            self.layers
+            + self.embedding
+            + self.head * self.heads_held
             - self.shared_head * np.maximum(self.heads_held - 1, 0)
+        )
 
 
 def pick(choose_second, first, second):
     """Field by field, `second` where choose_second holds, else `first` (dataclasses of equal type)."""
-    values = {f.name: np.where(choose_second, getattr(second, f.name), getattr(first, f.name))
-              for f in dataclasses.fields(first)}
+    values = {
+        f.name: np.where(choose_second, getattr(second, f.name), getattr(first, f.name))
+        for f in dataclasses.fields(first)
+    }
     return type(first)(**values)
 
 
@@ -139,8 +147,11 @@ def _norm_saved(job: Job, tokens: float, h: int, consumers: int, block: bool = T
 def _norm_output(job: Job, tokens: float, h: int, consumers: int, block: bool = True) -> float:
     """The norm's output as the following linears keep it (autocast: each linear casts it itself)."""
     act, _residual, amp = element_bytes(job)
-    return np.where(amp, consumers * tokens * h * _stored(job, 2, block),
-                    np.minimum(consumers, 1) * tokens * h * _stored(job, act, block))
+    return np.where(
+        amp,
+        consumers * tokens * h * _stored(job, 2, block),
+        np.minimum(consumers, 1) * tokens * h * _stored(job, act, block),
+    )
 
 
 def _norm_internal(job: Job, tokens: float, h: int, block: bool = True) -> float:
@@ -148,8 +159,9 @@ def _norm_internal(job: Job, tokens: float, h: int, block: bool = True) -> float
     _act, residual, _amp = element_bytes(job)
     if job.model.norm == "layernorm":
         stats = np.where(np.equal(residual, 2), 2, 4)
-        return (tokens * h * _stored(job, residual, block)
-                + 2 * tokens * _stored(job, stats, block, values=tokens))      # input, mean, rstd
+        return tokens * h * _stored(job, residual, block) + 2 * tokens * _stored(
+            job, stats, block, values=tokens
+        )  # input, mean, rstd
     # torch's RMSNorm computes in fp32: a 16-bit input is kept only as its fp32 copy; x·rstd is kept
     # for the weight's gradient, so not when the weight is frozen (LoRA)
     f32 = _stored(job, 4, block)
@@ -163,20 +175,20 @@ def _attention_core(job: Job, tokens: float, b: int) -> float:
     m = job.model
     _h, q, _kv, _f = _widths(job)
     s, a = m.seq_len, m.heads // np.asarray(job.parallel.tp)
-    rows = s / job.parallel.cp                                 # this rank's queries under context parallelism
+    rows = s / job.parallel.cp  # this rank's queries under context parallelism
     scores = b * a * rows * s * act
     dropout = m.dropout > 0
-    if not _math_path(job):                                    # flash: q, k, v (kv repeated to a heads), out, lse
+    if not _math_path(job):  # flash: q, k, v (kv repeated to a heads), out, lse
         return 4 * tokens * q * act + b * a * rows * _stored(job, 4, values=b * a * rows)
-    if job.memory.attention == "flash":                        # SDPA's CPU math fallback computes in fp32
+    if job.memory.attention == "flash":  # SDPA's CPU math fallback computes in fp32
         act = _stored(job, 4)
         scores = b * a * rows * s * act
-    core = 3 * tokens * q * act + scores                       # q, kᵀ, v as bmm operands; softmax output
+    core = 3 * tokens * q * act + scores  # q, kᵀ, v as bmm operands; softmax output
     if job.memory.attention == "eager":
-        core += rows * s                                       # causal mask (bool)
+        core += rows * s  # causal mask (bool)
     if dropout:
         mask = scores if job.memory.program == "cpu" else b * a * rows * s
-        core += mask + scores                                  # dropout mask and dropped probabilities
+        core += mask + scores  # dropout mask and dropped probabilities
     return core
 
 
@@ -199,12 +211,13 @@ def activation_bytes(job: Job, stage: str | None = None, stages_after=None) -> A
 @dataclass(frozen=True)
 class _Block:
     """What one transformer block saves for backward, per micro-batch on one rank."""
-    none: object              # without recompute
-    per_layer: object         # under the job's recompute
-    recompute_layer: object   # what backward rebuilds of one block at a time (full recompute)
-    weights: object           # autocast's 16-bit weight casts, which a stage's micro-batches share
-    stream: object            # one residual-stream tensor (the block's input)
-    tokens: object            # tokens of the micro-batch on this rank (context parallelism: its share)
+
+    none: object  # without recompute
+    per_layer: object  # under the job's recompute
+    recompute_layer: object  # what backward rebuilds of one block at a time (full recompute)
+    weights: object  # autocast's 16-bit weight casts, which a stage's micro-batches share
+    stream: object  # one residual-stream tensor (the block's input)
+    tokens: object  # tokens of the micro-batch on this rank (context parallelism: its share)
 
 
 def _block(job: Job) -> _Block:
@@ -212,7 +225,7 @@ def _block(job: Job) -> _Block:
     act, residual, amp = element_bytes(job)
     h, q, kv, f = _widths(job)
     b, s = job.batch.micro_batch, m.seq_len
-    tokens = b * s / job.parallel.cp                     # context parallelism: each rank keeps its share of a sequence
+    tokens = b * s / job.parallel.cp  # context parallelism: each rank keeps its share of a sequence
     tp = job.parallel.tp
     # tokens of the h-wide tensors (norms, residual stream, branch dropout) on one rank: all of them,
     # or 1/tp with sequence parallelism (Korthikanti et al. 2022)
@@ -220,8 +233,8 @@ def _block(job: Job) -> _Block:
     # dropout keeps a mask of its input's dtype on CPU (1 byte on CUDA): branch outputs are `act`
     branch_mask = tokens_h * h * (_stored(job, act) if job.memory.program == "cpu" else 1) if m.dropout > 0 else 0
     rope = m.position == "rope"
-    act_b, half_b = _stored(job, act), _stored(job, 2)         # a block's tensors (int8 when compressed)
-    norm1 = _norm_saved(job, tokens, h, consumers=3)           # its input is the block input
+    act_b, half_b = _stored(job, act), _stored(job, 2)  # a block's tensors (int8 when compressed)
+    norm1 = _norm_saved(job, tokens, h, consumers=3)  # its input is the block input
     core = _attention_core(job, tokens, b)
     # fp32 cos/sin tables cast per use (FSDP2 casts parameters, not buffers): two 16-bit tables, twice
     rope_casts = 2 * half_b * s * (m.head_dim_ // 2) * 2 * (rope & (amp | fsdp_gathers_16bit(job)))
@@ -229,7 +242,7 @@ def _block(job: Job) -> _Block:
     # int8 packs the view apart from the core's own saved output (another shape), so it counts again
     o_input_copy = _math_path(job) or rope or job.memory.act_compress == "int8"
     o_input = tokens * q * act_b
-    norm2 = _norm_saved(job, tokens, h, consumers=2 if m.mlp == "swiglu" else 1)   # input: x + attention
+    norm2 = _norm_saved(job, tokens, h, consumers=2 if m.mlp == "swiglu" else 1)  # input: x + attention
     mlp = (4 if m.mlp == "swiglu" else 2) * tokens * f * act_b
     # autocast saves a 16-bit cast of every matmul weight (a new tensor, so int8 compresses it too)
     weights = amp * half_b * (h * q + 2 * h * kv + q * h + (3 if m.mlp == "swiglu" else 2) * h * f)
@@ -240,15 +253,24 @@ def _block(job: Job) -> _Block:
     stream = tokens_h * h * residual
     per_layer = np.select(
         [full, recompute == "selective", per_op],
-        [stream,                                               # checkpoint keeps the block input only
-         # the checkpointed core keeps its inputs (q after rope, k and v before the GQA repeat);
-         # o keeps the core output (a view of it, or its copy)
-         common + tokens * (q + 2 * kv) * act_b + o_input,
-         stream + _kept_by_op_policy(job, tokens, b)],
-        none)
+        [
+            stream,  # checkpoint keeps the block input only
+            # the checkpointed core keeps its inputs (q after rope, k and v before the GQA repeat);
+            # o keeps the core output (a view of it, or its copy)
+            common + tokens * (q + 2 * kv) * act_b + o_input,
+            stream + _kept_by_op_policy(job, tokens, b),
+        ],
+        none,
+    )
     # the recomputed block re-creates all it saves but what the checkpoint already holds
-    return _Block(none=none, per_layer=per_layer, recompute_layer=np.where(full | per_op, none - per_layer, 0),
-                  weights=weights, stream=stream, tokens=tokens)
+    return _Block(
+        none=none,
+        per_layer=per_layer,
+        recompute_layer=np.where(full | per_op, none - per_layer, 0),
+        weights=weights,
+        stream=stream,
+        tokens=tokens,
+    )
 
 
 def _kept_by_op_policy(job: Job, tokens: float, b: int) -> float:
@@ -279,8 +301,9 @@ def _on_stage(job: Job, stage, stages_after, block: _Block) -> ActivationBytes:
     m, par, tokens = job.model, job.parallel, block.tokens
     h, tp, s = m.hidden, par.tp, m.seq_len
     residual = element_bytes(job)[1]
-    embedding_mask = np.where(par.sp, tokens / tp, tokens) * h * (residual if job.memory.program == "cpu" else 1) \
-        * (m.dropout > 0)        # the embedding output's dropout mask: the residual stream's dtype on CPU
+    embedding_mask = (
+        np.where(par.sp, tokens / tp, tokens) * h * (residual if job.memory.program == "cpu" else 1) * (m.dropout > 0)
+    )  # the embedding output's dropout mask: the residual stream's dtype on CPU
     embedding = tokens * _INT64 + (s * _INT64 if m.position == "learned" else 0) + embedding_mask
     head = _norm_saved(job, tokens, h, consumers=1, block=False) + _loss_bytes(job, tokens, vocab_per_rank(m, tp))
     single = np.asarray(par.pp) == 1
@@ -291,17 +314,16 @@ def _on_stage(job: Job, stage, stages_after, block: _Block) -> ActivationBytes:
     owns_embedding, owns_head = single | (stage == "first"), single | (stage == "last")
     stage_layers = by_stage(stage, *job_stage_layers(job))
     torch_pipeline = ~single & (job.precision.mode in TORCH_SEMANTICS)
-    kept_logits = np.where(torch_pipeline, tokens * vocab_per_rank(m, tp) * job.precision.plan.compute_bytes,
-                           0.0)
+    kept_logits = np.where(torch_pipeline, tokens * vocab_per_rank(m, tp) * job.precision.plan.compute_bytes, 0.0)
     # the checkpointed programs keep no weight cast: full and per-op recompute cast again in backward
     checkpointed = full | (np.asarray(job.memory.recompute) == "selective-op")
     shared = np.where(single | checkpointed, 0.0, block.weights)
     shared_head = np.where(single | ~np.asarray(owns_head), 0.0, element_bytes(job)[2] * 2 * h * vocab_per_rank(m, tp))
     vpp = np.asarray(par.vpp)
-    chunk_forwards = in_flight * vpp                       # chunk forwards alive at once on this rank
+    chunk_forwards = in_flight * vpp  # chunk forwards alive at once on this rank
     heads = np.where(owns_head, np.where(gpipe, micro_batches, 1.0), 0.0)
     kept_output = np.where(torch_pipeline, (chunk_forwards - heads) * block.stream, 0.0)
-    receiving = (vpp - owns_embedding) + (vpp - owns_head)          # chunks receiving inputs, and gradients
+    receiving = (vpp - owns_embedding) + (vpp - owns_head)  # chunks receiving inputs, and gradients
     buffers = np.where(torch_pipeline & ~gpipe, micro_batches * receiving * block.stream, 0.0)
     kept_output = kept_output + buffers
     # torch's interleaved schedule waits for its sends only when the step ends: every output and input gradient
@@ -310,18 +332,25 @@ def _on_stage(job: Job, stage, stages_after, block: _Block) -> ActivationBytes:
     # the ones it sent and already differentiated, and the input gradients those backwards sent (measured per
     # chunk on ScheduleInterleaved1F1B: the held bytes grow by these through the steady phase)
     differentiated = np.maximum(micro_batches * vpp - chunk_forwards, 0)
-    sent_held = (micro_batches * (vpp - owns_head) - (chunk_forwards - heads)
-                 + differentiated * (vpp - owns_embedding) / vpp)
+    sent_held = (
+        micro_batches * (vpp - owns_head) - (chunk_forwards - heads) + differentiated * (vpp - owns_embedding) / vpp
+    )
     kept_output = kept_output + np.where(torch_pipeline & (vpp > 1), np.maximum(sent_held, 0) * block.stream, 0.0)
     step_end_buffers = np.where(vpp > 1, 2 * buffers, 0.0)
     per_layer = block.per_layer
-    return ActivationBytes(per_layer=per_layer,
-                           layers=((per_layer - shared) * in_flight + shared) * stage_layers + kept_output,
-                           shared_per_layer=shared, shared_head=shared_head,
-                           embedding=np.where(owns_embedding, embedding * in_flight, 0.0),
-                           head=np.where(owns_head, head + kept_logits, 0.0), recompute_layer=block.recompute_layer,
-                           in_flight=in_flight, stage_layers=stage_layers,
-                           heads_held=heads, step_end_buffers=step_end_buffers)
+    return ActivationBytes(
+        per_layer=per_layer,
+        layers=((per_layer - shared) * in_flight + shared) * stage_layers + kept_output,
+        shared_per_layer=shared,
+        shared_head=shared_head,
+        embedding=np.where(owns_embedding, embedding * in_flight, 0.0),
+        head=np.where(owns_head, head + kept_logits, 0.0),
+        recompute_layer=block.recompute_layer,
+        in_flight=in_flight,
+        stage_layers=stage_layers,
+        heads_held=heads,
+        step_end_buffers=step_end_buffers,
+    )
 
 
 def pipeline_in_flight(job: Job, stage: str | None = "first", stages_after=None) -> float:
@@ -336,8 +365,8 @@ def pipeline_in_flight(job: Job, stage: str | None = "first", stages_after=None)
     """
     p, v = np.asarray(job.parallel.pp), np.asarray(job.parallel.vpp)
     m = np.asarray(1 if job.grad_accum is None else job.grad_accum)
-    per_round = m // np.maximum(1, m // p)            # torch: rounds of p micro-batches, or one round of m
-    after = p - 1 if stage is None else by_stage(stage, p - 1, p - 2, 0)       # stages after this one
+    per_round = m // np.maximum(1, m // p)  # torch: rounds of p micro-batches, or one round of m
+    after = p - 1 if stage is None else by_stage(stage, p - 1, p - 2, 0)  # stages after this one
     if stages_after is not None:
         after = np.asarray(stages_after)
     interleaved = np.minimum((v - 1) * per_round + 2 * after + 1, m * v) / v
@@ -364,7 +393,7 @@ def _lora_activations(job: Job) -> ActivationBytes:
     residual = element_bytes(job)[1]
     h, b = m.hidden, job.batch.micro_batch
     tokens = b * m.seq_len
-    recompute = np.asarray(job.memory.recompute)          # (arrays on the planner's layout grid: np.where below)
+    recompute = np.asarray(job.memory.recompute)  # (arrays on the planner's layout grid: np.where below)
     selective, full = recompute == "selective", recompute == "full"
     first, rest = _lora_block(job, False), _lora_block(job, True)
     layers = first + rest * (m.layers - 1)
@@ -374,17 +403,24 @@ def _lora_activations(job: Job) -> ActivationBytes:
     recompute_layer = np.where(selective, _attention_core(job, tokens, b), np.where(full, rest - kept_input, 0.0))
     per_layer = np.where(full, kept_input, rest)
     layers = np.where(full, kept_input * m.layers, layers)
-    head = _norm_internal(job, tokens, h) + _loss_bytes(job, tokens, m.vocab)   # the frozen head keeps no input
-    batch = tokens * _INT64                                           # the token ids stay on the device
-    return ActivationBytes(per_layer=per_layer, layers=np.asarray(layers), embedding=batch, head=head,
-                           recompute_layer=recompute_layer, in_flight=1.0, stage_layers=m.layers)
+    head = _norm_internal(job, tokens, h) + _loss_bytes(job, tokens, m.vocab)  # the frozen head keeps no input
+    batch = tokens * _INT64  # the token ids stay on the device
+    return ActivationBytes(
+        per_layer=per_layer,
+        layers=np.asarray(layers),
+        embedding=batch,
+        head=head,
+        recompute_layer=recompute_layer,
+        in_flight=1.0,
+        stage_layers=m.layers,
+    )
 
 
 def _lora_casts(job: Job, names, input_rg: bool) -> float:
     """Autocast's weight casts kept for backward: a frozen weight's if its input needs a gradient, an adapter's B
     always, its A if the input needs a gradient (QLoRA's frozen NF4 matrices keep no cast: they are dequantized
     again in backward)."""
-    shapes = projection_shapes(job.model)                            # LoRA runs without tensor parallelism
+    shapes = projection_shapes(job.model)  # LoRA runs without tensor parallelism
     targets, r = set(job.finetune.targets), job.finetune.rank
     out = sum(shapes[n][0] * shapes[n][1] for n in names) if input_rg and job.finetune.method != "qlora" else 0.0
     for n in names:
@@ -404,24 +440,24 @@ def _lora_block(job: Job, rg_in: bool) -> float:
     targets = set(job.finetune.targets)
     selective = np.asarray(job.memory.recompute) == "selective"
     branch_mask = tokens * h * (act if job.memory.program == "cpu" else 1) if m.dropout > 0 else 0
-    saved = len(targets) * tokens * job.finetune.rank * act          # every adapter's A output
+    saved = len(targets) * tokens * job.finetune.rank * act  # every adapter's A output
     if rg_in:
         saved = saved + _norm_internal(job, tokens, h)
     qkv_adapters = len(targets & {"q", "k", "v"})
-    saved = saved + _norm_output(job, tokens, h, qkv_adapters)          # kept by q/k/v adapters only
+    saved = saved + _norm_output(job, tokens, h, qkv_adapters)  # kept by q/k/v adapters only
     q_rg, k_rg = rg_in or "q" in targets, rg_in or "k" in targets
     attn_rg = rg_in or bool(qkv_adapters)
     saved = saved + _lora_casts(job, ("q", "k", "v"), rg_in)
-    if m.position == "rope":                                         # cos/sin casts kept by the rotations
+    if m.position == "rope":  # cos/sin casts kept by the rotations
         saved = saved + np.where(amp, 2 * (q_rg + k_rg) * m.seq_len * (m.head_dim_ // 2) * 2, 0.0)
     if attn_rg:
         core = _attention_core(job, tokens, b)
-        if _math_path(job):       # explicit q·kᵀ keeps q only for k's gradient and kᵀ only for q's
+        if _math_path(job):  # explicit q·kᵀ keeps q only for k's gradient and kᵀ only for q's
             core_bytes = 4 if job.memory.attention == "flash" else act
             core = core - tokens * q * core_bytes * ((not k_rg) + (not q_rg))
         # selective recompute: the checkpointed core keeps its inputs, q, and k, v before GQA
         saved = saved + np.where(selective, tokens * (q + 2 * kv) * act, core)
-    if "o" in targets:                                          # o's input, kept by its adapter
+    if "o" in targets:  # o's input, kept by its adapter
         copy = _math_path(job) or m.position == "rope"
         saved = saved + np.where(copy or not attn_rg or selective, tokens * q * act, 0.0)
     saved = saved + _lora_casts(job, ("o",), attn_rg)

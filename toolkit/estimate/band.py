@@ -7,6 +7,7 @@ it (leave-one-source-out) and writes the 10th and 90th percentiles of the signed
 toolkit/data/steptime_band.yaml. A modelled step s with errors between e_lo and e_hi was measured between
 s / (1 + e_hi) and s / (1 + e_lo).
 """
+
 from __future__ import annotations
 
 import functools

@@ -6,6 +6,7 @@
 The ring and tree costs are NCCL's shapes (bandwidth term 2(n−1)/n·S/B for an all-reduce, a ring inside a node,
 a tree across nodes); toolkit.estimate.steptime prices the rest of the step and calls these.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -15,9 +16,23 @@ from .params import count_params, linear_params_per_layer
 from .states import bytes_per_param
 from .zero_buffers import pipelined_fsdp
 
-__all__ = ["ring_s", "latency_s", "placement", "bus_bw_bytes_per_s", "ring_attention_s", "is_megatron", "backends",
-           "overlap_settings", "data_parallel_s", "dp_collectives_s", "hidden_s", "tp_collectives_per_block", "tp_embedding_collectives",
-           "TP_HEAD_COLLECTIVES", "TP_LOSS_COLLECTIVES"]
+__all__ = [
+    "ring_s",
+    "latency_s",
+    "placement",
+    "bus_bw_bytes_per_s",
+    "ring_attention_s",
+    "is_megatron",
+    "backends",
+    "overlap_settings",
+    "data_parallel_s",
+    "dp_collectives_s",
+    "hidden_s",
+    "tp_collectives_per_block",
+    "tp_embedding_collectives",
+    "TP_HEAD_COLLECTIVES",
+    "TP_LOSS_COLLECTIVES",
+]
 
 
 def ring_s(volume_factor, size_bytes, n, bus_bw):
@@ -63,7 +78,7 @@ def latency_s(n, stride, gpus_per_node: int, a, kind: str = "all_reduce"):
     n = np.asarray(n, dtype=float)
     per_node, nodes = placement(n, stride, gpus_per_node)
     rounds = 2 if kind == "all_reduce" else 1
-    across = np.where(nodes > 1, nodes * a.latency_inter_s, 0.0)    # the hops that leave a node
+    across = np.where(nodes > 1, nodes * a.latency_inter_s, 0.0)  # the hops that leave a node
     ring = rounds * ((n - np.where(nodes > 1, nodes, 1)) * a.latency_intra_s + across)
     if kind == "all_reduce":
         tree = 2 * (per_node - 1) * a.latency_intra_s + 2 * np.ceil(np.log2(nodes)) * a.latency_inter_s
@@ -92,7 +107,7 @@ def tp_collectives_per_block(job: Job):
     megatron, deepspeed, torch_ = backends(job)
     separate = 3 + (2 if job.model.mlp == "swiglu" else 1)
     backward = np.where(torch_ & ~np.asarray(job.parallel.sp), separate, 2)
-    checkpointed = np.isin(job.memory.recompute, ("full", "selective-op"))   # both rerun the block's collectives
+    checkpointed = np.isin(job.memory.recompute, ("full", "selective-op"))  # both rerun the block's collectives
     # torch stops before the down projection's reduction: o's all-reduce again, or under sp both gathers and o's
     # reduce-scatter (1.5 all-reduces' bytes)
     again = np.where(checkpointed, np.where(torch_, np.where(np.asarray(job.parallel.sp), 1.5, 1), 2), 0)
@@ -181,26 +196,32 @@ def data_parallel_s(job: Job, hw, a, trainable, n, stride, accum, micro_s, units
     gathers_per_micro = np.where(piped, 0, np.where(zero == 3, 2, np.where((zero == 2) & torch_, 1, 0)))
     # ---- every micro-batch: its gathers and (sharded) reductions in its compute window ----
     micro_comm = gathers_per_micro * gather_s + np.where(reduce_every_micro, reduce_s, 0.0)
-    edges = np.where(gathers_per_micro > 0, gather_s / units, 0.0) + np.where(reduce_every_micro,
-                                                                              reduce_s / buckets, 0.0)
+    edges = np.where(gathers_per_micro > 0, gather_s / units, 0.0) + np.where(
+        reduce_every_micro, reduce_s / buckets, 0.0
+    )
     both = ov["param_gather"] & np.where(reduce_every_micro, ov["grad_reduce"], True)
     micro_exposed = np.where(both, hidden_s(micro_comm, micro_s, edges), micro_comm)
     # a backend that overlaps only one of the two: that one hides alone, the other shows whole
     one_side = ~both & (ov["param_gather"] | ov["grad_reduce"])
     gathers_only = gathers_per_micro * gather_s
     reduces_only = np.where(reduce_every_micro, reduce_s, 0.0)
-    micro_exposed = np.where(one_side & ov["param_gather"], hidden_s(gathers_only, micro_s, gather_s / units)
-                             + reduces_only, micro_exposed)
-    micro_exposed = np.where(one_side & ov["grad_reduce"] & ~ov["param_gather"], gathers_only
-                             + hidden_s(reduces_only, micro_s * 2 / 3, reduce_s / buckets), micro_exposed)
+    micro_exposed = np.where(
+        one_side & ov["param_gather"], hidden_s(gathers_only, micro_s, gather_s / units) + reduces_only, micro_exposed
+    )
+    micro_exposed = np.where(
+        one_side & ov["grad_reduce"] & ~ov["param_gather"],
+        gathers_only + hidden_s(reduces_only, micro_s * 2 / 3, reduce_s / buckets),
+        micro_exposed,
+    )
     # ---- once a step: the reduction (DDP, ZeRO-1, Megatron) in the last backward, gathers after the step ----
     step_reduce = np.where(reduce_every_micro, 0.0, reduce_s)
-    step_reduce_exposed = np.where(ov["grad_reduce"] & ~piped, hidden_s(step_reduce, micro_s * 2 / 3,
-                                                                        step_reduce / buckets), step_reduce)
+    step_reduce_exposed = np.where(
+        ov["grad_reduce"] & ~piped, hidden_s(step_reduce, micro_s * 2 / 3, step_reduce / buckets), step_reduce
+    )
     after_step = (zero >= 1) & (gathers_per_micro == 0) & ~piped
     ahead = ov["param_gather"] & ~(torch_ & (zero == 1))  # ZeroRedundancyOptimizer's broadcast never hides
     after_exposed = np.where(ahead, hidden_s(gather_s, micro_s / 3, gather_s / units), gather_s)
-    once = np.where(piped, gather_s, 0.0)                 # pipelines: the first forward's, block by block
+    once = np.where(piped, gather_s, 0.0)  # pipelines: the first forward's, block by block
     once_exposed = np.where(ov["param_gather"], hidden_s(once, micro_s, once / units), once)
     total = accum * micro_comm + step_reduce + np.where(after_step, gather_s, 0.0) + once
     exposed = accum * micro_exposed + step_reduce_exposed + np.where(after_step, after_exposed, 0.0) + once_exposed
@@ -219,29 +240,34 @@ def dp_collectives_s(job: Job, hw, a, trainable, n, stride, units):
     _megatron, _deepspeed, torch_ = backends(job)
     weight_b, grad_b, _o = bytes_per_param(job)
     gather_b = np.where(torch_ & (zero >= 2) & (job.precision.plan.family == "amp"), 2, weight_b)  # FSDP2's bf16
-    if job.precision.fp8_all_gather and job.model.has_shape:     # the blocks' linear weights go as float8
+    if job.precision.fp8_all_gather and job.model.has_shape:  # the blocks' linear weights go as float8
         linear = job.model.layers * linear_params_per_layer(job.model) / count_params(job.model).total
         gather_b = gather_b * (1 - linear) + 1.0 * linear
     g = hw.gpus_per_node
     replicas = np.asarray(job.parallel.dp_replicate)
-    n = np.maximum(np.asarray(n) // replicas, 1)                # n: the shard group's ranks from here on
-    scatters = ~((zero == 0) | (torch_ & (zero == 1)))          # the rest all-reduce (2x the bytes)
+    n = np.maximum(np.asarray(n) // replicas, 1)  # n: the shard group's ranks from here on
+    scatters = ~((zero == 0) | (torch_ & (zero == 1)))  # the rest all-reduce (2x the bytes)
     reduce_latency = np.where(scatters, latency_s(n, stride, g, a, "reduce_scatter"), latency_s(n, stride, g, a))
     gather_latency = latency_s(n, stride, g, a, "all_gather")
-    if a.fsdp_collective_s is not None:          # measured as FSDP2 issues a block's collectives (calibrate)
+    if a.fsdp_collective_s is not None:  # measured as FSDP2 issues a block's collectives (calibrate)
         reduce_latency = np.where(torch_ & (zero >= 2), a.fsdp_collective_s, reduce_latency)
         gather_latency = np.where(torch_ & (zero >= 2), a.fsdp_collective_s, gather_latency)
     grad_bytes = trainable * grad_b
     # DDP and DeepSpeed reduce in buckets of bucket_bytes; FSDP2 reduce-scatters each wrapped block on its own
     buckets = np.where(torch_ & (zero >= 2), units, np.maximum(np.ceil(grad_bytes / a.bucket_bytes), 1))
-    bus = np.where(scatters, bus_bw_bytes_per_s(n, stride, hw, a, "reduce_scatter"),
-                   bus_bw_bytes_per_s(n, stride, hw, a))
-    reduce_bw = np.where(scatters & (a.reduce_scatter_bw_bytes_per_s is not None),
-                         a.reduce_scatter_bw_bytes_per_s or 1.0, bus)
+    bus = np.where(
+        scatters, bus_bw_bytes_per_s(n, stride, hw, a, "reduce_scatter"), bus_bw_bytes_per_s(n, stride, hw, a)
+    )
+    reduce_bw = np.where(
+        scatters & (a.reduce_scatter_bw_bytes_per_s is not None), a.reduce_scatter_bw_bytes_per_s or 1.0, bus
+    )
     reduce_s = ring_s(np.where(scatters, 1.0, 2.0), grad_bytes, n, reduce_bw) + buckets * reduce_latency
-    across = stride * n                                         # HSDP: the shard's copies, a shard group apart
-    reduce_s = reduce_s + ring_s(2.0, grad_bytes / n, replicas, bus_bw_bytes_per_s(replicas, across, hw, a)) \
+    across = stride * n  # HSDP: the shard's copies, a shard group apart
+    reduce_s = (
+        reduce_s
+        + ring_s(2.0, grad_bytes / n, replicas, bus_bw_bytes_per_s(replicas, across, hw, a))
         + buckets * latency_s(replicas, across, g, a)
+    )
     gather_bus = a.gather_bw_bytes_per_s or bus_bw_bytes_per_s(n, stride, hw, a, "all_gather")
     gather_s = ring_s(1.0, trainable * gather_b, n, gather_bus) + units * gather_latency
     return reduce_s, gather_s, buckets

@@ -1,4 +1,5 @@
 """Time-to-train at a given MFU, and what it costs on a cloud offer (billed per whole instance)."""
+
 from __future__ import annotations
 
 import math
@@ -36,5 +37,12 @@ def offer_cost(offer: Offer, devices: int, train_s: float | None, spot: bool) ->
     low = None
     if spot and offer.spot_per_hour_low is not None and hours is not None:
         low = instances * offer.spot_per_hour_low * hours
-    return OfferCost(instances=instances, idle_devices=instances * offer.count - devices, price_per_hour=price,
-                     amount=amount, currency=offer.currency, spot=spot, amount_spot_low=low)
+    return OfferCost(
+        instances=instances,
+        idle_devices=instances * offer.count - devices,
+        price_per_hour=price,
+        amount=amount,
+        currency=offer.currency,
+        spot=spot,
+        amount_spot_low=low,
+    )

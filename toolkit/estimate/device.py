@@ -14,6 +14,7 @@ Three peaks per device (the busiest one), each the figure a different tool repor
 Every figure below is either sourced or an assumption with its range; a catalog row's `device_memory`
 replaces them with figures measured on that device. Array-capable like the rest of toolkit.estimate.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,8 +26,14 @@ from ..specs.catalog import Accelerator
 from ..specs.errors import SpecError
 from ..specs.job import Job
 
-__all__ = ["DeviceAssumptions", "DeviceMemory", "NCCL_CONNECTION_BYTES", "assumptions_for", "comm_groups",
-           "device_memory"]
+__all__ = [
+    "DeviceAssumptions",
+    "DeviceMemory",
+    "NCCL_CONNECTION_BYTES",
+    "assumptions_for",
+    "comm_groups",
+    "device_memory",
+]
 
 MIB, GIB = 2**20, 2**30
 
@@ -46,6 +53,7 @@ HCCL_COMMUNICATOR_BYTES = 2 * 200 * MIB
 class DeviceAssumptions:
     """The figures no datasheet gives. Defaults for an NVIDIA GPU under torch ≥ 2 (CUDA's lazy module loading);
     a catalog row's `device_memory` (e.g. measured by `toolkit calibrate` on that machine) replaces them."""
+
     context_bytes: float = 0.75 * GIB
     """CUDA context plus the kernels a training step loads, per process. Assumed; range 0.3–1.6 GiB: a bare
     context is ~0.3 GiB with lazy loading (CUDA's default since 12.2, and PyTorch's), and BigScience measured
@@ -87,8 +95,9 @@ class DeviceAssumptions:
         return self.p2p_channels * 2 * NCCL_CONNECTION_BYTES
 
 
-_XLA = DeviceAssumptions(context_bytes=0.0, workspace_bytes=0.0, fragmentation=0.0, fragmentation_expandable=0.0,
-                         communicator_bytes=0.0)
+_XLA = DeviceAssumptions(
+    context_bytes=0.0, workspace_bytes=0.0, fragmentation=0.0, fragmentation_expandable=0.0, communicator_bytes=0.0
+)
 """TPUs: XLA plans every buffer ahead of the step and has no caching allocator or NCCL; nothing is added."""
 
 
@@ -124,8 +133,11 @@ def assumptions_for(accelerator: Accelerator) -> DeviceAssumptions:
     known = {f.name for f in dataclasses.fields(DeviceAssumptions)}
     wrong = sorted(set(measured) - known)
     if wrong:
-        raise SpecError(f"{accelerator.name}.device_memory.{wrong[0]}", measured[wrong[0]],
-                        f"unknown figure; allowed: {', '.join(sorted(known))}")
+        raise SpecError(
+            f"{accelerator.name}.device_memory.{wrong[0]}",
+            measured[wrong[0]],
+            f"unknown figure; allowed: {', '.join(sorted(known))}",
+        )
     return dataclasses.replace(base, **measured)
 
 
@@ -151,7 +163,7 @@ def comm_groups(job: Job):
     one_dim = (dims <= 1) & (pp == 1)
     world = (dp * tp * pp * cp > 1).astype(int)
     tied = (pp > 1) & bool(job.model.tie_embeddings) if job.model.has_shape else np.zeros_like(pp, dtype=bool)
-    deepspeed_pipe = (pp > 1) & (par.backend == "deepspeed")      # (only where named: inferred, pp is Megatron's)
+    deepspeed_pipe = (pp > 1) & (par.backend == "deepspeed")  # (only where named: inferred, pp is Megatron's)
     engine = np.where(deepspeed_pipe, 2 + (tp > 1), 0)
     groups = np.where(one_dim, world, world + dims + tied + engine)
     peers = np.where(pp == 1, 0, np.where((pp > 2) | (vpp > 1), 2, 1))
@@ -182,9 +194,15 @@ class DeviceMemory:
 
     def terms(self) -> dict:
         """The parts above the tensors, for the estimate's JSON and its memory chart."""
-        return {"workspace_bytes": self.workspace_bytes, "fragmentation_bytes": self.fragmentation_bytes,
-                "context_bytes": self.context_bytes, "comm_bytes": self.comm_bytes,
-                "comm_groups": self.comm_groups, "p2p_peers": self.p2p_peers, "comm_channels": self.comm_channels}
+        return {
+            "workspace_bytes": self.workspace_bytes,
+            "fragmentation_bytes": self.fragmentation_bytes,
+            "context_bytes": self.context_bytes,
+            "comm_bytes": self.comm_bytes,
+            "comm_groups": self.comm_groups,
+            "p2p_peers": self.p2p_peers,
+            "comm_channels": self.comm_channels,
+        }
 
 
 def device_memory(job: Job, allocated_bytes, accelerator: Accelerator) -> DeviceMemory:
@@ -195,7 +213,13 @@ def device_memory(job: Job, allocated_bytes, accelerator: Accelerator) -> Device
     fragmentation = held * share / (1 - share)
     groups, peers = comm_groups(job)
     comm = groups * a.comm_group_bytes + peers * a.p2p_peer_bytes
-    return DeviceMemory(allocated_bytes=allocated_bytes, workspace_bytes=a.workspace_bytes,
-                        fragmentation_bytes=fragmentation, context_bytes=a.context_bytes, comm_bytes=comm,
-                        comm_groups=groups, p2p_peers=peers,
-                        comm_channels=0 if a.communicator_bytes is not None else a.comm_channels)
+    return DeviceMemory(
+        allocated_bytes=allocated_bytes,
+        workspace_bytes=a.workspace_bytes,
+        fragmentation_bytes=fragmentation,
+        context_bytes=a.context_bytes,
+        comm_bytes=comm,
+        comm_groups=groups,
+        p2p_peers=peers,
+        comm_channels=0 if a.communicator_bytes is not None else a.comm_channels,
+    )

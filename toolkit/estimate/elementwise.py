@@ -1,6 +1,7 @@
 """Bytes the element-wise kernels of a training step move: norms, residual adds, activations, rotary embeddings,
 dropout, an eager attention core's score kernels, and the loss over the vocabulary. The step-time model prices
 them at the device's (achieved) memory bandwidth (toolkit.estimate.steptime)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -22,26 +23,29 @@ def memory_bound_bytes_per_token(job: Job, eager):
     m, tp = job.model, np.asarray(job.parallel.tp)
     h, q, kv, f = m.hidden, m.heads * m.head_dim_ / tp, m.kv_heads_ * m.head_dim_ / tp, m.ffn_ / tp
     elem = job.precision.plan.compute_bytes
-    residual = job.precision.plan.weight_bytes        # (the residual stream keeps the weights' dtype)
+    residual = job.precision.plan.weight_bytes  # (the residual stream keeps the weights' dtype)
     hidden_share = np.where(np.asarray(job.parallel.sp), 1 / tp, 1.0)
     # fused: read and write the residual stream; composite: x.float() (r, w 4), pow (4, 4), mean (4), x·rsqrt
     # (4, 4), .to(dtype) (4, elem), weight· (elem, elem)
     per_norm = np.where(eager & (m.norm == "rmsnorm"), residual + 28 + 3 * elem, 2 * residual)
-    norms = 2 * per_norm * h                            # two norms
-    adds = 2 * 3 * h * residual                         # two residual adds: two reads, one write
+    norms = 2 * per_norm * h  # two norms
+    adds = 2 * 3 * h * residual  # two residual adds: two reads, one write
     dropout = 2 * 3 * h * elem if m.dropout > 0 else 0  # two hidden dropouts: read, write, mask
-    act = (5 if m.mlp == "swiglu" else 2) * f * elem    # silu·mul reads gate and up, writes; GELU reads, writes
+    act = (5 if m.mlp == "swiglu" else 2) * f * elem  # silu·mul reads gate and up, writes; GELU reads, writes
     # fused: read, write; rotate_half: x·cos (2), slice and negate (2), cat (2), ·sin (2), sum (3) elements
     rope = np.where(eager, 11, 2) * 2 * (q + kv) * elem / 2 if m.position == "rope" else 0
-    casts = 6 * h * elem if job.precision.plan.family == "amp" else 0   # autocast copies of each linear input
+    casts = 6 * h * elem if job.precision.plan.family == "amp" else 0  # autocast copies of each linear input
     block = (norms + adds + dropout) * hidden_share + act + rope + casts
     core_fwd = core_bwd = 0
-    if job.memory.attention == "eager":                 # per score element of this rank's heads, per token
+    if job.memory.attention == "eager":  # per score element of this rank's heads, per token
         core_fwd, core_bwd = eager_core_bytes_per_score(job) * m.seq_len * m.heads / tp
     recompute = np.asarray(job.memory.recompute)
     # per-op recompute reruns the element-wise kernels too, and an eager core (a fused one saved its output)
-    again = np.select([recompute == "full", recompute == "selective", recompute == "selective-op"],
-                      [block + core_fwd, core_fwd, block + core_fwd], 0)
+    again = np.select(
+        [recompute == "full", recompute == "selective", recompute == "selective-op"],
+        [block + core_fwd, core_fwd, block + core_fwd],
+        0,
+    )
     return 3 * block + core_fwd + core_bwd + again
 
 

@@ -14,6 +14,7 @@ Backward costs twice the forward; recompute repeats forward work, which hardware
 (HFU) count and model FLOPs (MFU, PaLM's definition) do not. The recomputed work is what
 torch's non-reentrant checkpoint actually reruns (it stops early), checked with FlopCounterMode.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -50,14 +51,17 @@ def training_flops(model: ModelSpec, params: int, tokens: float) -> TrainingFlop
     if model.encoder:
         per_token, convention = 12.0 * model.layers * model.seq_len * d_attn, "bidirectional: 12·L·s·d_attn per token"
     else:
-        per_token, convention = 6.0 * model.layers * model.seq_len * d_attn, \
-            "causal: 6·L·s·d_attn per token, half of PaLM's non-causal 12·L·s·d_attn"
+        per_token, convention = (
+            6.0 * model.layers * model.seq_len * d_attn,
+            "causal: 6·L·s·d_attn per token, half of PaLM's non-causal 12·L·s·d_attn",
+        )
     return TrainingFlops(flops_6nd, per_token * tokens, convention)
 
 
 @dataclass(frozen=True)
 class TokenFlops:
     """Forward FLOPs per token of the whole model, split so that each cost can be priced."""
+
     layer_matmuls: float
     """Projections and MLP of all blocks."""
     attention: float
@@ -89,14 +93,14 @@ def flops_per_token(job: Job, causal: bool = True) -> TokenFlops:
     h, q, kv, f = m.hidden, m.heads * m.head_dim_, m.kv_heads_ * m.head_dim_, m.ffn_
     mlp_matrices = 3 if m.mlp == "swiglu" else 2
     layer_matmuls = 2 * (h * q + 2 * h * kv + q * h + mlp_matrices * h * f) * m.layers
-    full_attention = 2 * 2 * m.seq_len * q * m.layers         # q·kᵀ and probs·v over all s keys
+    full_attention = 2 * 2 * m.seq_len * q * m.layers  # q·kᵀ and probs·v over all s keys
     attention = full_attention / 2 if causal and not m.encoder else full_attention
     head = 2 * h * m.vocab
     # torch's checkpoint stops recomputing once every saved tensor is back ("early stop"), so the last
     # matmul whose output nothing saved is skipped: the down projection of a block (unless dropout follows
     # it and saves its mask), the probs·v product of an eager core (a fused SDPA kernel saves its output
     # and is rerun whole)
-    mode = np.asarray(job.memory.recompute)             # an array when a grid varies it
+    mode = np.asarray(job.memory.recompute)  # an array when a grid varies it
     selective = attention / 2 if job.memory.attention == "eager" else attention
     # per-op recompute reruns the matmuls its policy did not save up to the last one backward needs (k and o;
     # SwiGLU's up; GELU's down only where dropout saves a mask of its output) and the attention core unless a
@@ -104,7 +108,10 @@ def flops_per_token(job: Job, causal: bool = True) -> TokenFlops:
     fused = job.memory.attention == "flash"
     mlp_again = h * f if m.mlp == "swiglu" or m.dropout > 0 else 0
     per_op = 2 * (h * kv + q * h + mlp_again) * m.layers + (0 if fused else attention)
-    recompute = np.select([mode == "full", mode == "selective", mode == "selective-op"],
-                          [layer_matmuls - (m.dropout == 0) * 2 * h * f * m.layers + attention, selective, per_op], 0.0)
+    recompute = np.select(
+        [mode == "full", mode == "selective", mode == "selective-op"],
+        [layer_matmuls - (m.dropout == 0) * 2 * h * f * m.layers + attention, selective, per_op],
+        0.0,
+    )
     recompute = recompute.item() if recompute.ndim == 0 else recompute
     return TokenFlops(layer_matmuls=layer_matmuls, attention=attention, head=head, recompute=recompute)

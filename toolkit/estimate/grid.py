@@ -8,6 +8,7 @@ A slider move and a planner's search therefore run the same tested code.
     mem = memory_estimate(grid.job)          # arrays, one entry per layout
     fits = grid.valid & (mem.peak_bytes <= usable_bytes)
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -60,8 +61,12 @@ def layout_grid(job: Job, **axes) -> LayoutGrid:
     par = dataclasses.replace(job.parallel, **sections["parallel"])
     devices = job.cluster.count
     par = dataclasses.replace(par, dp=data_parallel(devices, par))
-    grid_job = dataclasses.replace(job, parallel=par, batch=dataclasses.replace(job.batch, **sections["batch"]),
-                                   memory=dataclasses.replace(job.memory, **sections["memory"]))
+    grid_job = dataclasses.replace(
+        job,
+        parallel=par,
+        batch=dataclasses.replace(job.batch, **sections["batch"]),
+        memory=dataclasses.replace(job.memory, **sections["memory"]),
+    )
     return LayoutGrid(job=grid_job, valid=_valid(grid_job, devices, len(rows)))
 
 

@@ -9,6 +9,7 @@ SMs in waves, so a last, part-filled wave idles the rest; it cannot beat moving 
 pays a fixed time (set-up, prologue, epilogue). Fused attention runs at the rate its own paper measured for its
 sequence, head size and mask. Element-wise kernels stream at the bandwidth a streaming benchmark achieves.
 """
+
 from __future__ import annotations
 
 import functools
@@ -20,8 +21,14 @@ import yaml
 
 from ..specs.errors import SpecError
 
-__all__ = ["KernelProfile", "kernel_profile", "gemm_s", "attention_fraction", "attention_kernel_of",
-           "FA_BACKWARD_FACTOR"]
+__all__ = [
+    "KernelProfile",
+    "kernel_profile",
+    "gemm_s",
+    "attention_fraction",
+    "attention_kernel_of",
+    "FA_BACKWARD_FACTOR",
+]
 
 KERNELS_FILE = Path(__file__).resolve().parents[1] / "data" / "kernels.yaml"
 
@@ -61,13 +68,21 @@ def _profiles() -> dict[str, KernelProfile]:
     data = yaml.safe_load(KERNELS_FILE.read_text())
     out = {}
     for row in data["profiles"]:
-        prof = KernelProfile(name=row["name"], sms=row["sms"], gemm_fraction=row["gemm_fraction"],
-                             gemm_fixed_s=float(row["gemm_fixed_s"]), gemm_tile=tuple(row["gemm_tile"]),
-                             memory_fraction=row["memory_fraction"], host_op_s=float(row["host_op_s"]),
-                             attention_default=row["attention_default"],
-                             attention_peak_flops=row["attention_peak_tflops"] * 1e12, attention=row["attention"],
-                             seq_lens=tuple(data["seq_lens"]), sustained_fraction=data["sustained_fraction"],
-                             gemm_fraction_fp8=row.get("gemm_fraction_fp8"))
+        prof = KernelProfile(
+            name=row["name"],
+            sms=row["sms"],
+            gemm_fraction=row["gemm_fraction"],
+            gemm_fixed_s=float(row["gemm_fixed_s"]),
+            gemm_tile=tuple(row["gemm_tile"]),
+            memory_fraction=row["memory_fraction"],
+            host_op_s=float(row["host_op_s"]),
+            attention_default=row["attention_default"],
+            attention_peak_flops=row["attention_peak_tflops"] * 1e12,
+            attention=row["attention"],
+            seq_lens=tuple(data["seq_lens"]),
+            sustained_fraction=data["sustained_fraction"],
+            gemm_fraction_fp8=row.get("gemm_fraction_fp8"),
+        )
         for name in row["accelerators"]:
             out[name.lower()] = prof
     return out
@@ -94,8 +109,11 @@ def attention_kernel_of(prof: KernelProfile, backend: str, chosen: str | None) -
     """The fused attention implementation a layout runs: the job's choice, else the backend's usual one here."""
     impl = chosen or prof.attention_default[backend]
     if impl not in prof.attention:
-        raise SpecError("memory.attention_kernel", impl, f"has no kernel measurement on {prof.name} GPUs; "
-                        f"measured there: {', '.join(sorted(prof.attention))}")
+        raise SpecError(
+            "memory.attention_kernel",
+            impl,
+            f"has no kernel measurement on {prof.name} GPUs; measured there: {', '.join(sorted(prof.attention))}",
+        )
     return impl
 
 

@@ -7,6 +7,7 @@ Definitions (the CLI contract):
 - peak_bytes: the largest total during a steady step (optimizer states already exist), over the moments where
   memory tops out in the runner's program (toolkit.estimate.phases: one function per moment).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -66,15 +67,22 @@ def memory_estimate(job: Job) -> MemoryEstimate:
     # every number the estimate reports, stacked, so that one indexing picks the busiest stage's
     fields = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "host_bytes", "peak_bytes")
     state_fields = [f.name for f in dataclasses.fields(StateBytes)]
-    values = ([getattr(each, f) for f in fields] + [getattr(each.states, f) for f in state_fields]
-              + list(each.phases.values()))
+    values = (
+        [getattr(each, f) for f in fields]
+        + [getattr(each.states, f) for f in state_fields]
+        + list(each.phases.values())
+    )
     stacked = np.stack([np.broadcast_to(np.asarray(v, dtype=float), shape) for v in values])
     chosen = list(np.take_along_axis(stacked, busiest[None, None], axis=1)[:, 0])
-    picked = dict(zip(fields, chosen[:len(fields)]))
-    states = StateBytes(**dict(zip(state_fields, chosen[len(fields):len(fields) + len(state_fields)])))
+    picked = dict(zip(fields, chosen[: len(fields)]))
+    states = StateBytes(**dict(zip(state_fields, chosen[len(fields) : len(fields) + len(state_fields)])))
     phase = np.take_along_axis(np.broadcast_to(each.peak_phase, shape), busiest[None], axis=0)[0]
-    return MemoryEstimate(**picked, peak_phase=phase, states=states,
-                          phases=dict(zip(each.phases, chosen[len(fields) + len(state_fields):])))
+    return MemoryEstimate(
+        **picked,
+        peak_phase=phase,
+        states=states,
+        phases=dict(zip(each.phases, chosen[len(fields) + len(state_fields) :])),
+    )
 
 
 def stage_memory_estimate(job: Job, pp_rank: int) -> MemoryEstimate:
@@ -83,7 +91,7 @@ def stage_memory_estimate(job: Job, pp_rank: int) -> MemoryEstimate:
     pp = job.parallel.pp
     if pp == 1:
         return memory_estimate(job)
-    if 0 < pp_rank < pp - 1:           # a middle stage: its blocks, and as many micro-batches as stages follow it
+    if 0 < pp_rank < pp - 1:  # a middle stage: its blocks, and as many micro-batches as stages follow it
         return _stage_memory(job, "second", stages_after=pp - 1 - pp_rank)
     return _stage_memory(job, "first" if pp_rank == 0 else "last")
 
@@ -98,74 +106,115 @@ def _stage_memory(job: Job, stage, stages_after=None) -> MemoryEstimate:
     states, ds = terms.states, terms.held.ds
     # (DeepSpeed's ZeRO-2 partitions reach past their ranges: see zero_buffers.deepspeed_reduce)
     grads_bytes = np.where((ds.grads > 0) & ~np.asarray(ds.stage1), ds.partition, states.grads_bytes)
-    return MemoryEstimate(params_bytes=states.params_bytes, grads_bytes=grads_bytes,
-                          optimizer_bytes=states.optimizer_bytes, activations_bytes=terms.acts.total,
-                          host_bytes=states.host_bytes, peak_bytes=stacked.max(axis=0),
-                          peak_phase=phase, phases=phases, states=states)
+    return MemoryEstimate(
+        params_bytes=states.params_bytes,
+        grads_bytes=grads_bytes,
+        optimizer_bytes=states.optimizer_bytes,
+        activations_bytes=terms.acts.total,
+        host_bytes=states.host_bytes,
+        peak_bytes=stacked.max(axis=0),
+        peak_phase=phase,
+        phases=phases,
+        states=states,
+    )
 
 
 def memory_notes(job: Job, mem: MemoryEstimate | None) -> list[str]:
     """What the memory figures assume, and what they leave out, in the words the CLI prints."""
     if mem is None:
         return ["activations need the model's shape (layers, hidden, heads): only model states are given"]
-    notes = [f"memory follows the {job.memory.program} program of the runner's GPT "
-             f"({job.memory.attention} attention, {optimizer_impl(job)} optimizer); peak at: {mem.peak_phase}"]
+    notes = [
+        f"memory follows the {job.memory.program} program of the runner's GPT "
+        f"({job.memory.attention} attention, {optimizer_impl(job)} optimizer); peak at: {mem.peak_phase}"
+    ]
     par = job.parallel
     ds32 = bool(job_deepspeed_fp32(job))
-    fsdp_traced = job.precision.mode in TORCH_SEMANTICS and not ds32 and par.zero in (2, 3) \
+    fsdp_traced = (
+        job.precision.mode in TORCH_SEMANTICS
+        and not ds32
+        and par.zero in (2, 3)
         and (par.offload == "none" or par.tp == 1)
+    )
     if par.tp > 1:
-        notes.append("tensor parallelism follows torch's DTensor program (toolkit.program.parallel): with sp the "
-                     "linears keep their all-gathered inputs, and the vocabulary-parallel loss and the embedding's "
-                     "backward hold more than Megatron's fused kernels")
+        notes.append(
+            "tensor parallelism follows torch's DTensor program (toolkit.program.parallel): with sp the "
+            "linears keep their all-gathered inputs, and the vocabulary-parallel loss and the embedding's "
+            "backward hold more than Megatron's fused kernels"
+        )
     combined_pp = par.pp > 1 and par.zero > 0
     deepspeed = (par.zero > 0 and job.precision.mode not in TORCH_SEMANTICS) or ds32
-    deepspeed_traced = deepspeed and par.tp == 1 and par.pp == 1 \
-        and par.offload != "params"
+    deepspeed_traced = deepspeed and par.tp == 1 and par.pp == 1 and par.offload != "params"
     if combined_pp or (par.zero > 0 and not fsdp_traced and not deepspeed_traced) or (par.tp > 1 and par.zero == 1):
-        notes.append("offload with tp, DeepSpeed's parameter offload (ZeRO-Infinity), tp with ZeRO-1 or with "
-                     "DeepSpeed's ZeRO, and pp combined with ZeRO follow Megatron's and the frameworks' "
-                     "semantics and are not yet checked against a trace (replicas, torch's ZeRO-1/2/3 and FSDP2's "
-                     "CPU offload, DeepSpeed's ZeRO-1/2/3 with or without ZeRO-Offload, tp alone or inside FSDP2, "
-                     "and pipelines alone, interleaved or with tp are)")
+        notes.append(
+            "offload with tp, DeepSpeed's parameter offload (ZeRO-Infinity), tp with ZeRO-1 or with "
+            "DeepSpeed's ZeRO, and pp combined with ZeRO follow Megatron's and the frameworks' "
+            "semantics and are not yet checked against a trace (replicas, torch's ZeRO-1/2/3 and FSDP2's "
+            "CPU offload, DeepSpeed's ZeRO-1/2/3 with or without ZeRO-Offload, tp alone or inside FSDP2, "
+            "and pipelines alone, interleaved or with tp are)"
+        )
     if par.offload != "none" and fsdp_traced:
-        notes.append("FSDP2's CPU offload: sharded parameters, gradients and optimizer states in host memory, the "
-                     "step on the host; a GPU also copies each shard to the device before all-gathering it and "
-                     "each reduce-scattered gradient before sending it back (up to 1/dp of a block, briefly), "
-                     "which the CPU program and this estimate leave out")
+        notes.append(
+            "FSDP2's CPU offload: sharded parameters, gradients and optimizer states in host memory, the "
+            "step on the host; a GPU also copies each shard to the device before all-gathering it and "
+            "each reduce-scattered gradient before sending it back (up to 1/dp of a block, briefly), "
+            "which the CPU program and this estimate leave out"
+        )
     if deepspeed:
-        offload = ("; ZeRO-Offload keeps the fp32 partition, its gradient and the optimizer states on the host, "
-                   + ("the gradient partition there too" if par.zero == 3 else
-                      "with a copy of the partition in the weights' dtype, and a buffer the size of the largest "
-                      "tensor on each side")
-                   if par.offload == "optimizer" else "")
-        notes.append(f"DeepSpeed's ZeRO-{par.zero} as toolkit.trace.zero.deepspeed_config(job) sets it up: reduce "
-                     f"bucket {job.training.bucket_cap_mb:g} MB (training.bucket_cap_mb; DeepSpeed's own default is "
-                     f"1 GB in 16-bit)" + (", one block gathered and one prefetched" if par.zero == 3 else "")
-                     + offload)
+        offload = (
+            "; ZeRO-Offload keeps the fp32 partition, its gradient and the optimizer states on the host, "
+            + (
+                "the gradient partition there too"
+                if par.zero == 3
+                else "with a copy of the partition in the weights' dtype, and a buffer the size of the largest "
+                "tensor on each side"
+            )
+            if par.offload == "optimizer"
+            else ""
+        )
+        notes.append(
+            f"DeepSpeed's ZeRO-{par.zero} as toolkit.trace.zero.deepspeed_config(job) sets it up: reduce "
+            f"bucket {job.training.bucket_cap_mb:g} MB (training.bucket_cap_mb; DeepSpeed's own default is "
+            f"1 GB in 16-bit)" + (", one block gathered and one prefetched" if par.zero == 3 else "") + offload
+        )
     if job.precision.grad_dtype == "fp32":
-        notes.append("fp32 main gradients as Megatron keeps them: one fp32 buffer from start-up, each 16-bit "
-                     "gradient added in and dropped" + (" (checked against a trace)" if par.zero == 0 and par.pp == 1
-                                                        and par.tp == 1 else "; with ZeRO, tp or pp not yet checked "
-                                                                             "against a trace"))
+        notes.append(
+            "fp32 main gradients as Megatron keeps them: one fp32 buffer from start-up, each 16-bit "
+            "gradient added in and dropped"
+            + (
+                " (checked against a trace)"
+                if par.zero == 0 and par.pp == 1 and par.tp == 1
+                else "; with ZeRO, tp or pp not yet checked against a trace"
+            )
+        )
     if par.pp > 1 and par.schedule != "gpipe" and job.precision.mode in TORCH_SEMANTICS:
         m = job.grad_accum or 1
-        stream = job.batch.micro_batch * job.model.seq_len * job.model.hidden / (par.tp if par.sp else 1) \
+        stream = (
+            job.batch.micro_batch
+            * job.model.seq_len
+            * job.model.hidden
+            / (par.tp if par.sp else 1)
             * job.precision.plan.weight_bytes
+        )
         per_stage = m * stream * (2 * par.vpp - 1 if par.pp == 2 else 2 * par.vpp)
         kept = " and keeps every tensor it sent until the step ends (as much again)" if par.vpp > 1 else ""
-        notes.append(f"pipeline stages follow torch.distributed.pipelining, which allocates a receive buffer for "
-                     f"each of the step's {m} micro-batches, per chunk and direction{kept}: "
-                     f"{per_stage * (2 if par.vpp > 1 else 1) / 2**30:.2f} GiB on the busiest stage here "
-                     f"(Megatron reuses a few); fewer, larger micro-batches shrink it")
+        notes.append(
+            f"pipeline stages follow torch.distributed.pipelining, which allocates a receive buffer for "
+            f"each of the step's {m} micro-batches, per chunk and direction{kept}: "
+            f"{per_stage * (2 if par.vpp > 1 else 1) / 2**30:.2f} GiB on the busiest stage here "
+            f"(Megatron reuses a few); fewer, larger micro-batches shrink it"
+        )
     if job.finetune.method == "qlora":
-        notes.append("QLoRA as toolkit.program.qlora runs it: NF4 with double quantization (bitsandbytes' layout, "
-                     "0.516 bytes a weight); its dequantizing matmul holds ~9 bytes per weight of one matrix at a "
-                     "time, bitsandbytes' CUDA kernels about 2")
+        notes.append(
+            "QLoRA as toolkit.program.qlora runs it: NF4 with double quantization (bitsandbytes' layout, "
+            "0.516 bytes a weight); its dequantizing matmul holds ~9 bytes per weight of one matrix at a "
+            "time, bitsandbytes' CUDA kernels about 2"
+        )
     if job.memory.act_compress == "int8":
         if job.memory.attention == "eager" or (job.model.dropout > 0 and job.memory.program == "cpu"):
-            notes.append("int8 with explicit attention ops: activations within ~2 % of the trace, but the peak can "
-                         "miss the score matrices backward unpacks (up to ~40 % low): measure it with `toolkit trace`")
+            notes.append(
+                "int8 with explicit attention ops: activations within ~2 % of the trace, but the peak can "
+                "miss the score matrices backward unpacks (up to ~40 % low): measure it with `toolkit trace`"
+            )
         else:
             notes.append("int8 activations as the runner packs them (blocks only, 1 + 4/128 bytes a value)")
     return notes

@@ -2,6 +2,7 @@
 autograd, launch), counted in op units, and each checkpointed region's own cost. On a CPU they are measured by
 toolkit calibrate and add to the step; on a GPU the host launches asynchronously and shows only where its time
 exceeds the device's (toolkit.estimate.steptime)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -23,8 +24,13 @@ def op_units(job: Job, layers, owns_head):
     product with v), and a sixth where dropout falls on its probabilities."""
     m = job.model
     core_ops = 1 if job.memory.attention != "eager" else 5 + (m.dropout > 0)
-    block_ops = 13 + core_ops + (2 if m.mlp == "swiglu" else 0) + (2 if m.dropout > 0 else 0) \
+    block_ops = (
+        13
+        + core_ops
+        + (2 if m.mlp == "swiglu" else 0)
+        + (2 if m.dropout > 0 else 0)
         + (8 if m.position == "rope" else 0)
+    )
     recompute = np.asarray(job.memory.recompute)
     # per-op recompute takes its policy's saved ops (every other matmul, the fused attention) from its cache
     again = np.select([recompute == "full", recompute == "selective-op"], [block_ops, block_ops - 4], 0)
@@ -38,9 +44,12 @@ def fixed_costs_s(job: Job, a, layers, accum, owns_head):
     recompute's dispatch mode on top)."""
     recompute = np.asarray(job.memory.recompute)
     optimizer_units = optimizer_ops(job, layers)
-    regions = layers * (recompute != "none")              # one checkpointed region per block (its core: selective)
-    return ((accum * op_units(job, layers, owns_head) * a.ops_per_unit + optimizer_units) * a.op_overhead_s
-            + accum * regions * (a.checkpoint_overhead_s + (recompute == "selective-op") * a.selective_op_overhead_s))
+    regions = layers * (recompute != "none")  # one checkpointed region per block (its core: selective)
+    return (
+        accum * op_units(job, layers, owns_head) * a.ops_per_unit + optimizer_units
+    ) * a.op_overhead_s + accum * regions * (
+        a.checkpoint_overhead_s + (recompute == "selective-op") * a.selective_op_overhead_s
+    )
 
 
 HOST_OPS_PER_UNIT = 3.0
@@ -51,8 +60,7 @@ GPT (a linear's forward is a transpose and a product; its backward two products,
 def host_s(job: Job, prof, layers, accum, owns_head):
     """The host's time to issue a step's operations (kernels.yaml's host_op_s each): a small model's kernels can
     finish before the host has launched the next, and then the host sets the pace."""
-    return (accum * op_units(job, layers, owns_head) * HOST_OPS_PER_UNIT + optimizer_ops(job, layers)) \
-        * prof.host_op_s
+    return (accum * op_units(job, layers, owns_head) * HOST_OPS_PER_UNIT + optimizer_ops(job, layers)) * prof.host_op_s
 
 
 def optimizer_ops(job: Job, layers):

@@ -15,6 +15,7 @@ The moments, in the order the step reaches them (the busiest one is the stage's 
 - `optimizer step`: all gradients plus the optimizer's temporaries.
 Each is checked against the traced program where it holds the peak (tests/estimate/test_phases.py).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -36,8 +37,12 @@ def _before_loss(t: StageTerms):
 
 
 def forward_end(t: StageTerms):
-    return (_before_loss(t) + np.where(t.position.owns_head, t.temps.logits_bytes, 0.0) + t.temps.autocast_cache
-            + t.gathered.forward_tail)
+    return (
+        _before_loss(t)
+        + np.where(t.position.owns_head, t.temps.logits_bytes, 0.0)
+        + t.temps.autocast_cache
+        + t.gathered.forward_tail
+    )
 
 
 def loss(t: StageTerms):
@@ -52,13 +57,19 @@ def top_layer_forward(t: StageTerms):
     if job.finetune.method == "qlora":
         return base + t.temps.dequant_bytes
     if job.memory.act_compress == "int8":
-        inner = (3 if job.model.mlp == "swiglu" else 2) * t.temps.tokens * t.temps.ffn * job.precision.plan.compute_bytes
+        inner = (
+            (3 if job.model.mlp == "swiglu" else 2) * t.temps.tokens * t.temps.ffn * job.precision.plan.compute_bytes
+        )
         return base + t.gathered.blocks + t.gathered.root + inner
     return None
 
 
-BACKWARD_LAYERS = (("top layer", lambda n: 0), ("layer below the top", lambda n: np.minimum(n - 1, 1)),
-                   ("layer above the bottom", lambda n: np.maximum(n - 2, 0)), ("bottom layer", lambda n: n - 1))
+BACKWARD_LAYERS = (
+    ("top layer", lambda n: 0),
+    ("layer below the top", lambda n: np.minimum(n - 1, 1)),
+    ("layer above the bottom", lambda n: np.maximum(n - 2, 0)),
+    ("bottom layer", lambda n: n - 1),
+)
 """The backward moments inside the blocks, with how many of the stage's n blocks are done by then."""
 
 
@@ -69,7 +80,7 @@ def _layer_parts(t: StageTerms, done_layers, bottom: bool):
     h, ffn, where = job.model.hidden, t.temps.ffn, t.position
     # by the MLP's backward, the layer has made its down-projection's weight gradient too; when
     # accumulating, that gradient is a temporary (in the compute dtype, then cast) added into .grad
-    if job.finetune.adapters:                                     # only an adapter on down has a gradient
+    if job.finetune.adapters:  # only an adapter on down has a gradient
         down_grad = job.finetune.rank * (ffn + h) * held.grad_b * ("down" in job.finetune.targets)
     else:
         down_grad = h * ffn * gr.unsharded_grad_b
@@ -77,19 +88,22 @@ def _layer_parts(t: StageTerms, done_layers, bottom: bool):
     # DeepSpeed's ZeRO-2 copies each gradient into its bucket, and the bucket, when full, into the partition
     whole = gr.head_grad + done_layers * gr.per_layer_trainable * held.grad_b / np.asarray(job.parallel.tp)
     made = np.where(ds.bucket > 0, np.where(ds.stage1, whole, ds.flushed(whole) * ds.partition), made) + ds.bucket
-    made = np.where(ds.fixed > 0, 0.0, made)                      # ZeRO-3: straight into its bucket
+    made = np.where(ds.fixed > 0, 0.0, made)  # ZeRO-3: straight into its bucket
     # accumulating: earlier micro-batches' gradients, plus the new ones not yet added in (replicas: the down
     # projection's, and under autocast its 16-bit original beside the fp32 cast; FSDP2: also the root's whole
     # 16-bit head gradient, reduce-scattered only at the end of backward)
     adding = np.where(g.reduce_scatter > 0, gr.head_grad, h * ffn * 2 if job.precision.plan.family == "amp" else 0)
-    grads = np.where(where.accumulating & ~where.forwards_first, gr.grads_before + ds.bucket + down_grad + adding,
-                     made + down_grad)
-    if bottom:                          # a full bucket being reduced meanwhile: flattened again (errs high by that)
+    grads = np.where(
+        where.accumulating & ~where.forwards_first, gr.grads_before + ds.bucket + down_grad + adding, made + down_grad
+    )
+    if bottom:  # a full bucket being reduced meanwhile: flattened again (errs high by that)
         grads = grads + np.where(ds.grads > ds.bucket, ds.flat_copy, 0.0)
     acts = t.acts
-    held_acts = acts.total - acts.head - done_layers * acts.freed_per_layer   # one micro-batch goes backward at a time
+    held_acts = acts.total - acts.head - done_layers * acts.freed_per_layer  # one micro-batch goes backward at a time
     # FSDP2 reshards each block after its backward, except in a pipeline's stages (until the step's last backward)
-    still_gathered = np.where(pipelined_fsdp(job), g.blocks, g.blocks * (1 - done_layers / np.maximum(acts.stage_layers, 1)))
+    still_gathered = np.where(
+        pipelined_fsdp(job), g.blocks, g.blocks * (1 - done_layers / np.maximum(acts.stage_layers, 1))
+    )
     in_backward = g.in_backward - (g.prefetch if bottom else 0.0)
     return held.persistent + grads + still_gathered + g.root + in_backward, held_acts, down_grad
 
@@ -101,8 +115,16 @@ def backward_layer(t: StageTerms, done_layers, bottom: bool = False):
     overlap = np.where(np.asarray(done_layers) > 0, t.gathered.reduce_scatter, 0.0)
     # (QLoRA rebuilding a block: its dequantizing moment counted on top, which errs 4-6 % high)
     tmp = t.temps
-    return (base + held_acts + t.acts.recompute_layer + tmp.mlp_temp + overlap + tmp.unpacked + tmp.step_cache
-            + tmp.recompute_dequant)
+    return (
+        base
+        + held_acts
+        + t.acts.recompute_layer
+        + tmp.mlp_temp
+        + overlap
+        + tmp.unpacked
+        + tmp.step_cache
+        + tmp.recompute_dequant
+    )
 
 
 def gloo_copy(job: Job, input_bytes):
@@ -120,7 +142,7 @@ def top_layer_reduce_scatter(t: StageTerms):
     g = t.gathered
     base, held_acts, down_grad = _layer_parts(t, 0, False)
     block_grads = t.counts.per_layer / np.asarray(t.job.parallel.tp) * t.grads.unsharded_grad_b
-    resharded = np.where((g.blocks > 0) | (g.in_backward > 0), g.block, 0.0)     # (ZeRO-2's, or ZeRO-3's regathered)
+    resharded = np.where((g.blocks > 0) | (g.in_backward > 0), g.block, 0.0)  # (ZeRO-2's, or ZeRO-3's regathered)
     around = base - down_grad - resharded + held_acts - t.acts.freed_per_layer + g.reduce_scatter
     copy_in = around + block_grads
     collective = around + g.reduce_scatter / degrees(t.job)[1] + gloo_copy(t.job, g.reduce_scatter)
@@ -131,8 +153,9 @@ def backward_phases(t: StageTerms) -> dict:
     """The moments inside the blocks' backward, top to bottom (one layer in from either end only under FSDP2)."""
     phases = {}
     for name, done in BACKWARD_LAYERS:
-        if (name == "layer below the top" and not np.any(t.gathered.reduce_scatter)) or \
-                (name == "layer above the bottom" and not np.any(t.gathered.prefetch)):
+        if (name == "layer below the top" and not np.any(t.gathered.reduce_scatter)) or (
+            name == "layer above the bottom" and not np.any(t.gathered.prefetch)
+        ):
             continue
         phases[name] = backward_layer(t, done(t.acts.stage_layers), bottom=name == "bottom layer")
         if name == "top layer":
@@ -147,14 +170,23 @@ def embedding_backward(t: StageTerms):
     (pipelines) still hold their activations."""
     model, acts, where = t.job.model, t.acts, t.position
     vocab = vocab_per_rank(model, np.asarray(t.job.parallel.tp))
-    embedding_temp = (np.where(t.temps.vocab_parallel, model.vocab, 0) + np.where(where.accumulating, vocab, 0)) \
-        * model.hidden * t.grads.unsharded_grad_b
-    others = acts.total - acts.head * acts.heads_held - acts.freed_per_layer * acts.stage_layers \
+    embedding_temp = (
+        (np.where(t.temps.vocab_parallel, model.vocab, 0) + np.where(where.accumulating, vocab, 0))
+        * model.hidden
+        * t.grads.unsharded_grad_b
+    )
+    others = (
+        acts.total
+        - acts.head * acts.heads_held
+        - acts.freed_per_layer * acts.stage_layers
         - acts.embedding / np.maximum(acts.in_flight, 1)
-    kept = np.where(pipelined_fsdp(t.job), t.gathered.blocks + t.gathered.root, 0.0)   # (pipelines: gathered)
+    )
+    kept = np.where(pipelined_fsdp(t.job), t.gathered.blocks + t.gathered.root, 0.0)  # (pipelines: gathered)
     return np.where(
         where.owns_embedding & (embedding_temp > 0) & (not t.job.finetune.adapters),  # (Megatron's: sharded grads)
-        t.held.persistent + t.held.grads_full + embedding_temp + acts.embedding + others + kept, 0.0)
+        t.held.persistent + t.held.grads_full + embedding_temp + acts.embedding + others + kept,
+        0.0,
+    )
 
 
 def next_micro_batch(t: StageTerms):
@@ -165,9 +197,16 @@ def next_micro_batch(t: StageTerms):
     one_micro_batch = (acts.total - shared) / np.maximum(acts.in_flight, 1)
     return np.where(
         where.forwards_first & (where.micro_batches > 1),
-        t.held.persistent + t.held.grads_full + acts.total - one_micro_batch + tmp.step_cache
-        + t.gathered.blocks + t.gathered.root                   # (FSDP2 stages keep them gathered)
-        + np.where(where.owns_head, tmp.logits_grads, acts.recompute_layer + tmp.mlp_temp), 0.0)
+        t.held.persistent
+        + t.held.grads_full
+        + acts.total
+        - one_micro_batch
+        + tmp.step_cache
+        + t.gathered.blocks
+        + t.gathered.root  # (FSDP2 stages keep them gathered)
+        + np.where(where.owns_head, tmp.logits_grads, acts.recompute_layer + tmp.mlp_temp),
+        0.0,
+    )
 
 
 def step_end(t: StageTerms):
@@ -176,9 +215,18 @@ def step_end(t: StageTerms):
     acts, tmp = t.acts, t.temps
     return np.where(
         acts.step_end_buffers > 0,
-        t.held.persistent + t.held.grads_full + acts.step_end_buffers + acts.per_layer + t.gathered.blocks
-        + t.gathered.root + acts.shared_per_layer * (acts.stage_layers - 1) + acts.recompute_layer + tmp.mlp_temp
-        + tmp.step_cache, 0.0)
+        t.held.persistent
+        + t.held.grads_full
+        + acts.step_end_buffers
+        + acts.per_layer
+        + t.gathered.blocks
+        + t.gathered.root
+        + acts.shared_per_layer * (acts.stage_layers - 1)
+        + acts.recompute_layer
+        + tmp.mlp_temp
+        + tmp.step_cache,
+        0.0,
+    )
 
 
 def head_gradient(t: StageTerms):
@@ -189,8 +237,14 @@ def head_gradient(t: StageTerms):
     new_bucket = np.where(ds.stage1 & where.accumulating & ~where.forwards_first, 0.0, ds.bucket)
     return np.where(
         (ds.bucket > 0) & where.owns_head & (t.counts.head > 0) & ~np.asarray(t.held.main_grads),
-        t.held.persistent + t.grads.grads_prev + (t.acts.total - t.acts.head) + t.grads.head_grad + new_bucket
-        + t.temps.step_cache, 0.0)
+        t.held.persistent
+        + t.grads.grads_prev
+        + (t.acts.total - t.acts.head)
+        + t.grads.head_grad
+        + new_bucket
+        + t.temps.step_cache,
+        0.0,
+    )
 
 
 def gradient_reduce(t: StageTerms):
@@ -200,9 +254,16 @@ def gradient_reduce(t: StageTerms):
     ds = t.held.ds
     zero_buckets = np.where(
         ds.bucket > 0,
-        t.held.persistent + ds.bucket + ds.flat_copy
-        + np.where(ds.stage1, np.maximum(ds.grads - ds.bucket, 0.0),
-                   np.where(t.position.accumulating | (ds.grads > ds.bucket), ds.partition, 0.0)), 0.0)
+        t.held.persistent
+        + ds.bucket
+        + ds.flat_copy
+        + np.where(
+            ds.stage1,
+            np.maximum(ds.grads - ds.bucket, 0.0),
+            np.where(t.position.accumulating | (ds.grads > ds.bucket), ds.partition, 0.0),
+        ),
+        0.0,
+    )
     return np.maximum(zero_buckets, bf16_optimizer_reduce(t))
 
 
@@ -229,26 +290,28 @@ def stage_reduce_scatter(t: StageTerms):
     benchmarks/layouts.py's dp 2 x pp 2 ZeRO-2 rows.)"""
     g, counts, tp = t.gathered, t.counts, np.asarray(t.job.parallel.tp)
     root = np.where(t.position.owns_head, counts.head + counts.final, 0) + np.where(
-        t.position.owns_embedding, counts.embedding + counts.positions, 0)
+        t.position.owns_embedding, counts.embedding + counts.positions, 0
+    )
     unit = np.maximum(counts.per_layer, root) / tp * accumulated_grad_bytes(t.job)
-    return np.where(pipelined_fsdp(t.job),
-                    t.held.persistent + t.held.grads_full + g.blocks + g.root + unit + t.held.step_grads, 0.0)
+    return np.where(
+        pipelined_fsdp(t.job), t.held.persistent + t.held.grads_full + g.blocks + g.root + unit + t.held.step_grads, 0.0
+    )
 
 
 def _optimizer_temp_bytes(job: Job, largest_param: float, stage: str | None = None) -> float:
     """Temporaries of one optimizer step, in bytes."""
     name, impl = job.optimizer.name, optimizer_impl(job)
-    if name in ("sgd", "adamw-8bit") or impl == "fused":     # (bitsandbytes updates its 8-bit states in place)
+    if name in ("sgd", "adamw-8bit") or impl == "fused":  # (bitsandbytes updates its 8-bit states in place)
         return 0.0
     _tp, dp, zero = degrees(job)
     state = job.precision.plan.state_bytes
-    shard = np.where(zero >= 1, dp, 1)                       # the optimizer steps this rank's shard only
+    shard = np.where(zero >= 1, dp, 1)  # the optimizer steps this rank's shard only
     n = trainable_per_device(job, stage) / shard
     if impl == "foreach":
-        return n * state                                     # sqrt(v) for every tensor at once
+        return n * state  # sqrt(v) for every tensor at once
     # ZeroRedundancyOptimizer (torch ZeRO-1) gives whole tensors to ranks; FSDP2 and DeepSpeed split them
     split = np.where((zero >= 2) | ((zero == 1) & job.precision.plan.master_weights), dp, 1)
-    return 2 * largest_param / split * state                 # sqrt(v) and its scaled copy, one tensor at a time
+    return 2 * largest_param / split * state  # sqrt(v) and its scaled copy, one tensor at a time
 
 
 def optimizer_step(t: StageTerms):
@@ -258,7 +321,7 @@ def optimizer_step(t: StageTerms):
     job, par, held = t.job, t.job.parallel, t.held
     persistent, grads_full = held.persistent, held.step_grads
     largest = max(t.counts.embedding, t.counts.head, largest_matrix(job)) / np.asarray(par.tp)
-    if job.finetune.adapters:                              # only the adapters are stepped
+    if job.finetune.adapters:  # only the adapters are stepped
         largest = job.finetune.rank * max(job.model.hidden, job.model.ffn_, job.model.heads * job.model.head_dim_)
     step = persistent + grads_full + _optimizer_temp_bytes(job, largest, t.stage)
     ds32, masters = job_deepspeed_fp32(job), job.precision.plan.master_weights
@@ -272,13 +335,13 @@ def optimizer_step(t: StageTerms):
         # of the two had said. (Megatron's distributed optimizer, modelled only, shards its one gradient buffer in
         # place: nothing kept beside it.)
         flat = {"for-loop": 2, "foreach": 1, "fused": 0}[optimizer_impl(job)] if job.optimizer.name != "sgd" else 0
-        partition = np.where(held.ds.fixed > 0, 0.0, held.ds.partition)     # (ZeRO-3's: in persistent)
+        partition = np.where(held.ds.fixed > 0, 0.0, held.ds.partition)  # (ZeRO-3's: in persistent)
         kept = np.where(is_megatron(job), 0.0, partition)
         cast_copy = np.where(ds32, 0.0, partition)
         deepspeed = persistent + kept + 4 * n / dp + np.maximum(cast_copy, flat * 4 * n / dp)
         replicas = np.where(held.main_grads, step, step + 4 * n - grads_full) if masters else step  # (fp32 copies
         step = np.where(np.asarray(par.zero) == 0, replicas, np.where(masters | ds32, deepspeed, step))  # of 16-bit)
-    return np.where(np.asarray(par.offload) != "none", persistent + grads_full, step)   # offload: step on the host
+    return np.where(np.asarray(par.offload) != "none", persistent + grads_full, step)  # offload: step on the host
 
 
 def stage_phases(t: StageTerms) -> dict:

@@ -16,6 +16,7 @@ For uniform stages and no latency the bubble fraction (idle time over stages × 
 the simulator reaches them by running the orders, not from the formulas, and also handles what the
 formulas do not: uneven stages (`forward_s` per virtual stage) and point-to-point latency. No torch here.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -82,8 +83,9 @@ def rank_orders(schedule: str, stages: int, microbatches: int, vpp: int = 1) -> 
         return [[Action("F", i, r) for i in range(m)] + [Action("B", i, r) for i in range(m)] for r in range(p)]
     if schedule == "1f1b":
         return [_one_f_one_b(r, p, m) for r in range(p)]
-    return [_looped(r, p, m, vpp if schedule == "interleaved" else 1, zero_bubble=schedule == "zb-h1")
-            for r in range(p)]
+    return [
+        _looped(r, p, m, vpp if schedule == "interleaved" else 1, zero_bubble=schedule == "zb-h1") for r in range(p)
+    ]
 
 
 def _check(schedule: str, stages: int, microbatches: int, vpp: int) -> None:
@@ -95,8 +97,10 @@ def _check(schedule: str, stages: int, microbatches: int, vpp: int) -> None:
         raise ValueError(f"vpp {vpp} needs the interleaved schedule; {schedule} holds one stage per rank")
     if schedule in ("interleaved", "zb-h1") and not interleaved_rounds_fit(microbatches, stages):
         rounds = max(1, microbatches // stages)
-        raise ValueError(f"{schedule} needs micro-batches ({microbatches}) to be a multiple of "
-                         f"max(1, micro-batches // stages) = {rounds}, as torch's schedule does")
+        raise ValueError(
+            f"{schedule} needs micro-batches ({microbatches}) to be a multiple of "
+            f"max(1, micro-batches // stages) = {rounds}, as torch's schedule does"
+        )
 
 
 def _one_f_one_b(rank: int, p: int, m: int) -> list[Action]:
@@ -137,15 +141,23 @@ def _looped(rank: int, p: int, m: int, v: int, zero_bubble: bool) -> list[Action
             emit("B", backward_stage(op))
             backwards.append(backward_stage(op))
             if zero_bubble and op - warmup >= rank:
-                emit("W", backwards[sum(seen["W"])])       # weight gradients in the backwards' order
+                emit("W", backwards[sum(seen["W"])])  # weight gradients in the backwards' order
     while zero_bubble and sum(seen["W"]) < len(backwards):
         emit("W", backwards[sum(seen["W"])])
     return order
 
 
-def simulate(schedule: str, stages: int, microbatches: int, vpp: int = 1, *,
-             forward_s: float | Sequence[float] = 1.0, backward_s: float | Sequence[float] = 2.0,
-             weight_s: float | Sequence[float] | None = None, p2p_s: float = 0.0) -> Timeline:
+def simulate(
+    schedule: str,
+    stages: int,
+    microbatches: int,
+    vpp: int = 1,
+    *,
+    forward_s: float | Sequence[float] = 1.0,
+    backward_s: float | Sequence[float] = 2.0,
+    weight_s: float | Sequence[float] | None = None,
+    p2p_s: float = 0.0,
+) -> Timeline:
     """Run the schedule's orders against each other. Times are per micro-batch for a whole stage (a scalar),
     or one per virtual stage (stages · vpp values, for uneven stages); a chunk of an interleaved stage takes
     1/vpp of a scalar. `backward_s` is the whole backward; `weight_s` its weight-gradient part, which only
@@ -229,7 +241,7 @@ def _timeline(schedule: str, p: int, m: int, v: int, spans: list[Span]) -> Timel
 def peak_in_flight(events: list[tuple[int, str, float]], p: int) -> tuple[int, ...]:
     """Per rank, the most chunks forwarded and not yet backwarded, from (rank, kind, start) of each chunk."""
     in_flight, peak = [0] * p, [0] * p
-    for rank, kind, _ in sorted(events, key=lambda e: (e[2], e[1] != "B")):   # at a tie, free before holding
+    for rank, kind, _ in sorted(events, key=lambda e: (e[2], e[1] != "B")):  # at a tie, free before holding
         in_flight[rank] += {"F": 1, "B": -1, "W": 0}[kind]
         peak[rank] = max(peak[rank], in_flight[rank])
     return tuple(peak)
@@ -251,11 +263,19 @@ def replay(measured: dict) -> Timeline:
             times = [s["end_s"] - s["start_s"] for s in spans if s["kind"] == kind and s["stage"] == stage]
             out.append(sum(times) / len(times) + local_gap_s.get(stage % p, 0.0) if times else 0.0)
         return out
+
     forward, backward, weight = mean_s("F"), mean_s("B"), mean_s("W")
     split = measured["schedule"] == "zb-h1"
-    return simulate(measured["schedule"], p, measured["microbatches"], measured["vpp"],
-                    forward_s=forward, backward_s=[b + w for b, w in zip(backward, weight)] if split else backward,
-                    weight_s=weight if split else None, p2p_s=p2p_s)
+    return simulate(
+        measured["schedule"],
+        p,
+        measured["microbatches"],
+        measured["vpp"],
+        forward_s=forward,
+        backward_s=[b + w for b, w in zip(backward, weight)] if split else backward,
+        weight_s=weight if split else None,
+        p2p_s=p2p_s,
+    )
 
 
 def _gaps_s(spans: list[dict], n: int) -> tuple[dict[int, float], float]:
@@ -270,7 +290,7 @@ def _gaps_s(spans: list[dict], n: int) -> tuple[dict[int, float], float]:
             key = _input_of(span["kind"], span["micro"], span["stage"], n)
             source = by_key.get(key) if key else None
             if source is not None and source["rank"] != rank and source["end_s"] > before["end_s"]:
-                waits.append(max(span["start_s"] - source["end_s"], 0.0))     # it waited for the send
+                waits.append(max(span["start_s"] - source["end_s"], 0.0))  # it waited for the send
             else:
                 local.setdefault(rank, []).append(max(span["start_s"] - before["end_s"], 0.0))
     return {rank: _median(gaps) for rank, gaps in local.items()}, _median(waits)

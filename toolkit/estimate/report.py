@@ -3,6 +3,7 @@
 Fields not modelled yet are None (JSON null), never zero, so nobody mistakes a gap for
 an answer. Memory figures are per device, for the busiest device.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -18,8 +19,7 @@ from .params import count_params
 from .result import ComputePart, CostPart, Estimate, MemoryPart, ModelPart, TimePart
 from .states import job_stage_layers, model_state_bytes, params_per_device
 from .spot import spot_run
-from .steptime import (ASSUMED_NETWORK_BITS_PER_DEVICE, hardware_for, network_figure, overlap_settings,
-                       step_time)
+from .steptime import ASSUMED_NETWORK_BITS_PER_DEVICE, hardware_for, network_figure, overlap_settings, step_time
 
 __all__ = ["estimate", "estimate_result"]
 
@@ -42,11 +42,19 @@ def estimate_result(job: Job, catalog: Catalog | None = None) -> Estimate:
     compute, per_token, flops = _compute_part(job, notes)
     time, steps = _time_part(job, catalog, accelerator, compute, per_token, flops, notes)
     return Estimate(
-        job=job.to_dict(), notes=notes,
-        model=ModelPart(name=model.name, params=params.total, params_non_embedding=params.non_embedding,
-                        params_per_device=params_per_device(model, par.tp, par.pp, None, job_stage_layers(job))),
-        memory=memory, compute=compute, time=time,
-        cost=_cost_part(job, catalog, time.train_s, states, accelerator, notes))
+        job=job.to_dict(),
+        notes=notes,
+        model=ModelPart(
+            name=model.name,
+            params=params.total,
+            params_non_embedding=params.non_embedding,
+            params_per_device=params_per_device(model, par.tp, par.pp, None, job_stage_layers(job)),
+        ),
+        memory=memory,
+        compute=compute,
+        time=time,
+        cost=_cost_part(job, catalog, time.train_s, states, accelerator, notes),
+    )
 
 
 def _memory_part(job: Job, mem, states, accelerator, notes: list[str]) -> MemoryPart:
@@ -60,20 +68,34 @@ def _memory_part(job: Job, mem, states, accelerator, notes: list[str]) -> Memory
         fits = held.device_bytes <= usable
         notes.append(_device_note(held, job))
         if not fits:
-            notes.append(f"device peak {held.device_bytes / 2**30:.1f} GiB (tensors {mem.peak_bytes / 2**30:.1f} GiB "
-                         f"at {mem.peak_phase}) exceeds the {usable / 2**30:.1f} GiB usable on {accelerator.name}")
+            notes.append(
+                f"device peak {held.device_bytes / 2**30:.1f} GiB (tensors {mem.peak_bytes / 2**30:.1f} GiB "
+                f"at {mem.peak_phase}) exceeds the {usable / 2**30:.1f} GiB usable on {accelerator.name}"
+            )
     elif usable is not None and states.total_bytes > usable:
         fits = False
-        notes.append(f"model states alone need {states.total_bytes / 2**30:.1f} GiB per device, more than the "
-                     f"{usable / 2**30:.1f} GiB usable on {accelerator.name}")
+        notes.append(
+            f"model states alone need {states.total_bytes / 2**30:.1f} GiB per device, more than the "
+            f"{usable / 2**30:.1f} GiB usable on {accelerator.name}"
+        )
     return MemoryPart(
-        params_bytes=states.params_bytes, grads_bytes=states.grads_bytes, optimizer_bytes=states.optimizer_bytes,
-        states_bytes=states.total_bytes, activations_bytes=mem.activations_bytes if mem else None,
-        peak_bytes=mem.peak_bytes if mem else None, peak_phase=mem.peak_phase if mem else None,
+        params_bytes=states.params_bytes,
+        grads_bytes=states.grads_bytes,
+        optimizer_bytes=states.optimizer_bytes,
+        states_bytes=states.total_bytes,
+        activations_bytes=mem.activations_bytes if mem else None,
+        peak_bytes=mem.peak_bytes if mem else None,
+        peak_phase=mem.peak_phase if mem else None,
         reserved_peak_bytes=held.reserved_bytes if held else None,
-        device_peak_bytes=held.device_bytes if held else None, device_terms=held.terms() if held else None,
-        expandable_segments=job.memory.expandable_segments, program=job.memory.program,
-        host_bytes=states.host_bytes, device_bytes=device_bytes, usable_bytes=usable, fits=fits)
+        device_peak_bytes=held.device_bytes if held else None,
+        device_terms=held.terms() if held else None,
+        expandable_segments=job.memory.expandable_segments,
+        program=job.memory.program,
+        host_bytes=states.host_bytes,
+        device_bytes=device_bytes,
+        usable_bytes=usable,
+        fits=fits,
+    )
 
 
 def _compute_part(job: Job, notes: list[str]):
@@ -82,20 +104,28 @@ def _compute_part(job: Job, notes: list[str]):
     flops = training_flops(model, count_params(model).total, job.tokens) if job.tokens else None
     per_token = flops_per_token(job) if model.has_shape and not model.encoder else None
     total = hardware = attention = None
-    if flops is not None and per_token is not None:          # the exact matmul count of the runner's model
+    if flops is not None and per_token is not None:  # the exact matmul count of the runner's model
         total, hardware = per_token.model * job.tokens, per_token.hardware * job.tokens
         attention = 3 * per_token.attention * job.tokens
-    elif flops is not None:                                   # encoders and size-only models: 6·N·D (+ attention)
+    elif flops is not None:  # encoders and size-only models: 6·N·D (+ attention)
         total, attention = flops.total_flops, flops.attention_flops
-    if job.tokens is None and job.workload != "finetune":     # (a fine-tune's own note says what to give)
+    if job.tokens is None and job.workload != "finetune":  # (a fine-tune's own note says what to give)
         notes.append("no token budget: give --tokens for FLOPs, time and cost")
-    return ComputePart(
-        flops_6nd=flops.flops_6nd if flops else None, attention_flops=attention, total_flops=total,
-        hardware_flops=hardware, model_flops_per_token=per_token.model if per_token else None,
-        hardware_flops_per_token=per_token.hardware if per_token else None,
-        pf_days=None if total is None else total / PF_DAY_FLOPS,
-        pf_days_6nd=flops.flops_6nd / PF_DAY_FLOPS if flops else None,
-        attention_convention=flops.convention if flops else None), per_token, flops
+    return (
+        ComputePart(
+            flops_6nd=flops.flops_6nd if flops else None,
+            attention_flops=attention,
+            total_flops=total,
+            hardware_flops=hardware,
+            model_flops_per_token=per_token.model if per_token else None,
+            hardware_flops_per_token=per_token.hardware if per_token else None,
+            pf_days=None if total is None else total / PF_DAY_FLOPS,
+            pf_days_6nd=flops.flops_6nd / PF_DAY_FLOPS if flops else None,
+            attention_convention=flops.convention if flops else None,
+        ),
+        per_token,
+        flops,
+    )
 
 
 def _time_part(job: Job, catalog: Catalog, accelerator, compute: ComputePart, per_token, flops, notes: list[str]):
@@ -113,21 +143,32 @@ def _time_part(job: Job, catalog: Catalog, accelerator, compute: ComputePart, pe
         net, where = network_figure(job, catalog)
         per_device = net * 8 / job.cluster.gpus_per_node / 1e9
         if where == "accelerator":
-            notes.append(f"network across nodes: {per_device:.0f} Gb/s per device, {accelerator.name}'s reference "
-                         f"system ({accelerator.network_source.split(':')[0]}); give cluster.inter_node_bw_bytes_per_s "
-                         "or an offer (--offer) for your cluster's")
+            notes.append(
+                f"network across nodes: {per_device:.0f} Gb/s per device, {accelerator.name}'s reference "
+                f"system ({accelerator.network_source.split(':')[0]}); give cluster.inter_node_bw_bytes_per_s "
+                "or an offer (--offer) for your cluster's"
+            )
         elif where == "assumed":
-            notes.append(f"network across nodes: {ASSUMED_NETWORK_BITS_PER_DEVICE / 1e9:.0f} Gb/s per device assumed "
-                         "(DGX A100 class), not a published figure for this cluster: give "
-                         "cluster.inter_node_bw_bytes_per_s or an offer (--offer) whose row has one")
+            notes.append(
+                f"network across nodes: {ASSUMED_NETWORK_BITS_PER_DEVICE / 1e9:.0f} Gb/s per device assumed "
+                "(DGX A100 class), not a published figure for this cluster: give "
+                "cluster.inter_node_bw_bytes_per_s or an offer (--offer) whose row has one"
+            )
     step = {}
     if steps is not None:
         overlap = {k: bool(v) for k, v in overlap_settings(job).items()}
         low, high = step_range(float(steps.step_s), regime_of(hw))
-        step = dict(step_s=steps.step_s, step_s_range=[low, high], step_s_regime=regime_of(hw),
-                    tokens_per_s=steps.tokens_per_s, mfu_modelled=steps.mfu,
-                    hfu_modelled=steps.mfu * per_token.hardware / per_token.model, breakdown=steps.breakdown(),
-                    gemm_efficiency=steps.gemm_efficiency, overlap=overlap)
+        step = dict(
+            step_s=steps.step_s,
+            step_s_range=[low, high],
+            step_s_regime=regime_of(hw),
+            tokens_per_s=steps.tokens_per_s,
+            mfu_modelled=steps.mfu,
+            hfu_modelled=steps.mfu * per_token.hardware / per_token.model,
+            breakdown=steps.breakdown(),
+            gemm_efficiency=steps.gemm_efficiency,
+            overlap=overlap,
+        )
         if job.devices > 1:
             notes.append(_overlap_note(job, overlap))
         notes.extend(_regime_notes(job, hw))
@@ -140,26 +181,40 @@ def _time_part(job: Job, catalog: Catalog, accelerator, compute: ComputePart, pe
     elif work is not None and peak is not None:
         notes.append("time needs an MFU: give --mfu (e.g. 0.4; published runs reach 0.2-0.55)")
     return TimePart(
-        dtype=dtype, peak_flops_per_device=peak, mfu=job.mfu if job.mfu is not None else step.get("mfu_modelled"),
+        dtype=dtype,
+        peak_flops_per_device=peak,
+        mfu=job.mfu if job.mfu is not None else step.get("mfu_modelled"),
         mfu_source="given" if job.mfu is not None else ("step-time model" if steps is not None else None),
-        train_s=train_s, train_days=None if train_s is None else train_s / 86400,
-        device_hours=None if train_s is None else train_s * devices / 3600, **step), steps
+        train_s=train_s,
+        train_days=None if train_s is None else train_s / 86400,
+        device_hours=None if train_s is None else train_s * devices / 3600,
+        **step,
+    ), steps
 
 
 def _regime_notes(job: Job, hw) -> list[str]:
     """Where the step-time model has no measurement to stand on, said plainly."""
     notes = []
     if regime_of(hw) == "assumed":
-        notes.append(f"step time: {job.cluster.accelerator} has no kernel profile (toolkit/data/kernels.yaml): its "
-                     "matmuls, attention and element-wise rates are the model's assumptions, and its likely range "
-                     "is a wide ±50 % until measured kernels or `toolkit calibrate` replace them")
-    if hw.kernels is not None and job.memory.attention != "eager" \
-            and np.any(job.model.seq_len / np.asarray(job.parallel.cp) > max(hw.kernels.seq_lens)):
-        notes.append(f"step time: fused attention was measured up to {max(hw.kernels.seq_lens):,} tokens; "
-                     "longer sequences are priced at that length's rate")
+        notes.append(
+            f"step time: {job.cluster.accelerator} has no kernel profile (toolkit/data/kernels.yaml): its "
+            "matmuls, attention and element-wise rates are the model's assumptions, and its likely range "
+            "is a wide ±50 % until measured kernels or `toolkit calibrate` replace them"
+        )
+    if (
+        hw.kernels is not None
+        and job.memory.attention != "eager"
+        and np.any(job.model.seq_len / np.asarray(job.parallel.cp) > max(hw.kernels.seq_lens))
+    ):
+        notes.append(
+            f"step time: fused attention was measured up to {max(hw.kernels.seq_lens):,} tokens; "
+            "longer sequences are priced at that length's rate"
+        )
     if job.precision.fp8 and hw.kernels is not None:
-        notes.append("step time: FP8 matmuls are priced at their measured best rate (MAMF); no FP8 training run is "
-                     "among the model's checks (benchmarks/steptime_accuracy.py)")
+        notes.append(
+            "step time: FP8 matmuls are priced at their measured best rate (MAMF); no FP8 training run is "
+            "among the model's checks (benchmarks/steptime_accuracy.py)"
+        )
     if job.parallel.tp > job.cluster.gpus_per_node:
         notes.append("step time: tensor parallelism across nodes has no measured run among the model's checks")
     return notes
@@ -171,9 +226,15 @@ def _cost_part(job: Job, catalog: Catalog, train_s, states, accelerator, notes: 
     if job.cost.offer:
         offer = catalog.offer(job.cost.offer)
         oc = offer_cost(offer, job.cluster.count, train_s, job.cost.spot)
-        cost.update(offer=offer.name, instances=oc.instances, price_per_hour=oc.price_per_hour,
-                    amount=oc.amount, amount_spot_low=oc.amount_spot_low, currency=oc.currency,
-                    amount_usd=catalog.to_usd(oc.amount, oc.currency))
+        cost.update(
+            offer=offer.name,
+            instances=oc.instances,
+            price_per_hour=oc.price_per_hour,
+            amount=oc.amount,
+            amount_spot_low=oc.amount_spot_low,
+            currency=oc.currency,
+            amount_usd=catalog.to_usd(oc.amount, oc.currency),
+        )
         if oc.price_per_hour is None:
             kind = "spot" if job.cost.spot else "on-demand"
             notes.append(f"{offer.name} has no {kind} price in the catalog: add yours with --catalog my.yaml")
@@ -181,18 +242,30 @@ def _cost_part(job: Job, catalog: Catalog, train_s, states, accelerator, notes: 
             notes.append(f"{oc.idle_devices} device(s) of the last {offer.name} instance are paid for but idle")
         if job.cost.spot and train_s is not None and oc.price_per_hour is not None:
             cost["spot_run"] = _spot_run(job, oc, train_s, states)
-            notes.append(f"spot: {job.cost.interruptions_per_month:.0%} of instances reclaimed per month (an "
-                         "assumption: set cost.interruptions_per_month to your instance's Spot Advisor band)")
+            notes.append(
+                f"spot: {job.cost.interruptions_per_month:.0%} of instances reclaimed per month (an "
+                "assumption: set cost.interruptions_per_month to your instance's Spot Advisor band)"
+            )
     return CostPart(**cost, energy=_energy(job, train_s, accelerator))
 
 
 def _spot_run(job: Job, oc, train_s: float, states) -> dict:
-    run = spot_run(train_s, oc.instances, job.cost.interruptions_per_month,
-                   states.params_bytes + states.optimizer_bytes + states.host_bytes,
-                   job.cost.checkpoint_write_bytes_per_s, job.cost.restart_s)
-    return {"interval_s": run.interval_s, "checkpoint_write_s": run.checkpoint_write_s,
-            "interruptions": run.interruptions, "overhead_fraction": run.overhead_fraction, "wall_s": run.wall_s,
-            "amount": oc.instances * oc.price_per_hour * run.wall_s / 3600}
+    run = spot_run(
+        train_s,
+        oc.instances,
+        job.cost.interruptions_per_month,
+        states.params_bytes + states.optimizer_bytes + states.host_bytes,
+        job.cost.checkpoint_write_bytes_per_s,
+        job.cost.restart_s,
+    )
+    return {
+        "interval_s": run.interval_s,
+        "checkpoint_write_s": run.checkpoint_write_s,
+        "interruptions": run.interruptions,
+        "overhead_fraction": run.overhead_fraction,
+        "wall_s": run.wall_s,
+        "amount": oc.instances * oc.price_per_hour * run.wall_s / 3600,
+    }
 
 
 def _energy(job: Job, train_s, accelerator) -> dict | None:
@@ -201,29 +274,43 @@ def _energy(job: Job, train_s, accelerator) -> dict | None:
         return None
     kwh = job.cluster.count * accelerator.tdp_w * train_s / 3600 * job.cost.pue / 1000
     price, intensity = job.cost.energy_price_per_kwh, job.cost.grid_kg_co2_per_kwh
-    return {"kwh": kwh, "pue": job.cost.pue, "amount": None if price is None else kwh * price,
-            "co2_kg": None if intensity is None else kwh * intensity}
+    return {
+        "kwh": kwh,
+        "pue": job.cost.pue,
+        "amount": None if price is None else kwh * price,
+        "co2_kg": None if intensity is None else kwh * intensity,
+    }
 
 
 def _device_note(held, job: Job) -> str:
     """What the device holds beyond the tensors, so that a reader sees why the fit is decided on more."""
     gib = 2**30
-    return (f"beyond the tensors' {held.allocated_bytes / gib:.1f} GiB the device holds the allocator's pool "
-            f"(+{held.fragmentation_bytes / gib:.1f} GiB fragmentation"
-            f"{' with expandable segments' if job.memory.expandable_segments else ''}, "
-            f"+{held.workspace_bytes / gib:.2f} GiB cuBLAS workspaces: reserved {held.reserved_bytes / gib:.1f} GiB), "
-            f"the CUDA context ({held.context_bytes / gib:.2f} GiB) and communication buffers "
-            f"({held.comm_bytes / gib:.2f} GiB for {int(held.comm_groups)} group(s)"
-            f"{f' of {held.comm_channels} NCCL channels' if held.comm_channels else ''} and {int(held.p2p_peers)} "
-            f"pipeline peer(s)): {held.device_bytes / gib:.1f} GiB as nvidia-smi shows it; the fit is decided on that")
+    return (
+        f"beyond the tensors' {held.allocated_bytes / gib:.1f} GiB the device holds the allocator's pool "
+        f"(+{held.fragmentation_bytes / gib:.1f} GiB fragmentation"
+        f"{' with expandable segments' if job.memory.expandable_segments else ''}, "
+        f"+{held.workspace_bytes / gib:.2f} GiB cuBLAS workspaces: reserved {held.reserved_bytes / gib:.1f} GiB), "
+        f"the CUDA context ({held.context_bytes / gib:.2f} GiB) and communication buffers "
+        f"({held.comm_bytes / gib:.2f} GiB for {int(held.comm_groups)} group(s)"
+        f"{f' of {held.comm_channels} NCCL channels' if held.comm_channels else ''} and {int(held.p2p_peers)} "
+        f"pipeline peer(s)): {held.device_bytes / gib:.1f} GiB as nvidia-smi shows it; the fit is decided on that"
+    )
 
 
 def _overlap_note(job: Job, overlap: dict) -> str:
     """Which communication the step hides, and whether that is the backend's default or the job's choice."""
-    said = {"grad_reduce": job.overlap.grad_reduce, "param_gather": job.overlap.param_gather,
-            "tp_comm": job.overlap.tp_comm or None}
+    said = {
+        "grad_reduce": job.overlap.grad_reduce,
+        "param_gather": job.overlap.param_gather,
+        "tp_comm": job.overlap.tp_comm or None,
+    }
     names = {"grad_reduce": "gradient reduce", "param_gather": "parameter gathers", "tp_comm": "tp collectives"}
-    parts = [f"{names[k]} {'overlapped' if v else 'not overlapped'}" + ("" if said[k] is not None else " (default)")
-             for k, v in overlap.items()]
-    return (f"communication as {job.backend}'s program runs it: " + ", ".join(parts)
-            + "; set overlap.grad_reduce / param_gather / tp_comm (--overlap-grad-reduce, ...) to change")
+    parts = [
+        f"{names[k]} {'overlapped' if v else 'not overlapped'}" + ("" if said[k] is not None else " (default)")
+        for k, v in overlap.items()
+    ]
+    return (
+        f"communication as {job.backend}'s program runs it: "
+        + ", ".join(parts)
+        + "; set overlap.grad_reduce / param_gather / tp_comm (--overlap-grad-reduce, ...) to change"
+    )

@@ -6,6 +6,7 @@ CLI's JSON contract (the same keys in the same order; fields not modelled yet ar
     result.to_dict()                        # == estimate(job), what `toolkit estimate --json` prints
     Estimate.from_dict(data)                # the JSON (or a traced estimate's dict) read back into parts
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,6 +28,7 @@ class ModelPart:
 @dataclass(frozen=True)
 class MemoryPart:
     """Per device, on the busiest device (bytes)."""
+
     params_bytes: float | None = None
     grads_bytes: float | None = None
     optimizer_bytes: float | None = None
@@ -118,8 +120,13 @@ class Estimate:
         """Parts from the JSON contract; keys a part does not know are left out, missing ones are None."""
         parts = {f.name: f.type for f in dataclasses.fields(cls)}
         kwargs = {"job": data.get("job") or {}, "notes": list(data.get("notes") or [])}
-        for name, part in (("model", ModelPart), ("memory", MemoryPart), ("compute", ComputePart),
-                           ("time", TimePart), ("cost", CostPart)):
+        for name, part in (
+            ("model", ModelPart),
+            ("memory", MemoryPart),
+            ("compute", ComputePart),
+            ("time", TimePart),
+            ("cost", CostPart),
+        ):
             known = {f.name for f in dataclasses.fields(part)}
             kwargs[name] = part(**{k: v for k, v in (data.get(name) or {}).items() if k in known})
         assert set(kwargs) == set(parts)

@@ -2,6 +2,7 @@
 what persists through the step by framework, the gradients as backward makes them, FSDP2's and ZeRO-3's gathered
 parameters, and the temporaries of single moments. numpy arrays over layouts, or plain numbers for one job.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,10 +13,17 @@ from ..specs.backends import job_deepspeed_fp32
 from ..specs.job import TORCH_SEMANTICS, Job
 from .activations import ActivationBytes, activation_bytes, element_bytes
 from .params import ParamCount, count_params
-from .states import (StateBytes, adapter_params_per_layer, bf16_optimizer, bytes_per_param, job_stage_layers,
-                     model_state_bytes, params_per_device, vocab_per_rank)
-from .zero_buffers import (Gathered, Reduce, accumulated_grad_bytes, deepspeed_reduce, gathered_params,
-                           pipelined_fsdp)
+from .states import (
+    StateBytes,
+    adapter_params_per_layer,
+    bf16_optimizer,
+    bytes_per_param,
+    job_stage_layers,
+    model_state_bytes,
+    params_per_device,
+    vocab_per_rank,
+)
+from .zero_buffers import Gathered, Reduce, accumulated_grad_bytes, deepspeed_reduce, gathered_params, pipelined_fsdp
 
 __all__ = ["StageTerms", "stage_terms", "optimizer_impl", "ddp_buckets", "trainable_per_device", "degrees"]
 
@@ -23,62 +31,67 @@ __all__ = ["StageTerms", "stage_terms", "optimizer_impl", "ddp_buckets", "traina
 @dataclass(frozen=True)
 class Position:
     """Where the stage sits in the pipeline and the step (arrays over layouts)."""
-    single: object           # no pipelining
-    owns_head: object        # holds the output projection and the loss
-    owns_embedding: object   # holds the token embedding
-    micro_batches: object    # per optimizer step
-    accumulating: object     # more than one micro-batch per step (pipelining included)
-    forwards_first: object   # every forward runs before any backward (GPipe; 1F1B whose warm-up covers the step)
+
+    single: object  # no pipelining
+    owns_head: object  # holds the output projection and the loss
+    owns_embedding: object  # holds the token embedding
+    micro_batches: object  # per optimizer step
+    accumulating: object  # more than one micro-batch per step (pipelining included)
+    forwards_first: object  # every forward runs before any backward (GPipe; 1F1B whose warm-up covers the step)
 
 
 @dataclass(frozen=True)
 class Held:
     """What stays allocated through the step, and the gradients on top of it."""
-    persistent: object       # weights, optimizer states and any buffer kept from start-up
-    grads_full: object       # gradients at the end of backward that are not in `persistent`
-    step_grads: object       # the gradients the optimizer step sees beside `persistent`
-    grad_b: object           # bytes per gradient element
-    main_grads: object       # Megatron's fp32 main-gradient buffer is in `persistent`
-    no_growth: object        # gradients land in a buffer that already exists
-    ds: Reduce               # DeepSpeed's reduce buffers (zeros elsewhere)
+
+    persistent: object  # weights, optimizer states and any buffer kept from start-up
+    grads_full: object  # gradients at the end of backward that are not in `persistent`
+    step_grads: object  # the gradients the optimizer step sees beside `persistent`
+    grad_b: object  # bytes per gradient element
+    main_grads: object  # Megatron's fp32 main-gradient buffer is in `persistent`
+    no_growth: object  # gradients land in a buffer that already exists
+    ds: Reduce  # DeepSpeed's reduce buffers (zeros elsewhere)
 
 
 @dataclass(frozen=True)
 class Gradients:
     """Gradients as backward makes them: head first, then layer by layer, embedding last."""
+
     per_layer_trainable: object
-    layer_grad: object       # one block's, as the rank keeps it
-    head_grad: object        # the head's (and the final norm's), unsharded until FSDP2's post-backward
+    layer_grad: object  # one block's, as the rank keeps it
+    head_grad: object  # the head's (and the final norm's), unsharded until FSDP2's post-backward
     unsharded_grad_b: object  # bytes per element of a gradient before FSDP2 shards it
-    grads_before: object     # made by earlier micro-batches of the step
-    grads_prev: object       # of those, still held when this micro-batch runs
+    grads_before: object  # made by earlier micro-batches of the step
+    grads_prev: object  # of those, still held when this micro-batch runs
 
 
 @dataclass(frozen=True)
 class Temporaries:
     """Tensors that live for one moment of the step."""
+
     tokens: object
-    ffn: object              # this rank's FFN width
-    mlp_temp: object         # the MLP's backward beyond what it held
-    vocab_parallel: object   # torch's vocabulary-parallel loss (tp > 1, torch semantics)
-    logits_grads: object     # the loss's backward
-    logits_bytes: object     # the logits and their fp32 copy, end of forward
-    unpacked: object         # int8: the MLP's inner tensors unpacked to full size in backward
-    autocast_cache: object   # autocast's cached 16-bit weight casts (full recompute)
-    step_cache: object       # the same through backward, inside a pipeline schedule's one autocast context
-    dequant_bytes: object    # QLoRA: one matrix being dequantized
+    ffn: object  # this rank's FFN width
+    mlp_temp: object  # the MLP's backward beyond what it held
+    vocab_parallel: object  # torch's vocabulary-parallel loss (tp > 1, torch semantics)
+    logits_grads: object  # the loss's backward
+    logits_bytes: object  # the logits and their fp32 copy, end of forward
+    unpacked: object  # int8: the MLP's inner tensors unpacked to full size in backward
+    autocast_cache: object  # autocast's cached 16-bit weight casts (full recompute)
+    step_cache: object  # the same through backward, inside a pipeline schedule's one autocast context
+    dequant_bytes: object  # QLoRA: one matrix being dequantized
     recompute_dequant: object  # the same, inside backward (full recompute rebuilds the block)
 
 
 @dataclass(frozen=True)
 class StageTerms:
     """Everything the moments of one stage's step are built from."""
+
     job: Job
-    stage: object            # "first" | "second" | "last", or an array of those
+    stage: object  # "first" | "second" | "last", or an array of those
     states: StateBytes
     acts: ActivationBytes
     counts: ParamCount
-    gathered: Gathered       # FSDP2's and ZeRO-3's gathered parameters
+    gathered: Gathered  # FSDP2's and ZeRO-3's gathered parameters
     position: Position
     held: Held
     grads: Gradients
@@ -123,9 +136,14 @@ def _position(job: Job, stage, acts: ActivationBytes) -> Position:
     micro_batches = np.asarray(1 if job.grad_accum is None else job.grad_accum)
     # GPipe runs every forward before any backward, and so does 1F1B on a stage whose warm-up covers all the
     # step's micro-batches: no gradient exists while the activations pile up
-    return Position(single=single, owns_head=single | (stage == "last"), owns_embedding=single | (stage == "first"),
-                    micro_batches=micro_batches, accumulating=micro_batches > 1,
-                    forwards_first=~single & (acts.in_flight >= micro_batches))
+    return Position(
+        single=single,
+        owns_head=single | (stage == "last"),
+        owns_embedding=single | (stage == "first"),
+        micro_batches=micro_batches,
+        accumulating=micro_batches > 1,
+        forwards_first=~single & (acts.in_flight >= micro_batches),
+    )
 
 
 def _held(job: Job, stage, states: StateBytes, counts: ParamCount, where: Position) -> Held:
@@ -135,11 +153,15 @@ def _held(job: Job, stage, states: StateBytes, counts: ParamCount, where: Positi
     _w, grad_b, _o = bytes_per_param(job)
     persistent = states.params_bytes + states.optimizer_bytes
     grads_full = states.grads_bytes
-    ds = deepspeed_reduce(job, trainable_per_device(job, stage), grad_b, dp,
-                          ends=(np.where(where.owns_embedding, counts.embedding, 0) / tp,
-                                np.where(where.owns_head, counts.head, 0) / tp))
+    ds = deepspeed_reduce(
+        job,
+        trainable_per_device(job, stage),
+        grad_b,
+        dp,
+        ends=(np.where(where.owns_embedding, counts.embedding, 0) / tp, np.where(where.owns_head, counts.head, 0) / tp),
+    )
     persistent = persistent + ds.fixed + ds.staging
-    grads_full = np.where(ds.fixed > 0, 0.0, grads_full)          # (DeepSpeed's ZeRO-3: counted in persistent)
+    grads_full = np.where(ds.fixed > 0, 0.0, grads_full)  # (DeepSpeed's ZeRO-3: counted in persistent)
     # Megatron's fp32 main gradients: one buffer allocated at start-up and zeroed, never freed, so it is there in
     # forward too; each 16-bit gradient is added into it as autograd makes it, and dropped
     bf16_opt = bf16_optimizer(job)
@@ -158,67 +180,96 @@ def _held(job: Job, stage, states: StateBytes, counts: ParamCount, where: Positi
     bucketed = ddp_buckets(job) & ~main_grads
     bucket_is_grads = bucketed & ~where.accumulating
     persistent = persistent + np.where(bucketed, grads_full, 0.0)
-    step_grads = np.where(bucketed, 0.0, grads_full)            # by the step every gradient is a bucket's view
+    step_grads = np.where(bucketed, 0.0, grads_full)  # by the step every gradient is a bucket's view
     grads_full = np.where(bucket_is_grads, 0.0, grads_full)
     # FSDP2 under a pipeline schedule keeps the stage's gradients whole until the step's last backward; the step
     # then sees their shards
-    grads_full = np.where(pipelined_fsdp(job), trainable_per_device(job, stage) * accumulated_grad_bytes(job),
-                          grads_full)
-    return Held(persistent=persistent, grads_full=grads_full, step_grads=step_grads, grad_b=grad_b,
-                main_grads=main_grads, no_growth=main_grads | bucket_is_grads, ds=ds)
+    grads_full = np.where(
+        pipelined_fsdp(job), trainable_per_device(job, stage) * accumulated_grad_bytes(job), grads_full
+    )
+    return Held(
+        persistent=persistent,
+        grads_full=grads_full,
+        step_grads=step_grads,
+        grad_b=grad_b,
+        main_grads=main_grads,
+        no_growth=main_grads | bucket_is_grads,
+        ds=ds,
+    )
 
 
-def _gradients(job: Job, stage, acts: ActivationBytes, counts: ParamCount, gathered: Gathered, where: Position,
-               held: Held) -> Gradients:
+def _gradients(
+    job: Job, stage, acts: ActivationBytes, counts: ParamCount, gathered: Gathered, where: Position, held: Held
+) -> Gradients:
     tp, dp, zero = degrees(job)
     par, lora, ds = job.parallel, job.finetune.adapters, held.ds
     per_layer_trainable = adapter_params_per_layer(job) if lora else counts.per_layer
     piped = pipelined_fsdp(job)
-    layer_grad = np.where(held.no_growth, 0.0,
-                          per_layer_trainable / tp * np.where(piped, accumulated_grad_bytes(job),
-                                                              held.grad_b / np.where(zero >= 2, dp, 1)))
+    layer_grad = np.where(
+        held.no_growth,
+        0.0,
+        per_layer_trainable
+        / tp
+        * np.where(piped, accumulated_grad_bytes(job), held.grad_b / np.where(zero >= 2, dp, 1)),
+    )
     # FSDP2's CPU offload moves each block's sharded gradient to the host once reduce-scattered: none stays
     layer_grad = np.where((gathered.reduce_scatter > 0) & (np.asarray(par.offload) != "none"), 0.0, layer_grad)
-    head_param = np.where(where.owns_head, 0 if lora else (counts.head if counts.head else counts.embedding),
-                          0)  # tied: at the head
+    head_param = np.where(
+        where.owns_head, 0 if lora else (counts.head if counts.head else counts.embedding), 0
+    )  # tied: at the head
     # FSDP2 computes gradients on the gathered (16-bit) weights and shards them at each module's post-backward:
     # the root's (head) until the end of backward, a block's until the block is done
-    unsharded_grad_b = np.where((gathered.reduce_scatter > 0) | held.main_grads | piped,
-                                job.precision.plan.compute_bytes, held.grad_b)
-    head_grad = np.where(held.no_growth, 0.0,
-                         (head_param + np.where(where.owns_head & (not lora), counts.final, 0)) * unsharded_grad_b / tp)
+    unsharded_grad_b = np.where(
+        (gathered.reduce_scatter > 0) | held.main_grads | piped, job.precision.plan.compute_bytes, held.grad_b
+    )
+    head_grad = np.where(
+        held.no_growth,
+        0.0,
+        (head_param + np.where(where.owns_head & (not lora), counts.final, 0)) * unsharded_grad_b / tp,
+    )
     # gradients made by earlier micro-batches of the step; interleaved over one round (m <= p) the last stage
     # runs every backward of its head chunk before any of its other chunks'
     one_round = (np.asarray(par.vpp) > 1) & (where.micro_batches // np.asarray(par.pp) <= 1) & (stage == "last")
-    grads_before = np.where(one_round, head_grad + layer_grad * acts.stage_layers / np.asarray(par.vpp),
-                            held.grads_full)
+    grads_before = np.where(
+        one_round, head_grad + layer_grad * acts.stage_layers / np.asarray(par.vpp), held.grads_full
+    )
     # DeepSpeed's ZeRO-1 reduces at the step's end (and its bucket, once made, stays until then); ZeRO-2 into its
     # partition at every micro-batch
     grads_before = np.select([ds.stage1, ds.grads > 0], [ds.grads, ds.partition], grads_before)
-    grads_prev = np.where(where.accumulating & ~where.forwards_first,
-                          grads_before + np.where(ds.stage1, ds.bucket, 0.0), 0.0)
-    return Gradients(per_layer_trainable=per_layer_trainable, layer_grad=layer_grad, head_grad=head_grad,
-                     unsharded_grad_b=unsharded_grad_b, grads_before=grads_before, grads_prev=grads_prev)
+    grads_prev = np.where(
+        where.accumulating & ~where.forwards_first, grads_before + np.where(ds.stage1, ds.bucket, 0.0), 0.0
+    )
+    return Gradients(
+        per_layer_trainable=per_layer_trainable,
+        layer_grad=layer_grad,
+        head_grad=head_grad,
+        unsharded_grad_b=unsharded_grad_b,
+        grads_before=grads_before,
+        grads_prev=grads_prev,
+    )
 
 
 def _temporaries(job: Job, acts: ActivationBytes, gathered: Gathered, where: Position) -> Temporaries:
     model, par, plan = job.model, job.parallel, job.precision.plan
     tp = np.asarray(par.tp)
     h, vocab = model.hidden, vocab_per_rank(model, tp)
-    tokens = np.asarray(job.batch.micro_batch) * model.seq_len / par.cp    # this rank's share under context parallelism
+    tokens = np.asarray(job.batch.micro_batch) * model.seq_len / par.cp  # this rank's share under context parallelism
     tokens_h = np.where(par.sp, tokens / tp, tokens)
     act, residual = plan.compute_bytes, element_bytes(job)[1]  # (FSDP2 under amp-* casts each block's input to 16-bit)
     # Backward of the MLP, beyond what it held: the incoming gradient, and the gradients of its
     # inner tensors alive together (GELU: one net of the freed input; SwiGLU: two at the product)
     ffn = model.ffn_ / tp
     # (sequence parallelism: the gradient of the all-gathered input is whole until it is reduce-scattered)
-    mlp_temp = ((2 if model.mlp == "swiglu" else 1) * tokens * ffn * act + tokens_h * h * residual
-                + np.where(par.sp, tokens * h * residual, 0.0))
+    mlp_temp = (
+        (2 if model.mlp == "swiglu" else 1) * tokens * ffn * act
+        + tokens_h * h * residual
+        + np.where(par.sp, tokens * h * residual, 0.0)
+    )
     # the loss's backward: the fp32 gradient of the logits and of their log-softmax; torch's vocabulary-parallel
     # loss (tp > 1, toolkit.program.parallel) builds it from three fp32 temporaries, and its forward holds the
     # shifted logits beside the log-softmax. mixed-* modes follow Megatron's program (DeepSpeed's for ZeRO),
     # whose fused kernel holds no more than the plain loss.
-    vocab_parallel = (tp > 1) & (job.precision.mode in TORCH_SEMANTICS)      # mixed-*: Megatron's fused kernel
+    vocab_parallel = (tp > 1) & (job.precision.mode in TORCH_SEMANTICS)  # mixed-*: Megatron's fused kernel
     # int8 saved activations: backward unpacks the MLP's inner tensors to full size next to their gradients
     # (explicit attention's unpacked score matrices: not modelled yet)
     unpacked = (2 if model.mlp == "swiglu" else 1) * tokens * ffn * act if job.memory.act_compress == "int8" else 0.0
@@ -227,23 +278,32 @@ def _temporaries(job: Job, acts: ActivationBytes, gathered: Gathered, where: Pos
     # casts, which full (and per-op) recompute does not otherwise keep.
     q, kv = model.heads * model.head_dim_, model.kv_heads_ * model.head_dim_
     layer_matmuls = 2 * h * q + 2 * h * kv + (3 if model.mlp == "swiglu" else 2) * h * model.ffn_
-    if job.finetune.adapters:                 # autocast caches casts of trainable leaves only: the adapters
+    if job.finetune.adapters:  # autocast caches casts of trainable leaves only: the adapters
         layer_matmuls = adapter_params_per_layer(job)
-    caching = ((plan.family == "amp") & np.isin(job.memory.recompute, ("full", "selective-op"))
-               & (gathered.root == 0) & (gathered.in_backward == 0))
-    autocast_cache = np.where(caching, 2 * acts.stage_layers * layer_matmuls / tp, 0.0)   # head's cast is saved
+    caching = (
+        (plan.family == "amp")
+        & np.isin(job.memory.recompute, ("full", "selective-op"))
+        & (gathered.root == 0)
+        & (gathered.in_backward == 0)
+    )
+    autocast_cache = np.where(caching, 2 * acts.stage_layers * layer_matmuls / tp, 0.0)  # head's cast is saved
     # QLoRA: the top block's down projection, forward: its weight being dequantized, with the unpacked indices
     # (1 byte), their int32 copy for the table lookup and the looked-up levels (toolkit.program.qlora); under full
     # recompute the same happens inside backward, while the block is rebuilt
     dequant = (1 + 4 + 2 + 2) * h * model.ffn_ if job.finetune.method == "qlora" else 0.0
     return Temporaries(
-        tokens=tokens, ffn=ffn, mlp_temp=mlp_temp, vocab_parallel=vocab_parallel,
+        tokens=tokens,
+        ffn=ffn,
+        mlp_temp=mlp_temp,
+        vocab_parallel=vocab_parallel,
         logits_grads=np.where(vocab_parallel, 3, 2) * tokens * vocab * 4,
         logits_bytes=tokens * vocab * ((4 if plan.family == "fp32" else 2 + 4) + np.where(vocab_parallel, 4, 0)),
-        unpacked=unpacked, autocast_cache=autocast_cache,
-        step_cache=np.where(where.single, 0.0, autocast_cache),   # a pipeline schedule runs in one autocast context
+        unpacked=unpacked,
+        autocast_cache=autocast_cache,
+        step_cache=np.where(where.single, 0.0, autocast_cache),  # a pipeline schedule runs in one autocast context
         dequant_bytes=dequant,
-        recompute_dequant=np.where(np.asarray(job.memory.recompute) == "full", dequant, 0.0) if dequant else 0.0)
+        recompute_dequant=np.where(np.asarray(job.memory.recompute) == "full", dequant, 0.0) if dequant else 0.0,
+    )
 
 
 def stage_terms(job: Job, stage, stages_after=None) -> StageTerms:
@@ -255,6 +315,15 @@ def stage_terms(job: Job, stage, stages_after=None) -> StageTerms:
     where = _position(job, stage, acts)
     gathered = gathered_params(job, counts, acts.stage_layers, where.owns_embedding, where.owns_head)
     held = _held(job, stage, states, counts, where)
-    return StageTerms(job=job, stage=stage, states=states, acts=acts, counts=counts, gathered=gathered,
-                      position=where, held=held, grads=_gradients(job, stage, acts, counts, gathered, where, held),
-                      temps=_temporaries(job, acts, gathered, where))
+    return StageTerms(
+        job=job,
+        stage=stage,
+        states=states,
+        acts=acts,
+        counts=counts,
+        gathered=gathered,
+        position=where,
+        held=held,
+        grads=_gradients(job, stage, acts, counts, gathered, where, held),
+        temps=_temporaries(job, acts, gathered, where),
+    )

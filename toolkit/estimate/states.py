@@ -16,6 +16,7 @@ gradient until the backward ends, as the paper counts, then reduces them into th
 partition before the step (toolkit.estimate.memory). Offload moves the named
 states to host memory, reported apart.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -28,9 +29,25 @@ from ..specs.model import ModelSpec
 from ..specs.stages import stage_layer_counts
 from ..specs.params import count_params, projection_shapes, replicated_per_layer, vocab_per_rank
 
-__all__ = ["StateBytes", "adapter_params_per_layer", "bf16_optimizer", "by_stage", "job_stage_layers", "bytes_per_param", "largest_tensor", "model_state_bytes",
-           "nf4_matrix_bytes", "params_per_device", "qlora_block_bytes", "replicated_per_layer", "vocab_per_rank",
-           "ADAM8BIT_BLOCK", "ADAM8BIT_BYTES_PER_PARAM", "NF4_BLOCK", "NF4_SCALE_BLOCK"]
+__all__ = [
+    "StateBytes",
+    "adapter_params_per_layer",
+    "bf16_optimizer",
+    "by_stage",
+    "job_stage_layers",
+    "bytes_per_param",
+    "largest_tensor",
+    "model_state_bytes",
+    "nf4_matrix_bytes",
+    "params_per_device",
+    "qlora_block_bytes",
+    "replicated_per_layer",
+    "vocab_per_rank",
+    "ADAM8BIT_BLOCK",
+    "ADAM8BIT_BYTES_PER_PARAM",
+    "NF4_BLOCK",
+    "NF4_SCALE_BLOCK",
+]
 
 NF4_BLOCK, NF4_SCALE_BLOCK = 64, 256
 """QLoRA's NF4 (toolkit.program.qlora): weights per absmax, absmax values per fp32 scale (double quantization)."""
@@ -100,7 +117,7 @@ def params_per_device(model: ModelSpec, tp=1, pp=1, stage: str | None = None, la
     if layers_by_stage is None:
         layers_by_stage = (model.layers // np.asarray(pp),) * 3
     n_first, n_middle, n_last = layers_by_stage
-    rows = vocab_per_rank(model, tp) * model.hidden              # the busiest rank's share of the vocabulary
+    rows = vocab_per_rank(model, tp) * model.hidden  # the busiest rank's share of the vocabulary
     embedding = rows + (c.embedding - model.vocab * model.hidden) / tp
     first = embedding + c.positions + layer * n_first
     middle = layer * n_middle
@@ -155,8 +172,12 @@ def bf16_optimizer(job: Job):
     gradients). It keeps an fp32 gradient buffer of the whole stage, not sharded, beside the bf16 gradients
     ("4 bytes x params and it's not sharded", BigScience's BLOOM chronicles, 2022-02-28). Arrays in, arrays out."""
     par = job.parallel
-    return ((job.precision.mode == "mixed-bf16") & (job.precision.grad_dtype == "fp32")
-            & (par.backend == "deepspeed") & (np.asarray(par.zero) <= 1))
+    return (
+        (job.precision.mode == "mixed-bf16")
+        & (job.precision.grad_dtype == "fp32")
+        & (par.backend == "deepspeed")
+        & (np.asarray(par.zero) <= 1)
+    )
 
 
 def nf4_matrix_bytes(numel: int) -> float:
@@ -172,7 +193,7 @@ def model_state_bytes(job: Job, stage: str | None = None) -> StateBytes:
     n = params_per_device(job.model, par.tp, par.pp, stage, job_stage_layers(job))
     weight, grad, optimizer = bytes_per_param(job)
     trainable = n
-    if job.finetune.adapters:                      # frozen base: only the adapters train
+    if job.finetune.adapters:  # frozen base: only the adapters train
         trainable = adapter_params_per_layer(job) * (job.model.layers // np.asarray(par.pp)) / par.tp
         n = n + trainable
     # context-parallel ranks hold the same weights and reduce gradients with the data-parallel ones: ZeRO shards
@@ -180,23 +201,26 @@ def model_state_bytes(job: Job, stage: str | None = None) -> StateBytes:
     # (HSDP shards over dp / dp_replicate of them and keeps dp_replicate copies)
     dp = np.maximum(np.asarray(1 if par.dp is None else par.dp) * par.cp // np.asarray(par.dp_replicate), 1)
     zero, offload = np.asarray(par.zero), np.asarray(par.offload)
-    ds32 = job_deepspeed_fp32(job)                 # DeepSpeed's program in fp32: its ZeRO-2 keeps whole weights
+    ds32 = job_deepspeed_fp32(job)  # DeepSpeed's program in fp32: its ZeRO-2 keeps whole weights
     torch_semantics = (job.precision.mode in TORCH_SEMANTICS) & ~ds32
     shard_weights = np.where((zero == 3) | ((zero == 2) & torch_semantics), dp, 1)
     params_b = n * weight / shard_weights
-    if job.finetune.method == "qlora":     # the blocks' frozen matrices in NF4 instead (LoRA layouts: replicas)
+    if job.finetune.method == "qlora":  # the blocks' frozen matrices in NF4 instead (LoRA layouts: replicas)
         matrices, nf4, biases = qlora_block_bytes(job)
         stage_layers = job.model.layers // np.asarray(par.pp)
-        compute = 2                        # NF4Linear keeps its bias in the 16-bit compute dtype
+        compute = 2  # NF4Linear keeps its bias in the 16-bit compute dtype
         params_b = params_b + stage_layers * (nf4 - matrices * weight + biases * (compute - weight))
     grads_b = trainable * grad / np.where(zero >= 2, dp, 1)
-    grads_b = grads_b + np.where(bf16_optimizer(job), trainable * 2, 0.0)     # its bf16 gradients beside the fp32
+    grads_b = grads_b + np.where(bf16_optimizer(job), trainable * 2, 0.0)  # its bf16 gradients beside the fp32
     optimizer_b = trainable * optimizer / np.where(zero >= 1, dp, 1)
     if np.any(torch_semantics) and not job.finetune.adapters and job.model.has_shape:
         # torch's ZeRO-1 (ZeroRedundancyOptimizer) gives whole tensors to ranks: no rank holds less than the
         # largest one (GPT-2's tied embedding is over half the model)
-        optimizer_b = np.where((zero == 1) & torch_semantics,
-                               np.maximum(optimizer_b, largest_tensor(job.model, par.tp) * optimizer), optimizer_b)
+        optimizer_b = np.where(
+            (zero == 1) & torch_semantics,
+            np.maximum(optimizer_b, largest_tensor(job.model, par.tp) * optimizer),
+            optimizer_b,
+        )
     offload_params = offload == "params"
     offload_optimizer = offload_params | (offload == "optimizer")
     host = np.where(offload_optimizer, optimizer_b, 0.0) + np.where(offload_params, params_b + grads_b, 0.0)
@@ -208,9 +232,9 @@ def model_state_bytes(job: Job, stage: str | None = None) -> StateBytes:
     if np.any(zero_offload) and job.model.has_shape:
         accumulating = (np.asarray(1 if job.grad_accum is None else job.grad_accum) > 1) & (zero == 2)
         counts = count_params(job.model)
-        whole = np.asarray(par.pp) == 1          # (pipelines: the stage's ends are not modelled here)
+        whole = np.asarray(par.pp) == 1  # (pipelines: the stage's ends are not modelled here)
         ends = (np.where(whole, counts.embedding, 0) / par.tp, np.where(whole, counts.head, 0) / par.tp)
-        summed = np.where(accumulating, weight * zero_partition_params(trainable, dp, ends), 0.0)   # whole tensors
+        summed = np.where(accumulating, weight * zero_partition_params(trainable, dp, ends), 0.0)  # whole tensors
         staging = np.where(zero < 3, weight * largest_tensor(job.model, par.tp), 0.0)
         host = host + np.where(zero_offload, trainable * (4 + weight) / dp + summed + staging, 0.0)
         grads_b = np.where(zero_offload, 0.0, grads_b)
@@ -220,9 +244,12 @@ def model_state_bytes(job: Job, stage: str | None = None) -> StateBytes:
     m = job.model
     pairs = 1 if job.memory.program == "cpu" else np.asarray(par.vpp)
     rope_tables = m.seq_len * m.head_dim_ * weight * pairs if m.has_shape and m.position == "rope" else 0
-    return StateBytes(params_bytes=np.where(offload_params, 0.0, params_b) + rope_tables,
-                      grads_bytes=np.where(offload_params, 0.0, grads_b),
-                      optimizer_bytes=np.where(offload_optimizer, 0.0, optimizer_b), host_bytes=host)
+    return StateBytes(
+        params_bytes=np.where(offload_params, 0.0, params_b) + rope_tables,
+        grads_bytes=np.where(offload_params, 0.0, grads_b),
+        optimizer_bytes=np.where(offload_optimizer, 0.0, optimizer_b),
+        host_bytes=host,
+    )
 
 
 def job_stage_layers(job: Job):

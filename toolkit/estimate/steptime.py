@@ -34,6 +34,7 @@ then pp, as Megatron places ranks), else each device gets its share of the node'
 marked as assumptions below are not published per device; `benchmarks/steptime_checks.py`
 compares the resulting MFU with published runs. Every function accepts array-valued layouts.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -44,25 +45,46 @@ import numpy as np
 from ..specs.catalog import Catalog
 from ..specs.errors import SpecError
 from ..specs.job import Job, compute_dtype
-from .comm import (TP_HEAD_COLLECTIVES, TP_LOSS_COLLECTIVES, backends, bus_bw_bytes_per_s, data_parallel_s,
-                   is_megatron,
-                   latency_s, overlap_settings, ring_attention_s, ring_s, tp_collectives_per_block,
-                   tp_embedding_collectives)
+from .comm import (
+    TP_HEAD_COLLECTIVES,
+    TP_LOSS_COLLECTIVES,
+    backends,
+    bus_bw_bytes_per_s,
+    data_parallel_s,
+    is_megatron,
+    latency_s,
+    overlap_settings,
+    ring_attention_s,
+    ring_s,
+    tp_collectives_per_block,
+    tp_embedding_collectives,
+)
 from .elementwise import loss_bytes_per_token, memory_bound_bytes_per_token
 from .flops import flops_per_token
 from .kernels import FA_BACKWARD_FACTOR, KernelProfile, attention_fraction, attention_kernel_of, gemm_s, kernel_profile
 from .overhead import fixed_costs_s, host_s, op_units
 from .phases import optimizer_impl
-from .states import (adapter_params_per_layer, bytes_per_param, job_stage_layers, model_state_bytes,
-                     params_per_device)
+from .states import adapter_params_per_layer, bytes_per_param, job_stage_layers, model_state_bytes, params_per_device
 
-__all__ = ["Hardware", "Assumptions", "StepTime", "hardware_for", "step_time", "block_matmul_shapes", "op_units",
-           "node_network_bytes_per_s", "network_figure", "ASSUMED_NETWORK_BITS_PER_DEVICE", "thin_factor"]
+__all__ = [
+    "Hardware",
+    "Assumptions",
+    "StepTime",
+    "hardware_for",
+    "step_time",
+    "block_matmul_shapes",
+    "op_units",
+    "node_network_bytes_per_s",
+    "network_figure",
+    "ASSUMED_NETWORK_BITS_PER_DEVICE",
+    "thin_factor",
+]
 
 
 @dataclass(frozen=True)
 class Assumptions:
     """Figures no datasheet gives; each is a knob, and the benchmark says how well they hold."""
+
     gemm_fraction: float = 0.70
     """Share of dense peak a large matmul reaches in a real training step. Chosen once, on Megatron's 1T run
     (Korthikanti et al. 2022, Table 5: tp 8, pp 64, selective recompute and sequence parallelism, fp16,
@@ -198,7 +220,7 @@ def hardware_for(job: Job, catalog: Catalog) -> Hardware | None:
     cl = job.cluster
     intra = cl.intra_node_bw_bytes_per_s or (acc.link_bw_bytes_per_s / 2 if acc.link_bw_bytes_per_s else None)
     if intra is None and cl.count == 1:
-        intra = float("inf")                  # one device sends nothing: an unknown link does not matter
+        intra = float("inf")  # one device sends nothing: an unknown link does not matter
     node_net, _where = network_figure(job, catalog)
     if peak is None or acc.memory_bw_bytes_per_s is None or intra is None:
         return None
@@ -210,15 +232,24 @@ def hardware_for(job: Job, catalog: Catalog) -> Hardware | None:
         known = {f.name for f in dataclasses.fields(Assumptions)}
         wrong = sorted(set(acc.assumptions) - known)
         if wrong:
-            raise SpecError(f"{acc.name}.assumptions.{wrong[0]}", acc.assumptions[wrong[0]],
-                            f"unknown figure; allowed: {', '.join(sorted(known))}")
+            raise SpecError(
+                f"{acc.name}.assumptions.{wrong[0]}",
+                acc.assumptions[wrong[0]],
+                f"unknown figure; allowed: {', '.join(sorted(known))}",
+            )
         measured = dataclasses.replace(Assumptions(), **acc.assumptions)
     memory_bw = acc.memory_bw_bytes_per_s * (kernels.memory_fraction if kernels else 1.0)
-    return Hardware(peak_flops=peak, memory_bw_bytes_per_s=memory_bw, intra_bw_bytes_per_s=intra,
-                    inter_bw_bytes_per_s=node_net / cl.gpus_per_node, gpus_per_node=cl.gpus_per_node,
-                    matmul_peak_flops=fp8, assumptions=measured, kernels=kernels,
-                    allreduce_bus_bw_bytes_per_s=None if cl.intra_node_bw_bytes_per_s
-                    else acc.allreduce_bus_bw_bytes_per_s)
+    return Hardware(
+        peak_flops=peak,
+        memory_bw_bytes_per_s=memory_bw,
+        intra_bw_bytes_per_s=intra,
+        inter_bw_bytes_per_s=node_net / cl.gpus_per_node,
+        gpus_per_node=cl.gpus_per_node,
+        matmul_peak_flops=fp8,
+        assumptions=measured,
+        kernels=kernels,
+        allreduce_bus_bw_bytes_per_s=None if cl.intra_node_bw_bytes_per_s else acc.allreduce_bus_bw_bytes_per_s,
+    )
 
 
 @dataclass(frozen=True)
@@ -256,8 +287,17 @@ class StepTime:
 
     @property
     def step_s(self):
-        return (self.compute_s + self.memory_bound_s + self.overhead_s + self.tp_comm_s + self.cp_comm_s
-                + self.dp_comm_exposed_s + self.pp_comm_s + self.bubble_s + self.optimizer_s)
+        return (
+            self.compute_s
+            + self.memory_bound_s
+            + self.overhead_s
+            + self.tp_comm_s
+            + self.cp_comm_s
+            + self.dp_comm_exposed_s
+            + self.pp_comm_s
+            + self.bubble_s
+            + self.optimizer_s
+        )
 
     @property
     def tokens_per_s(self):
@@ -269,16 +309,27 @@ class StepTime:
 
     def breakdown(self) -> dict:
         """Seconds per part (the keys of the JSON contract's `time.breakdown`)."""
-        parts = ("compute_s", "memory_bound_s", "overhead_s", "tp_comm_s", "cp_comm_s", "dp_comm_exposed_s",
-                 "pp_comm_s", "bubble_s", "optimizer_s")
+        parts = (
+            "compute_s",
+            "memory_bound_s",
+            "overhead_s",
+            "tp_comm_s",
+            "cp_comm_s",
+            "dp_comm_exposed_s",
+            "pp_comm_s",
+            "bubble_s",
+            "optimizer_s",
+        )
         return {name: getattr(self, name) for name in parts}
 
 
 def _roofline_s(m, k, n, elem: float, hw: Hardware, a: Assumptions):
     """One matmul (m×k)·(k×n): FLOP-bound at gemm_fraction of peak (slower where a dimension is thin), or bound by
     moving its operands."""
-    return np.maximum(2.0 * m * k * n * thin_factor(m, k, n, a.gemm_half_size) / (hw.gemm_peak * a.gemm_fraction),
-                      elem * (m * k + k * n + m * n) / hw.memory_bw_bytes_per_s)
+    return np.maximum(
+        2.0 * m * k * n * thin_factor(m, k, n, a.gemm_half_size) / (hw.gemm_peak * a.gemm_fraction),
+        elem * (m * k + k * n + m * n) / hw.memory_bw_bytes_per_s,
+    )
 
 
 def thin_factor(m, k, n, half_size: float):
@@ -306,11 +357,13 @@ def _gemm_efficiency(job: Job, hw: Hardware, a: Assumptions):
     shapes = block_matmul_shapes(job)
     if hw.kernels is not None:
         prof = hw.kernels
-        if hw.matmul_peak_flops and prof.gemm_fraction_fp8:        # FP8 matmuls at FP8's own achieved share
+        if hw.matmul_peak_flops and prof.gemm_fraction_fp8:  # FP8 matmuls at FP8's own achieved share
             prof = dataclasses.replace(prof, gemm_fraction=prof.gemm_fraction_fp8)
         flops = sum(3 * 2.0 * x * y * z for x, y, z in shapes)
+
         def run(m, k, n):  # noqa: E306
             return gemm_s(m, k, n, hw.gemm_peak, hw.memory_bw_bytes_per_s, elem, prof)
+
         seconds = sum(run(x, y, z) + run(x, z, y) + run(y, x, z) for x, y, z in shapes)  # forward, dgrad, wgrad
         return flops / (seconds * hw.gemm_peak)
     flops = sum(2.0 * x * y * z for x, y, z in shapes)
@@ -330,7 +383,7 @@ def _attention_efficiency(job: Job, hw: Hardware, a: Assumptions):
     m = job.model
     s, d = m.seq_len, m.head_dim_
     elem = job.precision.plan.compute_bytes
-    flops = 2 * (2.0 * s * s * d)                        # q·kᵀ and probs·v of one head
+    flops = 2 * (2.0 * s * s * d)  # q·kᵀ and probs·v of one head
     seconds = _roofline_s(s, d, s, elem, hw, a) + _roofline_s(s, s, d, elem, hw, a)
     return flops / (seconds * hw.gemm_peak)
 
@@ -343,8 +396,10 @@ def _fused_attention_fraction(job: Job, prof: KernelProfile):
     causal = not m.encoder
     megatron, deepspeed, _torch = backends(job)
     chosen = job.memory.attention_kernel
-    rate = {b: attention_fraction(prof, attention_kernel_of(prof, b, chosen), seq, m.head_dim_, causal)
-            for b in ("torch", "megatron", "deepspeed")}
+    rate = {
+        b: attention_fraction(prof, attention_kernel_of(prof, b, chosen), seq, m.head_dim_, causal)
+        for b in ("torch", "megatron", "deepspeed")
+    }
     return np.where(megatron, rate["megatron"], np.where(deepspeed, rate["deepspeed"], rate["torch"]))
 
 
@@ -353,28 +408,41 @@ def _compute_s(job: Job, hw: Hardware, a: Assumptions, tokens, eff):
     under tp); projections and MLP at the shapes' roofline efficiency `eff`, the attention products at theirs,
     recomputed forwards included; and the attention products alone (what a context-parallel ring hides behind)."""
     eager = job.memory.attention == "eager"
-    tf = flops_per_token(job, causal=not eager)          # an eager core multiplies the whole (masked) matrix
+    tf = flops_per_token(job, causal=not eager)  # an eager core multiplies the whole (masked) matrix
     recompute = np.asarray(job.memory.recompute)
-    megatron = is_megatron(job)      # its checkpoint reruns a whole region; torch's stops at the last product
+    megatron = is_megatron(job)  # its checkpoint reruns a whole region; torch's stops at the last product
     core_again = np.where(megatron, tf.attention, tf.attention / 2 if eager else tf.attention)  # nothing saved
     # per-op recompute reruns an eager core whole (o needs its output); a fused kernel's output is saved
     op_core = 0.0 if job.memory.attention == "flash" else tf.attention
-    attn_recompute = np.select([recompute == "full", recompute == "selective", recompute == "selective-op"],
-                               [tf.attention, core_again, op_core], 0.0)
-    proj_recompute = np.select([recompute == "full", recompute == "selective-op"],
-                               [np.where(megatron, tf.layer_matmuls, tf.recompute - tf.attention),
-                                tf.recompute - op_core], 0.0)
+    attn_recompute = np.select(
+        [recompute == "full", recompute == "selective", recompute == "selective-op"],
+        [tf.attention, core_again, op_core],
+        0.0,
+    )
+    proj_recompute = np.select(
+        [recompute == "full", recompute == "selective-op"],
+        [np.where(megatron, tf.layer_matmuls, tf.recompute - tf.attention), tf.recompute - op_core],
+        0.0,
+    )
     scale = tokens / np.asarray(job.parallel.tp) / hw.gemm_peak
     # FP8 runs the linear layers only (Transformer Engine): the attention products stay at the 16-bit peak. A
     # measured fused kernel's rate is in FlashAttention's count (backward 2.5× the forward); else 2×
     passes = 1 + (FA_BACKWARD_FACTOR if hw.kernels is not None and job.memory.attention != "eager" else 2.0)
-    attention_s = tokens / np.asarray(job.parallel.tp) / hw.peak_flops * passes * tf.attention / job.model.layers \
+    attention_s = (
+        tokens
+        / np.asarray(job.parallel.tp)
+        / hw.peak_flops
+        * passes
+        * tf.attention
+        / job.model.layers
         / _attention_efficiency(job, hw, a)
+    )
     # frozen weights (LoRA, QLoRA) need no weight gradient: forward and input gradient only (the adapters' own
     # products are a rank-r sliver, left out)
     passes_w = 2 if job.finetune.adapters else 3
-    block_s = scale * (passes_w * tf.layer_matmuls + proj_recompute) / job.model.layers / eff \
-        + attention_s * (1 + attn_recompute / (passes * tf.attention))
+    block_s = scale * (passes_w * tf.layer_matmuls + proj_recompute) / job.model.layers / eff + attention_s * (
+        1 + attn_recompute / (passes * tf.attention)
+    )
     return block_s, scale * passes_w * tf.head / eff, attention_s
 
 
@@ -386,7 +454,7 @@ def step_time(job: Job, hw: Hardware, a: Assumptions | None = None) -> StepTime:
     dp, tp, pp, vpp, cp = (np.asarray(x) for x in (par.dp, par.tp, par.pp, par.vpp, par.cp))
     micro = np.asarray(job.batch.micro_batch)
     devices = job.cluster.count
-    accum = np.maximum(job.batch.global_batch // (micro * dp), 1)     # invalid layouts (0) are filtered by the grid
+    accum = np.maximum(job.batch.global_batch // (micro * dp), 1)  # invalid layouts (0) are filtered by the grid
     tokens_step = job.batch.global_batch * m.seq_len
     per_token = flops_per_token(job)
     eff = _gemm_efficiency(job, hw, a)
@@ -394,8 +462,12 @@ def step_time(job: Job, hw: Hardware, a: Assumptions | None = None) -> StepTime:
 
     # ---- where groups sit: tp innermost, then cp, dp, pp (Megatron's order) -----------------------------
     g = hw.gpus_per_node
-    p2p_bw = lambda inside: np.where(inside, hw.intra_bw_bytes_per_s * a.link_efficiency,  # noqa: E731
-                                     hw.inter_bw_bytes_per_s * a.network_efficiency)
+
+    def p2p_bw(inside):
+        return np.where(
+            inside, hw.intra_bw_bytes_per_s * a.link_efficiency, hw.inter_bw_bytes_per_s * a.network_efficiency
+        )
+
     tp_bus = bus_bw_bytes_per_s(tp, 1, hw, a)
     cp_inside, pp_inside = tp * cp <= g, devices <= g
 
@@ -423,8 +495,11 @@ def step_time(job: Job, hw: Hardware, a: Assumptions | None = None) -> StepTime:
     def stage(layers, owns_embedding, owns_head):
         owns_embedding, owns_head = owns_embedding | single, owns_head | single
         matmuls_s = block_s * layers + np.where(owns_head, head_s, 0.0)
-        tp_all_s = tp_layer_s * layers + np.where(owns_embedding, tp_embedding_collectives(job) * tp_allreduce_s, 0.0) \
+        tp_all_s = (
+            tp_layer_s * layers
+            + np.where(owns_embedding, tp_embedding_collectives(job) * tp_allreduce_s, 0.0)
             + np.where(owns_head, TP_HEAD_COLLECTIVES * tp_allreduce_s + tp_loss_s, 0.0)
+        )
         tp_s = np.where(overlap_tp, np.maximum(tp_all_s - matmuls_s, 0.0), tp_all_s)
         memory_s = bytes_layer * layers / hw.memory_bw_bytes_per_s + np.where(owns_head, loss_s, 0.0)
         return matmuls_s / sustained, memory_s / sustained, tp_s, cp_ring_s * layers
@@ -432,8 +507,11 @@ def step_time(job: Job, hw: Hardware, a: Assumptions | None = None) -> StepTime:
     first, middle, last = job_stage_layers(job)
     parts = [stage(first, True, False), stage(middle, False, False), stage(last, False, True)]
     totals = [sum(p) for p in parts]
-    busiest = np.where(totals[2] >= np.maximum(totals[0], np.where(pp > 2, totals[1], 0)), 2,
-                       np.where((pp > 2) & (totals[1] > totals[0]), 1, 0))
+    busiest = np.where(
+        totals[2] >= np.maximum(totals[0], np.where(pp > 2, totals[1], 0)),
+        2,
+        np.where((pp > 2) & (totals[1] > totals[0]), 1, 0),
+    )
     pick = lambda i: np.choose(busiest, [p[i] for p in parts])  # noqa: E731
     compute_s, memory_s, tp_s, cp_s = (pick(i) * accum for i in range(4))
     pick_layers = np.choose(busiest, [first, middle, last])
@@ -448,22 +526,35 @@ def step_time(job: Job, hw: Hardware, a: Assumptions | None = None) -> StepTime:
     pp_s = np.where(pp > 1, 2 * accum * vpp * (block_act / tp / p2p_bw(pp_inside) + pp_latency), 0.0)
 
     overhead_s = fixed_costs_s(job, a, pick_layers, accum, single | (busiest == 2))
-    if hw.kernels is not None:       # the host launches asynchronously: its time shows only past the device's
+    if hw.kernels is not None:  # the host launches asynchronously: its time shows only past the device's
         host_busy_s = host_s(job, hw.kernels, pick_layers, accum, single | (busiest == 2))
         overhead_s = np.maximum(host_busy_s - (compute_s + memory_s + tp_s), 0.0)
 
     # ---- data parallel / ZeRO: over dp × cp (context-parallel ranks hold the same weights) ----------------
     trainable = _trainable(job)
-    dp_s, exposed = data_parallel_s(job, hw, a, trainable, dp * cp, tp, accum,
-                                    (compute_s + memory_s) / accum, np.maximum(pick_layers, 1))
+    dp_s, exposed = data_parallel_s(
+        job, hw, a, trainable, dp * cp, tp, accum, (compute_s + memory_s) / accum, np.maximum(pick_layers, 1)
+    )
     optimizer_s = _optimizer_s(job, hw, a, trainable, dp * cp)
 
-    return StepTime(compute_s=compute_s, memory_bound_s=memory_s, overhead_s=overhead_s, tp_comm_s=tp_s,
-                    cp_comm_s=cp_s,
-                    dp_comm_exposed_s=exposed, pp_comm_s=pp_s, bubble_s=bubble_s, optimizer_s=optimizer_s,
-                    model_flops=per_token.model * tokens_step, tokens=tokens_step, devices=devices,
-                    peak_flops=hw.peak_flops, gemm_efficiency=eff,
-                    dp_comm_s=dp_s, stage_micro_s=tuple(totals))
+    return StepTime(
+        compute_s=compute_s,
+        memory_bound_s=memory_s,
+        overhead_s=overhead_s,
+        tp_comm_s=tp_s,
+        cp_comm_s=cp_s,
+        dp_comm_exposed_s=exposed,
+        pp_comm_s=pp_s,
+        bubble_s=bubble_s,
+        optimizer_s=optimizer_s,
+        model_flops=per_token.model * tokens_step,
+        tokens=tokens_step,
+        devices=devices,
+        peak_flops=hw.peak_flops,
+        gemm_efficiency=eff,
+        dp_comm_s=dp_s,
+        stage_micro_s=tuple(totals),
+    )
 
 
 def _optimizer_s(job: Job, hw: Hardware, a: Assumptions, trainable, replicas):
@@ -475,8 +566,9 @@ def _optimizer_s(job: Job, hw: Hardware, a: Assumptions, trainable, replicas):
     shard = np.where(zero >= 1, replicas, 1)
     states = model_state_bytes(job)
     impl_factor = 1.0 if optimizer_impl(job) == "fused" else UNFUSED_OPTIMIZER_FACTOR
-    device_s = 2 * impl_factor * (states.params_bytes + states.grads_bytes + states.optimizer_bytes) \
-        / hw.memory_bw_bytes_per_s
+    device_s = (
+        2 * impl_factor * (states.params_bytes + states.grads_bytes + states.optimizer_bytes) / hw.memory_bw_bytes_per_s
+    )
     if a.optimizer_params_per_s:
         device_s = np.maximum(device_s, trainable / shard / a.optimizer_params_per_s)
     host_s = trainable / shard / a.host_adam_params_per_s + trainable * (grad_b + weight_b) / shard / a.pcie_bytes_per_s

@@ -2,6 +2,7 @@
 reduce-scatter input (torch semantics), DeepSpeed's reduce bucket, its flattened copy and the gradient partition
 (mixed-* semantics). toolkit.estimate.memory places them in the phases of a step; each is checked against FSDP2
 on a fake process group and DeepSpeed on gloo ranks (toolkit.trace)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,14 +20,15 @@ __all__ = ["Gathered", "Reduce", "deepspeed_reduce", "gathered_block_bytes", "ga
 @dataclass(frozen=True)
 class Gathered:
     """Unsharded parameters alive outside the optimizer step, in bytes (see gathered_params)."""
-    blocks: float = 0.0            # every block, gathered from its forward to its backward (ZeRO-2)
-    root: float = 0.0              # embeddings, head and final norm, gathered all forward and backward
-    at_loss: float = 0.0           # blocks gathered when backward starts (ZeRO-3: the prefetched last one)
-    in_backward: float = 0.0       # blocks gathered during a block's backward (ZeRO-3: it and the next)
-    reduce_scatter: float = 0.0    # one block's unsharded gradients in the reduce-scatter input
-    block: float = 0.0             # one gathered block
-    prefetch: float = 0.0          # of in_backward, the next block's prefetch (none below the bottom block)
-    forward_tail: float = 0.0      # ZeRO-2: the last block's all-gather output, kept until backward starts
+
+    blocks: float = 0.0  # every block, gathered from its forward to its backward (ZeRO-2)
+    root: float = 0.0  # embeddings, head and final norm, gathered all forward and backward
+    at_loss: float = 0.0  # blocks gathered when backward starts (ZeRO-3: the prefetched last one)
+    in_backward: float = 0.0  # blocks gathered during a block's backward (ZeRO-3: it and the next)
+    reduce_scatter: float = 0.0  # one block's unsharded gradients in the reduce-scatter input
+    block: float = 0.0  # one gathered block
+    prefetch: float = 0.0  # of in_backward, the next block's prefetch (none below the bottom block)
+    forward_tail: float = 0.0  # ZeRO-2: the last block's all-gather output, kept until backward starts
 
 
 def pipelined_fsdp(job: Job):
@@ -66,32 +68,39 @@ def gathered_params(job: Job, counts, stage_layers, owns_embedding, owns_head) -
     zero = np.asarray(par.zero)
     compute_bytes = job.precision.plan.compute_bytes
     block = gathered_block_bytes(job, counts) / np.asarray(par.tp)
-    head_copy = counts.head if counts.head else np.where(owns_embedding, 0, counts.embedding)   # (tied: a copy)
-    root = (np.where(owns_embedding, counts.embedding + counts.positions, 0)
-            + np.where(owns_head, head_copy + counts.final, 0)) / np.asarray(par.tp) * compute_bytes
-    reduce_scatter = counts.per_layer / np.asarray(par.tp) * job.precision.plan.weight_bytes   # (the grads' dtype)
-    torch_semantics = (mode in TORCH_SEMANTICS) & ~job_deepspeed_fp32(job)      # (DeepSpeed's fp32: not FSDP2)
+    head_copy = counts.head if counts.head else np.where(owns_embedding, 0, counts.embedding)  # (tied: a copy)
+    root = (
+        (
+            np.where(owns_embedding, counts.embedding + counts.positions, 0)
+            + np.where(owns_head, head_copy + counts.final, 0)
+        )
+        / np.asarray(par.tp)
+        * compute_bytes
+    )
+    reduce_scatter = counts.per_layer / np.asarray(par.tp) * job.precision.plan.weight_bytes  # (the grads' dtype)
+    torch_semantics = (mode in TORCH_SEMANTICS) & ~job_deepspeed_fp32(job)  # (DeepSpeed's fp32: not FSDP2)
     piped = pipelined_fsdp(job)
-    zero2 = torch_semantics & ((zero == 2) | piped)                   # every block stays gathered
+    zero2 = torch_semantics & ((zero == 2) | piped)  # every block stays gathered
     zero3 = torch_semantics & (zero == 3) & ~piped
     deepspeed3 = ~torch_semantics & (zero == 3)
-    head = (counts.head or counts.embedding) / np.asarray(par.tp) * compute_bytes       # (tied: the embedding)
+    head = (counts.head or counts.embedding) / np.asarray(par.tp) * compute_bytes  # (tied: the embedding)
     fsdp = zero2 | zero3
     # over one rank FSDP2 gathers nothing: each module's unsharded parameters are made from its shard as it runs
     # (torch's FSDPParamGroup.unshard returns early, wait_for_unshard copies): no block prefetched ahead of its
     # use, no all-gather output held past it
-    gathers = np.asarray(par.dp) // np.asarray(par.dp_replicate) > 1     # (HSDP gathers within a shard group)
+    gathers = np.asarray(par.dp) // np.asarray(par.dp_replicate) > 1  # (HSDP gathers within a shard group)
     return Gathered(
         blocks=np.where(zero2, block * stage_layers, 0.0),
         root=np.where(fsdp, root, 0.0),
         # DeepSpeed's ZeRO-3 keeps up to two blocks' worth of parameters live: the head, gathered for its backward,
         # and as much of the top block as fits beside it (none beside a head larger than that)
         at_loss=np.select([zero3 & gathers, deepspeed3], [block, np.maximum(head, 2 * block)], 0.0),
-        in_backward=np.where(zero3 | deepspeed3, np.where(zero3 & ~gathers, 1, 2) * block, 0.0),   # (ZeRO-2's:
-        reduce_scatter=np.where(fsdp & ~piped, reduce_scatter, 0.0),   # in `blocks`; pipelines: reduce-scattered
-        block=block,                                                   # after the last backward)
+        in_backward=np.where(zero3 | deepspeed3, np.where(zero3 & ~gathers, 1, 2) * block, 0.0),  # (ZeRO-2's:
+        reduce_scatter=np.where(fsdp & ~piped, reduce_scatter, 0.0),  # in `blocks`; pipelines: reduce-scattered
+        block=block,  # after the last backward)
         prefetch=np.where(zero3 & gathers, block, 0.0),
-        forward_tail=np.where(zero2 & ~piped & gathers, block, 0.0))
+        forward_tail=np.where(zero2 & ~piped & gathers, block, 0.0),
+    )
 
 
 @dataclass(frozen=True)
@@ -104,13 +113,14 @@ class Reduce:
     last micro-batch's backward is over, holding every gradient until then. ZeRO-3 makes its bucket
     and partition at start-up. With ZeRO-Offload the partitions live on the host (states.py), and
     stages 1 and 2 keep a staging buffer the size of the largest tensor on the device. Checked against DeepSpeed 0.19 on gloo ranks (toolkit.trace.zero)."""
-    bucket: float = 0.0            # the reduce bucket, from the first gradient of a backward to its end
-    fixed: float = 0.0             # ZeRO-3: its gradient partition and reduce bucket, made at start-up
-    flat_copy: float = 0.0         # a bucket's contents, flattened for the reduction
-    partition: float = 0.0         # this rank's gradient partition, from the first reduction to the step
-    grads: float = 0.0             # every 16-bit gradient of the stage, whole
+
+    bucket: float = 0.0  # the reduce bucket, from the first gradient of a backward to its end
+    fixed: float = 0.0  # ZeRO-3: its gradient partition and reduce bucket, made at start-up
+    flat_copy: float = 0.0  # a bucket's contents, flattened for the reduction
+    partition: float = 0.0  # this rank's gradient partition, from the first reduction to the step
+    grads: float = 0.0  # every 16-bit gradient of the stage, whole
     stage1: bool | np.ndarray = False
-    staging: float = 0.0           # ZeRO-Offload: a buffer the size of the largest tensor, kept on the device
+    staging: float = 0.0  # ZeRO-Offload: a buffer the size of the largest tensor, kept on the device
 
     def flushed(self, made: float):
         """1 where a bucket has already been reduced once `made` bytes of gradients exist."""
@@ -124,28 +134,39 @@ def deepspeed_reduce(job: Job, params: float, grad_b: float, dp, ends=(0.0, 0.0)
     ds32 = job_deepspeed_fp32(job)
     if (job.precision.mode in TORCH_SEMANTICS and not np.any(ds32)) or not np.any(zero > 0):
         return Reduce()
-    weight_b = job.precision.plan.weight_bytes          # DeepSpeed's buckets are in the weights' dtype
+    weight_b = job.precision.plan.weight_bytes  # DeepSpeed's buckets are in the weights' dtype
     grads_bytes = params * grad_b
     # ZeRO-1/2's gradient partition holds every parameter its range touches, whole (ZeRO-3 splits each parameter)
     partition_bytes = np.where(zero == 3, params / dp, zero_partition_params(params, dp, ends)) * grad_b
     # ZeRO-Offload copies each reduced slice to the host: no partition on the device (ZeRO-2 holds nothing there
     # between micro-batches; ZeRO-1 still keeps whole gradients until the last one)
     offload = np.asarray(par.offload) == "optimizer"
-    bf16_opt = bf16_optimizer(job)       # (it reduces its fp32 buffer at the step: no bucket, no 16-bit partition)
+    bf16_opt = bf16_optimizer(job)  # (it reduces its fp32 buffer at the step: no bucket, no 16-bit partition)
     partition_bytes = np.where(bf16_opt, 0.0, partition_bytes)
-    program = (job.precision.mode not in TORCH_SEMANTICS) | ds32      # the layouts DeepSpeed's engine runs
+    program = (job.precision.mode not in TORCH_SEMANTICS) | ds32  # the layouts DeepSpeed's engine runs
     on = ((zero == 1) | (zero == 2)) & ~bf16_opt & program
     partition_bytes = np.where(offload & on, 0.0, partition_bytes)
-    staging = np.where(offload & on,
-                       weight_b * np.maximum(np.maximum(*ends), largest_matrix(job) / np.asarray(par.tp)), 0.0)
-    bucket_bytes = int(job.training.bucket_cap_mb * 2**20 / weight_b) * weight_b     # as deepspeed_config sets it
+    staging = np.where(
+        offload & on, weight_b * np.maximum(np.maximum(*ends), largest_matrix(job) / np.asarray(par.tp)), 0.0
+    )
+    bucket_bytes = int(job.training.bucket_cap_mb * 2**20 / weight_b) * weight_b  # as deepspeed_config sets it
     bucket = np.where(on, bucket_bytes, 0.0)
     # (ZeRO-3 with ZeRO-Offload: its gradient partition is on the host, its bucket still on the device)
-    fixed = np.select([(zero == 3) & (np.asarray(par.offload) == "none") & program, (zero == 3) & offload & program],
-                      [partition_bytes + bucket_bytes, bucket_bytes], 0.0)
+    fixed = np.select(
+        [(zero == 3) & (np.asarray(par.offload) == "none") & program, (zero == 3) & offload & program],
+        [partition_bytes + bucket_bytes, bucket_bytes],
+        0.0,
+    )
     partition_bytes = np.where(program, partition_bytes, 0.0)
-    return Reduce(bucket=bucket, fixed=fixed, flat_copy=np.minimum(bucket, grads_bytes), partition=partition_bytes,
-                   grads=np.where(on, grads_bytes, 0.0), stage1=on & (zero == 1), staging=staging)
+    return Reduce(
+        bucket=bucket,
+        fixed=fixed,
+        flat_copy=np.minimum(bucket, grads_bytes),
+        partition=partition_bytes,
+        grads=np.where(on, grads_bytes, 0.0),
+        stage1=on & (zero == 1),
+        staging=staging,
+    )
 
 
 def largest_matrix(job: Job) -> int:

@@ -1,4 +1,5 @@
 """Planning: search layouts and offers for the fastest or cheapest fitting run; the doctor. No torch."""
+
 from .search import pareto_front, search
 
 __all__ = ["search", "pareto_front"]

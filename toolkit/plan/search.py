@@ -12,6 +12,7 @@ stages, sequence parallelism, ZeRO stage, offload, micro-batch, recompute) is ev
 the same numpy code `toolkit estimate` runs (toolkit.estimate.grid, memory, steptime): no second
 copy of any formula. Fields the user fixed (a flag or a job-file value) are not varied.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -58,7 +59,7 @@ def _clusters(catalog: Catalog, gpus: tuple[int, str] | None, offers: list[str] 
         while count <= limit:
             out.append((catalog.accelerator(offer.accelerator).name, count, offer.name))
             count *= 2
-        if count == offer.count:        # even one instance is above the limit
+        if count == offer.count:  # even one instance is above the limit
             raise SpecError("--max-gpus", max_gpus, f"is below one {offer.name} instance ({offer.count} devices)")
     return out
 
@@ -74,13 +75,14 @@ def _axes(job: Job, devices: int, fixed: set[str]) -> dict:
             continue
         if name == "tp":
             values = [t for t in values if m.heads % t == 0 and m.kv_heads_ % t == 0 and devices % t == 0]
-        if name == "cp":    # a ring step needs enough tokens to hide its sends: at least 8K a rank (Llama 3: 128K on 16)
-            values = [c for c in values if m.seq_len % (2 * c) == 0 and m.seq_len // c >= MIN_CP_TOKENS
-                      and devices % c == 0] or [1]
+        if name == "cp":  # a ring step needs enough tokens to hide its sends: at least 8K a rank (Llama 3: 128K on 16)
+            values = [
+                c for c in values if m.seq_len % (2 * c) == 0 and m.seq_len // c >= MIN_CP_TOKENS and devices % c == 0
+            ] or [1]
         if name == "pp":
-            values = [p for p in values if uneven_fits(m.layers, p) and devices % p == 0]    # uneven stages too
-        if name == "dp_replicate" and devices > job.cluster.gpus_per_node:   # HSDP as torchtitan runs it: shard
-            values = [1, devices // job.cluster.gpus_per_node]             # within a node, a copy per node
+            values = [p for p in values if uneven_fits(m.layers, p) and devices % p == 0]  # uneven stages too
+        if name == "dp_replicate" and devices > job.cluster.gpus_per_node:  # HSDP as torchtitan runs it: shard
+            values = [1, devices // job.cluster.gpus_per_node]  # within a node, a copy per node
         axes[name] = list(values)
     return axes
 
@@ -97,8 +99,10 @@ def _resolve_base(base: Job, catalog: Catalog) -> Job:
             raise
         fewer = dataclasses.replace(base.cluster, count=math.gcd(count, batch))
         resolved = base.replace(cluster=fewer).resolve(catalog)[0]
-        return resolved.replace(cluster=dataclasses.replace(resolved.cluster, count=count),
-                                parallel=dataclasses.replace(resolved.parallel, dp=count))
+        return resolved.replace(
+            cluster=dataclasses.replace(resolved.cluster, count=count),
+            parallel=dataclasses.replace(resolved.parallel, dp=count),
+        )
 
 
 def pareto_front(times: np.ndarray, costs: np.ndarray) -> np.ndarray:
@@ -112,9 +116,19 @@ def pareto_front(times: np.ndarray, costs: np.ndarray) -> np.ndarray:
     return np.array(front, dtype=int)
 
 
-def search(job: Job, catalog: Catalog, *, gpus: tuple[int, str] | None = None, offers: list[str] | None = None,
-           objective: str = "time", max_gpus: int | None = None, deadline_days: float | None = None,
-           top: int = 10, fixed: set[str] = frozenset(), runnable: bool = False) -> dict:
+def search(
+    job: Job,
+    catalog: Catalog,
+    *,
+    gpus: tuple[int, str] | None = None,
+    offers: list[str] | None = None,
+    objective: str = "time",
+    max_gpus: int | None = None,
+    deadline_days: float | None = None,
+    top: int = 10,
+    fixed: set[str] = frozenset(),
+    runnable: bool = False,
+) -> dict:
     """Evaluate every (cluster, layout), keep those that fit (and with `runnable`, those `toolkit train` can train:
     toolkit.capability), and return the best `top` and the Pareto front."""
     if objective not in ("time", "cost"):
@@ -125,16 +139,30 @@ def search(job: Job, catalog: Catalog, *, gpus: tuple[int, str] | None = None, o
         raise SpecError("--objective", "cost", "needs prices: give --offers (or --offer) as well")
     evaluated, refusals, blocks, per_billion = 0, [], [], False
     for accelerator, count, offer_name in _clusters(catalog, gpus, offers, max_gpus):
-        base = job.replace(cluster=dataclasses.replace(job.cluster, accelerator=accelerator, count=count),
-                           parallel=dataclasses.replace(job.parallel, dp=None, tp=1, pp=1, vpp=1, cp=1, sp=False,
-                                                        zero=0, dp_replicate=1, offload="none", stage_layers=None, partition=None),
-                           cost=dataclasses.replace(job.cost, offer=offer_name or job.cost.offer))
+        base = job.replace(
+            cluster=dataclasses.replace(job.cluster, accelerator=accelerator, count=count),
+            parallel=dataclasses.replace(
+                job.parallel,
+                dp=None,
+                tp=1,
+                pp=1,
+                vpp=1,
+                cp=1,
+                sp=False,
+                zero=0,
+                dp_replicate=1,
+                offload="none",
+                stage_layers=None,
+                partition=None,
+            ),
+            cost=dataclasses.replace(job.cost, offer=offer_name or job.cost.offer),
+        )
         try:
             resolved = _resolve_base(base, catalog)
         except SpecError as err:
             refusals.append(f"{count}x{accelerator}: {err}")
             continue
-        if resolved.tokens is None and resolved.workload == "finetune":     # ranked per billion tokens
+        if resolved.tokens is None and resolved.workload == "finetune":  # ranked per billion tokens
             resolved = resolved.replace(tokens=PER_TOKENS)
             per_billion = True
         elif resolved.tokens is None:
@@ -149,19 +177,26 @@ def search(job: Job, catalog: Catalog, *, gpus: tuple[int, str] | None = None, o
         acc = catalog.accelerator(accelerator)
         usable = acc.memory_bytes * (1 - resolved.memory.headroom_fraction)
         peak = np.broadcast_to(np.asarray(mem.peak_bytes, dtype=float), (len(grid),))
-        held = device_memory(grid.job, peak, acc)      # what the device really holds decides the fit
+        held = device_memory(grid.job, peak, acc)  # what the device really holds decides the fit
         device_peak = np.broadcast_to(np.asarray(held.device_bytes, dtype=float), (len(grid),))
         reserved_peak = np.broadcast_to(np.asarray(held.reserved_bytes, dtype=float), (len(grid),))
         st = step_time(grid.job, hw)
         train_s = resolved.tokens / np.broadcast_to(np.asarray(st.tokens_per_s, dtype=float), (len(grid),))
         offer = catalog.offer(resolved.cost.offer) if resolved.cost.offer else None
-        price = None if offer is None else (offer.spot_per_hour_high if resolved.cost.spot else offer.on_demand_per_hour)
+        price = (
+            None if offer is None else (offer.spot_per_hour_high if resolved.cost.spot else offer.on_demand_per_hour)
+        )
         instances = math.ceil(count / offer.count) if offer is not None else None
-        if price is not None and resolved.cost.spot:      # interruptions cost wall time (Young/Daly checkpoints)
+        if price is not None and resolved.cost.spot:  # interruptions cost wall time (Young/Daly checkpoints)
             states = model_state_bytes(grid.job)
-            train_s = spot_run(train_s, instances, resolved.cost.interruptions_per_month,
-                               states.params_bytes + states.optimizer_bytes + states.host_bytes,
-                               resolved.cost.checkpoint_write_bytes_per_s, resolved.cost.restart_s).wall_s
+            train_s = spot_run(
+                train_s,
+                instances,
+                resolved.cost.interruptions_per_month,
+                states.params_bytes + states.optimizer_bytes + states.host_bytes,
+                resolved.cost.checkpoint_write_bytes_per_s,
+                resolved.cost.restart_s,
+            ).wall_s
         cost = train_s / 3600 * instances * price if price is not None else np.full(len(grid), np.nan)
         cost_usd = catalog.to_usd(cost, offer.currency) if offer is not None else cost
         ok = grid.valid & (device_peak <= usable)
@@ -169,49 +204,86 @@ def search(job: Job, catalog: Catalog, *, gpus: tuple[int, str] | None = None, o
             ok &= np.broadcast_to(runnable_mask(grid.job), ok.shape)
         if deadline_days is not None:
             ok &= train_s <= deadline_days * 86400
-        blocks.append({"grid": grid, "mem": peak, "reserved": reserved_peak, "device": device_peak, "st": st,
-                       "band": band(regime_of(hw)), "network": _network(resolved, catalog),
-                       "train_s": train_s, "cost": cost, "cost_usd": cost_usd,
-                       "ok": ok,
-                       "accelerator": accelerator, "devices": count, "offer": resolved.cost.offer,
-                       "instances": instances, "usable": usable, "currency": offer.currency if offer else None,
-                       "global_batch": resolved.batch.global_batch, "tokens": resolved.tokens})
+        blocks.append(
+            {
+                "grid": grid,
+                "mem": peak,
+                "reserved": reserved_peak,
+                "device": device_peak,
+                "st": st,
+                "band": band(regime_of(hw)),
+                "network": _network(resolved, catalog),
+                "train_s": train_s,
+                "cost": cost,
+                "cost_usd": cost_usd,
+                "ok": ok,
+                "accelerator": accelerator,
+                "devices": count,
+                "offer": resolved.cost.offer,
+                "instances": instances,
+                "usable": usable,
+                "currency": offer.currency if offer else None,
+                "global_batch": resolved.batch.global_batch,
+                "tokens": resolved.tokens,
+            }
+        )
 
     # rank all fitting layouts of all clusters together, then describe only the ones shown
     which = [(b, i) for b in blocks for i in np.flatnonzero(b["ok"])]
     times = np.array([b["train_s"][i] for b, i in which]) if which else np.zeros(0)
-    costs = np.array([b["cost_usd"][i] for b, i in which]) if which else np.zeros(0)   # one currency to rank
+    costs = np.array([b["cost_usd"][i] for b, i in which]) if which else np.zeros(0)  # one currency to rank
     priced = costs[~np.isnan(costs)].size == costs.size and costs.size > 0
     sort_cost = np.where(np.isnan(costs), np.inf, costs)
     order = np.lexsort((times, sort_cost)) if objective == "cost" else np.lexsort((sort_cost, times))
     plans = [_describe(*which[i]) for i in order[:top]]
-    budget = {"actions": SIMULATED_ACTIONS}           # and each pipeline simulated, by its times
+    budget = {"actions": SIMULATED_ACTIONS}  # and each pipeline simulated, by its times
     for plan in plans:
         _simulate_pipeline(plan, job, budget)
     _mark_within_error(plans, objective)
     pareto = [_describe(*which[i]) for i in pareto_front(times, costs)] if priced else []
-    return {"evaluated": evaluated, "fitting": len(which), "objective": objective, "runnable_only": runnable,
-            "per_billion_tokens": per_billion,
-            "plans": plans, "pareto": pareto, "refused_clusters": refusals}
+    return {
+        "evaluated": evaluated,
+        "fitting": len(which),
+        "objective": objective,
+        "runnable_only": runnable,
+        "per_billion_tokens": per_billion,
+        "plans": plans,
+        "pareto": pareto,
+        "refused_clusters": refusals,
+    }
 
 
 def _describe(block: dict, i: int) -> dict:
     """One plan as plain values: where, which layout, its memory, step time, days and cost."""
     st, n = block["st"], len(block["grid"])
     pick = lambda v: float(np.broadcast_to(np.asarray(v, dtype=float), (n,))[i])  # noqa: E731
-    return {"accelerator": block["accelerator"], "devices": block["devices"], "offer": block["offer"],
-            "instances": block["instances"], "layout": block["grid"].layout(int(i)),
-            "global_batch": block["global_batch"], "tokens": block["tokens"], "network": block["network"],
-            "peak_bytes": float(block["mem"][i]), "reserved_peak_bytes": float(block["reserved"][i]),
-            "device_peak_bytes": float(block["device"][i]), "usable_bytes": block["usable"],
-            "step_s": pick(st.step_s), "tokens_per_s": pick(st.tokens_per_s), "mfu": pick(st.mfu),
-            "step_s_range": [pick(st.step_s) / (1 + block["band"]["error_high"]),
-                             pick(st.step_s) / (1 + block["band"]["error_low"])],
-            "train_days": float(block["train_s"][i] / 86400),
-            "cost": None if np.isnan(block["cost"][i]) else float(block["cost"][i]), "currency": block["currency"],
-            "cost_usd": None if np.isnan(block["cost_usd"][i]) else float(block["cost_usd"][i]),
-            "breakdown": {k: pick(v) for k, v in st.breakdown().items()},
-            "stage_micro_s": [pick(v) for v in st.stage_micro_s]}
+    return {
+        "accelerator": block["accelerator"],
+        "devices": block["devices"],
+        "offer": block["offer"],
+        "instances": block["instances"],
+        "layout": block["grid"].layout(int(i)),
+        "global_batch": block["global_batch"],
+        "tokens": block["tokens"],
+        "network": block["network"],
+        "peak_bytes": float(block["mem"][i]),
+        "reserved_peak_bytes": float(block["reserved"][i]),
+        "device_peak_bytes": float(block["device"][i]),
+        "usable_bytes": block["usable"],
+        "step_s": pick(st.step_s),
+        "tokens_per_s": pick(st.tokens_per_s),
+        "mfu": pick(st.mfu),
+        "step_s_range": [
+            pick(st.step_s) / (1 + block["band"]["error_high"]),
+            pick(st.step_s) / (1 + block["band"]["error_low"]),
+        ],
+        "train_days": float(block["train_s"][i] / 86400),
+        "cost": None if np.isnan(block["cost"][i]) else float(block["cost"][i]),
+        "currency": block["currency"],
+        "cost_usd": None if np.isnan(block["cost_usd"][i]) else float(block["cost_usd"][i]),
+        "breakdown": {k: pick(v) for k, v in st.breakdown().items()},
+        "stage_micro_s": [pick(v) for v in st.stage_micro_s],
+    }
 
 
 def _network(job: Job, catalog: Catalog) -> dict:
@@ -251,8 +323,7 @@ def _simulate_pipeline(plan: dict, job: Job, budget: dict) -> None:
         return
     m = plan["global_batch"] // (lay["micro_batch"] * lay["dp"])
     actions = 2 * m * p * v
-    closed_s = sum(plan["breakdown"][k] for k in ("compute_s", "memory_bound_s", "tp_comm_s", "cp_comm_s",
-                                                   "bubble_s"))
+    closed_s = sum(plan["breakdown"][k] for k in ("compute_s", "memory_bound_s", "tp_comm_s", "cp_comm_s", "bubble_s"))
     plan["pipeline"] = {"closed_form_s": closed_s, "simulated_s": None, "bubble_fraction": None}
     key = (p, v, m, tuple(round(t, 12) for t in plan["stage_micro_s"]))
     if key not in budget:
@@ -268,9 +339,15 @@ def _simulated(plan: dict, job: Job, p: int, v: int, m: int) -> dict:
     first_s, _middle_s, last_s = plan["stage_micro_s"]
     per_layer_s = first_s / sum(sizes[0::p])
     chunk_s = [per_layer_s * n for n in sizes]
-    chunk_s[-1] += last_s - per_layer_s * sum(sizes[p - 1::p])          # the output projection
-    timeline = simulate("interleaved" if v > 1 else job.parallel.schedule, p, m, v,
-                        forward_s=[t / 3 for t in chunk_s], backward_s=[2 * t / 3 for t in chunk_s])
+    chunk_s[-1] += last_s - per_layer_s * sum(sizes[p - 1 :: p])  # the output projection
+    timeline = simulate(
+        "interleaved" if v > 1 else job.parallel.schedule,
+        p,
+        m,
+        v,
+        forward_s=[t / 3 for t in chunk_s],
+        backward_s=[2 * t / 3 for t in chunk_s],
+    )
     return {"simulated_s": timeline.step_s, "bubble_fraction": timeline.bubble_fraction}
 
 
@@ -279,9 +356,13 @@ def plan_job(job: Job, plan: dict) -> Job:
     lay = plan["layout"]
     return job.replace(
         cluster=dataclasses.replace(job.cluster, accelerator=plan["accelerator"], count=plan["devices"]),
-        parallel=dataclasses.replace(job.parallel, stage_layers=None, partition=None,   # (the plan's split rule)
-                                     **{k: lay[k] for k in ("dp", "tp", "pp", "vpp", "cp", "sp", "zero", "dp_replicate",
-                                                            "offload")}),
+        parallel=dataclasses.replace(
+            job.parallel,
+            stage_layers=None,
+            partition=None,  # (the plan's split rule)
+            **{k: lay[k] for k in ("dp", "tp", "pp", "vpp", "cp", "sp", "zero", "dp_replicate", "offload")},
+        ),
         batch=dataclasses.replace(job.batch, micro_batch=lay["micro_batch"]),
         memory=dataclasses.replace(job.memory, recompute=lay["recompute"]),
-        cost=dataclasses.replace(job.cost, offer=plan["offer"] or job.cost.offer))
+        cost=dataclasses.replace(job.cost, offer=plan["offer"] or job.cost.offer),
+    )

@@ -3,6 +3,7 @@ handed to DeepSpeed's engine), and the optimizer that steps it. toolkit.train.lo
 
     prog = build_program(job, torch_precision(mode), device, device_mesh(job, device.type))
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -21,8 +22,17 @@ from .precision import MasterWeights, use_fp32_norms
 from .qlora import apply_qlora
 from .layout import Layout
 
-__all__ = ["Program", "build_program", "build_model", "build_pipeline", "deepspeed_program", "backward_micro_batch",
-           "step_optimizer", "steppers", "LoadWeights"]
+__all__ = [
+    "Program",
+    "build_program",
+    "build_model",
+    "build_pipeline",
+    "deepspeed_program",
+    "backward_micro_batch",
+    "step_optimizer",
+    "steppers",
+    "LoadWeights",
+]
 
 LoadWeights = Callable[[torch.nn.Module], None]
 """Loads a run's starting weights into the freshly built model (the runner's; the program reads no files)."""
@@ -37,8 +47,13 @@ def build_model(job: Job, param_dtype: torch.dtype, load_weights: LoadWeights | 
     if job.finetune.method == "lora":
         apply_lora(model, job.finetune.rank, job.finetune.alpha, job.finetune.targets)
     elif job.finetune.method == "qlora":
-        apply_qlora(model, job.finetune.rank, job.finetune.alpha, job.finetune.targets,
-                    compute_dtype=torch.float16 if compute_dtype(job.precision.mode) == "fp16" else torch.bfloat16)
+        apply_qlora(
+            model,
+            job.finetune.rank,
+            job.finetune.alpha,
+            job.finetune.targets,
+            compute_dtype=torch.float16 if compute_dtype(job.precision.mode) == "fp16" else torch.bfloat16,
+        )
     if job.training.fp32_norm:
         use_fp32_norms(model)
     return model
@@ -48,6 +63,7 @@ def build_model(job: Job, param_dtype: torch.dtype, load_weights: LoadWeights | 
 class Program:
     """What the set-up built for this rank: the module forward and backward call (DDP, the FSDP2 root or the
     model itself), the plain model beneath it (names as in the whole model), and what steps it."""
+
     model: torch.nn.Module
     raw: torch.nn.Module
     optimizer: torch.optim.Optimizer
@@ -78,7 +94,7 @@ def build_program(job: Job, plan, device: torch.device, mesh, load_weights: Load
         return build_pipeline(job, plan, device, mesh, load_weights)
     if job.backend == "deepspeed":
         return _build_deepspeed(job, plan, load_weights)
-    torch.manual_seed(job.training.seed)                      # the same initial weights on every rank
+    torch.manual_seed(job.training.seed)  # the same initial weights on every rank
     raw = build_model(job, plan.param_dtype, load_weights).to(device)
     main_grads = job.precision.grad_dtype == "fp32"
     # fp32 main gradients are all-reduced by hand once per step, as Megatron does: no DDP around them
@@ -86,9 +102,9 @@ def build_program(job: Job, plan, device: torch.device, mesh, load_weights: Load
     zero1 = job.parallel.zero == 1 and mesh is not None
     master, params, optimizer = steppers(job, plan, raw, mesh["dp"].get_group() if zero1 else None)
     layout = Layout(sharded=is_sharded(job) and mesh is not None, zero1=zero1)
-    reduce_grads = None                 # (the tensors are looked up at each call: gradients are set to None)
+    reduce_grads = None  # (the tensors are looked up at each call: gradients are set to None)
     if main_grads and mesh is not None:
-        reduce_grads = lambda: all_reduce_mean(master.grad_buffers(), flatten=False)             # noqa: E731
+        reduce_grads = lambda: all_reduce_mean(master.grad_buffers(), flatten=False)  # noqa: E731
     elif needs_grad_all_reduce(job, mesh):
         reduce_grads = lambda: all_reduce_mean([p.grad for p in params], mesh["dp"].get_group())  # noqa: E731
     return Program(model, raw, optimizer, master, params, layout, reduce_grads)
@@ -114,6 +130,7 @@ def deepspeed_program(job: Job, raw: torch.nn.Module) -> Program:
     """DeepSpeed's engine around a built model (the tracer builds its engine under its tracker: it sees every
     flat buffer DeepSpeed makes)."""
     from .deepspeed import deepspeed_engine
+
     params = [p for p in raw.parameters() if p.requires_grad]
     engine, optimizer = deepspeed_engine(job, raw, build_optimizer(job, params))
     return Program(engine, engine.module, optimizer, None, params, Layout(), engine=engine)
@@ -125,40 +142,58 @@ def build_pipeline(job: Job, plan, device: torch.device, mesh, load_weights: Loa
     optimizer (ZeroRedundancyOptimizer over dp at ZeRO-1) and schedule; replicas over dp average gradients by
     hand."""
     from . import pipeline
+
     torch.manual_seed(job.training.seed)
     whole = build_model(job, plan.param_dtype, load_weights)
     pp_rank = mesh["pp"].get_local_rank()
     stages = pipeline.split_stages(whole, job, pp_rank).to(device)
-    name_of = {id(p): n for n, p in whole.named_parameters()}          # a tied head is the embedding's name
+    name_of = {id(p): n for n, p in whole.named_parameters()}  # a tied head is the embedding's name
     whole_names = {name: name_of[id(p)] for name, p in stages.named_parameters()}
     keys = pipeline.stage_state_keys(stages, job, pp_rank)
-    del whole                                   # the other stages' weights go with it
+    del whole  # the other stages' weights go with it
     tp_mesh = mesh["tp"] if job.parallel.tp > 1 else None
-    if tp_mesh is not None:                     # (replaces the parameters: names, not identities, carry over)
+    if tp_mesh is not None:  # (replaces the parameters: names, not identities, carry over)
         for stage in stages:
             tensor_parallel(stage, tp_mesh, sequence_parallel=job.parallel.sp, local_logits=True)
     fsdp = job.parallel.zero >= 2
-    if fsdp:                                    # each chunk its own FSDP2 root over dp (torch's schedule drives it)
+    if fsdp:  # each chunk its own FSDP2 root over dp (torch's schedule drives it)
         for stage in stages:
             apply_fsdp(stage, job, fsdp_mesh(mesh, job), pin_memory=device.type == "cuda")
-    zero1 = job.parallel.zero == 1 and mesh["dp"].size() > 1      # each stage's replicas share out its states
-    layout = Layout(sharded=fsdp, zero1=zero1, stage_keys=keys,
-                    stage_params={id(p): whole_names[n] for n, p in stages.named_parameters()})
+    zero1 = job.parallel.zero == 1 and mesh["dp"].size() > 1  # each stage's replicas share out its states
+    layout = Layout(
+        sharded=fsdp,
+        zero1=zero1,
+        stage_keys=keys,
+        stage_params={id(p): whole_names[n] for n, p in stages.named_parameters()},
+    )
     params = [p for p in stages.parameters() if p.requires_grad]
     optimizer = build_optimizer(job, params, zero1_group=mesh["dp"].get_group() if zero1 else None)
     pp_group = mesh["pp"].get_group()
     clock = pipeline.StageClock()
     schedule = pipeline.build_schedule(stages, job, device, pp_group, clock, tp_mesh)
     tied = pipeline.embedding_group(job, mesh)
-    dp_group = mesh["dp"].get_group() if mesh["dp"].size() > 1 and not fsdp else None   # FSDP2 reduce-scatters
+    dp_group = mesh["dp"].get_group() if mesh["dp"].size() > 1 and not fsdp else None  # FSDP2 reduce-scatters
 
     def reduce_grads():
         pipeline.sum_tied_grads(stages, tied)
         if dp_group is not None:
             all_reduce_mean([p.grad for p in params], dp_group)
-    return Program(stages, stages, optimizer, None, params, layout, reduce_grads, schedule=schedule,
-                    pp_rank=pp_rank, stage_group=pp_group, counted=pipeline.counted_params(stages, job), clock=clock,
-                    tp_mesh=tp_mesh)
+
+    return Program(
+        stages,
+        stages,
+        optimizer,
+        None,
+        params,
+        layout,
+        reduce_grads,
+        schedule=schedule,
+        pp_rank=pp_rank,
+        stage_group=pp_group,
+        counted=pipeline.counted_params(stages, job),
+        clock=clock,
+        tp_mesh=tp_mesh,
+    )
 
 
 def backward_micro_batch(prog: Program, scaler, loss: torch.Tensor, accum: int, last: bool) -> None:
@@ -175,7 +210,7 @@ def backward_micro_batch(prog: Program, scaler, loss: torch.Tensor, accum: int, 
 def step_optimizer(prog: Program, scaler, scale_before: float | None) -> bool:
     """The update; True if it was skipped (fp16 overflow: the loss scale falls)."""
     if prog.engine is not None:
-        prog.engine.step()                   # the accumulation boundary: clip, step, reduce or gather, zero
+        prog.engine.step()  # the accumulation boundary: clip, step, reduce or gather, zero
         return not prog.engine.was_step_applied()
     scaler.step(prog.optimizer)
     scaler.update()

@@ -9,6 +9,7 @@ DeepSpeed owns what happens between the forward and the update: 16-bit weights w
 ZeRO-Offload, gradient accumulation (it divides each micro-batch's loss) and clipping. Its checkpoints are its
 own (toolkit.train.checkpoint.deepspeed).
 """
+
 from __future__ import annotations
 
 import logging
@@ -33,11 +34,15 @@ def import_deepspeed():
         import deepspeed
         import deepspeed.ops
     except ImportError as missing:
-        raise SpecError("parallel.backend", "deepspeed", "needs the deepspeed package (pip install deepspeed); or "
-                                                         "train with the torch backend") from missing
+        raise SpecError(
+            "parallel.backend",
+            "deepspeed",
+            "needs the deepspeed package (pip install deepspeed); or train with the torch backend",
+        ) from missing
     from deepspeed.utils import logger
+
     logger.setLevel(logging.WARNING)
-    warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")   # DeepSpeed's old calls
+    warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")  # DeepSpeed's old calls
     if not torch.cuda.is_available():
         deepspeed.ops.__compatible_ops__ = {}
     return deepspeed
@@ -46,10 +51,11 @@ def import_deepspeed():
 def deepspeed_engine(job: Job, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
     """(engine, DeepSpeed's optimizer) for this rank; the process group is the one already running."""
     deepspeed = import_deepspeed()
-    if not torch.distributed.is_initialized():     # one process: DeepSpeed still wants a process group
+    if not torch.distributed.is_initialized():  # one process: DeepSpeed still wants a process group
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         torch.distributed.init_process_group(backend, store=torch.distributed.HashStore(), rank=0, world_size=1)
-        os.environ.setdefault("LOCAL_RANK", "0")        # (DeepSpeed reads it; a launcher would have set it)
-    engine, ds_optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=deepspeed_config(job),
-                                                      dist_init_required=False)
+        os.environ.setdefault("LOCAL_RANK", "0")  # (DeepSpeed reads it; a launcher would have set it)
+    engine, ds_optimizer, _, _ = deepspeed.initialize(
+        model=model, optimizer=optimizer, config=deepspeed_config(job), dist_init_required=False
+    )
     return engine, ds_optimizer

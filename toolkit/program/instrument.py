@@ -5,6 +5,7 @@ device's peak, so that a trace on fake tensors (toolkit.trace) and a run's recor
     tracker = DeviceTracker(); tracker.track_external(model, optimizer)
     with tracker: ...; snapshot(tracker, "peak")          # bytes by category on the CPU device
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -14,8 +15,18 @@ import torch
 
 from ..compat import FSDPMemTracker, MemRefType, MemTracker
 
-__all__ = ["DeviceTracker", "StageTracker", "FSDPDeviceTracker", "FSDP_HOST", "fsdp_host_bytes", "snapshot",
-           "offloaded_shard_bytes", "offload_host_bytes", "storage_bytes", "optimizer_states"]
+__all__ = [
+    "DeviceTracker",
+    "StageTracker",
+    "FSDPDeviceTracker",
+    "FSDP_HOST",
+    "fsdp_host_bytes",
+    "snapshot",
+    "offloaded_shard_bytes",
+    "offload_host_bytes",
+    "storage_bytes",
+    "optimizer_states",
+]
 
 
 class _NoHook:
@@ -144,9 +155,15 @@ def offload_host_tensors(zero) -> list:
     buffer the size of the largest parameter and (accumulating) each parameter's gradient summed so far; at
     stage 3 the 16-bit gradient partition."""
     states = optimizer_states(zero)
-    if hasattr(zero, "fp32_partitioned_groups_flat"):                                      # stage 3
+    if hasattr(zero, "fp32_partitioned_groups_flat"):  # stage 3
         fp32 = list(zero.fp32_partitioned_groups_flat)
         return fp32 + [t.grad for t in fp32] + states + [zero.grad_partitions_flat_buffer]
     fp32 = list(zero.single_partition_of_fp32_groups)
-    return (fp32 + [t.grad for t in fp32] + states + list(zero.param_buffer_of_bit16_for_cpu_offload_groups)
-            + [zero.temp_grad_buffer_for_cpu_offload] + list(zero.accumulated_grads_in_cpu.values()))
+    return (
+        fp32
+        + [t.grad for t in fp32]
+        + states
+        + list(zero.param_buffer_of_bit16_for_cpu_offload_groups)
+        + [zero.temp_grad_buffer_for_cpu_offload]
+        + list(zero.accumulated_grads_in_cpu.values())
+    )

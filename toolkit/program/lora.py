@@ -5,6 +5,7 @@
 y = base(x) + B(A(x)) · alpha / rank, with A (rank × in) initialised like nn.Linear and B
 (out × rank) zero, so training starts from the base model. Every other parameter is frozen.
 """
+
 from __future__ import annotations
 
 import math

@@ -10,6 +10,7 @@ softmax and dropout out as explicit ops) and `recompute` ("full" checkpoints eac
 "selective" only the attention core, "selective-op" each block keeping every other matmul's output and the
 fused attention's, as torchtitan's per-op selective checkpointing does).
 """
+
 from __future__ import annotations
 
 import math
@@ -121,10 +122,12 @@ class Block(nn.Module):
 
 
 _MATMULS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
-_FUSED_ATTENTION = (torch.ops.aten._scaled_dot_product_flash_attention.default,
-                    torch.ops.aten._scaled_dot_product_efficient_attention.default,
-                    torch.ops.aten._scaled_dot_product_cudnn_attention.default,
-                    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default)
+_FUSED_ATTENTION = (
+    torch.ops.aten._scaled_dot_product_flash_attention.default,
+    torch.ops.aten._scaled_dot_product_efficient_attention.default,
+    torch.ops.aten._scaled_dot_product_cudnn_attention.default,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+)
 
 
 def _every_other_matmul():
@@ -159,8 +162,9 @@ def run_blocks(blocks: nn.ModuleList, x: torch.Tensor, cos, sin, recompute: str)
 class GPT(nn.Module):
     """Decoder-only transformer. forward(tokens, targets) returns the mean cross-entropy in fp32."""
 
-    def __init__(self, spec: ModelSpec, attention: str = "flash", recompute: str = "none",
-                 dtype: torch.dtype = torch.float32):
+    def __init__(
+        self, spec: ModelSpec, attention: str = "flash", recompute: str = "none", dtype: torch.dtype = torch.float32
+    ):
         super().__init__()
         previous = torch.get_default_dtype()
         torch.set_default_dtype(dtype)  # build weights in their training dtype (no conversion pass)

@@ -7,6 +7,7 @@ Two parameter groups: matrices and embeddings decay, vectors (norms, biases) do 
 the optimizer is `ZeroRedundancyOptimizer` over the dp group: each rank steps the states of its share of
 whole tensors and broadcasts the updated ones.
 """
+
 from __future__ import annotations
 
 import math
@@ -21,11 +22,14 @@ __all__ = ["build_optimizer", "clip_grad_norm", "has_dtensors"]
 def build_optimizer(job: Job, params: list[torch.nn.Parameter], zero1_group=None) -> torch.optim.Optimizer:
     """The job's optimizer over `params`; with `zero1_group` (a process group) sharded as ZeRO-1."""
     opt, t = job.optimizer, job.training
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": t.weight_decay},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": t.weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
     impl = {"for-loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}.get(opt.impl, {})
     if opt.name == "adamw-8bit":
         import bitsandbytes as bnb
+
         return bnb.optim.AdamW8bit(groups, lr=t.lr, betas=(0.9, 0.95))
     if opt.name == "sgd":
         cls, kwargs = torch.optim.SGD, dict(impl, momentum=opt.momentum)
@@ -34,7 +38,8 @@ def build_optimizer(job: Job, params: list[torch.nn.Parameter], zero1_group=None
         kwargs = dict(impl, betas=(0.9, 0.95))
     if zero1_group is not None:
         import warnings
-        with warnings.catch_warnings():            # (importing it warns about torch.jit)
+
+        with warnings.catch_warnings():  # (importing it warns about torch.jit)
             warnings.simplefilter("ignore")
             from torch.distributed.optim import ZeroRedundancyOptimizer
         return ZeroRedundancyOptimizer(groups, optimizer_class=cls, process_group=zero1_group, lr=t.lr, **kwargs)
@@ -43,11 +48,13 @@ def build_optimizer(job: Job, params: list[torch.nn.Parameter], zero1_group=None
 
 def has_dtensors(params) -> bool:
     from torch.distributed.tensor import DTensor
+
     return any(isinstance(p, DTensor) for p in params)
 
 
-def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float, stage_group=None,
-                   counted: list[torch.nn.Parameter] | None = None):
+def clip_grad_norm(
+    params: list[torch.nn.Parameter], max_norm: float, stage_group=None, counted: list[torch.nn.Parameter] | None = None
+):
     """Clip gradients to `max_norm` (inf: only measure) and return the global norm before clipping (a float, or a
     0-d tensor: take float() of it).
 
@@ -58,7 +65,7 @@ def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float, stage_grou
     (`stage_group`) add their squares over the group; `counted` leaves out copies held twice (a tied
     embedding's head), which are still clipped."""
     if stage_group is None and not has_dtensors(params):
-        return torch.nn.utils.clip_grad_norm_(params, max_norm)     # (a 0-d tensor: no wait for its value here)
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)  # (a 0-d tensor: no wait for its value here)
     grads = [p.grad for p in params if p.grad is not None]
     measured = grads if counted is None else [p.grad for p in counted if p.grad is not None]
     squares = torch.zeros((), dtype=torch.float64)
@@ -69,10 +76,11 @@ def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float, stage_grou
         squares += norm.double().cpu() ** 2
     if stage_group is not None:
         import torch.distributed as dist
+
         device = grads[0].device if grads else torch.device("cpu")
         squares = squares.to(device)
         dist.all_reduce(squares, group=stage_group)
-    if _is_fake(squares):         # the tracer's fake tensors have no value: scaling in place allocates nothing
+    if _is_fake(squares):  # the tracer's fake tensors have no value: scaling in place allocates nothing
         return squares.sqrt()
     total = math.sqrt(float(squares))
     coefficient = max_norm / (total + 1e-6)
@@ -86,7 +94,7 @@ def _is_fake(tensor: torch.Tensor) -> bool:
     """A FakeTensorMode tensor (the tracer's): no value to read."""
     try:
         from torch._subclasses.fake_tensor import FakeTensor
-    except ImportError:           # (a torch that moved it: toolkit.compat refuses the trace itself)
+    except ImportError:  # (a torch that moved it: toolkit.compat refuses the trace itself)
         return False
     return isinstance(tensor, FakeTensor)
 

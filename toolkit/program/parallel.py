@@ -16,38 +16,57 @@ input for their weight gradients (Megatron instead keeps the shard and gathers i
 backward); toolkit.estimate follows torch's program for fp32, amp-* and pure-bf16, and
 Megatron's for the mixed-* modes.
 """
+
 from __future__ import annotations
 
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
-from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput, RowwiseParallel,
-                                               SequenceParallel, loss_parallel, parallelize_module)
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    PrepareModuleOutput,
+    RowwiseParallel,
+    SequenceParallel,
+    loss_parallel,
+    parallelize_module,
+)
 
 from .model import run_blocks
 
-__all__ = ["tensor_parallel", "block_plan", "vocab_parallel_loss", "shard_embedding_grad", "loss_parallel", "PipelineStage"]
+__all__ = [
+    "tensor_parallel",
+    "block_plan",
+    "vocab_parallel_loss",
+    "shard_embedding_grad",
+    "loss_parallel",
+    "PipelineStage",
+]
 
 
-def tensor_parallel(model: nn.Module, mesh: DeviceMesh, sequence_parallel: bool = False,
-                    local_logits: bool = False) -> nn.Module:
+def tensor_parallel(
+    model: nn.Module, mesh: DeviceMesh, sequence_parallel: bool = False, local_logits: bool = False
+) -> nn.Module:
     """Shard a toolkit.program.model.GPT, or one PipelineStage of it, over `mesh` (one dimension: the
     tensor-parallel group), in place. A stage shards what it holds (the embeddings on the first, the norm and
     head on the last). `local_logits`: the head returns this rank's vocabulary columns as a plain tensor (what a
     pipeline stage sends to its loss, `vocab_parallel_loss`); otherwise a DTensor for the model's own loss."""
     heads, kv_heads, tp = model.spec.heads, model.spec.kv_heads_, mesh.size()
     if heads % tp or kv_heads % tp:
-        raise ValueError(f"tensor parallelism over {tp} ranks needs heads ({heads}) and kv heads ({kv_heads}) "
-                         f"divisible by {tp}")
-    seq = Shard(1)                      # the token dimension of (batch, seq, hidden)
+        raise ValueError(
+            f"tensor parallelism over {tp} ranks needs heads ({heads}) and kv heads ({kv_heads}) divisible by {tp}"
+        )
+    seq = Shard(1)  # the token dimension of (batch, seq, hidden)
     stream = seq if sequence_parallel else Replicate()
     for block in model.blocks:
         parallelize_module(block, mesh, block_plan(block, sequence_parallel))
     learned, plan = model.pos is not None, {}
     if model.tok is not None:
         plan["tok"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate() if learned else stream)
-        if sequence_parallel and learned:   # the position table is added to whole sequences, then each rank keeps its tokens
+        if (
+            sequence_parallel and learned
+        ):  # the position table is added to whole sequences, then each rank keeps its tokens
             plan["drop"] = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=seq)
     if model.head is not None:
         plan["head"] = ColwiseParallel(input_layouts=stream, output_layouts=Shard(-1), use_local_output=local_logits)
@@ -58,7 +77,7 @@ def tensor_parallel(model: nn.Module, mesh: DeviceMesh, sequence_parallel: bool 
     if isinstance(model, PipelineStage):
         model.sequence_parallel = sequence_parallel
     if model.spec.tie_embeddings and model.tok is not None and model.head is not None:
-        model.head.weight = model.tok.weight       # both keep vocabulary rows (Shard(0)): one matrix again
+        model.head.weight = model.tok.weight  # both keep vocabulary rows (Shard(0)): one matrix again
     if model.tok is not None and not model.tok.weight.is_meta:
         shard_embedding_grad(model)
     return model
@@ -70,16 +89,27 @@ def block_plan(block: nn.Module, sequence_parallel: bool) -> dict:
     input. toolkit calibrate times a block under this same plan."""
     seq = Shard(1)
     stream = seq if sequence_parallel else Replicate()
-    plan = {"attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(), "attn.v": ColwiseParallel(),
-            "attn.o": RowwiseParallel(output_layouts=stream),
-            "mlp.up": ColwiseParallel(), "mlp.down": RowwiseParallel(output_layouts=stream)}
+    plan = {
+        "attn.q": ColwiseParallel(),
+        "attn.k": ColwiseParallel(),
+        "attn.v": ColwiseParallel(),
+        "attn.o": RowwiseParallel(output_layouts=stream),
+        "mlp.up": ColwiseParallel(),
+        "mlp.down": RowwiseParallel(output_layouts=stream),
+    }
     if block.mlp.swiglu:
         plan["mlp.gate"] = ColwiseParallel()
     if sequence_parallel:
-        plan.update({"norm1": SequenceParallel(), "norm2": SequenceParallel(),
-                     "attn": PrepareModuleInput(input_layouts=(seq, None, None),
-                                                desired_input_layouts=(Replicate(), None, None)),
-                     "mlp": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),))})
+        plan.update(
+            {
+                "norm1": SequenceParallel(),
+                "norm2": SequenceParallel(),
+                "attn": PrepareModuleInput(
+                    input_layouts=(seq, None, None), desired_input_layouts=(Replicate(), None, None)
+                ),
+                "mlp": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),)),
+            }
+        )
     return plan
 
 
@@ -92,9 +122,11 @@ def vocab_parallel_loss(mesh: DeviceMesh, vocab: int):
 
     def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         shape = (*logits.shape[:-1], vocab)
-        whole = DTensor.from_local(logits, mesh, [Shard(-1)], run_check=False, shape=shape,
-                                   stride=torch.empty(shape, device="meta").stride())
+        whole = DTensor.from_local(
+            logits, mesh, [Shard(-1)], run_check=False, shape=shape, stride=torch.empty(shape, device="meta").stride()
+        )
         return F.cross_entropy(whole.float().view(-1, vocab), targets.reshape(-1)).to_local()
+
     return loss_fn
 
 
@@ -123,7 +155,7 @@ class PipelineStage(nn.Module):
         self.tok = model.tok if self.first else None
         self.pos = model.pos if self.first else None
         self.drop = model.drop if self.first else None
-        self.blocks = nn.ModuleList(model.blocks[start:start + sizes[stage]])
+        self.blocks = nn.ModuleList(model.blocks[start : start + sizes[stage]])
         self.norm = model.norm if self.last else None
         self.head = model.head if self.last else None
         self.recompute = model.recompute
@@ -135,8 +167,8 @@ class PipelineStage(nn.Module):
 
     def forward(self, x):
         seq = x.shape[1]
-        if self.sequence_parallel and not self.first:     # x holds this rank's tokens; attention (and RoPE) all
-            seq = self.spec.seq_len                        # of them
+        if self.sequence_parallel and not self.first:  # x holds this rank's tokens; attention (and RoPE) all
+            seq = self.spec.seq_len  # of them
         if self.first:
             x = self.tok(x)
             if self.pos is not None:

@@ -13,6 +13,7 @@ toolkit.program.optim); with tp, whose DTensors DDP refuses, the replicas averag
 stages are cut by toolkit.program.pipeline; their replicas over dp average gradients by hand too, or are FSDP2
 units over dp at ZeRO-2/3.
 """
+
 from __future__ import annotations
 
 import torch
@@ -23,8 +24,19 @@ from ..specs.job import Job
 from .parallel import tensor_parallel
 from .precision import TORCH_DTYPES
 
-__all__ = ["device_mesh", "fsdp_mesh", "join_one_process_group", "leave_one_process_group", "parallelize", "apply_fsdp",
-           "apply_ddp", "dp_rank_and_size", "is_sharded", "needs_grad_all_reduce", "all_reduce_mean"]
+__all__ = [
+    "device_mesh",
+    "fsdp_mesh",
+    "join_one_process_group",
+    "leave_one_process_group",
+    "parallelize",
+    "apply_fsdp",
+    "apply_ddp",
+    "dp_rank_and_size",
+    "is_sharded",
+    "needs_grad_all_reduce",
+    "all_reduce_mean",
+]
 
 
 def device_mesh(job: Job, device_type: str):
@@ -39,6 +51,7 @@ def device_mesh(job: Job, device_type: str):
             return None
         join_one_process_group(device_type)
     from torch.distributed.device_mesh import init_device_mesh
+
     replicas = job.parallel.dp_replicate
     if replicas == 1:
         names, sizes = mesh_dims({"pp": pp, "dp": dp, "tp": tp})
@@ -64,10 +77,10 @@ _OWN_GROUP: list = []
 def join_one_process_group(device_type: str) -> None:
     """A one-rank process group for FSDP2 in one process, unless a group already runs."""
     import torch.distributed as dist
+
     if dist.is_initialized():
         return
-    dist.init_process_group("nccl" if device_type == "cuda" else "gloo", store=dist.HashStore(), rank=0,
-                            world_size=1)
+    dist.init_process_group("nccl" if device_type == "cuda" else "gloo", store=dist.HashStore(), rank=0, world_size=1)
     _OWN_GROUP.append(dist.group.WORLD)
 
 
@@ -75,6 +88,7 @@ def leave_one_process_group() -> None:
     """End the one-rank group device_mesh started, so that a later run in the same process (a notebook's) starts
     afresh; a launched rank's group is its launcher's to end."""
     import torch.distributed as dist
+
     if _OWN_GROUP and dist.is_initialized():
         dist.destroy_process_group()
     _OWN_GROUP.clear()
@@ -99,11 +113,11 @@ def parallelize(model: nn.Module, job: Job, mesh, device: torch.device | None = 
     par = job.parallel
     if par.tp > 1:
         tensor_parallel(model, mesh["tp"], sequence_parallel=par.sp)
-    if par.zero >= 2:       # pinned host memory needs an accelerator
+    if par.zero >= 2:  # pinned host memory needs an accelerator
         return apply_fsdp(model, job, fsdp_mesh(mesh, job), pin_memory=device is not None and device.type == "cuda")
     if mesh["dp"].size() > 1 and par.tp == 1:
         return apply_ddp(model, job, mesh["dp"], device)
-    return model            # dp x tp at ZeRO-0/1: the runner calls all_reduce_mean after the last backward
+    return model  # dp x tp at ZeRO-0/1: the runner calls all_reduce_mean after the last backward
 
 
 def needs_grad_all_reduce(job: Job, mesh) -> bool:
@@ -119,6 +133,7 @@ def all_reduce_mean(tensors, group=None, flatten: bool = True) -> None:
     gradient is reduced through its local shard."""
     from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
     import torch.distributed as dist
+
     size = dist.get_world_size(group)
     locals_ = [t.to_local() if hasattr(t, "to_local") else t for t in tensors if t is not None]
     if not flatten:
@@ -140,9 +155,10 @@ def all_reduce_mean(tensors, group=None, flatten: bool = True) -> None:
 def fsdp_policies(job: Job, pin_memory: bool = True):
     """(MixedPrecisionPolicy, OffloadPolicy) of the job under FSDP2."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
+
     plan = job.precision.plan
     precision = MixedPrecisionPolicy()
-    if plan.autocast:                    # 16-bit gathered weights, fp32 gradient reduction; autocast still runs
+    if plan.autocast:  # 16-bit gathered weights, fp32 gradient reduction; autocast still runs
         precision = MixedPrecisionPolicy(param_dtype=TORCH_DTYPES[plan.autocast], reduce_dtype=torch.float32)
     placement = CPUOffloadPolicy(pin_memory=pin_memory) if job.parallel.offload != "none" else OffloadPolicy()
     return precision, placement
@@ -155,11 +171,11 @@ def apply_fsdp(model: nn.Module, job: Job, dp_mesh, pin_memory: bool = True) -> 
     the gradient reduction to the step's last backward anyway), so ZeRO-2 and -3 there are the same program.
     Fake tensors cannot be pinned: the tracer passes pin_memory=False (where host memory is, not how much)."""
     from torch.distributed.fsdp import fully_shard
+
     precision, placement = fsdp_policies(job, pin_memory)
     reshard = job.parallel.zero == 3 and job.parallel.pp == 1
     for module in (*model.blocks, model):
-        fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=precision,
-                    offload_policy=placement)
+        fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=precision, offload_policy=placement)
     return model
 
 
@@ -169,6 +185,13 @@ def apply_ddp(model: nn.Module, job: Job, dp_mesh, device: torch.device | None) 
     gradient). The buckets live for the whole run, a gradient-sized buffer through forward as well: the estimate
     models them and the single-process trace reproduces them (toolkit.estimate.memory.ddp_buckets)."""
     from torch.nn.parallel import DistributedDataParallel
+
     ids = [device.index] if device is not None and device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=ids, device_mesh=dp_mesh, gradient_as_bucket_view=True,
-                                   bucket_cap_mb=job.training.bucket_cap_mb, find_unused_parameters=False)
+    return DistributedDataParallel(
+        model,
+        device_ids=ids,
+        device_mesh=dp_mesh,
+        gradient_as_bucket_view=True,
+        bucket_cap_mb=job.training.bucket_cap_mb,
+        find_unused_parameters=False,
+    )

@@ -11,6 +11,7 @@ is what gradient accumulation does in one process. With tied embeddings the firs
 the matrix; `sum_tied_grads` adds their gradients so the two copies take identical steps (Megatron's embedding
 group). `pipeline_forward` runs one forward through the stages without a schedule (evaluation, any batch size).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -26,9 +27,21 @@ from ..specs.stages import chunk_layers
 from .parallel import PipelineStage, loss_parallel, vocab_parallel_loss
 from .precision import TORCH_DTYPES
 
-__all__ = ["stage_chunks", "split_stages", "stage_state_keys", "loss_fn", "stage_loss", "stream_tokens", "stage_examples",
-           "build_schedule", "run_schedule",
-           "embedding_group", "sum_tied_grads", "pipeline_forward", "counted_params"]
+__all__ = [
+    "stage_chunks",
+    "split_stages",
+    "stage_state_keys",
+    "loss_fn",
+    "stage_loss",
+    "stream_tokens",
+    "stage_examples",
+    "build_schedule",
+    "run_schedule",
+    "embedding_group",
+    "sum_tied_grads",
+    "pipeline_forward",
+    "counted_params",
+]
 
 
 def stage_chunks(job: Job, pp_rank: int) -> list[int]:
@@ -92,16 +105,19 @@ def stage_examples(job: Job, chunk: int, device: torch.device, tp_rank: int = 0)
     plan, spec, b, tp = job.precision.plan, job.model, job.batch.micro_batch, job.parallel.tp
     chunks = job.parallel.pp * job.parallel.vpp
     fsdp_16bit = plan.autocast and job.parallel.zero >= 2
-    stream = TORCH_DTYPES[plan.autocast if fsdp_16bit else plan.weights]     # (mixed-* is not run under pipelines)
+    stream = TORCH_DTYPES[plan.autocast if fsdp_16bit else plan.weights]  # (mixed-* is not run under pipelines)
     logits = TORCH_DTYPES[plan.autocast] if plan.autocast else stream
     tokens = stream_tokens(job, tp_rank)
-    example_in = (torch.zeros(b, spec.seq_len, dtype=torch.long, device=device) if chunk == 0 else
-                  torch.zeros(b, tokens, spec.hidden, dtype=stream, device=device, requires_grad=True))
+    example_in = (
+        torch.zeros(b, spec.seq_len, dtype=torch.long, device=device)
+        if chunk == 0
+        else torch.zeros(b, tokens, spec.hidden, dtype=stream, device=device, requires_grad=True)
+    )
     if chunk == chunks - 1:
         shape, dtype = (b, spec.seq_len, _shard_size(spec.vocab, tp, tp_rank)), logits
     else:
         shape, dtype = (b, tokens, spec.hidden), stream
-    example_out = torch.zeros(*shape, dtype=dtype, device=device, requires_grad=True)   # (gradients come back for these)
+    example_out = torch.zeros(*shape, dtype=dtype, device=device, requires_grad=True)  # (gradients come back for these)
     return example_in, example_out
 
 
@@ -127,8 +143,16 @@ class StageClock:
             try:
                 return method(chunk, *args, **kwargs)
             finally:
-                self.spans.append({"kind": kind, "micro": chunk, "stage": stage, "start_s": start_s,
-                                   "end_s": time.perf_counter() - self.started_s})
+                self.spans.append(
+                    {
+                        "kind": kind,
+                        "micro": chunk,
+                        "stage": stage,
+                        "start_s": start_s,
+                        "end_s": time.perf_counter() - self.started_s,
+                    }
+                )
+
         return run
 
     def start(self) -> None:
@@ -146,20 +170,23 @@ def stage_loss(job: Job, tp_mesh=None):
     return vocab_parallel_loss(tp_mesh, job.model.vocab) if tp_mesh is not None else loss_fn
 
 
-def build_schedule(stages: nn.ModuleList, job: Job, device: torch.device, group=None, clock: StageClock | None = None,
-                   tp_mesh=None):
+def build_schedule(
+    stages: nn.ModuleList, job: Job, device: torch.device, group=None, clock: StageClock | None = None, tp_mesh=None
+):
     """torch's schedule for this rank's chunks, over `group` (the pipeline ranks); `clock` times their chunks;
     `tp_mesh`: the stages are tensor-parallel over it (toolkit.program.parallel.tensor_parallel)."""
     from torch.distributed.pipelining import PipelineStage as TorchStage
     from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
     chunks, m = job.parallel.pp * job.parallel.vpp, job.grad_accum or 1
     tp_rank = tp_mesh.get_local_rank() if tp_mesh is not None else 0
     loss = stage_loss(job, tp_mesh)
     torch_stages = []
     for module, chunk in zip(stages, stage_chunks(job, _rank_in(group))):
         example_in, example_out = stage_examples(job, chunk, device, tp_rank)
-        torch_stages.append(TorchStage(module, chunk, chunks, device, input_args=(example_in,),
-                                       output_args=(example_out,), group=group))
+        torch_stages.append(
+            TorchStage(module, chunk, chunks, device, input_args=(example_in,), output_args=(example_out,), group=group)
+        )
         if clock is not None:
             clock.attach(torch_stages[-1])
     if job.parallel.vpp > 1:
@@ -172,13 +199,14 @@ def _rank_in(group) -> int:
     return dist.get_rank(group) if group is not None else dist.get_rank()
 
 
-def run_schedule(schedule, job: Job, pp_rank: int, tokens: torch.Tensor, targets: torch.Tensor,
-                 losses: list | None = None) -> None:
+def run_schedule(
+    schedule, job: Job, pp_rank: int, tokens: torch.Tensor, targets: torch.Tensor, losses: list | None = None
+) -> None:
     """One step: the first stage feeds the tokens of all micro-batches (stacked), the last takes the targets and
     appends each micro-batch's loss to `losses`; gradients are left on the stages' parameters."""
     first, last = pp_rank == 0, pp_rank == job.parallel.pp - 1
     args = (tokens,) if first else ()
-    with loss_parallel() if job.parallel.tp > 1 else contextlib.nullcontext():   # (the loss's backward too)
+    with loss_parallel() if job.parallel.tp > 1 else contextlib.nullcontext():  # (the loss's backward too)
         if last:
             schedule.step(*args, target=targets, losses=losses, return_outputs=False)
         else:
@@ -194,7 +222,7 @@ def embedding_group(job: Job, mesh):
     if job.parallel.pp == 2:
         return mesh["pp"].get_group()
     mine = None
-    columns = mesh.mesh.reshape(job.parallel.pp, -1).T      # (dp · tp, pp): each row one pipeline
+    columns = mesh.mesh.reshape(job.parallel.pp, -1).T  # (dp · tp, pp): each row one pipeline
     for column in columns.tolist():
         ends = [column[0], column[-1]]
         group = dist.new_group(ends)
@@ -219,7 +247,7 @@ def sum_tied_grads(stages: nn.ModuleList, group) -> None:
     if group is None:
         return
     for weight in tied_weights(stages):
-        if weight.grad is not None:       # (under tensor parallelism, this rank's rows of the matrix)
+        if weight.grad is not None:  # (under tensor parallelism, this rank's rows of the matrix)
             grad = weight.grad
             dist.all_reduce(grad.to_local() if hasattr(grad, "to_local") else grad, group=group)
 
@@ -227,13 +255,22 @@ def sum_tied_grads(stages: nn.ModuleList, group) -> None:
 def counted_params(stages: nn.ModuleList, job: Job) -> list[torch.nn.Parameter]:
     """The parameters whose gradients count toward the global norm: the last stage's copy of a tied embedding
     is the first stage's, counted there."""
-    skip = {id(stage.head.weight) for stage in stages if stage.last and stage.head is not None
-            and job.model.tie_embeddings}
+    skip = {
+        id(stage.head.weight) for stage in stages if stage.last and stage.head is not None and job.model.tie_embeddings
+    }
     return [p for p in stages.parameters() if p.requires_grad and id(p) not in skip]
 
 
-def pipeline_forward(stages: nn.ModuleList, job: Job, pp_rank: int, group, tokens: torch.Tensor,
-                     targets: torch.Tensor, act_dtype: torch.dtype, tp_mesh=None) -> torch.Tensor | None:
+def pipeline_forward(
+    stages: nn.ModuleList,
+    job: Job,
+    pp_rank: int,
+    group,
+    tokens: torch.Tensor,
+    targets: torch.Tensor,
+    act_dtype: torch.dtype,
+    tp_mesh=None,
+) -> torch.Tensor | None:
     """One forward of a batch through every chunk, in order, passing hidden states rank to rank (no schedule:
     evaluation, whatever the batch size). The loss on the rank holding the last chunk, None elsewhere. Under
     tensor parallelism (`tp_mesh`), call it inside `loss_parallel()`."""

@@ -16,6 +16,7 @@ weights the output is the same; what changes is that the norm's gains and biases
 in pure-bf16, updated) at full precision instead of rounded to 8 mantissa bits. Under autocast it
 changes nothing: norms already run in fp32 on the fp32 residual stream (tests/train/test_precision.py).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -48,8 +49,12 @@ class TorchPrecision:
 def torch_precision(mode: str) -> TorchPrecision:
     """The mode's precision plan in torch's terms: the dtype the model is built in, autocast's, and the machinery."""
     plan = precision_plan(mode)
-    return TorchPrecision(TORCH_DTYPES[plan.weights], plan.autocast and TORCH_DTYPES[plan.autocast],
-                          plan.loss_scaling, plan.master_weights)
+    return TorchPrecision(
+        TORCH_DTYPES[plan.weights],
+        plan.autocast and TORCH_DTYPES[plan.autocast],
+        plan.loss_scaling,
+        plan.master_weights,
+    )
 
 
 class FP32Norm(nn.Module):
@@ -99,18 +104,19 @@ class MasterWeights:
         self._views: list[tuple[torch.Tensor, torch.Tensor]] = []
         if main_grads:
             halves = [(p, m) for p, m in self.pairs if m is not p]
-            self.main_grads = torch.zeros(sum(m.numel() for _, m in halves), dtype=torch.float32,
-                                          device=halves[0][1].device if halves else "cpu")
+            self.main_grads = torch.zeros(
+                sum(m.numel() for _, m in halves), dtype=torch.float32, device=halves[0][1].device if halves else "cpu"
+            )
             offset = 0
             for p, m in halves:
-                view = self.main_grads[offset:offset + m.numel()].view_as(m)
+                view = self.main_grads[offset : offset + m.numel()].view_as(m)
                 offset += m.numel()
                 self._views.append((m, view))
                 p.register_post_accumulate_grad_hook(_add_into(view))
             self.zero_grad()
 
     def grads_to_master(self) -> None:
-        if self.main_grads is not None:           # already there, in fp32
+        if self.main_grads is not None:  # already there, in fp32
             return
         for p, m in self.pairs:
             if m is not p:
@@ -149,7 +155,9 @@ class MasterWeights:
 def _add_into(main_grad: torch.Tensor):
     """A post-accumulate-grad hook: the parameter's new 16-bit gradient added into its fp32 main gradient, then
     dropped (the next micro-batch's gradient starts from nothing, so no 16-bit sum builds up)."""
+
     def hook(param: torch.Tensor) -> None:
         main_grad.add_(param.grad)
         param.grad = None
+
     return hook

@@ -12,22 +12,37 @@ included, and under fake tensors, so the tracer can measure it); bitsandbytes' C
 are faster. The matmul dequantizes the weight to the compute dtype for forward and again for
 backward, keeping nothing but the 4-bit codes between them.
 """
+
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from ..estimate.states import NF4_BLOCK, NF4_SCALE_BLOCK   # one definition of the layout; its bytes live there too
+from ..estimate.states import NF4_BLOCK, NF4_SCALE_BLOCK  # one definition of the layout; its bytes live there too
 from .lora import apply_lora
 
 __all__ = ["NF4Linear", "apply_qlora", "NF4_LEVELS"]
 
 # The 16 NF4 levels: quantiles of N(0, 1) normalised to [-1, 1], with an exact zero
 # (QLoRA paper, appendix E; the same table as bitsandbytes' NF4 data type).
-NF4_LEVELS = (-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
-              -0.18477343022823334, -0.09105003625154495, 0.0, 0.07958029955625534, 0.16093020141124725,
-              0.24611230194568634, 0.33791524171829224, 0.44070982933044434, 0.5626170039176941,
-              0.7229568362236023, 1.0)
+NF4_LEVELS = (
+    -1.0,
+    -0.6961928009986877,
+    -0.5250730514526367,
+    -0.39491748809814453,
+    -0.28444138169288635,
+    -0.18477343022823334,
+    -0.09105003625154495,
+    0.0,
+    0.07958029955625534,
+    0.16093020141124725,
+    0.24611230194568634,
+    0.33791524171829224,
+    0.44070982933044434,
+    0.5626170039176941,
+    0.7229568362236023,
+    1.0,
+)
 
 
 class NF4Linear(nn.Module):
@@ -37,20 +52,24 @@ class NF4Linear(nn.Module):
         super().__init__()
         weight = linear.weight.detach()
         if weight.numel() % (NF4_BLOCK * NF4_SCALE_BLOCK):
-            raise ValueError(f"NF4 needs weights in multiples of {NF4_BLOCK * NF4_SCALE_BLOCK} values; "
-                             f"{tuple(weight.shape)} has {weight.numel()}")
+            raise ValueError(
+                f"NF4 needs weights in multiples of {NF4_BLOCK * NF4_SCALE_BLOCK} values; "
+                f"{tuple(weight.shape)} has {weight.numel()}"
+            )
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.compute_dtype = compute_dtype
-        self.weight_dtype = weight.dtype          # the model's dtype, which LoRA adapters on top take
+        self.weight_dtype = weight.dtype  # the model's dtype, which LoRA adapters on top take
         codes, absmax_q, scale, mean = _quantize(weight.float())
-        self.register_buffer("codes", codes)            # uint8, two 4-bit indices each
-        self.register_buffer("absmax_q", absmax_q)      # int8, one per 64 weights
-        self.register_buffer("absmax_scale", scale)     # fp32, one per 256 absmax values
-        self.register_buffer("absmax_mean", mean)       # fp32 scalar
-        self.register_buffer("levels", torch.tensor(NF4_LEVELS, dtype=compute_dtype, device=weight.device),
-                             persistent=False)
-        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().to(compute_dtype),
-                                                                  requires_grad=False)
+        self.register_buffer("codes", codes)  # uint8, two 4-bit indices each
+        self.register_buffer("absmax_q", absmax_q)  # int8, one per 64 weights
+        self.register_buffer("absmax_scale", scale)  # fp32, one per 256 absmax values
+        self.register_buffer("absmax_mean", mean)  # fp32 scalar
+        self.register_buffer(
+            "levels", torch.tensor(NF4_LEVELS, dtype=compute_dtype, device=weight.device), persistent=False
+        )
+        self.bias = (
+            None if linear.bias is None else nn.Parameter(linear.bias.detach().to(compute_dtype), requires_grad=False)
+        )
 
     def dequantize(self) -> torch.Tensor:
         """The weight in the compute dtype. Transients, per weight: the 4-bit indices unpacked to one byte, then

@@ -7,6 +7,7 @@ A step's `recorder` sees it from inside (toolkit.train.memory_record.MemoryRecor
 hooks in a trace): `micro_batch(last)` before each micro-batch, `forward_done()` between its forward and
 backward, `backward_done()` once the step's gradients are all made (before any reaches the fp32 masters), and
 `optimizer_step(step)` as a context around the update."""
+
 from __future__ import annotations
 
 import contextlib
@@ -22,13 +23,35 @@ from .parallel import loss_parallel
 from .optim import clip_grad_norm
 from .build import backward_micro_batch, step_optimizer, Program
 
-__all__ = ["forward_backward", "reduce_and_clip", "apply_update", "pipeline_micro_batches", "timeline_of",
-           "micro_batch_context", "local_value", "mean_step_loss", "agree", "evaluate", "forward_loss"]
+__all__ = [
+    "forward_backward",
+    "reduce_and_clip",
+    "apply_update",
+    "pipeline_micro_batches",
+    "timeline_of",
+    "micro_batch_context",
+    "local_value",
+    "mean_step_loss",
+    "agree",
+    "evaluate",
+    "forward_loss",
+]
 
 
-def forward_backward(prog: Program, job: Job, plan, scaler, batches, device, recorder, *, int8=None,
-                     micro_batches: int | None = None, timeline: dict | None = None,
-                     out: Path | None = None) -> torch.Tensor:
+def forward_backward(
+    prog: Program,
+    job: Job,
+    plan,
+    scaler,
+    batches,
+    device,
+    recorder,
+    *,
+    int8=None,
+    micro_batches: int | None = None,
+    timeline: dict | None = None,
+    out: Path | None = None,
+) -> torch.Tensor:
     """One step's micro-batches, forward and backward (through the pipeline schedule when there is one); the sum
     of their losses on this rank. `micro_batches` defaults to the job's accumulation (the tracer runs fewer)."""
     if prog.schedule is not None:
@@ -44,7 +67,7 @@ def forward_backward(prog: Program, job: Job, plan, scaler, batches, device, rec
         last = micro == accum - 1
         recorder.micro_batch(last)
         with micro_batch_context(prog, job, last=last):
-            with plan.autocast(device.type), (int8 or contextlib.nullcontext()):
+            with plan.autocast(device.type), int8 or contextlib.nullcontext():
                 loss = prog.model(inputs, targets)
             recorder.forward_done()
             backward_micro_batch(prog, scaler, loss, accum, last=last)
@@ -79,12 +102,14 @@ def apply_update(prog: Program, scaler, scale_before: float | None, recorder, st
     return skipped
 
 
-def pipeline_micro_batches(prog: Program, job: Job, plan, batches, device, timeline: dict | None = None,
-                            out: Path | None = None) -> torch.Tensor:
+def pipeline_micro_batches(
+    prog: Program, job: Job, plan, batches, device, timeline: dict | None = None, out: Path | None = None
+) -> torch.Tensor:
     """One step's micro-batches through the schedule; the sum of their losses on the last stage, 0 elsewhere.
     With `timeline` (the step's identity), the stage's chunks are timed from a barrier of the pipeline's ranks
     and written to OUT/pipeline/rank{stage}.json (toolkit.runs), for `toolkit pipeline --run`."""
     from .pipeline import run_schedule
+
     pairs = [next(batches) for _ in range(job.grad_accum)]
     tokens = torch.cat([x for x, _ in pairs]).to(device)
     targets = torch.cat([y for _, y in pairs]).to(device)
@@ -108,14 +133,20 @@ def timeline_of(job: Job, prog: Program, mesh, dp_rank: int, step: int) -> dict 
     if dp_rank != 0 or (job.parallel.tp > 1 and mesh["tp"].get_local_rank() != 0):
         return None
     schedule = "interleaved" if job.parallel.vpp > 1 else job.parallel.schedule
-    return {"step": step + 1, "schedule": schedule, "stages": job.parallel.pp, "microbatches": job.grad_accum,
-            "vpp": job.parallel.vpp}
+    return {
+        "step": step + 1,
+        "schedule": schedule,
+        "stages": job.parallel.pp,
+        "microbatches": job.grad_accum,
+        "vpp": job.parallel.vpp,
+    }
 
 
 def micro_batch_context(prog: Program, job: Job, last: bool):
     """DDP syncs gradients on the last micro-batch only; FSDP2 reduce-scatters every one (as the tracer measures);
     tensor parallelism computes the loss on vocabulary-sharded logits."""
     from torch.nn.parallel import DistributedDataParallel
+
     stack = contextlib.ExitStack()
     if isinstance(prog.model, DistributedDataParallel) and not last:
         stack.enter_context(prog.model.no_sync())
@@ -149,10 +180,9 @@ def agree(flag: bool, device, world: int) -> bool:
 
 
 @torch.no_grad()
-
-
-def evaluate(prog: Program, val_set, job: Job, plan, device, rank: int, world: int,
-              before_forward=lambda: None) -> float:
+def evaluate(
+    prog: Program, val_set, job: Job, plan, device, rank: int, world: int, before_forward=lambda: None
+) -> float:
     """Mean loss over the same eval_batches × micro_batch held-out windows whatever the number of replicas:
     replica r takes windows r, r + world, ...; losses and counts are summed over ranks (the ranks of one
     tensor-parallel group add the same figures to both). Every rank runs the same number of forwards, as the
@@ -166,7 +196,7 @@ def evaluate(prog: Program, val_set, job: Job, plan, device, rank: int, world: i
     vocab_parallel = loss_parallel if job.parallel.tp > 1 else contextlib.nullcontext
     sums = torch.zeros(2, device=device, dtype=torch.float64)
     for chunk in range(forwards):
-        ids = mine[chunk * mb:(chunk + 1) * mb]
+        ids = mine[chunk * mb : (chunk + 1) * mb]
         window = torch.stack([val_set[i] for i in ids or [0]]).to(device)
         before_forward()
         with plan.autocast(device.type), vocab_parallel():
@@ -185,5 +215,7 @@ def forward_loss(prog: Program, job: Job, plan, tokens: torch.Tensor, targets: t
     if prog.schedule is None:
         return prog.raw(tokens, targets)
     from .pipeline import pipeline_forward
-    return pipeline_forward(prog.raw, job, prog.pp_rank, prog.stage_group, tokens, targets, plan.param_dtype,
-                            prog.tp_mesh)
+
+    return pipeline_forward(
+        prog.raw, job, prog.pp_rank, prog.stage_group, tokens, targets, plan.param_dtype, prog.tp_mesh
+    )

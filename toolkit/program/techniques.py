@@ -11,6 +11,7 @@ one fp32 scale per 128 values and restores them in backward: about half the byte
 quarter of fp32. Tensors that share storage with a parameter are left alone (they are weights,
 kept anyway), and one tensor saved by several operations is packed once.
 """
+
 from __future__ import annotations
 
 import weakref
@@ -23,8 +24,11 @@ __all__ = ["Pruner", "block_matrices", "Int8Activations"]
 
 def block_matrices(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
     """Trainable 2-D weights inside `model.blocks` (LoRA adapters excluded: they are the update)."""
-    return [(f"blocks.{name}", p) for name, p in model.blocks.named_parameters()
-            if p.dim() == 2 and p.requires_grad and not name.endswith((".a", ".b"))]
+    return [
+        (f"blocks.{name}", p)
+        for name, p in model.blocks.named_parameters()
+        if p.dim() == 2 and p.requires_grad and not name.endswith((".a", ".b"))
+    ]
 
 
 class Pruner:
@@ -108,7 +112,7 @@ class Int8Activations:
 
     def __exit__(self, *exc):
         self.active = False
-        self._seen = {}              # the graph keeps what it needs; drop our references
+        self._seen = {}  # the graph keeps what it needs; drop our references
 
     def _enter_block(self, _module, _args):
         if self.active and torch.is_grad_enabled():
@@ -121,11 +125,10 @@ class Int8Activations:
             self._stack.pop().__exit__(None, None, None)
 
     def _pack(self, t: torch.Tensor):
-        if (not t.is_floating_point() or t.numel() < self.min_numel
-                or _storage_key(t) in self.param_storages):
+        if not t.is_floating_point() or t.numel() < self.min_numel or _storage_key(t) in self.param_storages:
             return t
         key = (_storage_key(t), t.storage_offset(), tuple(t.shape), t.stride(), t._version)
-        owner = t._base if t._base is not None else t   # views of one tensor share their base object
+        owner = t._base if t._base is not None else t  # views of one tensor share their base object
         hit = self._seen.get(key)
         if hit is not None and hit[0]() is owner:  # the same live tensor saved again (a freed address can be reused)
             return hit[1]
@@ -134,11 +137,11 @@ class Int8Activations:
         blocks = (torch.nn.functional.pad(flat, (0, pad)) if pad else flat).view(-1, self.BLOCK)
         q = torch.empty(blocks.shape, dtype=torch.int8, device=t.device)
         scale = torch.empty(blocks.shape[0], 1, dtype=torch.float32, device=t.device)
-        for lo in range(0, blocks.shape[0], self.CHUNK):          # fp32 temporaries of one chunk at a time
-            part = blocks[lo:lo + self.CHUNK].to(torch.float32, copy=True)
+        for lo in range(0, blocks.shape[0], self.CHUNK):  # fp32 temporaries of one chunk at a time
+            part = blocks[lo : lo + self.CHUNK].to(torch.float32, copy=True)
             s = part.abs().amax(dim=1, keepdim=True).clamp_min_(1e-12).div_(127.0)
-            q[lo:lo + self.CHUNK] = part.div_(s).round_().clamp_(-127, 127)
-            scale[lo:lo + self.CHUNK] = s
+            q[lo : lo + self.CHUNK] = part.div_(s).round_().clamp_(-127, 127)
+            scale[lo : lo + self.CHUNK] = s
         packed = (q, scale, t.dtype, t.shape, flat.numel())
         self.packed_bytes += q.numel() + 4 * scale.numel()
         self.original_bytes += t.numel() * t.element_size()
@@ -152,5 +155,5 @@ class Int8Activations:
         q, scale, dtype, shape, numel = packed
         out = torch.empty(q.shape, dtype=dtype, device=q.device)
         for lo in range(0, q.shape[0], cls.CHUNK):
-            out[lo:lo + cls.CHUNK] = q[lo:lo + cls.CHUNK].float().mul_(scale[lo:lo + cls.CHUNK])
+            out[lo : lo + cls.CHUNK] = q[lo : lo + cls.CHUNK].float().mul_(scale[lo : lo + cls.CHUNK])
         return out.view(-1)[:numel].view(shape)

@@ -7,6 +7,7 @@ device groups and the runner's device mesh read it; tests/specs/test_axes.py fai
 
 Adding an axis is one entry here plus its physics (memory, time) and its program (the runner).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -55,25 +56,83 @@ def _shown_above(floor, form: str):
 
 
 AXES = (
-    Axis("tp", "parallel", "tensor parallel", (1, 2, 4, 8), (1, 2, 4, 8, 16, 32), 1, "tp {}".format,
-         splits_devices=True, proxy_max=2),
-    Axis("pp", "parallel", "pipeline stages", (1, 2, 4, 8, 16), (1, 2, 4, 8, 16, 32, 64), 1, "pp {}".format,
-         splits_devices=True, proxy_max=2),
+    Axis(
+        "tp",
+        "parallel",
+        "tensor parallel",
+        (1, 2, 4, 8),
+        (1, 2, 4, 8, 16, 32),
+        1,
+        "tp {}".format,
+        splits_devices=True,
+        proxy_max=2,
+    ),
+    Axis(
+        "pp",
+        "parallel",
+        "pipeline stages",
+        (1, 2, 4, 8, 16),
+        (1, 2, 4, 8, 16, 32, 64),
+        1,
+        "pp {}".format,
+        splits_devices=True,
+        proxy_max=2,
+    ),
     Axis("vpp", "parallel", "virtual stages", (1, 2), (1, 2, 4), 1, _shown_above(1, "vpp {}"), proxy_max=2),
-    Axis("cp", "parallel", "ctx parallel", (1, 2, 4, 8, 16), (1, 2, 4, 8, 16), 1, _shown_above(1, "cp {}"),
-         splits_devices=True, proxy_max=1),
-    Axis("sp", "parallel", "sequence parallel", (False, True), (False, True), False, lambda v: "sp" if v else None,
-         control="checkbox"),
+    Axis(
+        "cp",
+        "parallel",
+        "ctx parallel",
+        (1, 2, 4, 8, 16),
+        (1, 2, 4, 8, 16),
+        1,
+        _shown_above(1, "cp {}"),
+        splits_devices=True,
+        proxy_max=1,
+    ),
+    Axis(
+        "sp",
+        "parallel",
+        "sequence parallel",
+        (False, True),
+        (False, True),
+        False,
+        lambda v: "sp" if v else None,
+        control="checkbox",
+    ),
     Axis("zero", "parallel", "ZeRO", (0, 1, 2, 3), (0, 1, 2, 3), 0, "ZeRO-{}".format, control="toggle"),
     # HSDP as torchtitan runs it: the search tries one copy per node besides 1 (toolkit.plan.search)
-    Axis("dp_replicate", "parallel", "HSDP copies", (1,), (1, 2, 4, 8, 16, 32, 64), 1,
-         _shown_above(1, "HSDP ({} copies)"), proxy_max=2),
-    Axis("offload", "parallel", "offload", ("none", "optimizer", "params"), ("none", "optimizer", "params"), "none",
-         lambda v: None if v == "none" else f"offload {v}"),
-    Axis("micro_batch", "batch", "micro-batch", (1, 2, 4, 8), (1, 64), 1, "mb {}".format, control="slider",
-         proxy_max=4),
-    Axis("recompute", "memory", "recompute", ("none", "selective", "selective-op", "full"),
-         ("none", "selective", "selective-op", "full"), "none", lambda v: None if v == "none" else f"{v} recompute"),
+    Axis(
+        "dp_replicate",
+        "parallel",
+        "HSDP copies",
+        (1,),
+        (1, 2, 4, 8, 16, 32, 64),
+        1,
+        _shown_above(1, "HSDP ({} copies)"),
+        proxy_max=2,
+    ),
+    Axis(
+        "offload",
+        "parallel",
+        "offload",
+        ("none", "optimizer", "params"),
+        ("none", "optimizer", "params"),
+        "none",
+        lambda v: None if v == "none" else f"offload {v}",
+    ),
+    Axis(
+        "micro_batch", "batch", "micro-batch", (1, 2, 4, 8), (1, 64), 1, "mb {}".format, control="slider", proxy_max=4
+    ),
+    Axis(
+        "recompute",
+        "memory",
+        "recompute",
+        ("none", "selective", "selective-op", "full"),
+        ("none", "selective", "selective-op", "full"),
+        "none",
+        lambda v: None if v == "none" else f"{v} recompute",
+    ),
 )
 AXIS = {axis.name: axis for axis in AXES}
 

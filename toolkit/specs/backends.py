@@ -1,5 +1,6 @@
 """Which framework's program a layout follows: torch's, DeepSpeed's or Megatron's. The estimator models each
 framework for its own layouts, so the rule that picks one is shared by the Job, its checks and the planner's grid."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -28,8 +29,13 @@ def deepspeed_fp32(backend, mode: str, zero, tp, pp):
     """DeepSpeed's engine in fp32 (no bf16 or fp16 section: fp32 weights, and still its fp32 copy of each rank's
     partition), with ZeRO over dp alone: only where parallel.backend names deepspeed, since unnamed, fp32 with ZeRO
     is torch's program (FSDP2, ZeroRedundancyOptimizer). Booleans over arrays of layouts, or one."""
-    return ((np.asarray(backend == "deepspeed")) & (mode == "fp32") & (np.asarray(zero) > 0)
-            & (np.asarray(tp) == 1) & (np.asarray(pp) == 1))
+    return (
+        (np.asarray(backend == "deepspeed"))
+        & (mode == "fp32")
+        & (np.asarray(zero) > 0)
+        & (np.asarray(tp) == 1)
+        & (np.asarray(pp) == 1)
+    )
 
 
 def job_deepspeed_fp32(job):

@@ -3,6 +3,7 @@
 Every row carries `source` and `as_of`. Users add or override rows from their own YAML
 file (`--catalog my.yaml`); an override row must name its own source and date too.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -111,12 +112,18 @@ def _accelerator_row(row: dict, where: str) -> Accelerator:
         raise SpecError(f"{where}.peak_tflops", peaks, f"expected a mapping with keys {', '.join(DTYPES)}")
     unknown = [k for k in peaks if k not in DTYPES]
     if unknown:
-        raise SpecError(f"{where}.peak_tflops.{unknown[0]}", peaks[unknown[0]],
-                        f"unknown dtype{did_you_mean(unknown[0], DTYPES)}; allowed: {', '.join(DTYPES)}")
+        raise SpecError(
+            f"{where}.peak_tflops.{unknown[0]}",
+            peaks[unknown[0]],
+            f"unknown dtype{did_you_mean(unknown[0], DTYPES)}; allowed: {', '.join(DTYPES)}",
+        )
     missing = [d for d in DTYPES if d not in peaks]
     if missing:
-        raise SpecError(f"{where}.peak_tflops.{missing[0]}", None,
-                        "is required: give a number, `unknown` (not published) or `n/a` (not supported)")
+        raise SpecError(
+            f"{where}.peak_tflops.{missing[0]}",
+            None,
+            "is required: give a number, `unknown` (not published) or `n/a` (not supported)",
+        )
     row["unsupported"] = [d for d, v in peaks.items() if isinstance(v, str) and v.strip().lower() == _NA]
     row["peak_tflops"] = {d: (None if d in row["unsupported"] else v) for d, v in peaks.items()}
     acc = from_dict(Accelerator, row, where)
@@ -124,24 +131,34 @@ def _accelerator_row(row: dict, where: str) -> Accelerator:
         if v is not None and v <= 0:
             raise SpecError(f"{where}.peak_tflops.{d}", v, "must be greater than zero")
         if v is not None and v > 1e5:
-            raise SpecError(f"{where}.peak_tflops.{d}", v, "is in TFLOP/s, and this looks like FLOP/s: write "
-                                                           "989e12 FLOP/s as 989")
+            raise SpecError(
+                f"{where}.peak_tflops.{d}", v, "is in TFLOP/s, and this looks like FLOP/s: write 989e12 FLOP/s as 989"
+            )
     _check_units(acc, where)
     return acc
 
 
-_UNITS = {   # field: (lowest plausible, highest plausible, the fix when a figure is off by a unit's factor)
+_UNITS = {  # field: (lowest plausible, highest plausible, the fix when a figure is off by a unit's factor)
     "memory_bytes": (2**30, 2**44, "is in bytes and this looks like GB or GiB: write 80 GiB as 85899345920"),
     # (from 1e6: `toolkit calibrate` measures the job's element-wise rate, which a loaded CPU can bring to 5e7)
     "memory_bw_bytes_per_s": (1e6, 1e14, "is in bytes per second and this looks like GB/s: write 3.35 TB/s as 3.35e12"),
     "link_bw_bytes_per_s": (1e8, 1e14, "is in bytes per second and this looks like GB/s: write 900 GB/s as 900e9"),
-    "network_bw_bytes_per_s": (1e8, 1e14, "is in bytes per second per instance and this looks like Gb/s: write "
-                                          "3,200 Gb/s as 400e9"),
+    "network_bw_bytes_per_s": (
+        1e8,
+        1e14,
+        "is in bytes per second per instance and this looks like Gb/s: write 3,200 Gb/s as 400e9",
+    ),
     "tdp_w": (1, 1e4, "is in watts per device"),
-    "allreduce_bus_bw_bytes_per_s": (1e8, 1e14, "is in bytes per second and this looks like GB/s: write 480 GB/s "
-                                                "as 480e9"),
-    "network_bits_per_s_per_device": (1e8, 1e14, "is in bits per second per device and this looks like Gb/s: write "
-                                                 "400 Gb/s as 400e9"),
+    "allreduce_bus_bw_bytes_per_s": (
+        1e8,
+        1e14,
+        "is in bytes per second and this looks like GB/s: write 480 GB/s as 480e9",
+    ),
+    "network_bits_per_s_per_device": (
+        1e8,
+        1e14,
+        "is in bits per second per device and this looks like Gb/s: write 400 Gb/s as 400e9",
+    ),
 }
 """A unit slip (GB for bytes, Gb/s for bytes per second) is off by 10^9 or more: outside these ranges a figure
 is refused with the fix, instead of a 1,000,000,000-fold answer."""
@@ -170,10 +187,12 @@ class ExchangeRate:
     as_of: str
 
 
-_KINDS = {"accelerators": _accelerator_row,
-          "offers": _offer_row,
-          "presets": lambda row, where: from_dict(Preset, row, where),
-          "exchange_rates": lambda row, where: from_dict(ExchangeRate, row, where)}
+_KINDS = {
+    "accelerators": _accelerator_row,
+    "offers": _offer_row,
+    "presets": lambda row, where: from_dict(Preset, row, where),
+    "exchange_rates": lambda row, where: from_dict(ExchangeRate, row, where),
+}
 
 
 @dataclass(frozen=True)
@@ -190,21 +209,36 @@ class Catalog:
         for acc in self.accelerators.values():
             if key == acc.name.lower() or key in (a.lower() for a in acc.aliases):
                 return acc
-        raise SpecError(field_name, name, "unknown accelerator" + did_you_mean(name, self._acc_names())
-                        + f"; known: {', '.join(a.name for a in self.accelerators.values())}")
+        raise SpecError(
+            field_name,
+            name,
+            "unknown accelerator"
+            + did_you_mean(name, self._acc_names())
+            + f"; known: {', '.join(a.name for a in self.accelerators.values())}",
+        )
 
     def offer(self, name: str, field_name: str = "cost.offer") -> Offer:
         found = self.offers.get(str(name).strip().lower())
         if found is None:
-            raise SpecError(field_name, name, "unknown offer" + did_you_mean(name, [o.name for o in self.offers.values()])
-                            + "; list them with `toolkit catalog offers`")
+            raise SpecError(
+                field_name,
+                name,
+                "unknown offer"
+                + did_you_mean(name, [o.name for o in self.offers.values()])
+                + "; list them with `toolkit catalog offers`",
+            )
         return found
 
     def preset(self, name: str, field_name: str = "model.preset") -> Preset:
         found = self.presets.get(str(name).strip().lower())
         if found is None:
-            raise SpecError(field_name, name, "unknown preset" + did_you_mean(name, [p.name for p in self.presets.values()])
-                            + "; list them with `toolkit catalog presets`")
+            raise SpecError(
+                field_name,
+                name,
+                "unknown preset"
+                + did_you_mean(name, [p.name for p in self.presets.values()])
+                + "; list them with `toolkit catalog presets`",
+            )
         return found
 
     def to_usd(self, amount: float | None, currency: str | None, field_name: str = "cost.currency") -> float | None:
@@ -213,8 +247,12 @@ class Catalog:
             return amount
         rate = self.exchange_rates.get(currency.lower())
         if rate is None:
-            raise SpecError(field_name, currency, "has no exchange rate in the catalog: add a row under "
-                                                  "`exchange_rates:` (name, per_usd, source, as_of) with --catalog")
+            raise SpecError(
+                field_name,
+                currency,
+                "has no exchange rate in the catalog: add a row under "
+                "`exchange_rates:` (name, per_usd, source, as_of) with --catalog",
+            )
         return amount / rate.per_usd
 
     def _acc_names(self) -> list[str]:
@@ -230,7 +268,11 @@ class Catalog:
         tables = {kind: dict(getattr(self, kind)) for kind in _KINDS}
         for kind, rows in data.items():
             if kind not in _KINDS:
-                raise SpecError(f"{label}: {kind}", None, f"unknown section{did_you_mean(kind, _KINDS)}; allowed: {', '.join(_KINDS)}")
+                raise SpecError(
+                    f"{label}: {kind}",
+                    None,
+                    f"unknown section{did_you_mean(kind, _KINDS)}; allowed: {', '.join(_KINDS)}",
+                )
             if not isinstance(rows, list):
                 raise SpecError(f"{label}: {kind}", rows, "expected a list of rows")
             for i, row in enumerate(rows):
@@ -239,8 +281,9 @@ class Catalog:
                     raise SpecError(where, row, "each row needs at least `name`, `source` and `as_of`")
                 for required in ("source", "as_of"):
                     if row.get(required) in (None, ""):
-                        raise SpecError(f"{where}.{required}", None,
-                                        "is required: every figure says where it comes from and when")
+                        raise SpecError(
+                            f"{where}.{required}", None, "is required: every figure says where it comes from and when"
+                        )
                 key = str(row["name"]).lower()
                 base = tables[kind].get(key)
                 if base is not None:

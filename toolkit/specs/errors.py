@@ -1,4 +1,5 @@
 """One error type for every bad input, so the CLI and widgets can show it in one line."""
+
 from __future__ import annotations
 
 import difflib

@@ -6,6 +6,7 @@ and values outside a `Literal[...]`, each with the dotted path of the field. We 
 this instead of using pydantic so that every message is one line in our words, and
 so that building a Job (done on every slider move) costs microseconds.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -149,8 +150,11 @@ def from_dict(cls: type, data: Any, path: str = "") -> Any:
             allowed = ", ".join(fields)
             raise SpecError(where, value, f"unknown key{did_you_mean(name, fields)}; allowed keys: {allowed}")
         kwargs[name] = _convert(hints[name], value, where)
-    missing = [n for n, f in fields.items() if n not in kwargs
-               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    missing = [
+        n
+        for n, f in fields.items()
+        if n not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
     if missing:
         where = f"{path}.{missing[0]}" if path else missing[0]
         raise SpecError(where, None, "is required")
@@ -166,4 +170,3 @@ def to_dict(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: to_dict(v) for k, v in obj.items()}
     return obj
-

@@ -4,6 +4,7 @@ A Job as written (by a user, a YAML file or the CLI) may leave things out: the d
 parallel degree, the global batch, the token budget. `resolve()` fills them from the
 cluster and the preset, checks every field against the others, and says what it chose.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,10 +25,27 @@ from .precision import PRECISIONS, TORCH_SEMANTICS, PrecisionPlan, compute_dtype
 from .resolve import resolve_job
 from .yamlio import read_yaml
 
-__all__ = ["Batch", "Precision", "Optimizer", "Parallel", "MemoryOptions", "Overlap", "Cluster", "Cost", "Finetune", "Job",
-           "Pruning", "Training",
-           "LORA_TARGETS",
-           "PRECISIONS", "TORCH_SEMANTICS", "backend_masks", "compute_dtype", "infer_backend"]
+__all__ = [
+    "Batch",
+    "Precision",
+    "Optimizer",
+    "Parallel",
+    "MemoryOptions",
+    "Overlap",
+    "Cluster",
+    "Cost",
+    "Finetune",
+    "Job",
+    "Pruning",
+    "Training",
+    "LORA_TARGETS",
+    "PRECISIONS",
+    "TORCH_SEMANTICS",
+    "backend_masks",
+    "compute_dtype",
+    "infer_backend",
+]
+
 
 @dataclass(frozen=True, kw_only=True)
 class Batch:
@@ -108,6 +126,7 @@ class Parallel:
 class Overlap:
     """Which communication hides behind compute: a setting of each framework, not of the layout. None = the backend's
     default (toolkit.estimate.steptime.overlap_settings), said in the estimate's notes."""
+
     grad_reduce: bool | None = None
     """Gradient all-reduce or reduce-scatter during backward, bucket by bucket. Defaults: torch yes (DDP's buckets,
     FSDP2's reduce-scatter stream); DeepSpeed no (the toolkit's config sets overlap_comm false; DeepSpeed's own
@@ -219,6 +238,7 @@ class Pruning:
 @dataclass(frozen=True, kw_only=True)
 class Training:
     """What the runner needs beyond the layout: schedule, data, checkpoints, techniques."""
+
     steps: int = 100
     """Optimizer steps to train (a resumed run continues up to this step)."""
     lr: float = 3e-4
@@ -353,4 +373,3 @@ def expand_model(data: dict, catalog: Catalog) -> ModelSpec:
         base = model_from_hf_config(str(hf_config), seq_len=int(seq) if seq is not None else None)
         return from_dict(ModelSpec, {**{k: v for k, v in to_dict(base).items() if v is not None}, **data}, "model")
     return from_dict(ModelSpec, data, "model")
-

@@ -1,4 +1,5 @@
 """The model being trained: a dense decoder (GPT/Llama style) or a BERT-style encoder."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -93,32 +94,53 @@ class ModelSpec:
     # ---- checks --------------------------------------------------------------------
     def validate(self) -> None:
         """Refuse shapes no transformer can have; the message names the field and the fix."""
-        for name in ("layers", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab",
-                     "seq_len", "max_positions", "params"):
+        for name in (
+            "layers",
+            "hidden",
+            "heads",
+            "kv_heads",
+            "head_dim",
+            "ffn",
+            "vocab",
+            "seq_len",
+            "max_positions",
+            "params",
+        ):
             check_positive(getattr(self, name), f"model.{name}")
         check_range(self.dropout, "model.dropout", 0.0, 1.0, high_open=True)
         shape = ("layers", "hidden", "heads")
         given = [n for n in shape if getattr(self, n) is not None]
         if self.params is not None:
             if given:
-                raise SpecError(f"model.{given[0]}", getattr(self, given[0]),
-                                "give either model.params or the shape (layers, hidden, heads), not both")
+                raise SpecError(
+                    f"model.{given[0]}",
+                    getattr(self, given[0]),
+                    "give either model.params or the shape (layers, hidden, heads), not both",
+                )
             return
         if len(given) != len(shape):
             missing = next(n for n in shape if getattr(self, n) is None)
-            raise SpecError(f"model.{missing}", None,
-                            "is required: give layers, hidden and heads (or model.params for a size-only model)")
+            raise SpecError(
+                f"model.{missing}",
+                None,
+                "is required: give layers, hidden and heads (or model.params for a size-only model)",
+            )
         if self.head_dim is None and self.hidden % self.heads:
-            raise SpecError("model.heads", self.heads,
-                            f"must divide model.hidden = {self.hidden} (or set model.head_dim)")
+            raise SpecError(
+                "model.heads", self.heads, f"must divide model.hidden = {self.hidden} (or set model.head_dim)"
+            )
         if self.heads % self.kv_heads_:
             allowed = ", ".join(str(k) for k in range(1, self.heads + 1) if self.heads % k == 0)
-            raise SpecError("model.kv_heads", self.kv_heads_,
-                            f"must divide model.heads = {self.heads}; allowed: {allowed}")
+            raise SpecError(
+                "model.kv_heads", self.kv_heads_, f"must divide model.heads = {self.heads}; allowed: {allowed}"
+            )
         if self.position == "learned" and self.max_positions_ < self.seq_len:
-            raise SpecError("model.seq_len", self.seq_len,
-                            f"exceeds the learned position table (model.max_positions = {self.max_positions_}); "
-                            "raise model.max_positions in a job file to train a wider table")
+            raise SpecError(
+                "model.seq_len",
+                self.seq_len,
+                f"exceeds the learned position table (model.max_positions = {self.max_positions_}); "
+                "raise model.max_positions in a job file to train a wider table",
+            )
 
 
 def nf4_shapes_ok(model: "ModelSpec") -> str | None:

@@ -1,6 +1,7 @@
 """Exact parameter counts of a ModelSpec, split by where the parameters live, and what tensor parallelism leaves
 on one rank. A fact of the model (specs): the estimator sizes memory from it, resolve splits pipelines by it
 (toolkit.specs.partition)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,8 +10,14 @@ import numpy as np
 
 from .model import ModelSpec
 
-__all__ = ["ParamCount", "count_params", "linear_params_per_layer", "projection_shapes", "replicated_per_layer",
-           "vocab_per_rank"]
+__all__ = [
+    "ParamCount",
+    "count_params",
+    "linear_params_per_layer",
+    "projection_shapes",
+    "replicated_per_layer",
+    "vocab_per_rank",
+]
 
 
 @dataclass(frozen=True)
@@ -62,8 +69,14 @@ def count_params(model: ModelSpec) -> ParamCount:
     positions = model.max_positions_ * h if model.position == "learned" else 0
     final = norm + (h * h + h if model.encoder else 0)
     head = 0 if model.tie_embeddings else h * model.vocab
-    return ParamCount(embedding=embedding, positions=positions, per_layer=per_layer,
-                      layers=per_layer * model.layers, final=final, head=head)
+    return ParamCount(
+        embedding=embedding,
+        positions=positions,
+        per_layer=per_layer,
+        layers=per_layer * model.layers,
+        final=final,
+        head=head,
+    )
 
 
 def projection_shapes(model: ModelSpec) -> dict[str, tuple[int, int]]:

@@ -15,6 +15,7 @@ lightest part's weights as close as possible, the latest cut winning a tie. The 
 embedding, a transpose, the blocks, a transpose, the final norm, the output projection (the embedding again when
 tied), and a cast back to fp32 in 16-bit modes. The blocks each part gets become `parallel.stage_layers`.
 """
+
 from __future__ import annotations
 
 import functools
@@ -93,23 +94,31 @@ def partition_blocks(model: ModelSpec, pp: int, method: str, tp: int = 1, half: 
         cuts = balanced_parts(tuple(float(n) for n in (w for _name, w in entries)), pp)
     elif method.startswith("type:"):
         try:
-            pattern = re.compile(method[len("type:"):], re.IGNORECASE)
+            pattern = re.compile(method[len("type:") :], re.IGNORECASE)
         except re.error as err:
             raise SpecError("parallel.partition", method, f"its regular expression does not compile ({err})") from None
         weights = tuple(1.0 if pattern.search(name) else 0.0 for name, _n in entries)
         if not any(weights):
-            raise SpecError("parallel.partition", method, f"matches none of the layers ({BLOCK}, {EMBEDDING}, ...); "
-                                                          "try type:transformer or type:transformer|embedding")
+            raise SpecError(
+                "parallel.partition",
+                method,
+                f"matches none of the layers ({BLOCK}, {EMBEDDING}, ...); "
+                "try type:transformer or type:transformer|embedding",
+            )
         cuts = balanced_parts(weights, pp)
     else:
-        raise SpecError("parallel.partition", method, f"use one of {', '.join(PARTITION_METHODS)} (DeepSpeed's "
-                                                      "partition_method)")
+        raise SpecError(
+            "parallel.partition", method, f"use one of {', '.join(PARTITION_METHODS)} (DeepSpeed's partition_method)"
+        )
     names = [name for name, _n in entries]
     blocks = [names[a:b].count(BLOCK) for a, b in zip(cuts, cuts[1:])]
     head = len(names) - 1 - names[::-1].index(HEAD if not model.tie_embeddings else EMBEDDING)
     if min(blocks) < 1 or names.index(EMBEDDING) >= cuts[1] or head < cuts[-2]:
-        raise SpecError("parallel.partition", method,
-                        f"splits the {model.layers} blocks on {pp} stages as {blocks}, leaving a stage without a "
-                        "block (or the embedding or output projection off its end stage), which the toolkit does "
-                        "not model; use fewer stages or type:transformer|embedding")
+        raise SpecError(
+            "parallel.partition",
+            method,
+            f"splits the {model.layers} blocks on {pp} stages as {blocks}, leaving a stage without a "
+            "block (or the embedding or output projection off its end stage), which the toolkit does "
+            "not model; use fewer stages or type:transformer|embedding",
+        )
     return blocks

@@ -8,6 +8,7 @@ optimizer states and matmuls, and the machinery around them (fp32 master weights
 The estimator reads byte counts from it, the runner and the tracer map its dtype names to torch's
 (toolkit.program.precision.TORCH_DTYPES), the catalog's peaks are keyed by `compute`.
 """
+
 from __future__ import annotations
 
 import functools
@@ -76,7 +77,7 @@ def precision_plan(mode: str) -> PrecisionPlan:
         return PrecisionPlan(mode, family, "fp32", "fp32", half, False, half, half == "fp16")
     if family == "mixed":
         return PrecisionPlan(mode, family, half, "fp32", half, True, None, half == "fp16")
-    return PrecisionPlan(mode, family, half, half, half, False, None, False)        # pure-bf16
+    return PrecisionPlan(mode, family, half, half, half, False, None, False)  # pure-bf16
 
 
 def compute_dtype(mode: str) -> str:

@@ -5,6 +5,7 @@ order follows the Job: sizes, cluster and offer, parallel layout, precision, fin
 runner's section; one function per section. The layout rules themselves are toolkit.specs.rules, which the
 planner's layout grid applies to arrays of layouts.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,13 +17,24 @@ from .errors import SpecError
 from .fields import check_positive, check_range
 from .model import LORA_TARGETS, nf4_shapes_ok
 from .precision import TORCH_SEMANTICS, compute_dtype
-from .rules import (batch_split, devices_split, heads_split, interleaved_rounds_fit, optimizer_offload_fits,
-                    named_backend_fits, params_offload_fits, per_op_recompute_fits, sequence_split, sp_has_tp,
-                    vpp_has_pp, adapters_fit)
+from .rules import (
+    batch_split,
+    devices_split,
+    heads_split,
+    interleaved_rounds_fit,
+    optimizer_offload_fits,
+    named_backend_fits,
+    params_offload_fits,
+    per_op_recompute_fits,
+    sequence_split,
+    sp_has_tp,
+    vpp_has_pp,
+    adapters_fit,
+)
 from .partition import partition_blocks
 from .stages import check_stage_layers, rank_layers
 
-if TYPE_CHECKING:            # (job.py imports this module: the Job type is for annotations only)
+if TYPE_CHECKING:  # (job.py imports this module: the Job type is for annotations only)
     from .catalog import Catalog
     from .job import Job
 
@@ -48,41 +60,52 @@ def _resolve_training(job: Job, notes: list[str]):
     check_range(t.min_lr_fraction, "training.min_lr_fraction", 0.0, 1.0)
     if t.warmup_steps >= t.steps and t.steps > 1:
         default = t.warmup_steps == type(t)().warmup_steps
-        raise SpecError("training.warmup_steps", t.warmup_steps,
-                        ("(the default) " if default else "") + f"must be below training.steps = {t.steps}; "
-                        f"give --warmup {max(t.steps // 10, 1)}" + (" or more --steps" if default else ""))
+        raise SpecError(
+            "training.warmup_steps",
+            t.warmup_steps,
+            ("(the default) " if default else "") + f"must be below training.steps = {t.steps}; "
+            f"give --warmup {max(t.steps // 10, 1)}" + (" or more --steps" if default else ""),
+        )
     pruning = t.pruning
     if pruning.method == "magnitude":
         check_range(pruning.sparsity, "training.pruning.sparsity", 0.0, 1.0, high_open=True)
     check_positive(pruning.at_step, "training.pruning.at_step", allow_zero=True)
     if pruning.method != "none" and pruning.at_step >= t.steps:
-        raise SpecError("training.pruning.at_step", pruning.at_step,
-                        f"must be below training.steps = {t.steps}, or the masks never act")
+        raise SpecError(
+            "training.pruning.at_step",
+            pruning.at_step,
+            f"must be below training.steps = {t.steps}, or the masks never act",
+        )
     if pruning.method == "2:4" and pruning.sparsity != 0.5:
         notes.append("2:4 pruning zeroes exactly half the block weights; training.pruning.sparsity ignored")
     if t.gradient_checkpointing is not None:
         wanted = "full" if t.gradient_checkpointing else "none"
         if memory.recompute not in ("none", wanted):
-            raise SpecError("training.gradient_checkpointing", t.gradient_checkpointing,
-                            f"contradicts memory.recompute = {memory.recompute}; keep one of the two")
+            raise SpecError(
+                "training.gradient_checkpointing",
+                t.gradient_checkpointing,
+                f"contradicts memory.recompute = {memory.recompute}; keep one of the two",
+            )
         memory = dataclasses.replace(memory, recompute=wanted if t.gradient_checkpointing else memory.recompute)
     for tracker in t.trackers:
         if tracker not in ("tensorboard", "wandb", "trackio"):
             raise SpecError("training.trackers", tracker, "allowed: tensorboard, wandb, trackio")
     if t.fp32_norm and job.precision.mode in ("fp32", "amp-bf16", "amp-fp16"):
-        notes.append(f"training.fp32_norm changes nothing under {job.precision.mode}: norms already run in fp32 "
-                     "on the fp32 residual stream; it matters for mixed-* and pure-bf16")
+        notes.append(
+            f"training.fp32_norm changes nothing under {job.precision.mode}: norms already run in fp32 "
+            "on the fp32 residual stream; it matters for mixed-* and pure-bf16"
+        )
     return memory
 
 
 _BACKEND_PROGRAMS = {
     "torch": "torch's program (DDP, FSDP2, DTensor, pipelining) runs fp32, amp-* and pure-bf16, and mixed-* as "
-             "replicas without ZeRO, tp or pp",
+    "replicas without ZeRO, tp or pp",
     "deepspeed": "DeepSpeed's program is modelled for the mixed-* modes and fp32 with zero 1, 2 or 3 over dp alone "
-                 "(16-bit or fp32 weights, fp32 master partitions), and for mixed-* with tp or pp at zero 0 or 1 "
-                 "(Megatron-DeepSpeed: its engine and pipeline around Megatron's tensor parallelism)",
+    "(16-bit or fp32 weights, fp32 master partitions), and for mixed-* with tp or pp at zero 0 or 1 "
+    "(Megatron-DeepSpeed: its engine and pipeline around Megatron's tensor parallelism)",
     "megatron": "Megatron's program is modelled for the mixed-* modes with tp or pp (ZeRO-1 as its distributed "
-                "optimizer)",
+    "optimizer)",
 }
 
 
@@ -92,20 +115,26 @@ def _check_backend(par, mode: str) -> None:
     (Left as given, not filled in: jobs derived from this one with another layout infer theirs afresh.)"""
     if not named_backend_fits(par.backend, mode, par.zero, par.tp, par.pp):
         inferred = infer_backend(mode, par.zero, par.tp, par.pp)
-        raise SpecError("parallel.backend", par.backend,
-                        f"{_BACKEND_PROGRAMS[par.backend]}; precision.mode = {mode} with zero {par.zero}, tp {par.tp}, "
-                        f"pp {par.pp} is {inferred}'s (leave backend unset, or change the mode or layout)")
+        raise SpecError(
+            "parallel.backend",
+            par.backend,
+            f"{_BACKEND_PROGRAMS[par.backend]}; precision.mode = {mode} with zero {par.zero}, tp {par.tp}, "
+            f"pp {par.pp} is {inferred}'s (leave backend unset, or change the mode or layout)",
+        )
 
 
 def _check_interleaved_rounds(micro_batches: int, pp: int, vpp: int, per_step: int) -> None:
     if not interleaved_rounds_fit(micro_batches, pp):
         rounds = max(1, micro_batches // pp)
         lower, upper = micro_batches - micro_batches % pp, micro_batches + pp - micro_batches % pp
-        raise SpecError("parallel.vpp", vpp,
-                        f"the interleaved schedule runs the step's {micro_batches} micro-batches in rounds of "
-                        f"max(1, {micro_batches} // pp) = {rounds}, which must divide them (torch's "
-                        f"ScheduleInterleaved1F1B); use batch.global_batch = {lower * per_step} or "
-                        f"{upper * per_step} (micro-batches a multiple of pp = {pp}), or vpp = 1")
+        raise SpecError(
+            "parallel.vpp",
+            vpp,
+            f"the interleaved schedule runs the step's {micro_batches} micro-batches in rounds of "
+            f"max(1, {micro_batches} // pp) = {rounds}, which must divide them (torch's "
+            f"ScheduleInterleaved1F1B); use batch.global_batch = {lower * per_step} or "
+            f"{upper * per_step} (micro-batches a multiple of pp = {pp}), or vpp = 1",
+        )
 
 
 def resolve_job(job: Job, catalog: Catalog) -> tuple[Job, list[str]]:
@@ -123,8 +152,16 @@ def resolve_job(job: Job, catalog: Catalog) -> tuple[Job, list[str]]:
     memory = _resolve_training(job, notes)
     if memory.program is None:
         memory = dataclasses.replace(memory, program="cpu" if accelerator is None else "cuda")
-    resolved = dataclasses.replace(job, memory=memory, parallel=par, cluster=cluster, batch=batch, tokens=tokens,
-                                   precision=precision, workload=workload)
+    resolved = dataclasses.replace(
+        job,
+        memory=memory,
+        parallel=par,
+        cluster=cluster,
+        batch=batch,
+        tokens=tokens,
+        precision=precision,
+        workload=workload,
+    )
     return resolved, notes
 
 
@@ -138,22 +175,29 @@ def _token_budget(job: Job, workload: str, preset, notes: list[str]) -> float | 
         return job.tokens
     if workload == "finetune":
         if ft.dataset_tokens is not None:
-            notes.append(f"tokens = {ft.dataset_tokens * ft.epochs:.4g}, the fine-tuning data "
-                         f"({ft.dataset_tokens:.4g} tokens × {ft.epochs:g} epochs)")
+            notes.append(
+                f"tokens = {ft.dataset_tokens * ft.epochs:.4g}, the fine-tuning data "
+                f"({ft.dataset_tokens:.4g} tokens × {ft.epochs:g} epochs)"
+            )
             return ft.dataset_tokens * ft.epochs
-        notes.append("fine-tuning budget not given (--tokens, or --dataset-tokens and --epochs): time is shown per "
-                     "billion tokens, not the pretraining budget")
+        notes.append(
+            "fine-tuning budget not given (--tokens, or --dataset-tokens and --epochs): time is shown per "
+            "billion tokens, not the pretraining budget"
+        )
         return None
     if preset is not None and preset.tokens is not None:
         notes.append(f"tokens = {preset.tokens:.4g}, the budget published for {preset.name}")
         return preset.tokens
     return None
 
+
 def _check_sizes(job: Job) -> None:
     """Sizes that must be positive, and fractions in their ranges."""
-    for section, names in (("parallel", ("dp", "tp", "pp", "vpp", "cp")), ("batch", ("micro_batch", "global_batch")),
-                           ("cluster", ("count", "gpus_per_node", "intra_node_bw_bytes_per_s",
-                                        "inter_node_bw_bytes_per_s"))):
+    for section, names in (
+        ("parallel", ("dp", "tp", "pp", "vpp", "cp")),
+        ("batch", ("micro_batch", "global_batch")),
+        ("cluster", ("count", "gpus_per_node", "intra_node_bw_bytes_per_s", "inter_node_bw_bytes_per_s")),
+    ):
         for name in names:
             check_positive(getattr(getattr(job, section), name), f"{section}.{name}")
     check_positive(job.tokens, "tokens")
@@ -180,9 +224,12 @@ def _resolve_cluster(job: Job, catalog: Catalog, notes: list[str]):
         notes.append(f"accelerator {accelerator.name} taken from offer {offer.name}")
     if offer is not None:
         if accelerator.name != catalog.accelerator(offer.accelerator).name:
-            raise SpecError("cost.offer", offer.name,
-                            f"carries {offer.accelerator}, but the job runs on {accelerator.name}; "
-                            "pick an offer with the same accelerator (toolkit catalog offers)")
+            raise SpecError(
+                "cost.offer",
+                offer.name,
+                f"carries {offer.accelerator}, but the job runs on {accelerator.name}; "
+                "pick an offer with the same accelerator (toolkit catalog offers)",
+            )
         cluster = dataclasses.replace(cluster, accelerator=accelerator.name)
     elif accelerator is not None:
         cluster = dataclasses.replace(cluster, accelerator=accelerator.name)
@@ -198,10 +245,13 @@ def _resolve_cluster(job: Job, catalog: Catalog, notes: list[str]):
             count = model_parallel(par)
         cluster = dataclasses.replace(cluster, count=count)
     if count > cluster.gpus_per_node and count % cluster.gpus_per_node:
-        raise SpecError("cluster.count", count,
-                        f"spans more than one node but is not a multiple of cluster.gpus_per_node = "
-                        f"{cluster.gpus_per_node}; use {count - count % cluster.gpus_per_node} or "
-                        f"{count + cluster.gpus_per_node - count % cluster.gpus_per_node}")
+        raise SpecError(
+            "cluster.count",
+            count,
+            f"spans more than one node but is not a multiple of cluster.gpus_per_node = "
+            f"{cluster.gpus_per_node}; use {count - count % cluster.gpus_per_node} or "
+            f"{count + cluster.gpus_per_node - count % cluster.gpus_per_node}",
+        )
     return cluster, accelerator
 
 
@@ -210,43 +260,66 @@ def _check_model_split(job: Job, notes: list[str]) -> None:
     model, par = job.model, job.parallel
     if not model.has_shape:
         if par.stage_layers:
-            raise SpecError("parallel.stage_layers", list(par.stage_layers),
-                            "needs the model's layers (give model.layers)")
+            raise SpecError(
+                "parallel.stage_layers", list(par.stage_layers), "needs the model's layers (give model.layers)"
+            )
         return
     if not heads_split(model, par.tp):
         for heads_field, heads in (("model.heads", model.heads), ("model.kv_heads", model.kv_heads_)):
             if heads % par.tp:
-                raise SpecError("parallel.tp", par.tp,
-                                f"must divide {heads_field} = {heads}; allowed: {_listing(divisors(heads))}")
+                raise SpecError(
+                    "parallel.tp", par.tp, f"must divide {heads_field} = {heads}; allowed: {_listing(divisors(heads))}"
+                )
     check_stage_layers(model.layers, par.pp, par.vpp, par.stage_layers)
-    if (par.stage_layers or model.layers % (par.pp * par.vpp)) and not par.partition:      # (partition said it)
+    if (par.stage_layers or model.layers % (par.pp * par.vpp)) and not par.partition:  # (partition said it)
         ranks = rank_layers(model.layers, par.pp, par.vpp, par.stage_layers)
-        shown = ", ".join(map(str, ranks)) if len(ranks) <= 6 else f"{ranks[0]}, {ranks[1]}, ..., {ranks[-2]}, {ranks[-1]}"
-        notes.append(f"pipeline ranks hold {shown} layers" + (
-            "" if par.stage_layers else f" ({par.pp * par.vpp} equal chunks do not divide {model.layers} layers: "
-                                        "the first and last hold fewer, as Llama 3 405B ran)"))
+        shown = (
+            ", ".join(map(str, ranks)) if len(ranks) <= 6 else f"{ranks[0]}, {ranks[1]}, ..., {ranks[-2]}, {ranks[-1]}"
+        )
+        notes.append(
+            f"pipeline ranks hold {shown} layers"
+            + (
+                ""
+                if par.stage_layers
+                else f" ({par.pp * par.vpp} equal chunks do not divide {model.layers} layers: "
+                "the first and last hold fewer, as Llama 3 405B ran)"
+            )
+        )
     if par.cp > 1:
-        notes.append(f"context parallelism: each of cp = {par.cp} ranks keeps {model.seq_len // par.cp} tokens of "
-                     "a sequence and passes keys and values round a ring (Liu et al. 2023); estimated, not traced "
-                     "or run here (torch's needs CUDA attention kernels)")
+        notes.append(
+            f"context parallelism: each of cp = {par.cp} ranks keeps {model.seq_len // par.cp} tokens of "
+            "a sequence and passes keys and values round a ring (Liu et al. 2023); estimated, not traced "
+            "or run here (torch's needs CUDA attention kernels)"
+        )
     if not sequence_split(model, par.cp):
-        raise SpecError("parallel.cp", par.cp, f"context parallelism cuts each sequence into 2 × cp balanced "
-                                               f"pieces: 2 × cp must divide model.seq_len = {model.seq_len}")
+        raise SpecError(
+            "parallel.cp",
+            par.cp,
+            f"context parallelism cuts each sequence into 2 × cp balanced "
+            f"pieces: 2 × cp must divide model.seq_len = {model.seq_len}",
+        )
 
 
 def _partition_stages(job: Job, notes: list[str]):
     """The parallel section with `partition` turned into the stage_layers DeepSpeed would give each stage."""
     par = job.parallel
     if par.pp == 1 or par.vpp > 1 or not job.model.has_shape:
-        raise SpecError("parallel.partition", par.partition,
-                        "splits a DeepSpeed pipeline's stages: needs pp > 1, vpp 1 (DeepSpeed does not interleave) "
-                        "and the model's shape")
+        raise SpecError(
+            "parallel.partition",
+            par.partition,
+            "splits a DeepSpeed pipeline's stages: needs pp > 1, vpp 1 (DeepSpeed does not interleave) "
+            "and the model's shape",
+        )
     blocks = partition_blocks(job.model, par.pp, par.partition, par.tp, half=job.precision.mode != "fp32")
-    if par.stage_layers and tuple(par.stage_layers) != tuple(blocks):    # (a resolved job carries both, equal)
-        raise SpecError("parallel.partition", par.partition,
-                        f"gives stages {blocks} but parallel.stage_layers lists {list(par.stage_layers)}; keep one")
-    notes.append(f"DeepSpeed's {par.partition} partition gives the {par.pp} stages "
-                 f"{', '.join(map(str, blocks))} blocks")
+    if par.stage_layers and tuple(par.stage_layers) != tuple(blocks):  # (a resolved job carries both, equal)
+        raise SpecError(
+            "parallel.partition",
+            par.partition,
+            f"gives stages {blocks} but parallel.stage_layers lists {list(par.stage_layers)}; keep one",
+        )
+    notes.append(
+        f"DeepSpeed's {par.partition} partition gives the {par.pp} stages {', '.join(map(str, blocks))} blocks"
+    )
     return dataclasses.replace(par, stage_layers=tuple(blocks))
 
 
@@ -260,35 +333,49 @@ def _resolve_layout(job: Job, cluster, notes: list[str]):
     if not vpp_has_pp(par.vpp, par.pp):
         raise SpecError("parallel.vpp", par.vpp, "interleaved stages need parallel.pp > 1; set vpp to 1 or raise pp")
     if not sp_has_tp(par.sp, par.tp):
-        raise SpecError("parallel.sp", True, "sequence parallelism splits over the tensor-parallel group: needs parallel.tp > 1")
+        raise SpecError(
+            "parallel.sp", True, "sequence parallelism splits over the tensor-parallel group: needs parallel.tp > 1"
+        )
     replica = model_parallel(par)
     named = "tp × pp" + (" × cp" if par.cp > 1 else "")
     if par.dp is None:
         if not devices_split(count, par):
-            raise SpecError("parallel.tp", par.tp,
-                            f"{named} = {replica} does not divide cluster.count = {count}; "
-                            f"pick {named} among {_listing(divisors(count))}")
+            raise SpecError(
+                "parallel.tp",
+                par.tp,
+                f"{named} = {replica} does not divide cluster.count = {count}; "
+                f"pick {named} among {_listing(divisors(count))}",
+            )
         par = dataclasses.replace(par, dp=count // replica)
     elif par.dp * replica != count:
-        raise SpecError("parallel.dp", par.dp,
-                        f"dp × {named} = {par.dp} × {par.tp} × {par.pp}{f' × {par.cp}' if par.cp > 1 else ''} = "
-                        f"{par.dp * replica} "
-                        f"but cluster.count = {count}; with these use dp = {count / replica:g}"
-                        if count % replica == 0 else
-                        f"dp × {named} = {par.dp * replica} but cluster.count = {count}, "
-                        f"which {named} = {replica} does not divide")
+        raise SpecError(
+            "parallel.dp",
+            par.dp,
+            f"dp × {named} = {par.dp} × {par.tp} × {par.pp}{f' × {par.cp}' if par.cp > 1 else ''} = "
+            f"{par.dp * replica} "
+            f"but cluster.count = {count}; with these use dp = {count / replica:g}"
+            if count % replica == 0
+            else f"dp × {named} = {par.dp * replica} but cluster.count = {count}, "
+            f"which {named} = {replica} does not divide",
+        )
     if par.dp_replicate < 1 or par.dp % par.dp_replicate:
-        raise SpecError("parallel.dp_replicate", par.dp_replicate,
-                        f"must divide dp = {par.dp} (shards over dp / dp_replicate ranks); allowed: "
-                        f"{_listing(divisors(par.dp))}")
+        raise SpecError(
+            "parallel.dp_replicate",
+            par.dp_replicate,
+            f"must divide dp = {par.dp} (shards over dp / dp_replicate ranks); allowed: {_listing(divisors(par.dp))}",
+        )
     hsdp_program = par.zero >= 2 and job.precision.mode in TORCH_SEMANTICS and par.backend in (None, "torch")
     if par.dp_replicate > 1 and not hsdp_program:
-        raise SpecError("parallel.dp_replicate", par.dp_replicate,
-                        "HSDP replicates FSDP2's shards: needs --zero 2 or 3 with an amp-*, fp32 or pure-bf16 "
-                        "mode (torch's program); or set it to 1")
+        raise SpecError(
+            "parallel.dp_replicate",
+            par.dp_replicate,
+            "HSDP replicates FSDP2's shards: needs --zero 2 or 3 with an amp-*, fp32 or pure-bf16 "
+            "mode (torch's program); or set it to 1",
+        )
     if par.tp > cluster.gpus_per_node:
-        notes.append(f"tp = {par.tp} crosses nodes of {cluster.gpus_per_node} devices: its all-reduces "
-                     "run over the network")
+        notes.append(
+            f"tp = {par.tp} crosses nodes of {cluster.gpus_per_node} devices: its all-reduces run over the network"
+        )
     return par
 
 
@@ -302,30 +389,48 @@ def _resolve_precision(job: Job, accelerator, notes: list[str]):
             notes.append(f"precision = amp-fp16: {accelerator.name} has no bf16 units")
     mode = precision.mode
     if precision.grad_dtype == "fp32" and not precision.plan.master_weights:
-        raise SpecError("precision.grad_dtype", "fp32",
-                        f"fp32 main gradients apply to mixed-bf16/mixed-fp16 only (precision.mode = {mode} "
-                        "already keeps fp32 gradients, or none)")
+        raise SpecError(
+            "precision.grad_dtype",
+            "fp32",
+            f"fp32 main gradients apply to mixed-bf16/mixed-fp16 only (precision.mode = {mode} "
+            "already keeps fp32 gradients, or none)",
+        )
     if accelerator is not None and compute_dtype(mode) in accelerator.unsupported:
-        options = [m for m in ("amp-bf16", "amp-fp16", "mixed-bf16", "mixed-fp16", "pure-bf16", "fp32")
-                   if compute_dtype(m) not in accelerator.unsupported]
-        raise SpecError("precision.mode", mode,
-                        f"{accelerator.name} has no {compute_dtype(mode)} math units; use one of {', '.join(options)}")
+        options = [
+            m
+            for m in ("amp-bf16", "amp-fp16", "mixed-bf16", "mixed-fp16", "pure-bf16", "fp32")
+            if compute_dtype(m) not in accelerator.unsupported
+        ]
+        raise SpecError(
+            "precision.mode",
+            mode,
+            f"{accelerator.name} has no {compute_dtype(mode)} math units; use one of {', '.join(options)}",
+        )
     fsdp = job.parallel.zero >= 2 and mode in TORCH_SEMANTICS and job.parallel.backend != "deepspeed"
     if precision.fp8_all_gather and not (precision.fp8 and fsdp):
-        raise SpecError("precision.fp8_all_gather", True,
-                        "gathers FSDP2's float8 weights: needs precision.fp8 with ZeRO-2/3 and an amp-*, fp32 or "
-                        "pure-bf16 mode (torch's FSDP2); drop it or set those")
+        raise SpecError(
+            "precision.fp8_all_gather",
+            True,
+            "gathers FSDP2's float8 weights: needs precision.fp8 with ZeRO-2/3 and an amp-*, fp32 or "
+            "pure-bf16 mode (torch's FSDP2); drop it or set those",
+        )
     if precision.fp8_all_gather:
-        notes.append("FSDP2 gathers the blocks' linear weights in float8 (torchao's enable_fsdp_float8_all_gather): "
-                     "1 byte each on the wire and in the gathered blocks; estimated, not traced (float8 needs CUDA)")
+        notes.append(
+            "FSDP2 gathers the blocks' linear weights in float8 (torchao's enable_fsdp_float8_all_gather): "
+            "1 byte each on the wire and in the gathered blocks; estimated, not traced (float8 needs CUDA)"
+        )
     if precision.fp8:
         if mode == "fp32":
-            raise SpecError("precision.fp8", True, "FP8 matmuls pair with a 16-bit mode (amp-bf16, mixed-bf16, ...), "
-                                                   "not fp32")
+            raise SpecError(
+                "precision.fp8", True, "FP8 matmuls pair with a 16-bit mode (amp-bf16, mixed-bf16, ...), not fp32"
+            )
         if accelerator is not None and accelerator.peak_flops("fp8") is None:
             reason = "has no FP8 units" if "fp8" in accelerator.unsupported else "has no published FP8 peak"
-            raise SpecError("precision.fp8", True, f"{accelerator.name} {reason}; FP8 runs on e.g. H100-SXM, H200, "
-                                                   "MI300X (toolkit catalog accelerators)")
+            raise SpecError(
+                "precision.fp8",
+                True,
+                f"{accelerator.name} {reason}; FP8 runs on e.g. H100-SXM, H200, MI300X (toolkit catalog accelerators)",
+            )
     return precision
 
 
@@ -334,16 +439,22 @@ def _check_sharding(job: Job, par, mode: str, notes: list[str]) -> None:
     torch_semantics = mode in TORCH_SEMANTICS and not deepspeed_fp32(par.backend, mode, par.zero, par.tp, par.pp)
     if not optimizer_offload_fits(par.offload, par.zero, torch_semantics):
         if torch_semantics:
-            raise SpecError("parallel.offload", "optimizer",
-                            f"torch's FSDP2 (used for precision.mode = {mode}) offloads parameters, gradients and "
-                            "optimizer states together: use offload = params with zero 2 or 3, or a mixed-* "
-                            "precision for DeepSpeed's ZeRO-Offload")
+            raise SpecError(
+                "parallel.offload",
+                "optimizer",
+                f"torch's FSDP2 (used for precision.mode = {mode}) offloads parameters, gradients and "
+                "optimizer states together: use offload = params with zero 2 or 3, or a mixed-* "
+                "precision for DeepSpeed's ZeRO-Offload",
+            )
         raise SpecError("parallel.offload", "optimizer", "ZeRO-Offload needs parallel.zero = 1, 2 or 3")
     if not params_offload_fits(par.offload, par.zero, torch_semantics):
         need = (2, 3) if torch_semantics else (3,)
-        raise SpecError("parallel.offload", "params",
-                        f"parameter offload needs parallel.zero = {' or '.join(map(str, need))} "
-                        f"({'FSDP2' if torch_semantics else 'DeepSpeed ZeRO-3'}); got zero = {par.zero}")
+        raise SpecError(
+            "parallel.offload",
+            "params",
+            f"parameter offload needs parallel.zero = {' or '.join(map(str, need))} "
+            f"({'FSDP2' if torch_semantics else 'DeepSpeed ZeRO-3'}); got zero = {par.zero}",
+        )
     _check_backend(par, mode)
     if par.zero > 0 and par.dp == 1:
         notes.append(f"ZeRO-{par.zero} with dp = 1 shards nothing: it only adds communication")
@@ -351,17 +462,27 @@ def _check_sharding(job: Job, par, mode: str, notes: list[str]) -> None:
     if not per_op_recompute_fits(job.memory.recompute, par.backend, mode, par.zero, par.tp, par.pp, plain_blocks):
         if not plain_blocks:
             what = "int8 activations" if job.memory.act_compress != "none" else "adapters"
-            raise SpecError("memory.recompute", "selective-op", f"per-op recompute is not combined with {what} "
-                            "(both decide what a block saves); use selective or full")
-        raise SpecError("memory.recompute", "selective-op", f"per-op recompute is torch's checkpoint policy "
-                        f"(torchtitan's); {job.backend}'s program has none: use selective or full, or fp32, amp-* "
-                        "or pure-bf16 (torch)")
+            raise SpecError(
+                "memory.recompute",
+                "selective-op",
+                f"per-op recompute is not combined with {what} (both decide what a block saves); use selective or full",
+            )
+        raise SpecError(
+            "memory.recompute",
+            "selective-op",
+            f"per-op recompute is torch's checkpoint policy "
+            f"(torchtitan's); {job.backend}'s program has none: use selective or full, or fp32, amp-* "
+            "or pure-bf16 (torch)",
+        )
     if job.memory.act_compress != "none" and job.memory.recompute == "full":
-        notes.append("int8 compression with full recompute compresses only the block inputs it keeps: "
-                     "little to gain, and rounding errors enter every recomputed block")
+        notes.append(
+            "int8 compression with full recompute compresses only the block inputs it keeps: "
+            "little to gain, and rounding errors enter every recomputed block"
+        )
     if job.memory.recompute == "selective" and job.memory.attention == "flash" and job.model.dropout == 0:
-        notes.append("selective recompute of flash attention saves little: the fused kernel stores no score "
-                     "matrix to begin with")
+        notes.append(
+            "selective recompute of flash attention saves little: the fused kernel stores no score matrix to begin with"
+        )
     if job.optimizer.name != "sgd" and job.optimizer.momentum != 0.9:
         notes.append("optimizer.momentum applies to sgd only; ignored")
 
@@ -381,16 +502,27 @@ def _check_finetune(job: Job, mode: str) -> None:
         if not model.has_shape:
             raise SpecError("finetune.method", ft.method, "adapters need the model's shape (layers, hidden, heads)")
         if not adapters_fit(par.tp, par.pp, par.zero):
-            raise SpecError("finetune.method", ft.method, "LoRA is modelled for data-parallel replicas (zero 0 or 1) "
-                                                       "so far; use tp 1, pp 1")
+            raise SpecError(
+                "finetune.method",
+                ft.method,
+                "LoRA is modelled for data-parallel replicas (zero 0 or 1) so far; use tp 1, pp 1",
+            )
     if ft.method == "qlora":
-        bad = nf4_shapes_ok(model)                # NF4 packs blocks of 64 weights, 256 scales per fp32 scale
+        bad = nf4_shapes_ok(model)  # NF4 packs blocks of 64 weights, 256 scales per fp32 scale
         if bad:
-            raise SpecError("finetune.method", "qlora", f"NF4 stores matrices in multiples of 16,384 weights; the "
-                                                        f"{bad} projection is not (use widths that are multiples of 128)")
+            raise SpecError(
+                "finetune.method",
+                "qlora",
+                f"NF4 stores matrices in multiples of 16,384 weights; the "
+                f"{bad} projection is not (use widths that are multiples of 128)",
+            )
         if mode == "fp32" or job.optimizer.name == "adamw-8bit":
-            raise SpecError("finetune.method", "qlora", "QLoRA computes in 16 bits with 16/32-bit adapters: use "
-                                                        "amp-bf16, pure-bf16 or mixed-bf16 (and adamw, adam or sgd)")
+            raise SpecError(
+                "finetune.method",
+                "qlora",
+                "QLoRA computes in 16 bits with 16/32-bit adapters: use "
+                "amp-bf16, pure-bf16 or mixed-bf16 (and adamw, adam or sgd)",
+            )
 
 
 def _resolve_batch(job: Job, par, catalog: Catalog, notes: list[str], workload: str = "train"):
@@ -403,23 +535,30 @@ def _resolve_batch(job: Job, par, catalog: Catalog, notes: list[str], workload: 
     if global_batch is None:
         published = preset.global_batch_in_sequences() if preset and workload == "train" else None
         if published is not None:
-            step = per_step * (par.pp if par.vpp > 1 else 1)         # interleaved: whole rounds of micro-batches
+            step = per_step * (par.pp if par.vpp > 1 else 1)  # interleaved: whole rounds of micro-batches
             named = "micro-batch × dp" + (" × pp (interleaved stages)" if par.vpp > 1 else "")
             global_batch = -(-published // step) * step
-            notes.append(f"global batch = {global_batch} sequences: the smallest multiple of {named} = "
-                         f"{step} at least the published {published}")
+            notes.append(
+                f"global batch = {global_batch} sequences: the smallest multiple of {named} = "
+                f"{step} at least the published {published}"
+            )
         else:
             global_batch = per_step
-            why = "a fine-tune: the pretraining batch does not apply" if workload == "finetune" and preset \
+            why = (
+                "a fine-tune: the pretraining batch does not apply"
+                if workload == "finetune" and preset
                 else "no published batch to follow"
+            )
             notes.append(f"global batch = micro-batch × dp = {per_step} ({why}; give --global-batch)")
     elif not batch_split(global_batch, batch.micro_batch, par.dp):
         lower = global_batch - global_batch % per_step
         options = ([lower] if lower else []) + [lower + per_step]
-        raise SpecError("batch.global_batch", global_batch,
-                        f"must be a multiple of micro_batch × dp = {batch.micro_batch} × {par.dp} = {per_step}; "
-                        f"nearest: {' or '.join(map(str, options))}")
+        raise SpecError(
+            "batch.global_batch",
+            global_batch,
+            f"must be a multiple of micro_batch × dp = {batch.micro_batch} × {par.dp} = {per_step}; "
+            f"nearest: {' or '.join(map(str, options))}",
+        )
     if par.vpp > 1:
         _check_interleaved_rounds(global_batch // per_step, par.pp, par.vpp, per_step)
     return dataclasses.replace(batch, global_batch=global_batch), preset
-

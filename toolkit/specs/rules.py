@@ -2,6 +2,7 @@
 SpecError why it fails (toolkit.specs.resolve); the planner's layout grid applies all of them to 10^5 layouts at
 once (`layout_valid`, used by toolkit.estimate.grid). Each takes scalars or arrays and returns booleans.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -11,9 +12,20 @@ from .backends import backend_masks, deepspeed_fp32
 from .precision import TORCH_SEMANTICS
 from .stages import uneven_fits
 
-__all__ = ["heads_split", "devices_split", "sequence_split", "vpp_has_pp", "sp_has_tp", "batch_split",
-           "interleaved_rounds_fit", "optimizer_offload_fits", "params_offload_fits", "adapters_fit",
-           "per_op_recompute_fits", "layout_valid"]
+__all__ = [
+    "heads_split",
+    "devices_split",
+    "sequence_split",
+    "vpp_has_pp",
+    "sp_has_tp",
+    "batch_split",
+    "interleaved_rounds_fit",
+    "optimizer_offload_fits",
+    "params_offload_fits",
+    "adapters_fit",
+    "per_op_recompute_fits",
+    "layout_valid",
+]
 
 
 def heads_split(model, tp):
@@ -102,20 +114,33 @@ def replicas_fit(dp_replicate, dp, zero, torch_semantics: bool):
 def layout_valid(job, devices: int):
     """Every layout rule at once, for a job whose layout fields are arrays over layouts (dp = devices / tp·pp·cp)."""
     m, par, micro = job.model, job.parallel, job.batch.micro_batch
-    torch_semantics = (job.precision.mode in TORCH_SEMANTICS) & ~deepspeed_fp32(par.backend, job.precision.mode,
-                                                                                par.zero, par.tp, par.pp)
+    torch_semantics = (job.precision.mode in TORCH_SEMANTICS) & ~deepspeed_fp32(
+        par.backend, job.precision.mode, par.zero, par.tp, par.pp
+    )
     micro_batches = job.batch.global_batch // (np.asarray(micro) * par.dp)
-    rules = [devices_split(devices, par), heads_split(m, par.tp), sequence_split(m, par.cp),
-             uneven_fits(m.layers, par.pp, par.vpp),        # the first and last chunk may hold fewer (stages.py)
-             vpp_has_pp(par.vpp, par.pp), sp_has_tp(par.sp, par.tp),
-             batch_split(job.batch.global_batch, micro, par.dp),
-             (np.asarray(par.vpp) == 1) | interleaved_rounds_fit(micro_batches, par.pp),
-             optimizer_offload_fits(par.offload, par.zero, torch_semantics),
-             params_offload_fits(par.offload, par.zero, torch_semantics),
-             named_backend_fits(par.backend, job.precision.mode, par.zero, par.tp, par.pp),
-             replicas_fit(par.dp_replicate, par.dp, par.zero, torch_semantics),
-             per_op_recompute_fits(job.memory.recompute, par.backend, job.precision.mode, par.zero, par.tp, par.pp,
-                                   not job.finetune.adapters and job.memory.act_compress == "none")]
+    rules = [
+        devices_split(devices, par),
+        heads_split(m, par.tp),
+        sequence_split(m, par.cp),
+        uneven_fits(m.layers, par.pp, par.vpp),  # the first and last chunk may hold fewer (stages.py)
+        vpp_has_pp(par.vpp, par.pp),
+        sp_has_tp(par.sp, par.tp),
+        batch_split(job.batch.global_batch, micro, par.dp),
+        (np.asarray(par.vpp) == 1) | interleaved_rounds_fit(micro_batches, par.pp),
+        optimizer_offload_fits(par.offload, par.zero, torch_semantics),
+        params_offload_fits(par.offload, par.zero, torch_semantics),
+        named_backend_fits(par.backend, job.precision.mode, par.zero, par.tp, par.pp),
+        replicas_fit(par.dp_replicate, par.dp, par.zero, torch_semantics),
+        per_op_recompute_fits(
+            job.memory.recompute,
+            par.backend,
+            job.precision.mode,
+            par.zero,
+            par.tp,
+            par.pp,
+            not job.finetune.adapters and job.memory.act_compress == "none",
+        ),
+    ]
     if job.finetune.adapters:
         rules.append(adapters_fit(par.tp, par.pp, par.zero))
     return np.logical_and.reduce(np.broadcast_arrays(*rules))

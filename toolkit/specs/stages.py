@@ -11,6 +11,7 @@ loss, so they have time to spare. This is how Llama 3 405B ran 126 layers on 16 
 "one Transformer layer fewer on the first and the last stage") and BLOOM-176B 70 blocks on 12 (its embedding
 counted as a layer at either end). `parallel.stage_layers` gives the chunks' sizes outright instead.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -59,14 +60,17 @@ def stage_layer_counts(layers, pp, vpp=1, stage_layers: tuple[int, ...] | None =
         per_rank = rank_layers(layers, int(pp), int(vpp), stage_layers)
         middle = max(per_rank[1:-1]) if len(per_rank) > 2 else per_rank[0]
         return per_rank[0], middle, per_rank[-1]
-    if isinstance(pp, int) and isinstance(vpp, int) and layers % (pp * vpp) == 0:     # one equal layout: fast path
+    if isinstance(pp, int) and isinstance(vpp, int) and layers % (pp * vpp) == 0:  # one equal layout: fast path
         return (layers // pp,) * 3
     pp, vpp = np.asarray(pp), np.asarray(vpp)
     c, first, last = _split(layers, pp * vpp)
     single = pp * vpp == 1
     whole = np.asarray(layers)
-    return (np.where(single, whole, (vpp - 1) * c + first), np.where(single, whole, vpp * c),
-            np.where(single, whole, (vpp - 1) * c + last))
+    return (
+        np.where(single, whole, (vpp - 1) * c + first),
+        np.where(single, whole, vpp * c),
+        np.where(single, whole, (vpp - 1) * c + last),
+    )
 
 
 def check_stage_layers(layers: int, pp: int, vpp: int, stage_layers: tuple[int, ...] | None) -> None:
@@ -74,14 +78,20 @@ def check_stage_layers(layers: int, pp: int, vpp: int, stage_layers: tuple[int, 
     chunks = pp * vpp
     if stage_layers:
         if len(stage_layers) != chunks or any(n < 1 for n in stage_layers) or sum(stage_layers) != layers:
-            raise SpecError("parallel.stage_layers", list(stage_layers),
-                            f"needs pp × vpp = {chunks} entries of at least 1 layer summing to model.layers = "
-                            f"{layers}; for example {chunk_layers(layers, pp, vpp) if uneven_fits(layers, pp, vpp) else '(none: lower pp)'}")
+            raise SpecError(
+                "parallel.stage_layers",
+                list(stage_layers),
+                f"needs pp × vpp = {chunks} entries of at least 1 layer summing to model.layers = "
+                f"{layers}; for example {chunk_layers(layers, pp, vpp) if uneven_fits(layers, pp, vpp) else '(none: lower pp)'}",
+            )
         return
     if not uneven_fits(layers, pp, vpp):
         below = [p for p in range(1, pp) if uneven_fits(layers, p, vpp)]
         above = [p for p in range(pp + 1, layers + 1) if uneven_fits(layers, p, vpp)]
         nearest = " or ".join(str(p) for p in (below[-1:] + above[:1]))
-        raise SpecError("parallel.pp", pp,
-                        f"{layers} layers on pp × vpp = {chunks} chunks leave the first or last chunk empty; "
-                        f"use pp {nearest} or list the chunks in parallel.stage_layers")
+        raise SpecError(
+            "parallel.pp",
+            pp,
+            f"{layers} layers on pp × vpp = {chunks} chunks leave the first or last chunk empty; "
+            f"use pp {nearest} or list the chunks in parallel.stage_layers",
+        )

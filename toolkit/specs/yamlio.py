@@ -1,5 +1,6 @@
 """Reading YAML and JSON files with errors that name the file and the line, and checking the folder a file
 will be written into before any work is done."""
+
 from __future__ import annotations
 
 import json
@@ -41,7 +42,9 @@ def read_json(path: str | Path, what: str = "file"):
     try:
         return json.loads(text)
     except json.JSONDecodeError as err:
-        raise SpecError(what, str(path), f"is not valid JSON at line {err.lineno}, column {err.colno}: {err.msg}") from None
+        raise SpecError(
+            what, str(path), f"is not valid JSON at line {err.lineno}, column {err.colno}: {err.msg}"
+        ) from None
 
 
 def check_output_folder(flag: str, path: str | Path) -> None:

@@ -1,4 +1,5 @@
 """DDP's gradient buckets, reproduced on one traced process (DDP's C++ reducer reads values: no fake tensors)."""
+
 from __future__ import annotations
 
 import torch
@@ -26,7 +27,7 @@ class DDPBuckets:
             self.buffers.append(flat)
             offset = 0
             for p in group:
-                self.views[p] = flat[offset:offset + p.numel()].view_as(p)
+                self.views[p] = flat[offset : offset + p.numel()].view_as(p)
                 offset += p.numel()
         self.handles = []
 

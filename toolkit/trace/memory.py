@@ -21,6 +21,7 @@ gloo ranks (toolkit.trace.pipeline), and so does DeepSpeed's ZeRO (toolkit.trace
 offload is traced with the states FSDP keeps on the host counted apart from the device's. 8-bit
 optimizers read their states while stepping, so they run on real tensors (small models only).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -60,7 +61,6 @@ MAX_TRACED_MICRO_BATCHES = 2
 """Micro-batches traced per step: from the second on, every one repeats the same memory pattern."""
 
 
-
 @dataclass(frozen=True)
 class TraceResult:
     params_bytes: int
@@ -91,34 +91,38 @@ def trace_memory(job: Job) -> TraceResult:
     """Trace one device of a resolved job (its CPU program). Pipelines run on real gloo ranks
     (toolkit.trace.pipeline): the busiest stage."""
     require_internals("the trace")
-    check_traceable(job)                   # the capability rules (toolkit.capability) of the job's tracer
+    check_traceable(job)  # the capability rules (toolkit.capability) of the job's tracer
     path = trace_path(job)
     if path == "pipeline":
         from .pipeline import trace_pipeline
+
         return trace_pipeline(job)
     if path == "deepspeed":
         from .zero import trace_zero
+
         return trace_zero(job)
     if job.parallel.zero >= 2:
         return _trace_fsdp(job)
     weights_dtype = TORCH_DTYPES[job.precision.plan.weights]
     tp, zero1 = job.parallel.tp, job.parallel.zero == 1
-    group = tp if tp > 1 else job.parallel.dp if zero1 else 1            # ZeRO-1 shards over the dp ranks
+    group = tp if tp > 1 else job.parallel.dp if zero1 else 1  # ZeRO-1 shards over the dp ranks
     if job.optimizer.name == "adamw-8bit":
         return _trace_real(job, weights_dtype)
-    with (_fake_process_group(group) if tp > 1 or zero1 else contextlib.nullcontext()) as mesh:
-        if tp > 1:   # DTensor plans apply to real modules: shard on the meta device, then materialise as fakes
+    with _fake_process_group(group) if tp > 1 or zero1 else contextlib.nullcontext() as mesh:
+        if tp > 1:  # DTensor plans apply to real modules: shard on the meta device, then materialise as fakes
             with torch.device("meta"):
-                model = GPT(job.model, attention=job.memory.attention, recompute=job.memory.recompute,
-                            dtype=weights_dtype)
+                model = GPT(
+                    job.model, attention=job.memory.attention, recompute=job.memory.recompute, dtype=weights_dtype
+                )
             tensor_parallel(model, mesh, sequence_parallel=job.parallel.sp)
         with FakeTensorMode(allow_non_fake_inputs=tp > 1), _propagation_apart():
             if tp > 1:
                 model.to_empty(device="cpu")
                 shard_embedding_grad(model)
             else:
-                model = GPT(job.model, attention=job.memory.attention, recompute=job.memory.recompute,
-                            dtype=weights_dtype)
+                model = GPT(
+                    job.model, attention=job.memory.attention, recompute=job.memory.recompute, dtype=weights_dtype
+                )
             return _trace_single(job, model)
 
 
@@ -130,16 +134,23 @@ def _trace_real(job: Job, weights_dtype: torch.dtype) -> TraceResult:
     """bitsandbytes' 8-bit optimizers read their states' values while stepping, so they do not run on fake
     tensors: a small model is traced on real ones instead (the same tracker, the same step)."""
     from ..estimate.memory import memory_estimate
+
     try:
         import bitsandbytes  # noqa: F401
     except ImportError:
-        raise SpecError("optimizer.name", "adamw-8bit", "tracing it runs bitsandbytes for real: pip install "
-                                                         "bitsandbytes (or the toolkit's [test] extra)") from None
+        raise SpecError(
+            "optimizer.name",
+            "adamw-8bit",
+            "tracing it runs bitsandbytes for real: pip install bitsandbytes (or the toolkit's [test] extra)",
+        ) from None
     estimated = float(memory_estimate(job).peak_bytes)
     if estimated > MAX_REAL_TRACE_BYTES:
-        raise SpecError("model", job.model.name,
-                        f"an 8-bit optimizer is traced on real tensors ({estimated / 2**30:.1f} GiB by the estimate, "
-                        f"more than {MAX_REAL_TRACE_BYTES / 2**30:.0f} GiB): trace fewer layers or a narrower model")
+        raise SpecError(
+            "model",
+            job.model.name,
+            f"an 8-bit optimizer is traced on real tensors ({estimated / 2**30:.1f} GiB by the estimate, "
+            f"more than {MAX_REAL_TRACE_BYTES / 2**30:.0f} GiB): trace fewer layers or a narrower model",
+        )
     torch.manual_seed(0)
     model = GPT(job.model, attention=job.memory.attention, recompute=job.memory.recompute, dtype=weights_dtype)
     result = _trace_single(job, model)
@@ -174,7 +185,7 @@ def _trace_single(job: Job, model: torch.nn.Module) -> TraceResult:
     if main_grads:
         tracker.track_gradients(prog.master.main_grads)
     buckets = DDPBuckets(model, tracker) if bool(ddp_buckets(job)) and not main_grads else None
-    with warnings.catch_warnings():   # (MemTracker's own gradient hook finds the 16-bit gradient already dropped)
+    with warnings.catch_warnings():  # (MemTracker's own gradient hook finds the 16-bit gradient already dropped)
         warnings.filterwarnings("ignore", "Expected a tensor or a traceable wrapper-subclass", UserWarning)
         snaps = _run_steps(job, tracker, prog, buckets)
     return TraceResult(
@@ -194,10 +205,10 @@ def _traced_program(job: Job, model: torch.nn.Module) -> Program:
     its optimizer (ZeroRedundancyOptimizer over the process group's ranks at ZeRO-1). The replicas' all-reduce
     is DDP's, whose buckets toolkit.trace.ddp stands in for."""
     zero1 = job.parallel.zero == 1 and job.backend != "deepspeed"
-    master, params, optimizer = steppers(job, torch_precision(job.precision.mode), model,
-                                         dist.group.WORLD if zero1 else None)
-    return Program(model, model, optimizer, master, params,
-                    Layout(sharded=is_sharded(job), zero1=zero1))
+    master, params, optimizer = steppers(
+        job, torch_precision(job.precision.mode), model, dist.group.WORLD if zero1 else None
+    )
+    return Program(model, model, optimizer, master, params, Layout(sharded=is_sharded(job), zero1=zero1))
 
 
 def _run_steps(job: Job, tracker: MemTracker, prog: Program, buckets: "DDPBuckets | None" = None) -> dict[str, dict]:
@@ -230,13 +241,15 @@ def _gloo_reduce_scatter():
     process group moves nothing; with this it traces the CPU program as gloo ranks run it
     (toolkit.estimate.phases.gloo_copy)."""
     import torch.distributed.distributed_c10d as c10d
+
     plain = c10d.reduce_scatter_single
 
     def cloning(output, input, *args, **kwargs):
-        clone = torch.empty_like(input)              # (a tensor the memory tracker sees, as it sees gloo's)
+        clone = torch.empty_like(input)  # (a tensor the memory tracker sees, as it sees gloo's)
         work = plain(output, input, *args, **kwargs)
         del clone
         return work
+
     dist.reduce_scatter_single = c10d.reduce_scatter_single = cloning
     try:
         yield
@@ -250,9 +263,12 @@ def _fake_process_group(world_size: int, tp: int = 1, gloo: bool = False, replic
     nothing; with `gloo` its reduce-scatters hold what gloo's do (`_gloo_reduce_scatter`). With tp > 1 the mesh
     has two dimensions, "dp" and "tp"; with HSDP (`replicas` > 1) three, "dp_replicate", "dp_shard" and "tp"."""
     if dist.is_initialized():
-        raise SpecError("parallel.dp", world_size, "a process group already exists in this process; trace FSDP "
-                                                   "layouts from a fresh process (toolkit trace)")
-    excepthook = sys.excepthook        # init_process_group wraps it to prefix "[rank0]:", once per call
+        raise SpecError(
+            "parallel.dp",
+            world_size,
+            "a process group already exists in this process; trace FSDP layouts from a fresh process (toolkit trace)",
+        )
+    excepthook = sys.excepthook  # init_process_group wraps it to prefix "[rank0]:", once per call
     dist.init_process_group("fake", rank=0, world_size=world_size * tp, store=FakeStore())
     try:
         with _gloo_reduce_scatter() if gloo else contextlib.nullcontext():
@@ -289,7 +305,7 @@ def _trace_fsdp(job: Job) -> TraceResult:
     with _fake_process_group(par.dp, par.tp, gloo=job.memory.program == "cpu", replicas=par.dp_replicate) as mesh:
         with torch.device("meta"):
             model = GPT(job.model, attention=job.memory.attention, recompute=job.memory.recompute, dtype=weights_dtype)
-        if par.tp > 1:      # torchtitan's order: tensor parallelism inside each data-parallel shard
+        if par.tp > 1:  # torchtitan's order: tensor parallelism inside each data-parallel shard
             tensor_parallel(model, mesh["tp"], sequence_parallel=par.sp)
         # the runner's own wrapping (toolkit.program.parallelize); fake tensors cannot be pinned
         shard_over = mesh["dp_replicate", "dp_shard"] if par.dp_replicate > 1 else mesh["dp"] if par.tp > 1 else mesh
@@ -302,7 +318,7 @@ def _trace_fsdp(job: Job) -> TraceResult:
                 tracker.host_bytes = fsdp_host_bytes
             snaps = _run_steps(job, tracker, prog)
     after, before, boundary = snaps["after"], snaps["before_step"], snaps["boundary"]
-    on_device = 0 if offload else 1           # offload: the device keeps buffers only, the states are the host's
+    on_device = 0 if offload else 1  # offload: the device keeps buffers only, the states are the host's
     return TraceResult(
         params_bytes=on_device * after.get("SHARDED_PARAM", 0) + after.get("BUFFER", 0),
         grads_bytes=on_device * before.get("SHARDED_GRAD", 0),

@@ -7,6 +7,7 @@ value), so each stage runs for real, on the CPU: the runner's program as it buil
 measures its own two steps with MemTracker, as the fake-tensor tracer does, and the busiest stage is reported.
 Real memory limits this to small models (see MAX_PIPELINE_TRACE_BYTES).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -37,14 +38,20 @@ def check_pipeline_traceable(job: Job, estimated_total_bytes: float) -> None:
     check_traceable(job)
     par, m = job.parallel, job.grad_accum or 1
     if m > MAX_PIPELINE_MICRO_BATCHES:
-        raise SpecError("batch.global_batch", job.batch.global_batch,
-                        f"{m} micro-batches per step; the pipeline trace runs at most {MAX_PIPELINE_MICRO_BATCHES} "
-                        "(set global_batch = micro_batch × dp × m with a smaller m)")
+        raise SpecError(
+            "batch.global_batch",
+            job.batch.global_batch,
+            f"{m} micro-batches per step; the pipeline trace runs at most {MAX_PIPELINE_MICRO_BATCHES} "
+            "(set global_batch = micro_batch × dp × m with a smaller m)",
+        )
     if estimated_total_bytes > MAX_PIPELINE_TRACE_BYTES:
-        raise SpecError("model", job.model.name,
-                        f"a pipeline trace allocates real memory ({estimated_total_bytes / 2**30:.1f} GiB over "
-                        f"{par.pp} stages, more than {MAX_PIPELINE_TRACE_BYTES / 2**30:.0f} GiB): trace fewer layers "
-                        "or a narrower model")
+        raise SpecError(
+            "model",
+            job.model.name,
+            f"a pipeline trace allocates real memory ({estimated_total_bytes / 2**30:.1f} GiB over "
+            f"{par.pp} stages, more than {MAX_PIPELINE_TRACE_BYTES / 2**30:.0f} GiB): trace fewer layers "
+            "or a narrower model",
+        )
 
 
 def trace_pipeline(job: Job) -> TraceResult:
@@ -61,10 +68,17 @@ def trace_pipeline_stages(job: Job) -> list[TraceResult]:
     par = job.parallel
     per_stage = par.tp * _dp_traced(job)
     check_pipeline_traceable(job, float(memory_estimate(job).peak_bytes) * par.pp * per_stage)
-    ranks = trace_on_ranks(_trace_stage, job, par.pp * per_stage, "pipeline", "stage" if per_stage == 1 else "rank",
-                           "trace fewer layers, a narrower model or fewer micro-batches")
-    return [max(ranks[stage * per_stage:(stage + 1) * per_stage], key=lambda r: r.peak_bytes)
-            for stage in range(par.pp)]
+    ranks = trace_on_ranks(
+        _trace_stage,
+        job,
+        par.pp * per_stage,
+        "pipeline",
+        "stage" if per_stage == 1 else "rank",
+        "trace fewer layers, a narrower model or fewer micro-batches",
+    )
+    return [
+        max(ranks[stage * per_stage : (stage + 1) * per_stage], key=lambda r: r.peak_bytes) for stage in range(par.pp)
+    ]
 
 
 def _dp_traced(job: Job) -> int:
@@ -80,15 +94,18 @@ def _trace_stage(job: Job, rank: int, world: int) -> TraceResult:  # noqa: ARG00
     parallelism its shard of them."""
     from ..program.parallelize import device_mesh
     from ..program.build import build_pipeline
+
     par, dp = job.parallel, _dp_traced(job)
     batch = dataclasses.replace(job.batch, global_batch=job.batch.micro_batch * dp * job.grad_accum)  # (same m)
-    traced = job.replace(parallel=dataclasses.replace(par, dp=dp), batch=batch,
-                         training=dataclasses.replace(job.training, init_from=None))
-    prog = build_pipeline(traced, torch_precision(job.precision.mode), torch.device("cpu"),
-                           device_mesh(traced, "cpu"))
+    traced = job.replace(
+        parallel=dataclasses.replace(par, dp=dp),
+        batch=batch,
+        training=dataclasses.replace(job.training, init_from=None),
+    )
+    prog = build_pipeline(traced, torch_precision(job.precision.mode), torch.device("cpu"), device_mesh(traced, "cpu"))
     tracker = StageTracker()
     tracker.track_external(prog.raw, prog.optimizer)
-    offload = par.offload != "none"          # FSDP2's: the shards, their gradients and states live on the host
+    offload = par.offload != "none"  # FSDP2's: the shards, their gradients and states live on the host
     if offload:
         tracker.host_bytes = lambda _snap: offloaded_shard_bytes(prog.params, prog.optimizer)
     hooks = TraceHooks(tracker)
@@ -102,11 +119,11 @@ def _trace_stage(job: Job, rank: int, world: int) -> TraceResult:  # noqa: ARG00
         params_bytes=on_device * after.get("PARAM", 0) + after.get("BUFFER", 0),
         grads_bytes=on_device * hooks.snaps["before_step"].get("GRAD", 0),
         optimizer_bytes=on_device * (after.get("OPT", 0) + after.get("OTH", 0)),
-        activations_bytes=0,                 # no single forward/backward boundary: micro-batches interleave
+        activations_bytes=0,  # no single forward/backward boundary: micro-batches interleave
         host_bytes=hooks.snaps.get("host_bytes", 0),
         peak_bytes=peak.get("Device" if offload else "Total", 0),
         peak_breakdown=peak,
         boundary_breakdown={},
         program=f"cpu, {'interleaved ' if par.vpp > 1 else ''}{par.schedule} stage {prog.pp_rank} of {par.pp}"
-                + (f", tp rank {tp_mesh.get_local_rank()} of {tp_mesh.size()}" if tp_mesh is not None else ""),
+        + (f", tp rank {tp_mesh.get_local_rank()} of {tp_mesh.size()}" if tp_mesh is not None else ""),
     )

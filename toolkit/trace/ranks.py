@@ -4,6 +4,7 @@ The programs that do not run on fake tensors (torch's pipeline schedules, DeepSp
 run for real on small models, one process per rank. A rank that fails, or is killed from
 outside, becomes a MeasurementFailed that names it and says what to shrink.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,8 +32,9 @@ MeasureRank = Callable[[Job, int, int], TraceResult]
 """(job, rank, world size) -> that rank's measurement; runs inside its own process with the group set up."""
 
 
-def trace_on_ranks(measure: MeasureRank, job: Job, world: int, program: str, role: str,
-                   shrink: str, result: Callable = TraceResult) -> list:
+def trace_on_ranks(
+    measure: MeasureRank, job: Job, world: int, program: str, role: str, shrink: str, result: Callable = TraceResult
+) -> list:
     """Every rank's measurement, rank 0 first. `program` and `role` name the trace and a rank in messages
     ("pipeline", "stage"); `shrink` says what to make smaller when a rank is killed (usually for memory).
     `result` builds a rank's answer from its fields (a TraceResult; `dict` for other measurements)."""
@@ -42,14 +44,20 @@ def trace_on_ranks(measure: MeasureRank, job: Job, world: int, program: str, rol
         store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
         port = store.port
         _start_forkserver()
-        context = mp.start_processes(_rank_main, args=(measure, job.to_dict(), world, port, out, role),
-                                     nprocs=world, start_method="forkserver", join=False)
+        context = mp.start_processes(
+            _rank_main,
+            args=(measure, job.to_dict(), world, port, out, role),
+            nprocs=world,
+            start_method="forkserver",
+            join=False,
+        )
         try:
             while not context.join():
                 pass
-        except (mp.ProcessRaisedException, mp.ProcessExitedException) as failure:   # a rank failed, or was killed
-            raise MeasurementFailed(f"{program} trace failed on {_first_failure(context, out, role, shrink)}") \
-                from failure
+        except (mp.ProcessRaisedException, mp.ProcessExitedException) as failure:  # a rank failed, or was killed
+            raise MeasurementFailed(
+                f"{program} trace failed on {_first_failure(context, out, role, shrink)}"
+            ) from failure
         return [result(**json.loads(Path(out, f"{role}{rank}.json").read_text())) for rank in range(world)]
 
 
@@ -72,7 +80,7 @@ def _start_forkserver() -> None:
     """Ranks fork from a server that imported torch and the tracers once, instead of each importing them
     anew (seconds per rank); the server inherits this process's environment when it starts."""
     if not torch.cuda.is_available():
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")   # DeepSpeed, preloaded below, picks it on import
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed, preloaded below, picks it on import
     preload = ["torch", "toolkit.trace.pipeline", "toolkit.trace.zero"]
     if importlib.util.find_spec("deepspeed") is not None:
         preload.append("deepspeed")
@@ -81,17 +89,23 @@ def _start_forkserver() -> None:
 
 def _rank_main(rank: int, measure: MeasureRank, job_dict: dict, world: int, port: int, out: str, role: str) -> None:
     torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_WORLD_SIZE=str(world),
+    )
     store = dist.TCPStore("127.0.0.1", port, is_master=False)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
     try:
         result = measure(Job.from_dict(job_dict), rank, world)
         fields = result if isinstance(result, dict) else dataclasses.asdict(result)
         Path(out, f"{role}{rank}.json").write_text(json.dumps(fields))
-        dist.barrier()                  # no rank closes its connections while another still sends
+        dist.barrier()  # no rank closes its connections while another still sends
     except BaseException:
-        Path(out, f"{role}{rank}.err").write_text(traceback.format_exc())   # the first failure, not its echoes
+        Path(out, f"{role}{rank}.err").write_text(traceback.format_exc())  # the first failure, not its echoes
         raise
     finally:
         dist.destroy_process_group()

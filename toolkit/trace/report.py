@@ -1,4 +1,5 @@
 """The trace in the CLI's contract: `toolkit trace` (estimate keys, memory measured) and `toolkit compare`."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -22,13 +23,19 @@ def traced_estimate(job: Job, catalog: Catalog | None = None) -> dict:
     resolved, _notes = job.resolve(catalog)
     traced = trace_memory(resolved)
     memory = result["memory"]
-    memory.update(params_bytes=traced.params_bytes, grads_bytes=traced.grads_bytes,
-                  optimizer_bytes=traced.optimizer_bytes,
-                  states_bytes=traced.params_bytes + traced.grads_bytes + traced.optimizer_bytes,
-                  # a pipeline stage has no single forward/backward boundary: its activations are not measured
-                  activations_bytes=None if traced.stage_peaks_bytes else traced.activations_bytes,
-                  peak_bytes=traced.peak_bytes, host_bytes=traced.host_bytes,
-                  source="trace", program=traced.program, peak_breakdown=traced.peak_breakdown)
+    memory.update(
+        params_bytes=traced.params_bytes,
+        grads_bytes=traced.grads_bytes,
+        optimizer_bytes=traced.optimizer_bytes,
+        states_bytes=traced.params_bytes + traced.grads_bytes + traced.optimizer_bytes,
+        # a pipeline stage has no single forward/backward boundary: its activations are not measured
+        activations_bytes=None if traced.stage_peaks_bytes else traced.activations_bytes,
+        peak_bytes=traced.peak_bytes,
+        host_bytes=traced.host_bytes,
+        source="trace",
+        program=traced.program,
+        peak_breakdown=traced.peak_breakdown,
+    )
     if memory["usable_bytes"] is not None:
         memory["fits"] = traced.peak_bytes <= memory["usable_bytes"]
     result["compute"]["traced_flops_per_token"] = traced.flops_per_token
@@ -43,14 +50,14 @@ def traced_estimate(job: Job, catalog: Catalog | None = None) -> dict:
 def compare_memory(job: Job, catalog: Catalog | None = None) -> dict:
     """Analytic and traced memory side by side; error = (estimate − trace) / trace."""
     catalog = catalog or load_catalog()
-    job = job.replace(memory=dataclasses.replace(job.memory, program="cpu"))   # the program the tracer runs
+    job = job.replace(memory=dataclasses.replace(job.memory, program="cpu"))  # the program the tracer runs
     analytic = estimate(job, catalog)["memory"]
     traced = traced_estimate(job, catalog)
     rows = {}
     offload = analytic.get("host_bytes") or traced["memory"]["host_bytes"]
-    for key in COMPARED + (("host_bytes",) if offload else ()):       # (host memory: with offload only)
+    for key in COMPARED + (("host_bytes",) if offload else ()):  # (host memory: with offload only)
         est, tr = analytic[key], traced["memory"][key]
-        error = None if est is None or not tr else (est - tr) / tr          # (tr None: not measured)
+        error = None if est is None or not tr else (est - tr) / tr  # (tr None: not measured)
         rows[key] = {"estimate": est, "trace": tr, "error": error}
     flops = {"estimate": None, "trace": traced["compute"]["traced_flops_per_token"], "error": None}
     resolved, _ = job.resolve(catalog)
@@ -58,8 +65,13 @@ def compare_memory(job: Job, catalog: Catalog | None = None) -> dict:
         # FlopCounterMode sees the eager program's full score matrix: compare like with like
         flops["estimate"] = flops_per_token(resolved, causal=False).hardware
         flops["error"] = (flops["estimate"] - flops["trace"]) / flops["trace"]
-    return {"job": traced["job"], "program": traced["memory"]["program"], "memory": rows,
-            "flops_per_token": flops, "peak_breakdown": traced["memory"]["peak_breakdown"]}
+    return {
+        "job": traced["job"],
+        "program": traced["memory"]["program"],
+        "memory": rows,
+        "flops_per_token": flops,
+        "peak_breakdown": traced["memory"]["peak_breakdown"],
+    }
 
 
 def _error(estimate, measured):
@@ -86,14 +98,16 @@ def compare_run(out_dir, catalog_files=(), trace: bool = True) -> dict:
     from ..runs import read_rank_memory
     from ..specs.errors import SpecError
     from ..runs import read_metrics
+
     out = Path(out_dir)
     if not (out / "job.yaml").is_file():
         raise SpecError("--run", str(out), "holds no job.yaml: give the --out folder of a `toolkit train` run")
     from ..runs import run_catalog_files
-    catalog = load_catalog(*run_catalog_files(out), *catalog_files)     # the run's own rows, then the user's
+
+    catalog = load_catalog(*run_catalog_files(out), *catalog_files)  # the run's own rows, then the user's
     job, _notes = Job.from_yaml(out / "job.yaml", catalog).resolve(catalog)
     profiled = _profile_accelerators(catalog_files)
-    if job.cluster.accelerator is None and len(profiled) == 1:      # the run's own program, this machine's figures
+    if job.cluster.accelerator is None and len(profiled) == 1:  # the run's own program, this machine's figures
         job = job.replace(cluster=dataclasses.replace(job.cluster, accelerator=profiled[0]))
         job, _notes = job.resolve(catalog)
     traced, trace_note = None, "not traced (--no-trace)"
@@ -104,29 +118,50 @@ def compare_run(out_dir, catalog_files=(), trace: bool = True) -> dict:
         traced, trace_note = None, str(err)
     ranks = []
     for record in read_rank_memory(out):
-        analytic = stage_memory_estimate(job, record["stage"])      # pipelines: that rank's stage
+        analytic = stage_memory_estimate(job, record["stage"])  # pipelines: that rank's stage
         measured = record["peak_bytes"]
         states = record.get("states") or {}
-        categories = {key: {"estimate": float(getattr(analytic, key)), "trace": getattr(traced, key, None),
-                            "measured": states.get(key)} for key in ("params_bytes", "grads_bytes", "optimizer_bytes")}
-        ranks.append({"rank": record["rank"], "stage": record["stage"], "instrument": record["instrument"],
-                      "steps": record["steps"],
-                      "peak_bytes": {"estimate": float(analytic.peak_bytes),
-                                     "trace": _traced_peak(traced, record["stage"]),
-                                     "measured": measured, "error": _error(float(analytic.peak_bytes), measured)},
-                      "categories": categories, "peak_breakdown": record["categories"]})
+        categories = {
+            key: {
+                "estimate": float(getattr(analytic, key)),
+                "trace": getattr(traced, key, None),
+                "measured": states.get(key),
+            }
+            for key in ("params_bytes", "grads_bytes", "optimizer_bytes")
+        }
+        ranks.append(
+            {
+                "rank": record["rank"],
+                "stage": record["stage"],
+                "instrument": record["instrument"],
+                "steps": record["steps"],
+                "peak_bytes": {
+                    "estimate": float(analytic.peak_bytes),
+                    "trace": _traced_peak(traced, record["stage"]),
+                    "measured": measured,
+                    "error": _error(float(analytic.peak_bytes), measured),
+                },
+                "categories": categories,
+                "peak_breakdown": record["categories"],
+            }
+        )
     recorded = max((max(r["steps"]) for r in ranks), default=0)
     steady = [r["time_s"] for r in read_metrics(out / "metrics.jsonl") if r["step"] > recorded and r.get("time_s")]
     measured_s = statistics.median(steady) if steady else None
     estimated_s = estimate(job, catalog)["time"].get("step_s")
-    return {"run": str(out), "job": job.to_dict(), "ranks": ranks, "trace_note": trace_note,
-            "time": {"step_s": {"estimate": estimated_s, "measured": measured_s,
-                                "error": _error(estimated_s, measured_s)}}}
+    return {
+        "run": str(out),
+        "job": job.to_dict(),
+        "ranks": ranks,
+        "trace_note": trace_note,
+        "time": {"step_s": {"estimate": estimated_s, "measured": measured_s, "error": _error(estimated_s, measured_s)}},
+    }
 
 
 def _profile_accelerators(files) -> list[str]:
     """Names of the accelerator rows the given catalog files define."""
     from ..specs.yamlio import read_yaml
+
     names = []
     for path in files:
         data = read_yaml(path, what="catalog file") or {}

@@ -9,6 +9,7 @@ fake tensors (toolkit.trace.memory) or on gloo ranks (toolkit.trace.pipeline, to
 The runner records its own first two steps with the same tracker and hooks of its own
 (toolkit.train.memory_record), so a trace and a run's measurement are one program measured twice.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -41,7 +42,7 @@ class TraceHooks:
         self.tracker, self.buckets, self.snaps = tracker, buckets, {}
 
     def micro_batch(self, last: bool) -> None:
-        self.tracker.reset_mod_stats()          # MemTracker refuses a module called twice otherwise
+        self.tracker.reset_mod_stats()  # MemTracker refuses a module called twice otherwise
         if self.buckets is not None:
             self.buckets.syncing(last)
 
@@ -50,7 +51,7 @@ class TraceHooks:
 
     def backward_done(self) -> None:
         self.snaps["before_step"] = snapshot(self.tracker, "current")
-        if getattr(self.tracker, "host_bytes", None) is not None:     # offload: the host's states, gradients made
+        if getattr(self.tracker, "host_bytes", None) is not None:  # offload: the host's states, gradients made
             self.snaps["host_bytes"] = self.tracker.host_bytes(self.snaps["before_step"])
 
     @contextlib.contextmanager
@@ -70,7 +71,8 @@ def two_steps(prog: Program, job: Job, tracker, hooks, micro_batches: int | None
     for step in range(2):
         if step == 1:
             tracker.reset_peak()
-        forward_backward(prog, job, plan, scaler, batches, torch.device("cpu"), hooks, int8=int8,
-                         micro_batches=micro_batches)
+        forward_backward(
+            prog, job, plan, scaler, batches, torch.device("cpu"), hooks, int8=int8, micro_batches=micro_batches
+        )
         reduce_and_clip(prog, scaler, job.training.grad_clip or float("inf"))
         apply_update(prog, scaler, None, hooks, step)

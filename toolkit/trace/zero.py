@@ -10,6 +10,7 @@ MemTracker. Real memory limits this to small models (MAX_ZERO_TRACE_BYTES).
 `deepspeed_config(job)` is the DeepSpeed configuration the estimate models and the trace
 runs; pass it to `deepspeed.initialize` to train with the same memory.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -29,7 +30,7 @@ from ..program.instrument import DeviceTracker, offload_host_tensors, optimizer_
 from .memory import MAX_TRACED_MICRO_BATCHES, TraceResult
 from .steps import two_steps
 from .ranks import trace_on_ranks
-from ..deepspeed_config import deepspeed_config   # (re-exported: the runner and the tracer share it)
+from ..deepspeed_config import deepspeed_config  # (re-exported: the runner and the tracer share it)
 
 __all__ = ["MAX_ZERO_TRACE_BYTES", "deepspeed_config", "trace_zero", "trace_zero_ranks"]
 
@@ -42,19 +43,29 @@ def check_zero_traceable(job: Job, estimated_total_bytes: float) -> None:
     runs (fp16 needs a GPU) and holds in real memory."""
     par = job.parallel
     if (job.precision.mode in TORCH_SEMANTICS and not job_deepspeed_fp32(job)) or par.zero == 0:
-        raise SpecError("precision.mode", job.precision.mode,
-                        "DeepSpeed's ZeRO is traced for the mixed-* modes, and fp32 with backend deepspeed, with zero "
-                        "1, 2 or 3 (torch's ZeRO runs for fp32, amp-* and pure-bf16)")
+        raise SpecError(
+            "precision.mode",
+            job.precision.mode,
+            "DeepSpeed's ZeRO is traced for the mixed-* modes, and fp32 with backend deepspeed, with zero "
+            "1, 2 or 3 (torch's ZeRO runs for fp32, amp-* and pure-bf16)",
+        )
     check_traceable(job)
     if job.precision.mode == "mixed-fp16" and not torch.cuda.is_available():
-        raise SpecError("precision.mode", job.precision.mode, "DeepSpeed runs fp16 on GPUs only; trace mixed-bf16 "
-                                                              "here (the estimate treats both alike but for the loss "
-                                                              "scaler's overflow checks)")
+        raise SpecError(
+            "precision.mode",
+            job.precision.mode,
+            "DeepSpeed runs fp16 on GPUs only; trace mixed-bf16 "
+            "here (the estimate treats both alike but for the loss "
+            "scaler's overflow checks)",
+        )
     if estimated_total_bytes > MAX_ZERO_TRACE_BYTES:
-        raise SpecError("model", job.model.name,
-                        f"a DeepSpeed trace allocates real memory ({estimated_total_bytes / 2**30:.1f} GiB over "
-                        f"{par.dp} ranks, more than {MAX_ZERO_TRACE_BYTES / 2**30:.0f} GiB): trace fewer layers, a "
-                        "narrower model or fewer ranks")
+        raise SpecError(
+            "model",
+            job.model.name,
+            f"a DeepSpeed trace allocates real memory ({estimated_total_bytes / 2**30:.1f} GiB over "
+            f"{par.dp} ranks, more than {MAX_ZERO_TRACE_BYTES / 2**30:.0f} GiB): trace fewer layers, a "
+            "narrower model or fewer ranks",
+        )
 
 
 def trace_zero(job: Job) -> TraceResult:
@@ -69,11 +80,16 @@ def trace_zero_ranks(job: Job) -> list[TraceResult]:
     require_internals("the trace")
     check_zero_traceable(job, float(memory_estimate(job).peak_bytes) * job.parallel.dp)
     import importlib.util
-    if importlib.util.find_spec("deepspeed") is None:   # (not imported here: it logs to stdout, which --json owns)
-        raise SpecError("precision.mode", job.precision.mode, "DeepSpeed's ZeRO is traced with DeepSpeed itself: "
-                                                              "pip install deepspeed (or the toolkit's [test] extra)")
-    return trace_on_ranks(_trace_rank, job, job.parallel.dp, "DeepSpeed", "rank",
-                          "trace fewer layers, a narrower model or fewer ranks")
+
+    if importlib.util.find_spec("deepspeed") is None:  # (not imported here: it logs to stdout, which --json owns)
+        raise SpecError(
+            "precision.mode",
+            job.precision.mode,
+            "DeepSpeed's ZeRO is traced with DeepSpeed itself: pip install deepspeed (or the toolkit's [test] extra)",
+        )
+    return trace_on_ranks(
+        _trace_rank, job, job.parallel.dp, "DeepSpeed", "rank", "trace fewer layers, a narrower model or fewer ranks"
+    )
 
 
 def _trace_rank(job: Job, rank: int, world: int) -> TraceResult:
@@ -84,7 +100,7 @@ def _trace_rank(job: Job, rank: int, world: int) -> TraceResult:
 
     deepspeed = import_deepspeed()
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
-    micro_batches = min(job.grad_accum or 1, MAX_TRACED_MICRO_BATCHES)      # from the second on, each repeats
+    micro_batches = min(job.grad_accum or 1, MAX_TRACED_MICRO_BATCHES)  # from the second on, each repeats
     batch = dataclasses.replace(job.batch, global_batch=job.batch.micro_batch * job.parallel.dp * micro_batches)
     traced = job.replace(batch=batch, training=dataclasses.replace(job.training, init_from=None))
     plan = torch_precision(job.precision.mode)
@@ -100,38 +116,49 @@ def _trace_rank(job: Job, rank: int, world: int) -> TraceResult:
         prog = deepspeed_program(traced, model)
         engine, zero = prog.engine, prog.optimizer
         hooks.zero = zero
-        if offload:     # one memory here: count what ZeRO-Offload keeps on the host apart, and its step as the host's
+        if offload:  # one memory here: count what ZeRO-Offload keeps on the host apart, and its step as the host's
             tracker.host_bytes = lambda _snap: storage_bytes(offload_host_tensors(zero))
             inner_step = zero.optimizer.step
 
             def host_step(*args, **kwargs):
                 with tracker.optimizer_step():
                     return inner_step(*args, **kwargs)
+
             zero.optimizer.step = host_step
-        if job.parallel.zero == 1 and hasattr(zero, "reduce_gradients"):   # ZeRO-1 reduces once backward is over:
-            reduce = zero.reduce_gradients                                    # measure the gradients before
+        if job.parallel.zero == 1 and hasattr(zero, "reduce_gradients"):  # ZeRO-1 reduces once backward is over:
+            reduce = zero.reduce_gradients  # measure the gradients before
 
             def measured_reduce(*args, **kwargs):
                 hooks.reduced_grads = storage_bytes([p.grad for p in engine.module.parameters()])
                 return reduce(*args, **kwargs)
+
             zero.reduce_gradients = measured_reduce
         two_steps(prog, traced, tracker, hooks)
     start, boundary, grads = hooks.start, hooks.boundary, hooks.grads
     peak = snapshot(tracker, "peak")
     # 16-bit weights: views into DeepSpeed's flat buffer (stages 1, 2), or this rank's partition (stage 3) and the
     # small vectors it keeps whole
-    weights = [t for p in engine.module.parameters()
-               for t in ((p.ds_tensor, p) if getattr(p, "ds_persist", False) else (getattr(p, "ds_tensor", p),))]
+    weights = [
+        t
+        for p in engine.module.parameters()
+        for t in ((p.ds_tensor, p) if getattr(p, "ds_persist", False) else (getattr(p, "ds_tensor", p),))
+    ]
     # activations at the boundary: what the forward added, less the weights ZeRO-3 gathered meanwhile
     activations = (boundary["Total"] - start["Total"]) - (boundary.get("PARAM", 0) - start.get("PARAM", 0))
     params_bytes = storage_bytes(weights + list(engine.module.buffers()))
-    if offload:         # the device keeps the 16-bit weights; gradients and optimizer states are the host's
+    if offload:  # the device keeps the 16-bit weights; gradients and optimizer states are the host's
         return TraceResult(
-            params_bytes=params_bytes, grads_bytes=0, optimizer_bytes=0, activations_bytes=activations,
-            peak_bytes=peak["Device"], peak_breakdown=peak, boundary_breakdown=boundary,
+            params_bytes=params_bytes,
+            grads_bytes=0,
+            optimizer_bytes=0,
+            activations_bytes=activations,
+            peak_bytes=peak["Device"],
+            peak_breakdown=peak,
+            boundary_breakdown=boundary,
             host_bytes=storage_bytes(offload_host_tensors(zero)),
             program=f"cpu, DeepSpeed {deepspeed.__version__} ZeRO-Offload (stage {job.parallel.zero}) "
-                    f"rank {rank} of {world}")
+            f"rank {rank} of {world}",
+        )
     # the fp32 master partitions: the inner optimizer's parameters (stage 3 hands them over only while stepping)
     master = [p for group in zero.optimizer.param_groups for p in group["params"]]
     master += list(getattr(zero, "fp32_partitioned_groups_flat", []))

@@ -10,6 +10,7 @@ sample taken at any point depends only on (seed, global sample number). Position
 therefore one integer, the step, and resuming from a checkpoint replays exactly the same batches,
 on any number of data-parallel ranks: step s always consumes global samples s·G ... s·G + G - 1.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -26,8 +27,7 @@ from ..specs.errors import SpecError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["prepare", "demo_sources", "ensure_demo_corpus", "TokenShards", "StepSampler", "make_loader",
-           "BYTE_VOCAB"]
+__all__ = ["prepare", "demo_sources", "ensure_demo_corpus", "TokenShards", "StepSampler", "make_loader", "BYTE_VOCAB"]
 
 BYTE_VOCAB = 256
 INDEX = "index.json"
@@ -38,13 +38,14 @@ def demo_sources() -> list[tuple[str, str]]:
     """(name, text) of the demo corpus: the Python language reference that ships with every CPython
     (`pydoc_data.topics`, ~0.7 MB of English prose and code), in sorted topic order."""
     from pydoc_data.topics import topics
+
     return [(f"pydoc_data.topics[{key}]", topics[key]) for key in sorted(topics)]
 
 
 def _write_split(out: Path, split: str, tokens: np.ndarray) -> list[dict]:
     shards = []
     for number, start in enumerate(range(0, max(len(tokens), 1), SHARD_TOKENS)):
-        chunk = tokens[start:start + SHARD_TOKENS]
+        chunk = tokens[start : start + SHARD_TOKENS]
         name = f"{split}_{number:05d}.bin"
         chunk.tofile(out / name)
         shards.append({"file": name, "tokens": int(len(chunk)), "sha256": hashlib.sha256(chunk.tobytes()).hexdigest()})
@@ -66,13 +67,20 @@ def prepare(sources: list[tuple[str, str]], out_dir: str | Path, val_fraction: f
         val.append(ids[cut:])
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    index = {"format": 1, "tokenizer": "bytes", "vocab": BYTE_VOCAB, "dtype": "uint16",
-             "sources": [name for name, _ in sources],
-             "splits": {"train": _write_split(out, "train", np.concatenate(train)),
-                        "val": _write_split(out, "val", np.concatenate(val))}}
+    index = {
+        "format": 1,
+        "tokenizer": "bytes",
+        "vocab": BYTE_VOCAB,
+        "dtype": "uint16",
+        "sources": [name for name, _ in sources],
+        "splits": {
+            "train": _write_split(out, "train", np.concatenate(train)),
+            "val": _write_split(out, "val", np.concatenate(val)),
+        },
+    }
     tmp = out / (INDEX + ".tmp")
     tmp.write_text(json.dumps(index, indent=1))
-    tmp.replace(out / INDEX)            # the index appears last: a half-written folder has none
+    tmp.replace(out / INDEX)  # the index appears last: a half-written folder has none
     return index
 
 
@@ -102,7 +110,7 @@ def ensure_demo_corpus(cache_dir: str | Path) -> Path:
         prepare(demo_sources(), private)
         try:
             os.rename(private, out)
-        except OSError:                      # another rank got there first
+        except OSError:  # another rank got there first
             shutil.rmtree(private, ignore_errors=True)
     return out
 
@@ -117,8 +125,11 @@ class TokenShards:
         folder = Path(folder)
         index_path = folder / INDEX
         if not index_path.exists():
-            raise SpecError("training.data", str(folder),
-                            "holds no index.json; make it with `toolkit data prepare FILES --out FOLDER`")
+            raise SpecError(
+                "training.data",
+                str(folder),
+                "holds no index.json; make it with `toolkit data prepare FILES --out FOLDER`",
+            )
         self.index = json.loads(index_path.read_text())
         self.vocab = int(self.index["vocab"])
         self.seq_len = seq_len
@@ -132,17 +143,19 @@ class TokenShards:
                 self.shards.append(np.memmap(path, dtype=np.uint16, mode="r"))
                 self.starts.append(self.starts[-1] + windows)
         if len(self) == 0:
-            raise SpecError("training.data", str(folder),
-                            f"its {split} split is shorter than one sequence of {seq_len + 1} tokens")
+            raise SpecError(
+                "training.data", str(folder), f"its {split} split is shorter than one sequence of {seq_len + 1} tokens"
+            )
 
     def __len__(self) -> int:
         return self.starts[-1]
 
     def __getitem__(self, i: int) -> torch.Tensor:
         import torch
+
         shard = int(np.searchsorted(self.starts, i, side="right")) - 1
         offset = (i - self.starts[shard]) * self.seq_len
-        return torch.from_numpy(self.shards[shard][offset:offset + self.seq_len + 1].astype(np.int64))
+        return torch.from_numpy(self.shards[shard][offset : offset + self.seq_len + 1].astype(np.int64))
 
 
 class StepSampler:
@@ -152,8 +165,17 @@ class StepSampler:
     k = m·(dp·mb) + r·mb + j. Global sample g is window perm_e[g mod n] of epoch e = g div n, where
     perm_e is a permutation seeded by (seed, e). Hence 1 rank and 2 ranks see the same samples per step."""
 
-    def __init__(self, windows: int, global_batch: int, micro_batch: int, rank: int, world: int,
-                 seed: int, start_step: int, end_step: int):
+    def __init__(
+        self,
+        windows: int,
+        global_batch: int,
+        micro_batch: int,
+        rank: int,
+        world: int,
+        seed: int,
+        start_step: int,
+        end_step: int,
+    ):
         self.windows, self.global_batch, self.micro_batch = windows, global_batch, micro_batch
         self.rank, self.world, self.seed = rank, world, seed
         self.start_step, self.end_step = start_step, end_step
@@ -180,15 +202,22 @@ class StepSampler:
 def make_loader(dataset: TokenShards, sampler: StepSampler, num_workers: int, prefetch: int):
     """A DataLoader of (inputs, targets) micro-batches in the sampler's order, prefetched by workers."""
     import torch
+
     extra = {"prefetch_factor": prefetch, "persistent_workers": False} if num_workers else {}
     # its own generator: creating the iterator must not draw from the global RNG that dropout uses,
     # or a resumed run would see different dropout masks than an uninterrupted one
-    return torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers,
-                                       collate_fn=_collate, generator=torch.Generator().manual_seed(sampler.seed),
-                                       **extra)
+    return torch.utils.data.DataLoader(
+        dataset,
+        batch_sampler=sampler,
+        num_workers=num_workers,
+        collate_fn=_collate,
+        generator=torch.Generator().manual_seed(sampler.seed),
+        **extra,
+    )
 
 
 def _collate(windows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     import torch
+
     batch = torch.stack(windows)
     return batch[:, :-1].contiguous(), batch[:, 1:].contiguous()

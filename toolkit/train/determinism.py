@@ -23,6 +23,7 @@ conditions for run-to-run reproducibility are a fixed number of threads with MKL
 GPU runs get the same thread pinning; cuBLAS and cuDNN determinism is not forced (it costs speed and needs
 CUBLAS_WORKSPACE_CONFIG): a GPU resume is exact in its state, not necessarily in its last bits.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -56,10 +57,13 @@ def pinned(threads: int, device_type: str):
     CPU; the process's settings come back afterwards (a notebook kernel trains in-process)."""
     import torch
     import torch.utils.deterministic as deterministic
+
     before_threads, before_fill = torch.get_num_threads(), deterministic.fill_uninitialized_memory
-    before_det, before_warn = torch.are_deterministic_algorithms_enabled(), \
-        torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.set_num_threads(threads)                      # (also mkl_set_dynamic(false): ATen's ParallelOpenMP.cpp)
+    before_det, before_warn = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
+    torch.set_num_threads(threads)  # (also mkl_set_dynamic(false): ATen's ParallelOpenMP.cpp)
     if device_type == "cpu":
         torch.use_deterministic_algorithms(True, warn_only=True)
         deterministic.fill_uninitialized_memory = False
@@ -75,6 +79,8 @@ def threads_note(saved: int | None, now: int) -> str | None:
     """A line when a resume runs with another thread count than the checkpoint's run did."""
     if saved is None or saved == now:
         return None
-    return (f"resumed with {now} intra-op threads per rank where the run began with {saved}: its sums split "
-            f"differently, so losses may differ from an uninterrupted run in the last bits (set OMP_NUM_THREADS="
-            f"{saved} to continue bit for bit)")
+    return (
+        f"resumed with {now} intra-op threads per rank where the run began with {saved}: its sums split "
+        f"differently, so losses may differ from an uninterrupted run in the last bits (set OMP_NUM_THREADS="
+        f"{saved} to continue bit for bit)"
+    )

@@ -12,6 +12,7 @@ the toolkit's), and the command is printed; SIGTERM still reaches every rank (to
 it) and they checkpoint. `launcher="accelerate"` takes that path on CPU too (gloo ranks, ACCELERATE_USE_CPU).
 For several nodes, start `python -m toolkit.train.worker JOB OUT` with torchrun or accelerate.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -46,31 +47,46 @@ def prepare_run(job: Job, out_dir: str | Path, nproc: int, catalog_files=(), for
     par = job.parallel
     model_parallel = par.tp * par.pp
     if par.dp is not None and par.dp * model_parallel != nproc:
-        raise SpecError("parallel.dp", par.dp, f"the job asks for dp × tp × pp = {par.dp * model_parallel} ranks but "
-                                               f"--nproc = {nproc}; make them equal, or leave dp out")
+        raise SpecError(
+            "parallel.dp",
+            par.dp,
+            f"the job asks for dp × tp × pp = {par.dp * model_parallel} ranks but "
+            f"--nproc = {nproc}; make them equal, or leave dp out",
+        )
     if nproc % model_parallel:
         raise SpecError("--nproc", nproc, f"must be a multiple of tp × pp = {model_parallel}")
-    job = job.replace(parallel=dataclasses.replace(par, dp=nproc // model_parallel),
-                      cluster=dataclasses.replace(job.cluster, count=nproc))
+    job = job.replace(
+        parallel=dataclasses.replace(par, dp=nproc // model_parallel),
+        cluster=dataclasses.replace(job.cluster, count=nproc),
+    )
     catalog = load_catalog(*(given or run_catalog_files(out)))
     resolved, _notes = job.resolve(catalog)
     runner_checks(resolved)
     if not force:
         from .fits import check_fits
+
         check_fits(resolved, nproc, catalog)
     refuse_accelerate_overrides(resolved)
     from .data import BYTE_VOCAB, TokenShards
-    vocab = TokenShards(resolved.training.data, "train", resolved.model.seq_len).vocab \
-        if resolved.training.data else BYTE_VOCAB                                  # exists, long enough
+
+    vocab = (
+        TokenShards(resolved.training.data, "train", resolved.model.seq_len).vocab
+        if resolved.training.data
+        else BYTE_VOCAB
+    )  # exists, long enough
     if vocab > resolved.model.vocab:
         raise SpecError("model.vocab", resolved.model.vocab, f"is smaller than the data's vocabulary ({vocab})")
     if resolved.training.init_from and not Path(resolved.training.init_from).is_dir():
         raise SpecError("training.init_from", resolved.training.init_from, "no such folder")
     if (out / "job.yaml").exists() and list_checkpoints(out / "checkpoints"):
         if resume_key(Job.from_yaml(out / "job.yaml")) != resume_key(job):
-            raise SpecError("--out", str(out), "holds checkpoints of a different job (a resume may change the "
-                                               "schedule, not the model, layout, data or seed); use a new --out "
-                                               "folder, or delete its checkpoints")
+            raise SpecError(
+                "--out",
+                str(out),
+                "holds checkpoints of a different job (a resume may change the "
+                "schedule, not the model, layout, data or seed); use a new --out "
+                "folder, or delete its checkpoints",
+            )
     out.mkdir(parents=True, exist_ok=True)
     if given:
         write_run_catalog(out, given)
@@ -96,8 +112,16 @@ def _describe(code: int) -> str:
 LAUNCHERS = ("auto", "own", "accelerate")
 
 
-def launch(job: Job, out_dir: str | Path, nproc: int = 1, peak_tflops: float | None = None,
-           progress: bool = True, launcher: str = "auto", catalog_files=(), force: bool = False) -> int:
+def launch(
+    job: Job,
+    out_dir: str | Path,
+    nproc: int = 1,
+    peak_tflops: float | None = None,
+    progress: bool = True,
+    launcher: str = "auto",
+    catalog_files=(),
+    force: bool = False,
+) -> int:
     """Run the job; returns the exit code (0 done or stopped cleanly, 1 a rank failed, 3 stopped by diagnosis).
     launcher: "own" starts and supervises the ranks here, "accelerate" through `accelerate launch`, "auto" the
     latter where CUDA GPUs are (the design's multi-GPU path), the former elsewhere."""
@@ -107,8 +131,9 @@ def launch(job: Job, out_dir: str | Path, nproc: int = 1, peak_tflops: float | N
     out = Path(out_dir)
     allocator = _allocator_env(job)
     if nproc == 1:
-        os.environ.update(allocator)             # read by torch's CUDA allocator at its first allocation
+        os.environ.update(allocator)  # read by torch's CUDA allocator at its first allocation
         from .loop import TrainingStopped, run_training
+
         try:
             run_training(job, out, peak_tflops=peak_tflops, progress=progress)
         except TrainingStopped as stop:
@@ -116,17 +141,26 @@ def launch(job: Job, out_dir: str | Path, nproc: int = 1, peak_tflops: float | N
             return 3
         return 0
     port = _free_port()
-    shutil.rmtree(out / "errors", ignore_errors=True)     # (a rank records its exception there: none yet)
-    flags = (["--peak-tflops", str(peak_tflops)] if peak_tflops is not None else []) + \
-        ([] if progress else ["--no-progress"])
+    shutil.rmtree(out / "errors", ignore_errors=True)  # (a rank records its exception there: none yet)
+    flags = (["--peak-tflops", str(peak_tflops)] if peak_tflops is not None else []) + (
+        [] if progress else ["--no-progress"]
+    )
     gpus = _cuda_gpus() if launcher != "own" else 0
     if launcher == "accelerate" or (launcher == "auto" and gpus > 0):
         return _accelerate_launch(job, out, nproc, port, flags, allocator, on_cpu=gpus == 0)
     workers = []
     for rank in range(nproc):
-        env = dict(pin_environment(dict(os.environ), nproc), RANK=str(rank), LOCAL_RANK=str(rank),
-                   WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   TOOLKIT_LAUNCHER_PID=str(os.getpid()), **allocator)
+        env = dict(
+            pin_environment(dict(os.environ), nproc),
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(nproc),
+            LOCAL_WORLD_SIZE=str(nproc),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            TOOLKIT_LAUNCHER_PID=str(os.getpid()),
+            **allocator,
+        )
         command = [sys.executable, "-m", "toolkit.train.worker", str(out / "job.yaml"), str(out), *flags]
         workers.append(subprocess.Popen(command, env=env))
     return _supervise(workers, out)
@@ -134,23 +168,39 @@ def launch(job: Job, out_dir: str | Path, nproc: int = 1, peak_tflops: float | N
 
 def _cuda_gpus() -> int:
     from ..proxy import local_devices
+
     here = local_devices()
     return here.count if here.kind == "cuda" else 0
 
 
-def _accelerate_launch(job: Job, out: Path, nproc: int, port: int, flags: list[str], allocator: dict,
-                       on_cpu: bool) -> int:
+def _accelerate_launch(
+    job: Job, out: Path, nproc: int, port: int, flags: list[str], allocator: dict, on_cpu: bool
+) -> int:
     """`accelerate launch` with a config written from the job; the command is printed. A SIGTERM to this process
     goes to accelerate, whose elastic agent passes it to every rank (they checkpoint and exit)."""
     from ..export import accelerate_config
+
     config = out / "accelerate_config.yaml"
-    config.write_text(accelerate_config(job.replace(cluster=dataclasses.replace(job.cluster, count=nproc,
-                                                                                 gpus_per_node=nproc))))
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
-               "--main_process_port", str(port), "-m", "toolkit.train.worker", str(out / "job.yaml"), str(out), *flags]
+    config.write_text(
+        accelerate_config(job.replace(cluster=dataclasses.replace(job.cluster, count=nproc, gpus_per_node=nproc)))
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(config),
+        "--main_process_port",
+        str(port),
+        "-m",
+        "toolkit.train.worker",
+        str(out / "job.yaml"),
+        str(out),
+        *flags,
+    ]
     env = dict(pin_environment(dict(os.environ), nproc), **allocator)
     if on_cpu:
-        env["ACCELERATE_USE_CPU"] = "1"                  # gloo ranks (accelerate's --cpu would start only one)
+        env["ACCELERATE_USE_CPU"] = "1"  # gloo ranks (accelerate's --cpu would start only one)
     print("starting: accelerate launch " + " ".join(command[3:]), flush=True)
     process = subprocess.Popen(command, env=env)
     stopping = []
@@ -158,6 +208,7 @@ def _accelerate_launch(job: Job, out: Path, nproc: int, port: int, flags: list[s
     def forward(signum, _frame):
         stopping.append(signum)
         process.send_signal(signal.SIGTERM)
+
     previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         code = process.wait()
@@ -165,12 +216,15 @@ def _accelerate_launch(job: Job, out: Path, nproc: int, port: int, flags: list[s
         for s, handler in previous.items():
             signal.signal(s, handler)
     if code != 0 and stopping and _stopped_at_checkpoint(out):
-        return 0                                     # the ranks checkpointed on the forwarded SIGTERM
+        return 0  # the ranks checkpointed on the forwarded SIGTERM
     if code != 0:
         _, path, _ = latest_checkpoint(out / "checkpoints")
         where = f"the newest valid checkpoint is {path.name}" if path else "no checkpoint was saved yet"
-        print(f"toolkit train: accelerate launch exited with code {code}; {where}; run the same command again to "
-              "resume from it", file=sys.stderr)
+        print(
+            f"toolkit train: accelerate launch exited with code {code}; {where}; run the same command again to "
+            "resume from it",
+            file=sys.stderr,
+        )
         return 1
     return 0
 
@@ -178,6 +232,7 @@ def _accelerate_launch(job: Job, out: Path, nproc: int, port: int, flags: list[s
 def _stopped_at_checkpoint(out: Path) -> bool:
     """Whether the newest checkpoint holds the last logged step (a clean stop, not a crash)."""
     from ..runs import read_metrics
+
     saved = list_checkpoints(out / "checkpoints")
     records = read_metrics(out / "metrics.jsonl") if (out / "metrics.jsonl").exists() else []
     return bool(saved and records) and saved[-1].name == f"step_{records[-1]['step']:08d}.pt"
@@ -195,10 +250,12 @@ def _allocator_env(job: Job) -> dict:
 
 def _supervise(workers: list[subprocess.Popen], out: Path) -> int:
     """Wait for the ranks; forward SIGTERM/SIGINT to all; if one dies, stop the rest and name the first to die."""
+
     def forward(signum, _frame):
         for w in workers:
             if w.poll() is None:
                 w.send_signal(signal.SIGTERM)
+
     previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
     exits = ExitOrder(workers)
     try:
@@ -207,7 +264,7 @@ def _supervise(workers: list[subprocess.Popen], out: Path) -> int:
             failed = [e for e in exits.order if e["code"] != 0]
             if failed:
                 first = failed[0]
-                if first["code"] in (2, 3):      # a stop every rank agreed on (e.g. a full disk): let them finish
+                if first["code"] in (2, 3):  # a stop every rank agreed on (e.g. a full disk): let them finish
                     _wait_all(workers, 10.0)
                 for w in workers:
                     if w.poll() is None:
@@ -220,16 +277,21 @@ def _supervise(workers: list[subprocess.Popen], out: Path) -> int:
                         w.kill()
                 exits.wait(0.5)
                 exits.write(out / "exits.json")
-                if first["code"] in (2, 3):            # the rank already printed a one-line reason
+                if first["code"] in (2, 3):  # the rank already printed a one-line reason
                     return first["code"]
                 _, path, _ = latest_checkpoint(out / "checkpoints")
                 where = f"the newest valid checkpoint is {path.name}" if path else "no checkpoint was saved yet"
-                others = [f"rank {e['rank']} {_describe(e['code'])} {e['at_s'] - first['at_s']:.2f} s later"
-                          for e in exits.order[1:] if e["code"] != 0]
-                print(f"toolkit train: rank {first['rank']} {_describe(first['code'])}{_error_of(out, first['rank'])}"
-                      f" first; the other ranks were stopped{' (' + '; '.join(others) + ')' if others else ''}. "
-                      f"{where}; run the same command again to resume from it (exit order: {out / 'exits.json'}).",
-                      file=sys.stderr)
+                others = [
+                    f"rank {e['rank']} {_describe(e['code'])} {e['at_s'] - first['at_s']:.2f} s later"
+                    for e in exits.order[1:]
+                    if e["code"] != 0
+                ]
+                print(
+                    f"toolkit train: rank {first['rank']} {_describe(first['code'])}{_error_of(out, first['rank'])}"
+                    f" first; the other ranks were stopped{' (' + '; '.join(others) + ')' if others else ''}. "
+                    f"{where}; run the same command again to resume from it (exit order: {out / 'exits.json'}).",
+                    file=sys.stderr,
+                )
                 return 1
             if len(exits.order) == len(workers):
                 exits.write(out / "exits.json")
@@ -262,7 +324,7 @@ class ExitOrder:
         for rank, w in enumerate(workers):
             try:
                 self.fds[os.pidfd_open(w.pid)] = rank
-            except (AttributeError, OSError):     # (no pidfd: polled below)
+            except (AttributeError, OSError):  # (no pidfd: polled below)
                 pass
 
     def wait(self, timeout_s: float) -> None:
@@ -273,8 +335,9 @@ class ExitOrder:
                 select.select(pending, [], [], timeout_s)
         else:
             end = time.monotonic() + timeout_s
-            while time.monotonic() < end and not any(w.poll() is not None and not self._seen(r)
-                                                     for r, w in enumerate(self.workers)):
+            while time.monotonic() < end and not any(
+                w.poll() is not None and not self._seen(r) for r, w in enumerate(self.workers)
+            ):
                 time.sleep(0.01)
         now = time.monotonic() - self.start
         for rank, w in enumerate(self.workers):

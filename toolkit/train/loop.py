@@ -19,6 +19,7 @@ a checkpoint every N steps, at the end and on SIGTERM. A non-finite loss or grad
 scaling stops the run with a diagnosis instead of training on garbage. The first two steps of every
 process also measure each rank's tensor memory (toolkit.train.memory_record -> memory/rank{r}.json).
 """
+
 from __future__ import annotations
 
 import math
@@ -85,12 +86,20 @@ def _diagnose_nonfinite(job: Job, step: int, lr: float, loss: float, grad_norm: 
         hints.append("turn on training.grad_clip (1.0)")
     if compute_dtype(job.precision.mode) == "fp16":
         hints.append("or use a bf16 mode, whose range is fp32's")
-    return (f"{what} became {loss if what == 'loss' else grad_norm} at step {step + 1} (lr {lr:.3g}): the run diverged "
-            f"and was stopped before the update. Fix: {'; '.join(hints)}. Resume from the last checkpoint after the change.")
+    return (
+        f"{what} became {loss if what == 'loss' else grad_norm} at step {step + 1} (lr {lr:.3g}): the run diverged "
+        f"and was stopped before the update. Fix: {'; '.join(hints)}. Resume from the last checkpoint after the change."
+    )
 
 
-def run_training(job: Job, out_dir: str | Path, *, peak_tflops: float | None = None, cache_dir: str | Path | None = None,
-                 progress: bool = True) -> RunResult:
+def run_training(
+    job: Job,
+    out_dir: str | Path,
+    *,
+    peak_tflops: float | None = None,
+    cache_dir: str | Path | None = None,
+    progress: bool = True,
+) -> RunResult:
     """Train `job` (already validated or not) and write checkpoints and metrics under `out_dir`, with this rank's
     threads pinned and deterministic CPU kernels (toolkit.train.determinism)."""
     threads = rank_threads(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
@@ -107,43 +116,65 @@ class Trainer:
         result = trainer.fit()
     """
 
-    def __init__(self, job: Job, out_dir: str | Path, threads: int, *, peak_tflops: float | None = None,
-                 cache_dir=None, progress: bool = True):
+    def __init__(
+        self,
+        job: Job,
+        out_dir: str | Path,
+        threads: int,
+        *,
+        peak_tflops: float | None = None,
+        cache_dir=None,
+        progress: bool = True,
+    ):
         from accelerate import Accelerator
+
         self.out = out = Path(out_dir)
-        self.catalog = load_catalog(*run_catalog_files(out))       # (a job on the user's own rows: OUT/catalogs)
+        self.catalog = load_catalog(*run_catalog_files(out))  # (a job on the user's own rows: OUT/catalogs)
         job, _notes = job.resolve(self.catalog)
         runner_checks(job)
         refuse_accelerate_overrides(job)
         self.job, self.threads, self.t, self.plan = job, threads, job.training, torch_precision(job.precision.mode)
-        tracker_kwargs = tracker_setup(self.t.trackers, out)      # (before accelerate imports the trackers)
+        tracker_kwargs = tracker_setup(self.t.trackers, out)  # (before accelerate imports the trackers)
         # precision and layout are the job's: accelerate starts the processes and the trackers, nothing more
-        self.accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision="no", dynamo_backend="no",
-                                       log_with=list(self.t.trackers) or None, project_dir=str(out))
+        self.accelerator = Accelerator(
+            cpu=not torch.cuda.is_available(),
+            mixed_precision="no",
+            dynamo_backend="no",
+            log_with=list(self.t.trackers) or None,
+            project_dir=str(out),
+        )
         acc = self.accelerator
         self.device, self.rank, self.world = acc.device, acc.process_index, acc.num_processes
         ranks = job.parallel.dp * job.parallel.tp * job.parallel.pp
         if self.world != ranks:
-            raise SpecError("parallel.dp", job.parallel.dp, f"the layout needs {ranks} processes but the run has "
-                                                            f"{self.world}; launch with --nproc {ranks}")
+            raise SpecError(
+                "parallel.dp",
+                job.parallel.dp,
+                f"the layout needs {ranks} processes but the run has {self.world}; launch with --nproc {ranks}",
+            )
         self.mesh = device_mesh(job, self.device.type)
         self.dp_rank, self.dp_world = dp_rank_and_size(self.mesh)
         self._set_up_data(cache_dir)
-        self.base_mem_bytes, _ = memory_reading(self.device)     # before any weight exists: the summary's baseline
+        self.base_mem_bytes, _ = memory_reading(self.device)  # before any weight exists: the summary's baseline
         source = job.training.init_from
         load = (lambda model: load_initial_weights(model, source)) if source else None
         self.prog = build_program(job, self.plan, self.device, self.mesh, load)
-        self.scaler = torch.amp.GradScaler(self.device.type, init_scale=self.t.loss_scale,   # (DeepSpeed scales fp16)
-                                           enabled=self.plan.loss_scaling and self.prog.engine is None)
-        self.pruner = Pruner(self.t.pruning.method, self.t.pruning.sparsity) if self.t.pruning.method != "none" \
-            else None
-        self._pruned: list[dict] = []          # the tensors the masks act on, looked up once per set of masks
+        self.scaler = torch.amp.GradScaler(
+            self.device.type,
+            init_scale=self.t.loss_scale,  # (DeepSpeed scales fp16)
+            enabled=self.plan.loss_scaling and self.prog.engine is None,
+        )
+        self.pruner = (
+            Pruner(self.t.pruning.method, self.t.pruning.sparsity) if self.t.pruning.method != "none" else None
+        )
+        self._pruned: list[dict] = []  # the tensors the masks act on, looked up once per set of masks
         self.start_step, self.skipped_total = self.resume()
         self.metrics = MetricsLog(out / "metrics.jsonl", self.start_step) if acc.is_main_process else None
         if self.metrics and self.metrics.note:
             acc.print(f"metrics: {self.metrics.note}")
-        self.recorder = MemoryRecorder(self.prog, job, self.device, self.rank, out, self.start_step, self.t.steps,
-                                       stage=self.prog.pp_rank)
+        self.recorder = MemoryRecorder(
+            self.prog, job, self.device, self.rank, out, self.start_step, self.t.steps, stage=self.prog.pp_rank
+        )
         if self.t.trackers:
             acc.init_trackers("toolkit", config=tracker_config(job), init_kwargs=tracker_kwargs)
         if self.pruner and self.t.pruning.at_step == 0 and self.start_step == 0:
@@ -153,28 +184,39 @@ class Trainer:
         self._set_up_steps(peak_tflops)
         self.bar = _progress(progress and acc.is_main_process, self.start_step, self.t.steps)
         self._stop_requested = False
-        self._previous_handler = signal.signal(signal.SIGTERM, lambda *_: setattr(self, "_stop_requested", True)) \
-            if _main_thread() else None
+        self._previous_handler = (
+            signal.signal(signal.SIGTERM, lambda *_: setattr(self, "_stop_requested", True)) if _main_thread() else None
+        )
 
     def _set_up_data(self, cache_dir) -> None:
         t, spec = self.t, self.job.model
         data_dir = Path(t.data) if t.data else ensure_demo_corpus(cache_dir or self.out / "cache")
         self.train_set = TokenShards(data_dir, "train", spec.seq_len)
         if self.train_set.vocab > spec.vocab:
-            raise SpecError("model.vocab", spec.vocab, f"is smaller than the data's vocabulary ({self.train_set.vocab})")
+            raise SpecError(
+                "model.vocab", spec.vocab, f"is smaller than the data's vocabulary ({self.train_set.vocab})"
+            )
         self.val_set = TokenShards(data_dir, "val", spec.seq_len) if t.eval_every else None
 
     def _set_up_steps(self, peak_tflops: float | None) -> None:
         """The batches from the resumed step on, the step's tokens and FLOPs, the peak MFU is taken against."""
         job, t = self.job, self.t
-        sampler = StepSampler(len(self.train_set), job.batch.global_batch, job.batch.micro_batch, self.dp_rank,
-                              self.dp_world, t.seed, self.start_step, t.steps)
+        sampler = StepSampler(
+            len(self.train_set),
+            job.batch.global_batch,
+            job.batch.micro_batch,
+            self.dp_rank,
+            self.dp_world,
+            t.seed,
+            self.start_step,
+            t.steps,
+        )
         self.batches = iter(make_loader(self.train_set, sampler, t.num_workers, t.prefetch))
         self.tokens_per_step = job.batch.global_batch * job.model.seq_len
         self.flops_per_step = flops_per_token(job).model * self.tokens_per_step
         row = self.catalog.accelerator(job.cluster.accelerator) if job.cluster.accelerator else None
-        if peak_tflops is None and row and (self.device.type == "cuda" or row.vendor == "measured"):   # (a GPU's
-            peak = row.peak_flops(compute_dtype(job.precision.mode))                        # peak is no CPU run's MFU)
+        if peak_tflops is None and row and (self.device.type == "cuda" or row.vendor == "measured"):  # (a GPU's
+            peak = row.peak_flops(compute_dtype(job.precision.mode))  # peak is no CPU run's MFU)
             peak_tflops = peak / 1e12 if peak else None
         self.peak_tflops = peak_tflops
         self.int8 = Int8Activations(self.prog.raw) if job.memory.act_compress == "int8" else None
@@ -186,11 +228,15 @@ class Trainer:
         for line in problems:
             acc.print(f"checkpoint: {line}")
         if state is None:
-            torch.manual_seed(self.t.seed + 1 + self.dp_rank)        # dropout differs between replicas, repeatably
+            torch.manual_seed(self.t.seed + 1 + self.dp_rank)  # dropout differs between replicas, repeatably
             return 0, 0
         if resume_key(Job.from_dict(state["job"], self.catalog).resolve(self.catalog)[0]) != resume_key(job):
-            raise SpecError("job", str(path), f"{out} holds checkpoints of a different job; use a new --out "
-                                              "folder, or delete the checkpoints to start over")
+            raise SpecError(
+                "job",
+                str(path),
+                f"{out} holds checkpoints of a different job; use a new --out "
+                "folder, or delete the checkpoints to start over",
+            )
         start = load_checkpoint(job, self.prog, state, self.scaler, self.pruner, self.rank, self.world, out)
         acc.print(f"resumed from {path.name} (step {start[0]})")
         if note := threads_note(state.get("threads"), self.threads):
@@ -221,23 +267,36 @@ class Trainer:
         model_sd, optim_sd, all_rng = checkpoint_state(prog, self.device, world)
         tag, sharded, failed = None, None, None
         try:
-            if prog.engine is not None:     # every rank writes its partitions; the record below is written after
+            if prog.engine is not None:  # every rank writes its partitions; the record below is written after
                 from .checkpoint.deepspeed import save_engine
+
                 tag = save_engine(prog.engine, out / "checkpoints", step)
                 acc.wait_for_everyone()
-            elif uses_sharded_checkpoint(prog, world):      # every rank its shards; rank 0 gets their checksums
+            elif uses_sharded_checkpoint(prog, world):  # every rank its shards; rank 0 gets their checksums
                 sharded = save_sharded(prog, out / "checkpoints", step, self.rank)
             if acc.is_main_process:
-                save_checkpoint(out / "checkpoints", step, {
-                    "step": step, "skipped_total": self.skipped_total, "job": self.job.to_dict(), "deepspeed": tag,
-                    "dcp": sharded, "threads": self.threads,
-                    "model": model_sd, "optimizer": optim_sd,
-                    "master": prog.master.state_dict() if prog.master else None, "scaler": self.scaler.state_dict(),
-                    "masks": self.pruner.state_dict() if self.pruner else None, "rng": all_rng},
-                    self.t.keep_checkpoints)
-        except OSError as err:              # a full disk, a read-only or vanished folder
+                save_checkpoint(
+                    out / "checkpoints",
+                    step,
+                    {
+                        "step": step,
+                        "skipped_total": self.skipped_total,
+                        "job": self.job.to_dict(),
+                        "deepspeed": tag,
+                        "dcp": sharded,
+                        "threads": self.threads,
+                        "model": model_sd,
+                        "optimizer": optim_sd,
+                        "master": prog.master.state_dict() if prog.master else None,
+                        "scaler": self.scaler.state_dict(),
+                        "masks": self.pruner.state_dict() if self.pruner else None,
+                        "rng": all_rng,
+                    },
+                    self.t.keep_checkpoints,
+                )
+        except OSError as err:  # a full disk, a read-only or vanished folder
             failed = err
-        if agree(failed is not None, self.device, world):      # (also the ranks' meeting after the write)
+        if agree(failed is not None, self.device, world):  # (also the ranks' meeting after the write)
             raise TrainingStopped(unwritable_checkpoint(out / "checkpoints", step, first_error(failed, world)))
 
     def train_step(self, step: int) -> dict:
@@ -252,8 +311,18 @@ class Trainer:
         lr = lr_at(step, t)
         for group in prog.optimizer.param_groups:
             group["lr"] = lr
-        loss_sum = forward_backward(prog, job, plan, scaler, self.batches, self.device, self.recorder, int8=self.int8,
-                                    timeline=timeline_of(job, prog, self.mesh, self.dp_rank, step), out=self.out)
+        loss_sum = forward_backward(
+            prog,
+            job,
+            plan,
+            scaler,
+            self.batches,
+            self.device,
+            self.recorder,
+            int8=self.int8,
+            timeline=timeline_of(job, prog, self.mesh, self.dp_rank, step),
+            out=self.out,
+        )
         grad_norm = float(reduce_and_clip(prog, scaler, t.grad_clip or float("inf")))
         mean_loss = mean_step_loss(loss_sum, self.world, job.parallel.pp) / job.grad_accum
         scale_before = scaler.get_scale() if scaler.is_enabled() else None
@@ -271,7 +340,8 @@ class Trainer:
             raise TrainingStopped(
                 f"the fp16 loss scale fell to {scaler.get_scale():g} at step {step + 1}: gradients overflow fp16 "
                 "at every scale, so the loss diverged or activations exceed fp16's range (65504). Fix: lower "
-                "training.lr, or train in a bf16 mode (amp-bf16, mixed-bf16), whose range is fp32's.")
+                "training.lr, or train in a bf16 mode (amp-bf16, mixed-bf16), whose range is fp32's."
+            )
         return self._record(step, began, lr, mean_loss, grad_norm, scale_before, skipped)
 
     def _prune_after(self, step: int) -> None:
@@ -282,18 +352,27 @@ class Trainer:
         if pruner and pruner.masks:
             self._prune()
 
-    def _record(self, step: int, began: float, lr: float, mean_loss: float, grad_norm: float, scale_before,
-                skipped: bool) -> dict:
+    def _record(
+        self, step: int, began: float, lr: float, mean_loss: float, grad_norm: float, scale_before, skipped: bool
+    ) -> dict:
         elapsed = time.perf_counter() - began
         mem_bytes, mem_kind = memory_reading(self.device)
         tflops = self.flops_per_step / elapsed / self.world / 1e12
-        record = {"step": step + 1, "loss": mean_loss if not skipped else None, "lr": lr,
-                  "tokens_per_s": self.tokens_per_step / elapsed, "tflops": tflops,
-                  "mfu": tflops / self.peak_tflops if self.peak_tflops else None,
-                  "mem_bytes": mem_bytes, "mem_kind": mem_kind,
-                  "grad_norm": grad_norm if math.isfinite(grad_norm) else None,
-                  "loss_scale": scale_before, "skipped": bool(skipped), "time_s": elapsed,
-                  "wall_s": time.perf_counter() - self.loop_began}
+        record = {
+            "step": step + 1,
+            "loss": mean_loss if not skipped else None,
+            "lr": lr,
+            "tokens_per_s": self.tokens_per_step / elapsed,
+            "tflops": tflops,
+            "mfu": tflops / self.peak_tflops if self.peak_tflops else None,
+            "mem_bytes": mem_bytes,
+            "mem_kind": mem_kind,
+            "grad_norm": grad_norm if math.isfinite(grad_norm) else None,
+            "loss_scale": scale_before,
+            "skipped": bool(skipped),
+            "time_s": elapsed,
+            "wall_s": time.perf_counter() - self.loop_began,
+        }
         if skipped:
             record["skipped_total"] = self.skipped_total
         if step == self.start_step:
@@ -302,8 +381,16 @@ class Trainer:
 
     def evaluate(self) -> float:
         """Mean held-out loss (see _evaluate); every rank calls it."""
-        return evaluate(self.prog, self.val_set, self.job, self.plan, self.device, self.dp_rank, self.dp_world,
-                         before_forward=self.recorder.micro_batch)
+        return evaluate(
+            self.prog,
+            self.val_set,
+            self.job,
+            self.plan,
+            self.device,
+            self.dp_rank,
+            self.dp_world,
+            before_forward=self.recorder.micro_batch,
+        )
 
     def fit(self, checkpoints: bool = True) -> RunResult:
         """Steps from the resumed one to training.steps: evaluation, metrics and checkpoints at their cadence, a
@@ -326,7 +413,7 @@ class Trainer:
                     acc.log({k: v for k, v in record.items() if isinstance(v, (int, float))}, step=step + 1)
                 if self.bar:
                     self.bar.update(1)
-                    shown = record["loss"] if record["loss"] is not None else float("nan")     # (an fp16 skip)
+                    shown = record["loss"] if record["loss"] is not None else float("nan")  # (an fp16 skip)
                     self.bar.set_postfix(loss=f"{shown:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
                 stop = agree(self._stop_requested, self.device, self.world)
                 if checkpoints and (last or stop or (t.checkpoint_every and (step + 1) % t.checkpoint_every == 0)):
@@ -338,8 +425,13 @@ class Trainer:
                     break
         finally:
             self.close()
-        return RunResult(steps_done=done, resumed_from=self.start_step, stopped_by_signal=stopped_by_signal,
-                         final_loss=final_loss, out_dir=self.out)
+        return RunResult(
+            steps_done=done,
+            resumed_from=self.start_step,
+            stopped_by_signal=stopped_by_signal,
+            final_loss=final_loss,
+            out_dir=self.out,
+        )
 
     def close(self) -> None:
         self.recorder.close()
@@ -351,11 +443,12 @@ class Trainer:
             signal.signal(signal.SIGTERM, self._previous_handler)
         if self.t.trackers:
             self.accelerator.end_training()
-        leave_one_process_group()         # (a one-process FSDP2 run's own group; nothing otherwise)
+        leave_one_process_group()  # (a one-process FSDP2 run's own group; nothing otherwise)
 
 
 def _main_thread() -> bool:
     import threading
+
     return threading.current_thread() is threading.main_thread()
 
 
@@ -363,4 +456,5 @@ def _progress(enabled: bool, start: int, total: int):
     if not enabled:
         return None
     from tqdm.auto import tqdm
+
     return tqdm(total=total, initial=start, unit="step", dynamic_ncols=True, disable=None)

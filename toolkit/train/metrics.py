@@ -4,6 +4,7 @@ Widgets, the CLI and tests read the same file while the run goes on (toolkit.run
 is flushed as soon as it is written and a reader ignores a last line that is still incomplete. After a resume
 from step s the lines after s are dropped before training continues: each step appears once.
 """
+
 from __future__ import annotations
 
 import json
@@ -13,6 +14,7 @@ from pathlib import Path
 from ..runs import damaged_lines_note, read_metrics
 
 __all__ = ["MetricsLog", "memory_reading"]
+
 
 class MetricsLog:
     """Rank 0's writer. On a resume it keeps the records up to the checkpoint's step; a file with damaged lines
@@ -44,6 +46,8 @@ def memory_reading(device) -> tuple[int, str]:
     size on CPU, which also counts the interpreter and libraries (a named substitute, not tensor bytes)."""
     if device.type == "cuda":
         import torch
+
         return int(torch.cuda.max_memory_allocated(device)), "cuda_max_allocated"
     import psutil
+
     return int(psutil.Process().memory_info().rss), "rss"

@@ -1,5 +1,6 @@
 """The experiment trackers accelerate starts (TensorBoard, wandb, trackio): where they write and what they log of
 the job."""
+
 from __future__ import annotations
 
 import os
@@ -35,5 +36,6 @@ def tracker_config(job: Job) -> dict:
                 walk(f"{prefix}.{key}" if prefix else key, inner)
         else:
             flat[prefix] = value if isinstance(value, (bool, int, float, str)) else str(value)
+
     walk("", job.to_dict())
     return flat

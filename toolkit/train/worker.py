@@ -1,5 +1,6 @@
 """One rank of a run: `python -m toolkit.train.worker OUT/job.yaml OUT` (started by toolkit.train.launch,
 or by torchrun / accelerate launch across nodes). A refusal or a diagnosed stop is one line, not a traceback."""
+
 from __future__ import annotations
 
 import argparse
@@ -12,11 +13,11 @@ from pathlib import Path
 
 from .determinism import PINNED_ENV
 
-for _name, _value in PINNED_ENV.items():         # before torch loads oneMKL and OpenMP (see determinism.py)
+for _name, _value in PINNED_ENV.items():  # before torch loads oneMKL and OpenMP (see determinism.py)
     os.environ.setdefault(_name, _value)
 
-from ..specs import Job, SpecError                # noqa: E402
-from .loop import TrainingStopped, run_training   # noqa: E402
+from ..specs import Job, SpecError  # noqa: E402
+from .loop import TrainingStopped, run_training  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     except SpecError as err:
         print(f"toolkit train: error: {err}", file=sys.stderr)
         return 2
-    except TrainingStopped as stop:                 # every rank stops with the same line: rank 0 prints it
+    except TrainingStopped as stop:  # every rank stops with the same line: rank 0 prints it
         if os.environ.get("RANK", "0") == "0":
             print(f"toolkit train: stopped: {stop}", file=sys.stderr)
         return 3
@@ -58,6 +59,7 @@ def _exit_with_parent(poll_s: float = 0.5, grace_s: float = 8.0) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(grace_s)
         os._exit(1)
+
     threading.Thread(target=watch, daemon=True, name="parent-watch").start()
 
 
@@ -77,6 +79,7 @@ def _shut_down_process_group(finished: bool) -> None:
     run the ranks meet first, so that none closes its connections while another still uses them (a rank
     aborted that way at the end of a 2-step run, about once in ten CI runs)."""
     import torch.distributed as dist
+
     if dist.is_available() and dist.is_initialized():
         if finished:
             dist.barrier()

@@ -2,6 +2,7 @@
 TOOLKIT_TEST_FULL_DISK=NAME gets ENOSPC from `write` once 4 KiB of any file whose path ends in NAME have been
 written, as a filling disk gives it. (Python imports `sitecustomize` at start-up, so every rank a launcher
 starts with this environment has it; nothing in the toolkit knows about it.)"""
+
 import builtins
 import errno
 import os
@@ -31,6 +32,7 @@ class _FillingFile:
 
 if _TARGET:
     import io
+
     _open = builtins.open
 
     def _open_filling(file, mode="r", *args, **kwargs):
@@ -38,4 +40,4 @@ if _TARGET:
         return _FillingFile(opened) if "w" in mode and str(file).endswith(_TARGET) else opened
 
     builtins.open = _open_filling
-    io.open = _open_filling             # (pathlib's Path.open, which torch.distributed.checkpoint writes through)
+    io.open = _open_filling  # (pathlib's Path.open, which torch.distributed.checkpoint writes through)

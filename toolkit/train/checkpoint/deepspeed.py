@@ -1,5 +1,6 @@
 """DeepSpeed's checkpoints: each rank writes its partitions into `checkpoints/step_NNNNNNNN.ds/`, and the runner's
 checksummed `step_NNNNNNNN.pt`, written after every rank finished, is the record that the directory is complete."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -26,10 +27,18 @@ def load_engine(engine, folder: Path, tag: str, saved_ranks: int, ranks: int) ->
     resuming on another number needs its universal checkpoint (ds_to_universal), which the runner does not
     convert yet: refused with the way out."""
     if saved_ranks != ranks:
-        raise SpecError("parallel.dp", ranks, f"the DeepSpeed checkpoint {tag} was written by {saved_ranks} ranks and "
-                                              f"its ZeRO partitions load on {saved_ranks} only; resume with --nproc "
-                                              f"{saved_ranks} (or convert it with DeepSpeed's ds_to_universal)")
+        raise SpecError(
+            "parallel.dp",
+            ranks,
+            f"the DeepSpeed checkpoint {tag} was written by {saved_ranks} ranks and "
+            f"its ZeRO partitions load on {saved_ranks} only; resume with --nproc "
+            f"{saved_ranks} (or convert it with DeepSpeed's ds_to_universal)",
+        )
     if not (folder / tag).is_dir():
-        raise SpecError("checkpoint", tag, f"{folder / tag} is missing (the record names it): restore the folder, or "
-                                           "delete the record to resume from an earlier checkpoint")
+        raise SpecError(
+            "checkpoint",
+            tag,
+            f"{folder / tag} is missing (the record names it): restore the folder, or "
+            "delete the record to resume from an earlier checkpoint",
+        )
     engine.load_checkpoint(str(folder), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=False)

@@ -7,6 +7,7 @@ Files are loaded with `weights_only=True`: tensors, numbers, strings and contain
 write their shards into `step_NNNNNNNN.dcp/` first (toolkit.train.checkpoint.sharded), the DeepSpeed backend its
 partitions into `step_NNNNNNNN.ds/`; the .pt (naming that directory, with the shards' checksums) is their record.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -16,7 +17,14 @@ import shutil
 from pathlib import Path
 
 
-__all__ = ["save_checkpoint", "latest_checkpoint", "list_checkpoints", "resume_key", "unwritable_checkpoint", "file_sha256"]
+__all__ = [
+    "save_checkpoint",
+    "latest_checkpoint",
+    "list_checkpoints",
+    "resume_key",
+    "unwritable_checkpoint",
+    "file_sha256",
+]
 
 _NAME = re.compile(r"step_(\d{8})\.pt$")
 
@@ -56,6 +64,7 @@ class _KeepsWriteErrors:
 
 def _torch_save(state: dict, file) -> None:
     import torch
+
     keeper = _KeepsWriteErrors(file)
     try:
         torch.save(state, keeper)
@@ -82,10 +91,10 @@ def save_checkpoint(folder: str | Path, step: int, state: dict, keep: int) -> Pa
         _fsync_write(path, lambda f: _torch_save(state, f))
         digest = file_sha256(path)
         _fsync_write(path.with_name(path.name + ".sha256"), lambda f: f.write(digest.encode()))
-    except BaseException:                          # no checksum, no checkpoint: drop the unverifiable file
+    except BaseException:  # no checksum, no checkpoint: drop the unverifiable file
         path.unlink(missing_ok=True)
         raise
-    dir_fd = os.open(folder, os.O_RDONLY)          # make the renames themselves durable
+    dir_fd = os.open(folder, os.O_RDONLY)  # make the renames themselves durable
     try:
         os.fsync(dir_fd)
     finally:
@@ -106,12 +115,16 @@ def _remove_parts(record: Path) -> None:
 def unwritable_checkpoint(folder: Path, step: int, error: OSError | None) -> str:
     """The one line every rank stops with when the checkpoint of `step` could not be written (on rank 0 the
     error; the other ranks only learn that it failed). Its partial files are removed; older ones stay."""
-    _remove_parts(folder / f"step_{step:08d}.pt")                         # its shards or partitions, if any
+    _remove_parts(folder / f"step_{step:08d}.pt")  # its shards or partitions, if any
     valid = [p for p in list_checkpoints(folder) if p.with_name(p.name + ".sha256").exists()]
-    kept = f"the newest checkpoint, {valid[-1].name}, is intact and resumes" if valid else "no earlier checkpoint exists"
+    kept = (
+        f"the newest checkpoint, {valid[-1].name}, is intact and resumes" if valid else "no earlier checkpoint exists"
+    )
     why = f"{error.strerror or error}" if error is not None else "it failed on another rank"
-    return (f"the checkpoint of step {step} could not be written to {folder} ({why}); {kept}. Fix: free space "
-            "(or point --out at a disk with room), then run the same command again")
+    return (
+        f"the checkpoint of step {step} could not be written to {folder} ({why}); {kept}. Fix: free space "
+        "(or point --out at a disk with room), then run the same command again"
+    )
 
 
 def list_checkpoints(folder: str | Path) -> list[Path]:
@@ -127,12 +140,14 @@ def latest_checkpoint(folder: str | Path, rank: int = 0, world: int = 1) -> tupl
     newer one that was skipped (interrupted write, damaged file). With `world` ranks calling it together, each
     checks its share of a sharded checkpoint's files and they agree on the verdict (each file is read once)."""
     import torch
+
     problems = []
     from .sharded import sharded_problem
+
     for stale in Path(folder).glob("*.tmp") if Path(folder).is_dir() else []:
         problems.append(f"{stale.name}: unfinished write (the run stopped while saving); removed")
         if stale.is_dir():
-            shutil.rmtree(stale, ignore_errors=True)      # (every rank looks: another may have removed it first)
+            shutil.rmtree(stale, ignore_errors=True)  # (every rank looks: another may have removed it first)
         else:
             stale.unlink(missing_ok=True)
     for path in reversed(list_checkpoints(folder)):
@@ -162,5 +177,10 @@ def resume_key(job) -> tuple:
     name, so a dp-4 run resumes on 2 ranks after spot instances are lost, or a ZeRO-3 one as replicas).
     Model, batch, precision, data, seed, pruning and FP32 norms may not change."""
     t = job.training
-    return (job.replace(training=type(t)(), parallel=type(job.parallel)(), cluster=type(job.cluster)()),
-            t.seed, t.data, t.pruning, t.fp32_norm)
+    return (
+        job.replace(training=type(t)(), parallel=type(job.parallel)(), cluster=type(job.cluster)()),
+        t.seed,
+        t.data,
+        t.pruning,
+        t.fp32_norm,
+    )

@@ -8,6 +8,7 @@ gate/up/down_proj, RMSNorm; GPT-2: its fused Conv1D c_attn split into q, k, v an
 Every tensor must find its place with the right shape, and every weight of the model must be
 filled; anything else is refused with the names that do not fit.
 """
+
 from __future__ import annotations
 
 import json
@@ -42,15 +43,20 @@ _GPT2 = [
     (r"(?:transformer\.)?h\.(\d+)\.mlp\.c_fc\.(weight|bias)", r"blocks.\1.mlp.up.\2"),
     (r"(?:transformer\.)?h\.(\d+)\.mlp\.c_proj\.(weight|bias)", r"blocks.\1.mlp.down.\2"),
 ]
-_GPT2_SKIP = re.compile(r"(?:transformer\.)?h\.\d+\.attn\.(?:bias|masked_bias)")   # causal-mask buffers
+_GPT2_SKIP = re.compile(r"(?:transformer\.)?h\.\d+\.attn\.(?:bias|masked_bias)")  # causal-mask buffers
 
 
 def _read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
+
     files = sorted(folder.glob("*.safetensors"))
     if not files:
-        raise SpecError("training.init_from", str(folder), "holds no *.safetensors files (only safetensors weights "
-                                                          "are read; convert .bin files with transformers first)")
+        raise SpecError(
+            "training.init_from",
+            str(folder),
+            "holds no *.safetensors files (only safetensors weights "
+            "are read; convert .bin files with transformers first)",
+        )
     tensors = {}
     for f in files:
         tensors.update(load_file(str(f)))
@@ -65,14 +71,20 @@ def hf_state_dict(folder: str | Path) -> dict[str, torch.Tensor]:
     if kind in ("llama", "mistral", "qwen2"):
         scaling = config.get("rope_scaling") or {}
         if scaling and scaling.get("rope_type", scaling.get("type")) not in (None, "default"):
-            raise SpecError("training.init_from", str(folder), f"uses rope_scaling {scaling.get('rope_type')!r}, "
-                                                              "which the runner's GPT does not implement")
+            raise SpecError(
+                "training.init_from",
+                str(folder),
+                f"uses rope_scaling {scaling.get('rope_type')!r}, which the runner's GPT does not implement",
+            )
         table = _LLAMA
     elif kind == "gpt2":
         table = _GPT2
     else:
-        raise SpecError("training.init_from", str(folder), f"model_type {kind!r}: the runner loads llama, mistral, "
-                                                          "qwen2 and gpt2 weights")
+        raise SpecError(
+            "training.init_from",
+            str(folder),
+            f"model_type {kind!r}: the runner loads llama, mistral, qwen2 and gpt2 weights",
+        )
     out, unknown = {}, []
     for name, tensor in _read_safetensors(folder).items():
         if kind == "gpt2" and _GPT2_SKIP.fullmatch(name):
@@ -80,7 +92,7 @@ def hf_state_dict(folder: str | Path) -> dict[str, torch.Tensor]:
         if kind == "gpt2" and re.fullmatch(r"(?:transformer\.)?h\.\d+\.attn\.c_attn\.(weight|bias)", name):
             layer = re.search(r"h\.(\d+)\.", name).group(1)
             kind_of = name.rsplit(".", 1)[1]
-            parts = tensor.chunk(3, dim=-1)                 # Conv1D: (in, 3·out) -> q, k, v
+            parts = tensor.chunk(3, dim=-1)  # Conv1D: (in, 3·out) -> q, k, v
             for letter, part in zip("qkv", parts):
                 out[f"blocks.{layer}.attn.{letter}.{kind_of}"] = part.t().contiguous() if kind_of == "weight" else part
             continue
@@ -93,8 +105,12 @@ def hf_state_dict(folder: str | Path) -> dict[str, torch.Tensor]:
         else:
             unknown.append(name)
     if unknown:
-        raise SpecError("training.init_from", str(folder), f"has tensors the runner's GPT has no place for: "
-                                                          f"{', '.join(unknown[:5])}{' ...' if len(unknown) > 5 else ''}")
+        raise SpecError(
+            "training.init_from",
+            str(folder),
+            f"has tensors the runner's GPT has no place for: "
+            f"{', '.join(unknown[:5])}{' ...' if len(unknown) > 5 else ''}",
+        )
     return out
 
 
@@ -117,13 +133,22 @@ def load_initial_weights(model: nn.Module, source: str | Path) -> str:
         state.setdefault("head.weight", state.get("tok.weight"))
     missing = [k for k in own if k not in state]
     extra = [k for k in state if k not in own]
-    wrong = [f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}" for k in own
-             if k in state and state[k].shape != own[k].shape]
+    wrong = [
+        f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}"
+        for k in own
+        if k in state and state[k].shape != own[k].shape
+    ]
     if missing or extra or wrong:
-        detail = "; ".join(f"{label}: {', '.join(items[:4])}{' ...' if len(items) > 4 else ''}"
-                           for label, items in (("missing", missing), ("unexpected", extra), ("shape", wrong)) if items)
-        raise SpecError("training.init_from", str(source), f"does not fit the job's model ({detail}); give the "
-                                                          "model as `hf_config` of the same folder")
+        detail = "; ".join(
+            f"{label}: {', '.join(items[:4])}{' ...' if len(items) > 4 else ''}"
+            for label, items in (("missing", missing), ("unexpected", extra), ("shape", wrong))
+            if items
+        )
+        raise SpecError(
+            "training.init_from",
+            str(source),
+            f"does not fit the job's model ({detail}); give the model as `hf_config` of the same folder",
+        )
     for name, tensor in own.items():
         tensor.copy_(state[name])
     return what

@@ -1,5 +1,6 @@
 """What a checkpoint holds of a running program, and back: every rank's part gathered for rank 0 to write,
 restored on resume (on the same or another number of ranks), and the ranks agreeing on a write that failed."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,8 +15,9 @@ from .state import gather_state, restore_state
 __all__ = ["load_checkpoint", "checkpoint_state", "first_error"]
 
 
-def load_checkpoint(job: Job, prog: Program, state: dict, scaler, pruner, rank: int, world: int,
-                     out: Path) -> tuple[int, int]:
+def load_checkpoint(
+    job: Job, prog: Program, state: dict, scaler, pruner, rank: int, world: int, out: Path
+) -> tuple[int, int]:
     """Restore a checkpoint into this rank; returns (step, skipped steps so far). A checkpoint written on another
     number of ranks loads too (states are kept by parameter name, shards re-cut by DCP): only the per-rank RNG
     starts afresh. DeepSpeed's
@@ -23,11 +25,16 @@ def load_checkpoint(job: Job, prog: Program, state: dict, scaler, pruner, rank: 
     written_by_deepspeed = bool(state.get("deepspeed"))
     if written_by_deepspeed != (prog.engine is not None):
         wrote, runs = ("deepspeed", "torch") if written_by_deepspeed else ("torch", "deepspeed")
-        raise SpecError("parallel.backend", runs, f"the checkpoint was written by the {wrote} backend, whose states "
-                                                  f"the {runs} backend does not load; resume with the layout that wrote "
-                                                  "it, or start a new --out folder")
+        raise SpecError(
+            "parallel.backend",
+            runs,
+            f"the checkpoint was written by the {wrote} backend, whose states "
+            f"the {runs} backend does not load; resume with the layout that wrote "
+            "it, or start a new --out folder",
+        )
     if prog.engine is not None:
         from .deepspeed import load_engine
+
         load_engine(prog.engine, out / "checkpoints", state["deepspeed"], len(state["rng"]), world)
     elif state.get("dcp"):
         load_sharded(prog, out / "checkpoints" / state["dcp"]["dir"])
@@ -59,7 +66,7 @@ def checkpoint_state(prog: Program, device: torch.device, world: int) -> tuple[d
         all_rng = [None] * world
         torch.distributed.all_gather_object(all_rng, rng)
     if prog.engine is not None or uses_sharded_checkpoint(prog, world):
-        return None, None, all_rng      # (each rank writes its shards, or DeepSpeed its partitions: loop's save)
+        return None, None, all_rng  # (each rank writes its shards, or DeepSpeed its partitions: loop's save)
     if prog.master:
         return prog.raw.state_dict(), prog.optimizer.state_dict(), all_rng
     model_sd, optim_sd = gather_state(prog.raw, prog.optimizer, prog.layout)

@@ -15,6 +15,7 @@ The files are written into `step_N.dcp.tmp/`; rank 0 then takes their checksums 
 checksummed .pt record: toolkit.train.checkpoint) and renames the folder `step_N.dcp/`. A folder whose files do not
 match the manifest is reported and its checkpoint skipped.
 """
+
 from __future__ import annotations
 
 import os
@@ -56,8 +57,9 @@ class _State:
 
     def __init__(self, prog):
         keys = prog.layout.stage_keys
-        self.flat: dict[str, torch.Tensor] = {MODEL + (keys[k] if keys else k): v
-                                              for k, v in prog.raw.state_dict().items()}
+        self.flat: dict[str, torch.Tensor] = {
+            MODEL + (keys[k] if keys else k): v for k, v in prog.raw.state_dict().items()
+        }
         self.numbers: list[tuple[dict, str, str]] = []
         names = _param_names(prog)
         for optimizer in _optimizers(prog):
@@ -120,6 +122,7 @@ def _keeping_errors(writer) -> list[OSError]:
     def kept(path, mode):
         with create_stream(path, mode) as stream:
             yield _KeptStream(stream, errors) if "w" in mode else stream
+
     writer.fs.create_stream = kept
     return errors
 
@@ -128,6 +131,7 @@ def _write_error(kept: list[OSError]) -> OSError | None:
     """DCP raises one CheckpointException on every rank when any rank's write failed: the OSError that caused it (a
     full disk), the same on every rank, or None when no write failed (a fault, to be raised as it is)."""
     import torch.distributed as dist
+
     mine = (kept[0].errno, kept[0].strerror or str(kept[0])) if kept else None
     found = [mine]
     if dist.is_initialized():
@@ -142,6 +146,7 @@ def save_sharded(prog, folder: Path, step: int, rank: int) -> dict | None:
     {"dir": folder name, "files": {file name: sha256}}."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
+
     final = folder / f"step_{step:08d}.dcp"
     tmp = final.with_name(final.name + ".tmp")
     writer = dcp.FileSystemWriter(tmp)
@@ -156,7 +161,7 @@ def save_sharded(prog, folder: Path, step: int, rank: int) -> dict | None:
     if rank != 0:
         return None
     files = {p.name: file_sha256(p) for p in sorted(tmp.iterdir())}
-    shutil.rmtree(final, ignore_errors=True)          # (the same step written again by a resumed run)
+    shutil.rmtree(final, ignore_errors=True)  # (the same step written again by a resumed run)
     os.replace(tmp, final)
     return {"dir": final.name, "files": files}
 
@@ -177,6 +182,7 @@ def sharded_problem(folder: Path, record: dict, rank: int = 0, world: int = 1) -
     if world == 1:
         return mine
     import torch.distributed as dist
+
     found = [None] * world
     dist.all_gather_object(found, mine)
     return next((problem for problem in found if problem), None)
@@ -185,6 +191,7 @@ def sharded_problem(folder: Path, record: dict, rank: int = 0, world: int = 1) -
 def load_sharded(prog, where: Path) -> None:
     """Load a sharded checkpoint into this rank's model and optimizer, re-cut for this layout (every rank calls it)."""
     import torch.distributed.checkpoint as dcp
+
     for optimizer in _optimizers(prog):
         _init_states(optimizer)
     state = _State(prog)

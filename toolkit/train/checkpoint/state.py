@@ -11,6 +11,7 @@ partitions on rank 0 first; replicas rename their optimizer's indices; pipeline 
 renumbered blocks back (tensor-parallel stages gather their shards) and rank 0 collects every stage's part. A dp-4 checkpoint therefore loads on 2 ranks,
 or on one process, a ZeRO-3 one into a replica, and a pipeline's into one process.
 """
+
 from __future__ import annotations
 
 import torch
@@ -23,6 +24,7 @@ __all__ = ["gather_state", "restore_state"]
 
 def _options():
     from torch.distributed.checkpoint.state_dict import StateDictOptions
+
     return StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
@@ -32,6 +34,7 @@ def gather_state(model: nn.Module, optimizer: torch.optim.Optimizer, layout: Lay
         return _gather_stages(model, optimizer, layout)
     if layout.sharded:
         from torch.distributed.checkpoint.state_dict import get_state_dict
+
         return get_state_dict(model, optimizer, options=_options())
     if layout.zero1:
         optimizer.consolidate_state_dict(to=0)
@@ -40,26 +43,35 @@ def gather_state(model: nn.Module, optimizer: torch.optim.Optimizer, layout: Lay
     return model.state_dict(), _by_name(optimizer.state_dict(), _names_in_order(model, optimizer))
 
 
-def restore_state(model: nn.Module, optimizer: torch.optim.Optimizer, model_sd: dict, optim_sd: dict,
-                  layout: Layout) -> None:
+def restore_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, model_sd: dict, optim_sd: dict, layout: Layout
+) -> None:
     """Load a gathered state into this rank's model and optimizer (each keeps its own shard)."""
     if layout.stage_keys is not None:
         current = model.state_dict()
-        model.load_state_dict({local: _placed_like(model_sd[whole], current[local])
-                               for local, whole in layout.stage_keys.items()})
+        model.load_state_dict(
+            {local: _placed_like(model_sd[whole], current[local]) for local, whole in layout.stage_keys.items()}
+        )
         params = [p for group in optimizer.param_groups for p in group["params"]]
         names = [layout.stage_params[id(p)] for p in params]
         mine = _only(optim_sd, set(names))
-        for name, param in zip(names, params):      # tensor-parallel stages: each rank keeps its shard of the states
+        for name, param in zip(names, params):  # tensor-parallel stages: each rank keeps its shard of the states
             values = mine["state"].get(name, {})
-            mine["state"][name] = {k: _placed_like(v, param) if torch.is_tensor(v) and v.dim() else v
-                                   for k, v in values.items()}
+            mine["state"][name] = {
+                k: _placed_like(v, param) if torch.is_tensor(v) and v.dim() else v for k, v in values.items()
+            }
         optimizer.load_state_dict(_by_index(mine, names))
         return
     if layout.sharded:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
-        set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd,
-                       options=StateDictOptions(full_state_dict=True))
+
+        set_state_dict(
+            model,
+            optimizer,
+            model_state_dict=model_sd,
+            optim_state_dict=optim_sd,
+            options=StateDictOptions(full_state_dict=True),
+        )
         return
     model.load_state_dict(model_sd)
     optimizer.load_state_dict(_by_index(optim_sd, _names_in_order(model, optimizer)))
@@ -80,7 +92,7 @@ def _by_name(osd: dict, names: list[str]) -> dict:
     groups, start = [], 0
     for group in osd["param_groups"]:
         count = len(group["params"])
-        groups.append(dict(group, params=names[start:start + count]))
+        groups.append(dict(group, params=names[start : start + count]))
         start += count
     return {"state": {names[i]: value for i, value in osd["state"].items()}, "param_groups": groups}
 
@@ -104,9 +116,9 @@ def _gather_stages(model: nn.Module, optimizer: torch.optim.Optimizer, layout: L
     import torch.distributed as dist
     from torch.utils._pytree import tree_map_only
     from torch.distributed.tensor import DTensor
+
     names = [layout.stage_params[id(p)] for group in optimizer.param_groups for p in group["params"]]
-    mine = ({layout.stage_keys[k]: v for k, v in model.state_dict().items()},
-            _by_name(optimizer.state_dict(), names))
+    mine = ({layout.stage_keys[k]: v for k, v in model.state_dict().items()}, _by_name(optimizer.state_dict(), names))
     # tensor-parallel stages: whole tensors (the ranks of one tp group gather them in the same order)
     mine = tree_map_only(DTensor, lambda t: t.full_tensor(), mine)
     mine = tree_map_only(torch.Tensor, lambda t: t.detach().cpu(), mine)
@@ -129,13 +141,18 @@ def _placed_like(whole: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     if not hasattr(like, "device_mesh"):
         return whole
     from torch.distributed.tensor import distribute_tensor
+
     return distribute_tensor(whole.to(like.device), like.device_mesh, like.placements)
 
 
 def _only(osd: dict, names: set[str]) -> dict:
     """The entries of a by-name optimizer state that belong to `names` (one pipeline stage's share)."""
     if all(isinstance(n, int) for g in osd["param_groups"] for n in g["params"]):
-        raise ValueError("the checkpoint's optimizer state is keyed by index (an older runner): resume it without "
-                         "pipeline parallelism, or start a new run")
-    return {"state": {n: v for n, v in osd["state"].items() if n in names},
-            "param_groups": [dict(g, params=[n for n in g["params"] if n in names]) for g in osd["param_groups"]]}
+        raise ValueError(
+            "the checkpoint's optimizer state is keyed by index (an older runner): resume it without "
+            "pipeline parallelism, or start a new run"
+        )
+    return {
+        "state": {n: v for n, v in osd["state"].items() if n in names},
+        "param_groups": [dict(g, params=[n for n in g["params"] if n in names]) for g in osd["param_groups"]],
+    }
