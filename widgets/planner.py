@@ -47,6 +47,11 @@ _FIELD_OF_CONTROL = {
 }
 
 
+def _estimated(model) -> bool:
+    """A decoder the estimate prices (a Mixture of Experts is counted, not yet estimated)."""
+    return model.has_shape and not model.encoder and not model.experts and model.attention_kind == "standard"
+
+
 def axis_control(axis, style: dict) -> W.Widget:
     """The panel's control for one layout axis of toolkit.specs.axes, at the axis's default."""
     if axis.control == "checkbox":
@@ -152,7 +157,7 @@ class PlannerPanel(PanelText, W.VBox):
         offers = self._offers_for(accelerator)
         return {
             "preset": W.Dropdown(
-                options=sorted(p.name for p in cat.presets.values() if p.model.has_shape and not p.model.encoder),
+                options=sorted(p.name for p in cat.presets.values() if _estimated(p.model)),
                 value=preset,
                 description="model",
                 style=style,

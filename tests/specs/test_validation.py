@@ -215,7 +215,10 @@ def test_bad_job_file(cli, tmp_path, name, text, expect):
     "text, expect",
     [
         ('{"model_type": "llama", "hidden_size": 64', "is not valid JSON at line 1"),
-        ('{"model_type": "t5", "d_model": 512}', "model_type 't5' is not supported; supported: llama, mistral, qwen2"),
+        (
+            '{"model_type": "t5", "d_model": 512}',
+            "model_type 't5' is not supported; supported: deepseek_v2, deepseek_v3, gpt_oss, llama",
+        ),
         ('{"model_type": "llama", "hidden_size": 64}', "has no `num_attention_heads` key"),
     ],
     ids=["malformed-json", "unsupported-model-type", "missing-key"],

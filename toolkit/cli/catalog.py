@@ -30,6 +30,10 @@ def cmd_catalog(args) -> int:
     if args.name:
         for key, value in to_dict(rows[0]).items():
             print(f"{key:>24}: {'unknown' if value is None else value}")
+        if kind == "presets" and rows[0].model.has_shape:
+            counts = count_params(rows[0].model)
+            print(f"{'params (counted)':>24}: {counts.total:,}")
+            print(f"{'active (counted)':>24}: {counts.active:,} (embedding {counts.embedding:,} included)")
         return 0
     print(_table(kind, rows))
     return 0
@@ -63,11 +67,12 @@ def _table(kind: str, rows) -> str:
             for r in rows
         ]
     else:
-        head = ("name", "params", "layers", "hidden", "heads", "seq", "tokens", "as_of")
+        head = ("name", "params", "active", "layers", "hidden", "heads", "seq", "tokens", "as_of")
         body = [
             (
                 r.name,
                 count(count_params(r.model).total),
+                count(count_params(r.model).active),
                 r.model.layers,
                 r.model.hidden,
                 r.model.heads,

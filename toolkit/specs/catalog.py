@@ -93,6 +93,9 @@ class Preset:
     global_batch_sequences: int | None = None
     global_batch_tokens: float | None = None
     tokens: float | None = None
+    active_params_published: float | None = None
+    """A Mixture of Experts: the parameters one token uses, as its source counts them (its flags say what that
+    count leaves out)."""
     flags: str | None = None
     notes: str | None = None
 

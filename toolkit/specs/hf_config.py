@@ -1,6 +1,7 @@
 """Build a ModelSpec from a Hugging Face `config.json` on disk (no hub access).
 
-Understands the keys of Llama, Mistral, Qwen2, GPT-2 and GPT-NeoX configs.
+Understands the keys of Llama, Mistral, Qwen2, GPT-2 and GPT-NeoX configs, and the Mixtures of Experts of
+Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, DeepSeek-V2/V3 (with their latent attention) and gpt-oss.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from .yamlio import read_json
 __all__ = ["model_from_hf_config", "HF_MODEL_TYPES"]
 
 _LLAMA_LIKE = {"llama", "mistral", "qwen2"}
-HF_MODEL_TYPES = (*sorted(_LLAMA_LIKE), "gpt2", "gpt_neox")
+_MOE = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3", "gpt_oss"}
+HF_MODEL_TYPES = (*sorted(_LLAMA_LIKE | _MOE), "gpt2", "gpt_neox")
 
 
 def _get(cfg: dict, key: str, path: str):
@@ -38,29 +40,8 @@ def model_from_hf_config(path: str | Path, seq_len: int | None = None) -> ModelS
         )
     where = str(path)
     name = cfg.get("_name_or_path") or path.parent.name or kind
-    if kind in _LLAMA_LIKE:
-        hidden = _get(cfg, "hidden_size", where)
-        heads = _get(cfg, "num_attention_heads", where)
-        context = cfg.get("max_position_embeddings", 4096)
-        return ModelSpec(
-            name=name,
-            layers=_get(cfg, "num_hidden_layers", where),
-            hidden=hidden,
-            heads=heads,
-            kv_heads=cfg.get("num_key_value_heads") or heads,
-            head_dim=cfg.get("head_dim") if cfg.get("head_dim") not in (None, hidden // heads) else None,
-            ffn=_get(cfg, "intermediate_size", where),
-            mlp="swiglu",
-            norm="rmsnorm",
-            position="rope",
-            bias="qkv" if kind == "qwen2" else ("all" if cfg.get("attention_bias") else "none"),
-            vocab=_get(cfg, "vocab_size", where),
-            seq_len=seq_len or context,
-            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            dropout=float(cfg.get("attention_dropout", 0.0) or 0.0),
-            rope_theta=float(cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta") or 10000.0),
-            norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        )
+    if kind in _LLAMA_LIKE | _MOE:
+        return ModelSpec(name=name, **_decoder_fields(cfg, kind, where, seq_len))
     if kind == "gpt2":
         hidden = _get(cfg, "n_embd", where)
         positions = _get(cfg, "n_positions", where)
@@ -97,3 +78,88 @@ def model_from_hf_config(path: str | Path, seq_len: int | None = None) -> ModelS
         tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         dropout=float(cfg.get("hidden_dropout", 0.0) or 0.0),
     )
+
+
+def _decoder_fields(cfg: dict, kind: str, where: str, seq_len: int | None) -> dict:
+    """A Llama-style decoder (RMSNorm, SwiGLU, rotary positions), with its Mixture of Experts where it has one."""
+    hidden = _get(cfg, "hidden_size", where)
+    heads = _get(cfg, "num_attention_heads", where)
+    head_dim = cfg.get("head_dim")
+    fields = dict(
+        layers=_get(cfg, "num_hidden_layers", where),
+        hidden=hidden,
+        heads=heads,
+        kv_heads=cfg.get("num_key_value_heads") or heads,
+        head_dim=head_dim if head_dim not in (None, hidden // heads) else None,
+        ffn=_get(cfg, "intermediate_size", where),
+        mlp="swiglu",
+        norm="rmsnorm",
+        position="rope",
+        bias=_bias(cfg, kind),
+        vocab=_get(cfg, "vocab_size", where),
+        seq_len=seq_len or cfg.get("max_position_embeddings", 4096),
+        tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        dropout=float(cfg.get("attention_dropout", 0.0) or 0.0),
+        rope_theta=float(cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta") or 10000.0),
+        norm_eps=float(cfg.get("rms_norm_eps", 1e-6 if kind not in ("olmoe", "gpt_oss") else 1e-5)),
+    )
+    if kind == "qwen3_moe":
+        fields["qk_norm"] = "head"
+    if kind == "olmoe":
+        fields["qk_norm"] = "full"
+    if kind == "gpt_oss":
+        fields["attention_sinks"] = True
+    if kind in ("deepseek_v2", "deepseek_v3"):
+        fields.update(
+            attention_kind="mla",
+            kv_heads=None,
+            head_dim=_get(cfg, "qk_nope_head_dim", where),
+            q_lora_rank=cfg.get("q_lora_rank"),
+            kv_lora_rank=_get(cfg, "kv_lora_rank", where),
+            rope_head_dim=_get(cfg, "qk_rope_head_dim", where),
+            v_head_dim=_get(cfg, "v_head_dim", where),
+        )
+    if kind in _MOE:
+        fields.update(_moe_fields(cfg, kind, where))
+    return fields
+
+
+def _bias(cfg: dict, kind: str) -> str:
+    if kind == "qwen2" or (kind == "qwen2_moe" and cfg.get("qkv_bias", True)):
+        return "qkv"
+    return "all" if cfg.get("attention_bias") else "none"
+
+
+def _moe_fields(cfg: dict, kind: str, where: str) -> dict:
+    """The Mixture-of-Experts fields of a Mixtral, Qwen2/3-MoE, OLMoE, DeepSeek-V2/V3 or gpt-oss config."""
+    experts = cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts")
+    if not experts:
+        raise SpecError(
+            "hf_config",
+            where,
+            f"a {kind} config needs its number of experts (num_local_experts, num_experts or n_routed_experts)",
+        )
+    fields = {"experts": experts, "experts_per_token": _get(cfg, "num_experts_per_tok", where)}
+    if kind in ("qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3"):
+        fields["expert_ffn"] = _get(cfg, "moe_intermediate_size", where)
+    if kind == "qwen2_moe" and cfg.get("shared_expert_intermediate_size"):
+        fields.update(
+            shared_experts=1, shared_expert_ffn=cfg["shared_expert_intermediate_size"], shared_expert_gate=True
+        )
+    if kind in ("qwen2_moe", "qwen3_moe") and (cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) != 1):
+        raise SpecError(
+            "hf_config",
+            where,
+            "dense layers between the sparse ones (mlp_only_layers, decoder_sparse_step > 1) are not modelled",
+        )
+    if kind in ("deepseek_v2", "deepseek_v3"):
+        fields.update(
+            shared_experts=cfg.get("n_shared_experts") or 0,
+            dense_layers=cfg.get("first_k_dense_replace", 0),
+            router="sigmoid" if cfg.get("scoring_func") == "sigmoid" else "softmax",
+        )
+        if cfg.get("moe_layer_freq", 1) != 1:
+            raise SpecError("hf_config", where, "moe_layer_freq other than 1 is not modelled")
+    if kind == "gpt_oss":
+        fields.update(router_bias=True, expert_bias=True)
+    return fields

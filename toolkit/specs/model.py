@@ -66,6 +66,46 @@ class ModelSpec:
     """BERT-style encoder: adds token-type embeddings (2 rows) and a pooler (h·h + h)."""
     params: int | None = None
     """Parameter count for a model given by size only (no shape); shape fields must then be empty."""
+    # ---- Mixture of Experts ------------------------------------------------------------
+    experts: int = 0
+    """Routed experts in each Mixture-of-Experts block; 0 = a dense model (every block one MLP)."""
+    experts_per_token: int = 0
+    """Routed experts each token goes to (top-k)."""
+    shared_experts: int = 0
+    """Experts every token goes to besides its routed ones (DeepSeek, Qwen2-MoE)."""
+    expert_ffn: int | None = None
+    """Inner width of one routed expert; None = ffn."""
+    shared_expert_ffn: int | None = None
+    """Inner width of one shared expert; None = expert_ffn."""
+    dense_layers: int = 0
+    """The first blocks keep a dense MLP of width ffn (DeepSeek's first_k_dense_replace)."""
+    router: Literal["softmax", "sigmoid"] = "softmax"
+    """Softmax over the experts' scores (Mixtral, Qwen, OLMoE, DeepSeek-V2), or sigmoid scores with a per-expert
+    bias that balances the load without an auxiliary loss (DeepSeek-V3)."""
+    router_bias: bool = False
+    """The router's linear layer has a bias (gpt-oss)."""
+    expert_bias: bool = False
+    """Each expert's projections have biases (gpt-oss)."""
+    shared_expert_gate: bool = False
+    """A sigmoid gate (hidden -> 1) scales the shared expert's output (Qwen2-MoE)."""
+    capacity_factor: float | None = None
+    """Tokens an expert takes at most, as a multiple of an even share (the rest are dropped); None = dropless."""
+    # ---- attention variants --------------------------------------------------------------
+    attention_kind: Literal["standard", "mla"] = "standard"
+    """Multi-head (or grouped-query) attention, or DeepSeek's multi-head latent attention: q and kv through low-rank
+    projections, with a decoupled rotary head (head_dim is then the non-rotary part of a query head)."""
+    q_lora_rank: int | None = None
+    """MLA: rank of the query's low-rank projection; None = a full query projection (DeepSeek-V2-Lite)."""
+    kv_lora_rank: int | None = None
+    """MLA: rank of the compressed key-value latent (what a KV cache keeps per token, with the rotary key)."""
+    rope_head_dim: int | None = None
+    """MLA: width of the decoupled rotary part of each query head and of the shared rotary key."""
+    v_head_dim: int | None = None
+    """MLA: width of a value head; None = head_dim."""
+    qk_norm: Literal["none", "head", "full"] = "none"
+    """RMSNorm on queries and keys: per head (Qwen3, head_dim weights each) or over the whole projection (OLMoE)."""
+    attention_sinks: bool = False
+    """A learned sink logit per head (gpt-oss)."""
 
     # ---- derived -------------------------------------------------------------------
     @property
@@ -83,6 +123,23 @@ class ModelSpec:
     @property
     def ffn_(self) -> int:
         return self.ffn if self.ffn is not None else default_ffn(self.hidden, self.mlp)
+
+    @property
+    def expert_ffn_(self) -> int:
+        return self.expert_ffn if self.expert_ffn is not None else self.ffn_
+
+    @property
+    def shared_expert_ffn_(self) -> int:
+        return self.shared_expert_ffn if self.shared_expert_ffn is not None else self.expert_ffn_
+
+    @property
+    def v_head_dim_(self) -> int:
+        return self.v_head_dim if self.v_head_dim is not None else self.head_dim_
+
+    @property
+    def moe_layers(self) -> int:
+        """Blocks with experts (0 for a dense model)."""
+        return self.layers - self.dense_layers if self.experts else 0
 
     @property
     def max_positions_(self) -> int:
@@ -140,6 +197,38 @@ class ModelSpec:
                 self.seq_len,
                 f"exceeds the learned position table (model.max_positions = {self.max_positions_}); "
                 "raise model.max_positions in a job file to train a wider table",
+            )
+        self._validate_moe()
+
+    def _validate_moe(self) -> None:
+        for name in ("experts", "experts_per_token", "shared_experts", "dense_layers"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise SpecError(f"model.{name}", value, "must be a whole number, 0 or more")
+        for name in ("expert_ffn", "shared_expert_ffn", "q_lora_rank", "kv_lora_rank", "rope_head_dim", "v_head_dim"):
+            check_positive(getattr(self, name), f"model.{name}")
+        if self.experts:
+            if not 1 <= self.experts_per_token <= self.experts:
+                raise SpecError(
+                    "model.experts_per_token",
+                    self.experts_per_token,
+                    f"each token goes to 1 to model.experts = {self.experts} experts",
+                )
+            if self.dense_layers >= self.layers:
+                raise SpecError(
+                    "model.dense_layers",
+                    self.dense_layers,
+                    f"must leave some of the {self.layers} blocks to the experts",
+                )
+            if self.capacity_factor is not None and self.capacity_factor <= 0:
+                raise SpecError("model.capacity_factor", self.capacity_factor, "must be above 0 (or null: dropless)")
+        elif self.experts_per_token or self.shared_experts or self.dense_layers:
+            raise SpecError("model.experts", 0, "experts_per_token, shared_experts and dense_layers need model.experts")
+        if self.attention_kind == "mla" and (self.kv_lora_rank is None or self.rope_head_dim is None):
+            raise SpecError(
+                "model.kv_lora_rank",
+                self.kv_lora_rank,
+                "latent attention (attention_kind: mla) needs kv_lora_rank and rope_head_dim",
             )
 
 
