@@ -290,10 +290,11 @@ class Job:
     cost: Cost = field(default_factory=Cost)
     finetune: Finetune = field(default_factory=Finetune)
     training: Training = field(default_factory=Training)
-    workload: Literal["train", "finetune"] | None = None
+    workload: Literal["train", "finetune", "inference"] | None = None
     """train: pretraining, budgeted by `tokens` or the preset's published budget; finetune: a fine-tune of existing
-    weights, budgeted by `tokens`, finetune.dataset_tokens × epochs, or else priced per billion tokens. None =
-    finetune where finetune.method is lora or qlora, else train. (The inference issue adds `inference`.)"""
+    weights, budgeted by `tokens`, finetune.dataset_tokens × epochs, or else priced per billion tokens; inference:
+    serving the model (accepted, not modelled yet: an estimate says so in one line). None = finetune where
+    finetune.method is lora or qlora, else train."""
     tokens: float | None = None
     """Token budget D; None = the preset's published budget (pretraining) or the fine-tuning data's."""
     mfu: float | None = None

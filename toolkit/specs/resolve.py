@@ -158,6 +158,13 @@ def resolve_job(job: Job, catalog: Catalog) -> tuple[Job, list[str]]:
     notes: list[str] = []
     job.model.validate()
     _check_not_modelled(job.model)
+    if job.workload == "inference":
+        raise SpecError(
+            "workload",
+            "inference",
+            "serving (KV cache, prefill and decode, cost per token) is not modelled yet; the workloads estimated "
+            "are train and finetune",
+        )
     _check_sizes(job)
     cluster, accelerator = _resolve_cluster(job, catalog, notes)
     par = _resolve_layout(job, cluster, notes)
