@@ -85,3 +85,34 @@ def test_weights_that_do_not_fit_are_named(tmp_path):
         load_initial_weights(wrong, folder)
     with pytest.raises(SpecError, match="neither config.json nor a valid checkpoint"):
         load_initial_weights(wrong, tmp_path)
+
+
+def test_fine_tune_from_a_run_on_two_ranks(tmp_path, corpus):
+    """A 2-rank FSDP2 run keeps its weights as DCP shards (no .pt holds them). `--init-from` reads them whole in
+    one process: the same tensors torch's own converter (dcp_to_torch_save) writes out, and the fine-tune starts
+    from them."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    from tests.train.conftest import tiny_job
+    from toolkit.runs import read_metrics
+    from toolkit.train.checkpoint import latest_checkpoint
+    from toolkit.train.launch import launch, prepare_run
+
+    pre = tmp_path / "pre"
+    job = prepare_run(
+        tiny_job(parallel={"zero": 3}, training={"steps": 3, "data": str(corpus), "checkpoint_every": 3}), pre, 2
+    )
+    assert launch(job, pre, nproc=2, progress=False) == 0
+    record, _path, _ = latest_checkpoint(pre / "checkpoints")
+    assert record.get("model") is None and record["dcp"]
+    converted = tmp_path / "whole.pt"
+    dcp_to_torch_save(pre / "checkpoints" / record["dcp"]["dir"], converted)
+    whole = torch.load(converted, weights_only=True)
+    model = GPT(job.model)
+    load_initial_weights(model, pre)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, whole["model"][name] if "model" in whole else whole[f"model/{name}"]), name
+    post = tmp_path / "post"
+    tuned = prepare_run(tiny_job(training={"steps": 2, "data": str(corpus), "init_from": str(pre)}), post, 1)
+    assert launch(tuned, post, nproc=1, progress=False) == 0
+    assert read_metrics(post / "metrics.jsonl")[0]["loss"] < read_metrics(pre / "metrics.jsonl")[0]["loss"]

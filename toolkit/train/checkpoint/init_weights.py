@@ -114,6 +114,25 @@ def hf_state_dict(folder: str | Path) -> dict[str, torch.Tensor]:
     return out
 
 
+def _checkpoint_weights(folder: Path, checkpoint: dict, own: dict) -> dict[str, torch.Tensor]:
+    """The model's weights from a run's checkpoint: in its .pt, or (a run on several ranks) in the step's DCP folder,
+    read whole in this process whatever layout wrote it (DCP re-cuts the shards)."""
+    if checkpoint.get("model") is not None:
+        return checkpoint["model"]
+    record = checkpoint.get("dcp")
+    if not record:
+        raise SpecError("training.init_from", str(folder), "its newest checkpoint holds no model weights")
+    import torch.distributed.checkpoint as dcp
+
+    from .sharded import MODEL
+
+    reader = dcp.FileSystemReader(folder / record["dir"])
+    saved = set(reader.read_metadata().state_dict_metadata)
+    wanted = {MODEL + name: torch.empty_like(tensor) for name, tensor in own.items() if MODEL + name in saved}
+    dcp.load(wanted, storage_reader=reader, no_dist=True)
+    return {name[len(MODEL) :]: tensor for name, tensor in wanted.items()}
+
+
 @torch.no_grad()
 def load_initial_weights(model: nn.Module, source: str | Path) -> str:
     """Fill `model` (before LoRA or FP32 norms are applied) from `source`; returns what was loaded."""
@@ -125,7 +144,7 @@ def load_initial_weights(model: nn.Module, source: str | Path) -> str:
         checkpoint, path, _problems = latest_checkpoint(folder)
         if checkpoint is None:
             raise SpecError("training.init_from", str(source), "holds neither config.json nor a valid checkpoint")
-        state, what = checkpoint["model"], f"the weights of {path}"
+        state, what = _checkpoint_weights(folder, checkpoint, model.state_dict()), f"the weights of {path}"
     else:
         raise SpecError("training.init_from", str(source), "no such folder")
     own = model.state_dict()
