@@ -44,6 +44,9 @@ class RunPlan:
     kept: tuple[str, ...] = ()
     changes: tuple[str, ...] = ()
     refusal: str | None = None
+    unfit: str | None = None
+    """Why the job as planned fits none of its own devices (its estimate), or None: a proxy then shows the program
+    running, not this job."""
 
     def lines(self) -> list[str]:
         """What Run starts, in plain words: a headline, then (for a proxy) what was kept and what was scaled."""
@@ -51,8 +54,16 @@ class RunPlan:
             return [f"Run: not available here. {self.refusal}"]
         if not self.proxy:
             return [f"Run: the job itself, on {self.nproc} rank(s) of this machine."]
+        if self.unfit:
+            head = (
+                f"Run: the job as planned does not fit its devices ({self.unfit}), so it cannot run anywhere as it "
+                f"stands; Run trains a proxy of it on {self.nproc} rank(s), which shows its program running, not "
+                "this job's memory or speed."
+            )
+        else:
+            head = f"Run: this machine cannot hold the job ({self.refusal}), so Run trains a proxy on {self.nproc} rank(s)."
         return [
-            f"Run: this machine cannot hold the job ({self.refusal}), so Run trains a proxy on {self.nproc} rank(s).",
+            head,
             f"Kept: {', '.join(self.kept)}.",
             f"Scaled: {'; '.join(self.changes)}.",
         ]
@@ -88,11 +99,17 @@ def local_devices() -> LocalDevices:
 
 
 def run_plan(
-    job: Job, here: LocalDevices | None = None, max_ranks: int = 4, device_peak_bytes: float | None = None
+    job: Job,
+    here: LocalDevices | None = None,
+    max_ranks: int = 4,
+    device_peak_bytes: float | None = None,
+    unfit: str | None = None,
 ) -> RunPlan:
     """The job itself when this machine's GPUs hold it (enough of them, enough memory, a layout the runner runs);
     otherwise a proxy of at most `max_ranks` ranks. `job` is resolved here (the planner's job need not be);
-    `device_peak_bytes`, where the caller has estimated it already, spares estimating it again."""
+    `device_peak_bytes`, where the caller has estimated it already, spares estimating it again; `unfit` says why
+    the job fits none of its own devices, where its estimate says so (the plan then says the proxy is all that
+    can run)."""
     here = here or local_devices()
     try:
         full, _ = job.resolve()
@@ -102,7 +119,8 @@ def run_plan(
     why = _why_not_here(full, here, device_peak_bytes)
     if why is None and refusal is None:
         return RunPlan(full, full.devices, False)
-    return _proxy(full, here, max_ranks, why or f"the runner does not train it as planned: {refusal[2]}")
+    plan = _proxy(full, here, max_ranks, why or f"the runner does not train it as planned: {refusal[2]}")
+    return dataclasses.replace(plan, unfit=unfit) if plan.job is not None and unfit else plan
 
 
 def _why_not_here(job: Job, here: LocalDevices, need: float | None) -> str | None:

@@ -47,6 +47,18 @@ _FIELD_OF_CONTROL = {
 }
 
 
+def _fit_count_html(result: dict, cluster: str) -> str:
+    """How many layouts fit; when none does, that the job cannot run as planned here (Run can only train a proxy)."""
+    if result["fitting"]:
+        return f"<p>{result['fitting']:,} of {result['evaluated']:,} layouts fit (apply sets the controls)</p>"
+    return (
+        f"<p style='color:#d62728'><b>No layout fits:</b> none of the {result['evaluated']:,} layouts of this job "
+        f"fits {html.escape(cluster)}, so the job cannot run as planned on it. Give it more devices or larger ones, "
+        "or try the doctor's fixes (a smaller precision, LoRA or QLoRA for a fine-tune); Run can only train a proxy "
+        "of it.</p>"
+    )
+
+
 def _estimated(model) -> bool:
     """A decoder the estimate prices (a Mixture of Experts is counted, not yet estimated)."""
     return model.has_shape and not model.encoder and not model.experts and model.attention_kind == "standard"
@@ -260,7 +272,10 @@ class PlannerPanel(PanelText, W.VBox):
         copy_into(self.step_fig, step_figure(result))
         self.summary.value = _summary_html(result)
         peak = result.memory.device_peak_bytes or result.memory.peak_bytes  # (estimated once, above)
-        self._show_run_plan(run_plan(job, self.here, device_peak_bytes=peak))
+        unfit = None
+        if result.memory.fits is not None and not result.memory.fits and result.memory.usable_bytes:
+            unfit = f"{peak / 2**30:,.1f} GiB a device, more than its {result.memory.usable_bytes / 2**30:,.1f} GiB"
+        self._show_run_plan(run_plan(job, self.here, device_peak_bytes=peak, unfit=unfit))
         self.last_update_s = time.perf_counter() - began
 
     def _show_run_plan(self, plan: RunPlan | None) -> None:
@@ -419,9 +434,7 @@ class PlannerPanel(PanelText, W.VBox):
             )
         table = W.VBox(
             [
-                W.HTML(
-                    f"<p>{result['fitting']:,} of {result['evaluated']:,} layouts fit (apply sets the controls)</p>"
-                ),
+                W.HTML(_fit_count_html(result, f"{v['count'].value} × {v['accelerator'].value}")),
                 *rows,
             ]
         )

@@ -343,3 +343,32 @@ def test_tensor_parallel_collectives_are_those_the_runner_issues(tmp_path):
         )
         modelled = LAYERS * tp_collectives_per_block(job) + tp_embedding_collectives(job) + TP_HEAD_COLLECTIVES
         assert recorded[name] == {"activation": modelled, "small": TP_LOSS_COLLECTIVES}, name
+
+
+def test_offload_is_priced_over_the_devices_own_host_link(catalog):
+    """Offloading a 7B full fine-tune's states from one RTX 4090 moves every 16-bit gradient to the host and every
+    updated weight back over PCIe 4.0 x16, at most 32 GB/s each way (PCI-SIG: 16 GT/s × 16 lanes; NVIDIA's Ada
+    whitepaper: PCIe 4.0 x16). The step cannot be shorter than that traffic; an H100 (PCIe Gen5: 128 GB/s both ways,
+    its datasheet) moves the same bytes at twice the rate, so at least moved / 64 GB/s sooner (the host's own
+    optimizer work is the same on both)."""
+    from toolkit.estimate import estimate_result
+    from toolkit.estimate.params import count_params
+
+    def job(gpu):
+        return Job.from_dict(
+            {
+                "model": {"preset": "llama2-7b", "seq_len": 512},
+                "cluster": {"accelerator": gpu, "count": 1},
+                "precision": {"mode": "pure-bf16"},
+                "parallel": {"zero": 3, "offload": "params"},
+                "batch": {"micro_batch": 1, "global_batch": 1},
+                "workload": "finetune",
+            },
+            catalog,
+        )
+
+    moved = count_params(catalog.preset("llama2-7b").model).total * (2 + 2)
+    rtx = estimate_result(job("RTX-4090"), catalog).time
+    h100 = estimate_result(job("H100-SXM"), catalog).time
+    assert rtx.step_s >= moved / 32e9
+    assert rtx.breakdown["optimizer_s"] - h100.breakdown["optimizer_s"] >= moved / 64e9

@@ -205,3 +205,15 @@ def test_the_state_a_reloaded_tab_asks_for_stays_small(panel):
     )
     ((content, buffers),) = sent
     assert content["id"] == "1" and len(buffers[0]) > 1_000_000 and b"FigureView" in buffers[0]
+
+
+def test_a_job_that_fits_nowhere_says_so_and_run_says_it_trains_only_a_proxy():
+    """Llama 3 405B on one RTX 4090 (24 GiB): no layout fits, the panel says the job cannot run as planned, and Run
+    says what it offers is a proxy of a job that does not fit its devices."""
+    panel = PlannerPanel(preset="llama3-405b", accelerator="RTX-4090", count=1)
+    assert not panel.result.memory.fits
+    note = panel.run_note.value
+    assert "does not fit its devices" in note and "proxy" in note and "not this job" in note
+    result = panel.best_layouts()
+    assert result["fitting"] == 0
+    assert "No layout fits" in panel.best_box.children[0].children[0].value

@@ -102,7 +102,10 @@ class Assumptions:
     latency_inter_s: float = 10e-6
     """Latency of a hop between nodes (a ring's, or a tree's level). Assumed."""
     pcie_bytes_per_s: float = 25e9
-    """Host <-> device copies for offload. Assumed: PCIe 4.0 x16's 32 GB/s one way, at about 80 % achieved."""
+    """Host <-> device copies for offload where the catalog gives no host link. Assumed: PCIe 4.0 x16's 32 GB/s one
+    way, at about 80 % achieved."""
+    host_link_efficiency: float = 0.8
+    """Share of the catalog's host link (PCIe, one way, nominal) an offload copy achieves. Assumed."""
     host_adam_params_per_s: float = 1e9
     """Parameters a host CPU steps with Adam per second per device. Assumed: DeepSpeed's CPU-Adam's order of
     magnitude."""
@@ -174,6 +177,8 @@ class Hardware:
     """Figures measured on this device (its catalog row's `assumptions`), used in place of the defaults."""
     allreduce_bus_bw_bytes_per_s: float | None = None
     """An all-reduce's bus bandwidth inside a node where the switch reduces (NVLink SHARP); None = the link's."""
+    host_bw_bytes_per_s: float | None = None
+    """The host link one way, nominal (the catalog's PCIe figure); None = the assumption pcie_bytes_per_s."""
     kernels: KernelProfile | None = None
     """What the device's kernels achieve (toolkit/data/kernels.yaml), for a catalog GPU that has a profile and no
     measured figures of its own; memory_bw_bytes_per_s is then the achieved bandwidth."""
@@ -249,6 +254,7 @@ def hardware_for(job: Job, catalog: Catalog) -> Hardware | None:
         assumptions=measured,
         kernels=kernels,
         allreduce_bus_bw_bytes_per_s=None if cl.intra_node_bw_bytes_per_s else acc.allreduce_bus_bw_bytes_per_s,
+        host_bw_bytes_per_s=acc.host_link_bytes_per_s,
     )
 
 
@@ -571,7 +577,8 @@ def _optimizer_s(job: Job, hw: Hardware, a: Assumptions, trainable, replicas):
     )
     if a.optimizer_params_per_s:
         device_s = np.maximum(device_s, trainable / shard / a.optimizer_params_per_s)
-    host_s = trainable / shard / a.host_adam_params_per_s + trainable * (grad_b + weight_b) / shard / a.pcie_bytes_per_s
+    host_link = hw.host_bw_bytes_per_s * a.host_link_efficiency if hw.host_bw_bytes_per_s else a.pcie_bytes_per_s
+    host_s = trainable / shard / a.host_adam_params_per_s + trainable * (grad_b + weight_b) / shard / host_link
     return np.where(offload != "none", host_s, device_s)
 
 

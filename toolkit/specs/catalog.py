@@ -53,6 +53,10 @@ class Accelerator:
     allreduce_bus_bw_bytes_per_s: float | None = None
     """Measured all-reduce bus bandwidth inside one node where the switch reduces (NVLink SHARP on HGX H100/H200),
     above what the link alone gives a ring; None = the ring's."""
+    host_link_bytes_per_s: float | None = None
+    """The device's link to its host (PCIe), one way, nominal: what offloaded states cross each step."""
+    host_link_source: str | None = None
+    """Where host_link_bytes_per_s comes from."""
     device_memory: dict[str, Any] | None = None
     """Figures measured on this device that replace the device-memory assumptions (toolkit.estimate.device:
     context_bytes, workspace_bytes, fragmentation, comm_channels, ...)."""

@@ -289,7 +289,8 @@ def _supervise(workers: list[subprocess.Popen], out: Path) -> int:
                 print(
                     f"toolkit train: rank {first['rank']} {_describe(first['code'])}{_error_of(out, first['rank'])}"
                     f" first; the other ranks were stopped{' (' + '; '.join(others) + ')' if others else ''}. "
-                    f"{where}; run the same command again to resume from it (exit order: {out / 'exits.json'}).",
+                    f"{where}; run the same command again to resume from it (exit order: {out / 'exits.json'}"
+                    f"{'; tracebacks: ' + str(out / 'errors') if (out / 'errors').is_dir() else ''}).",
                     file=sys.stderr,
                 )
                 return 1

@@ -9,6 +9,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 
 from .determinism import PINNED_ENV
@@ -41,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     except Exception as err:
         _record_error(args.out, err)
+        if os.environ.get("TOOLKIT_LAUNCHER_PID"):  # the launcher names the first rank to die, in one line
+            return 1
         raise
     finally:
         _shut_down_process_group(finished)
@@ -64,11 +67,15 @@ def _exit_with_parent(poll_s: float = 0.5, grace_s: float = 8.0) -> None:
 
 
 def _record_error(out: str, err: Exception) -> None:
-    """One line naming the exception, for the launcher's report of the first rank to die."""
+    """One line naming the exception (errors/rank{r}.txt, for the launcher's report of the first rank to die) and its
+    whole traceback (errors/rank{r}.traceback): under toolkit's launcher a rank prints neither, so a dead rank's peers
+    (whose collectives fail after it) do not bury the launcher's one line under theirs."""
+    rank = os.environ.get("RANK", "0")
     try:
         folder = Path(out) / "errors"
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"rank{os.environ.get('RANK', '0')}.txt").write_text(f"{type(err).__name__}: {err}"[:500] + "\n")
+        (folder / f"rank{rank}.txt").write_text(f"{type(err).__name__}: {err}"[:500] + "\n")
+        (folder / f"rank{rank}.traceback").write_text("".join(traceback.format_exception(err)))
     except OSError:
         pass
 
