@@ -299,3 +299,34 @@ def test_a_checkpointed_region_costs_at_least_what_torchs_profiler_sees_outside_
                 )
     hooks_s = statistics.median(c - p for c, p in zip(outside_s["checkpointed"], outside_s["plain"]))
     assert 0.8 * hooks_s < measured < 4 * hooks_s, (measured, hooks_s)
+
+
+def test_calibrate_prints_its_own_lines_only(tmp_path):
+    """Two ranks measuring at once: the console shows the profile's line and where it was written, not the ranks'
+    library warnings or the profiler's stages."""
+    import subprocess
+    import sys
+
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(SMALL))
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "toolkit.cli",
+            "calibrate",
+            "--nproc",
+            "2",
+            "--config",
+            str(job),
+            "--out",
+            str(tmp_path / "profile.yaml"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == "", done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert len(lines) == 2 and "matmuls" in lines[0] and lines[1].startswith("written to"), lines

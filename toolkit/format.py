@@ -309,8 +309,8 @@ def plan_assumptions(result: dict) -> list[str]:
             lines.append("  #1 against #2: the same modelled step (ties keep the search's order)")
         else:
             lines.append(
-                f"  #1 against #2: {_PART_NAMES.get(name, name)} {diff * 1e3:+.3g} ms a step for #2 "
-                "(the largest difference of their steps' parts)"
+                f"  #1 against #2: #2's {_PART_NAMES.get(name, name)} is {duration_text(abs(diff))} "
+                f"{'longer' if diff > 0 else 'shorter'} a step (the largest difference of their steps' parts)"
             )
     return lines
 

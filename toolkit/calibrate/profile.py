@@ -269,6 +269,26 @@ def _memory_bytes(world: int) -> int | str:
         return "unknown"
 
 
+def _quietly(function, *args):
+    """Run `function` with library warnings dropped and the profiler's own lines (C++, on stderr) sent to nowhere:
+    calibrate's output is its own lines."""
+    import warnings
+
+    saved = [os.dup(1), os.dup(2)]
+    null = os.open(os.devnull, os.O_WRONLY)
+    sys.stdout.flush(), sys.stderr.flush()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            os.dup2(null, 1), os.dup2(null, 2)
+            return function(*args)
+    finally:
+        sys.stdout.flush(), sys.stderr.flush()
+        os.dup2(saved[0], 1), os.dup2(saved[1], 2)
+        for fd in (*saved, null):
+            os.close(fd)
+
+
 def calibrate(job: Job | None, nproc: int, out_path, gpu_only: bool = False) -> dict:
     """Measure on nproc gloo ranks at once and write the profile YAML; returns the profile. On a host with a GPU
     the profile gains that GPU's row, measured on it (toolkit.calibrate.device); `gpu_only` measures that alone
@@ -281,9 +301,11 @@ def calibrate(job: Job | None, nproc: int, out_path, gpu_only: bool = False) -> 
     rows = []
     if not gpu_only:
         measured = (
-            trace_on_ranks(measure_rank, job, nproc, "calibration", "rank", "measure on fewer ranks", result=dict)
+            trace_on_ranks(
+                measure_rank, job, nproc, "calibration", "rank", "measure on fewer ranks", result=dict, quiet=True
+            )
             if nproc > 1
-            else [measure_rank(job, 0, 1)]
+            else [_quietly(measure_rank, job, 0, 1)]
         )
         rows = profile_row(measured, nproc)["accelerators"]
     if torch.cuda.device_count():

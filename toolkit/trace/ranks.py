@@ -26,18 +26,26 @@ from ..specs.errors import MeasurementFailed
 from ..specs.job import Job
 from .memory import TraceResult
 
-__all__ = ["trace_on_ranks"]
+__all__ = ["trace_on_ranks", "silence_output"]
 
 MeasureRank = Callable[[Job, int, int], TraceResult]
 """(job, rank, world size) -> that rank's measurement; runs inside its own process with the group set up."""
 
 
 def trace_on_ranks(
-    measure: MeasureRank, job: Job, world: int, program: str, role: str, shrink: str, result: Callable = TraceResult
+    measure: MeasureRank,
+    job: Job,
+    world: int,
+    program: str,
+    role: str,
+    shrink: str,
+    result: Callable = TraceResult,
+    quiet: bool = False,
 ) -> list:
     """Every rank's measurement, rank 0 first. `program` and `role` name the trace and a rank in messages
     ("pipeline", "stage"); `shrink` says what to make smaller when a rank is killed (usually for memory).
-    `result` builds a rank's answer from its fields (a TraceResult; `dict` for other measurements)."""
+    `result` builds a rank's answer from its fields (a TraceResult; `dict` for other measurements). `quiet`: the
+    ranks' own output (library warnings, the profiler's stages) goes nowhere; a failure is still reported."""
     with tempfile.TemporaryDirectory() as out:
         # this process hosts the ranks' rendezvous on a port it holds from the start (a port picked, released and
         # bound again by rank 0 could be taken meanwhile by another run on the machine)
@@ -46,7 +54,7 @@ def trace_on_ranks(
         _start_forkserver()
         context = mp.start_processes(
             _rank_main,
-            args=(measure, job.to_dict(), world, port, out, role),
+            args=(measure, job.to_dict(), world, port, out, role, quiet),
             nprocs=world,
             start_method="forkserver",
             join=False,
@@ -87,7 +95,11 @@ def _start_forkserver() -> None:
     multiprocessing.get_context("forkserver").set_forkserver_preload(preload)
 
 
-def _rank_main(rank: int, measure: MeasureRank, job_dict: dict, world: int, port: int, out: str, role: str) -> None:
+def _rank_main(
+    rank: int, measure: MeasureRank, job_dict: dict, world: int, port: int, out: str, role: str, quiet: bool = False
+) -> None:
+    if quiet:
+        silence_output()
     torch.set_num_threads(1)
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
@@ -109,3 +121,15 @@ def _rank_main(rank: int, measure: MeasureRank, job_dict: dict, world: int, port
         raise
     finally:
         dist.destroy_process_group()
+
+
+def silence_output() -> None:
+    """Send this process's stdout and stderr, at the file-descriptor level (C++ libraries' lines too: the profiler's
+    stages, gloo's warnings), to nowhere. Warnings are dropped before they are formatted."""
+    import warnings
+
+    warnings.simplefilter("ignore")
+    null = os.open(os.devnull, os.O_WRONLY)
+    for fd in (1, 2):
+        os.dup2(null, fd)
+    os.close(null)
