@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import html
+import os
 import signal
 import subprocess
 import sys
@@ -32,6 +33,7 @@ from toolkit.plots import metrics_figure
 from toolkit.runs import read_rank_memory
 from toolkit.specs import Job, SpecError
 from toolkit.runs import MetricsTail
+from toolkit.train.launch import STARTER_ENV
 from widgets.fallback import PanelText
 from widgets.live_figure import LiveFigure
 
@@ -136,7 +138,19 @@ class LauncherPanel(PanelText, W.VBox):
             *self.extra_args,
         ]
         self._log = open(self.out / "launcher.log", "a")  # (a resume adds to the log of the run)
-        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.PIPE, text=True)
+        errors = self.out / "launcher.err"
+        self._err_from = errors.stat().st_size if errors.exists() else 0
+        self._err = open(errors, "a")
+        # a session of its own: the kernel's shutdown signal (its process group's) reaches neither the ranks nor
+        # their DataLoader workers; the run learns the kernel has gone from STARTER_ENV and stops as Stop does
+        self.process = subprocess.Popen(
+            command,
+            stdout=self._log,
+            stderr=self._err,
+            text=True,
+            start_new_session=True,
+            env={**os.environ, STARTER_ENV: str(os.getpid())},
+        )
         self.status.value = f"starting: {html.escape(' '.join(command[2:]))}"
         self.folder.value = _folder_html(self.out, self.job)
         self._set_state("starting")
@@ -209,8 +223,11 @@ class LauncherPanel(PanelText, W.VBox):
 
     def _finished(self) -> None:
         code = self.process.returncode
-        stderr = self.process.stderr.read() if self.process.stderr else ""
         self._log.close()
+        self._err.close()
+        with open(self.out / "launcher.err", errors="replace") as f:
+            f.seek(self._err_from)
+            stderr = f.read()
         lines = [line for line in stderr.splitlines() if line.strip()]
         steps = self.records[-1]["step"] if self.records else 0
         if code == 0 and steps >= self.job.training.steps:

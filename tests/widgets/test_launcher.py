@@ -106,3 +106,52 @@ def test_the_memory_chart_puts_the_process_and_the_tensors_on_separate_labelled_
     assert axis_of["measured (rss)"] != axis_of["tensor peak per rank (MemTracker)"]
     assert fig.layout.yaxis4.title.text == "process, GiB (rss)" and fig.layout.yaxis5.title.text == "tensors, GiB"
     assert fig.layout.yaxis4.type != "log"
+
+
+KERNEL = """
+import sys, time
+from toolkit.specs import Job
+from widgets.launcher import LauncherPanel
+job = Job.from_dict({"model": {"layers": 2, "hidden": 64, "heads": 4, "vocab": 256, "seq_len": 32},
+                     "batch": {"micro_batch": 2, "global_batch": 4}, "precision": {"mode": "fp32"},
+                     "training": {"steps": 2000, "warmup_steps": 1, "num_workers": 1, "checkpoint_every": 0}})
+panel = LauncherPanel(job, sys.argv[1], nproc=2)
+panel.launch()
+while len(panel.records) < 3:
+    time.sleep(0.05)
+print("running", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_kernel_shut_down_mid_run_leaves_a_checkpoint_at_the_last_finished_step(tmp_path):
+    """A stand-in kernel (its own process group, as Jupyter starts kernels) launches a 2-rank run with a DataLoader
+    worker per rank, then its whole group is killed as a kernel shutdown does. The run, in a session of its own, is
+    not hit by that signal; it sees its starter gone, stops as Stop does, and checkpoints the last finished step."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from toolkit.runs import read_metrics
+    from toolkit.train.checkpoint import list_checkpoints
+
+    out = tmp_path / "run"
+    kernel = subprocess.Popen(
+        [sys.executable, "-c", KERNEL, str(out)], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    assert kernel.stdout.readline().strip() == "running"
+    os.killpg(kernel.pid, signal.SIGTERM)  # the kernel's group: the kernel, not the run
+    kernel.wait(30)
+    deadline = time.monotonic() + 120
+    log = out / "launcher.err"
+    while "stopping at the end of the current step" not in (log.read_text() if log.exists() else ""):
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    while not list_checkpoints(out / "checkpoints") or any(out.glob("checkpoints/*.tmp")):
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    time.sleep(2)  # (the ranks exit after their checkpoint; nothing more is written)
+    last = read_metrics(out / "metrics.jsonl")[-1]["step"]
+    assert list_checkpoints(out / "checkpoints")[-1].name == f"step_{last:08d}.pt"
+    assert "Traceback" not in log.read_text() and "killed by signal" not in log.read_text()

@@ -24,6 +24,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -129,6 +130,7 @@ def launch(
         raise SpecError("--launcher", launcher, f"must be one of {', '.join(LAUNCHERS)}")
     job = prepare_run(job, out_dir, nproc, catalog_files, force)
     out = Path(out_dir)
+    _stop_with_starter()
     allocator = _allocator_env(job)
     if nproc == 1:
         os.environ.update(allocator)  # read by torch's CUDA allocator at its first allocation
@@ -164,6 +166,33 @@ def launch(
         command = [sys.executable, "-m", "toolkit.train.worker", str(out / "job.yaml"), str(out), *flags]
         workers.append(subprocess.Popen(command, env=env))
     return _supervise(workers, out)
+
+
+STARTER_ENV = "TOOLKIT_STOP_WITH_PID"
+"""Set by whoever starts a run it may not outlive (the launcher panel: its notebook's kernel): its process id."""
+
+
+def _stop_with_starter(poll_s: float = 0.5) -> None:
+    """When the process that started this run goes (a notebook closed, its kernel shut down or restarted), stop the
+    run as Stop does: SIGTERM to this launcher, which every rank answers by finishing its step and checkpointing.
+    The panel starts the run in a session of its own, so the kernel's shutdown signal reaches neither the ranks nor
+    their DataLoader workers; this is how they learn of it."""
+    starter = os.environ.get(STARTER_ENV)
+    if not starter or not starter.isdigit():
+        return
+
+    def watch():
+        while os.getppid() == int(starter):
+            time.sleep(poll_s)
+        print(
+            "toolkit train: the notebook that started this run has gone; stopping at the end of the current step "
+            "with a checkpoint (run the same command, or Resume, to continue)",
+            file=sys.stderr,
+            flush=True,
+        )
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, daemon=True, name="starter-watch").start()
 
 
 def _cuda_gpus() -> int:
