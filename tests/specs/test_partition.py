@@ -3,8 +3,6 @@ against DeepSpeed itself: its PipelineModule over the runner's modules (record_d
 size, its balancing function."""
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,18 +15,11 @@ from toolkit.specs.partition import balanced_parts, layer_list, partition_blocks
 HERE = Path(__file__).parent
 
 
-def test_blocks_per_stage_are_those_deepspeeds_pipeline_module_gives(tmp_path):
-    pytest.importorskip("deepspeed")
-    out = tmp_path / "parts.json"
-    done = subprocess.run(
-        [sys.executable, str(HERE / "record_ds_partition.py"), str(out)],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env={**os.environ, "LOCAL_RANK": "0"},
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    recorded = json.loads(out.read_text())
+def test_blocks_per_stage_are_those_deepspeeds_pipeline_module_gives():
+    """Against DeepSpeed's own boundaries, recorded by its PipelineModule over the runner's modules
+    (ds_partition.json: `LOCAL_RANK=0 python tests/specs/record_ds_partition.py tests/specs/ds_partition.json`,
+    DeepSpeed 0.19.8; importing DeepSpeed in a test costs 30-50 s, so the recording is kept)."""
+    recorded = json.loads((HERE / "ds_partition.json").read_text())
     sys.path.insert(0, str(HERE))
     from record_ds_partition import CASES
 
