@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ESTIMATE = ROOT / "toolkit" / "estimate"
 KERNELS = ROOT / "toolkit" / "data" / "kernels.yaml"
 OUT = ROOT / "docs" / "assumptions.md"
-DATACLASSES = {"steptime.py": "Assumptions", "device.py": "DeviceAssumptions"}
+DATACLASSES = {"hardware.py": "Assumptions", "device.py": "DeviceAssumptions"}
 """The dataclasses whose field defaults are assumptions (a catalog row's figures replace them)."""
 NOT_ASSUMPTIONS = {
     "MIB",

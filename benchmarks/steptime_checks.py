@@ -15,7 +15,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from toolkit.estimate.steptime import hardware_for, step_time  # noqa: E402
+from toolkit.estimate.hardware import hardware_for  # noqa: E402
+from toolkit.estimate.steptime import step_time  # noqa: E402
 from toolkit.specs import Job, load_catalog  # noqa: E402
 
 RUNS = [

@@ -11,7 +11,7 @@ import yaml
 
 from toolkit.cli import main
 from toolkit.estimate import estimate
-from toolkit.estimate.steptime import hardware_for
+from toolkit.estimate.hardware import hardware_for
 from toolkit.specs import Job, load_catalog
 from toolkit.trace.report import compare_run
 
@@ -247,7 +247,7 @@ def test_per_op_recompute_pays_for_its_dispatch_mode_as_torchs_profiler_sees_it(
     from torch.profiler import ProfilerActivity, profile
     from toolkit.calibrate.kernels import block_run, rank_spec, selective_op_overhead_s
     from toolkit.estimate.overhead import fixed_costs_s
-    from toolkit.estimate.steptime import Assumptions
+    from toolkit.estimate.hardware import Assumptions
     from toolkit.train.determinism import pinned
     from toolkit.program.model import _every_other_matmul
 

@@ -12,7 +12,7 @@ tuned read 391.4: the model reads 405). Small messages (1-64 MB) are latency-bou
 import pytest
 
 from toolkit.estimate.comm import bus_bw_bytes_per_s
-from toolkit.estimate.steptime import Assumptions, hardware_for
+from toolkit.estimate.hardware import Assumptions, hardware_for
 from toolkit.specs import Job
 
 AZURE = "github.com/Azure/AI-benchmarking-guide 8fd0c6e1, Azure_Results/"

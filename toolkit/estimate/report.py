@@ -19,7 +19,8 @@ from .params import count_params
 from .result import ComputePart, CostPart, Estimate, MemoryPart, ModelPart, TimePart
 from .states import job_stage_layers, model_state_bytes, params_per_device
 from .spot import spot_run
-from .steptime import ASSUMED_NETWORK_BITS_PER_DEVICE, hardware_for, network_figure, overlap_settings, step_time
+from .hardware import ASSUMED_NETWORK_BITS_PER_DEVICE, hardware_for, network_figure
+from .steptime import overlap_settings, step_time
 
 __all__ = ["estimate", "estimate_result"]
 

@@ -18,7 +18,8 @@ import numpy as np
 
 from ..estimate.device import device_memory
 from ..estimate.memory import memory_estimate
-from ..estimate.steptime import hardware_for, step_time
+from ..estimate.hardware import hardware_for
+from ..estimate.steptime import step_time
 from ..specs import Job, SpecError
 from ..specs.catalog import Catalog
 

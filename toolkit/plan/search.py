@@ -28,7 +28,8 @@ from ..estimate.memory import memory_estimate
 from ..estimate.pipeline import simulate
 from ..estimate.spot import spot_run
 from ..estimate.states import model_state_bytes
-from ..estimate.steptime import hardware_for, network_figure, step_time
+from ..estimate.hardware import hardware_for, network_figure
+from ..estimate.steptime import step_time
 from ..specs import Job, SpecError
 from ..specs.axes import AXES, AXIS
 from ..specs.catalog import Catalog
