@@ -60,7 +60,8 @@ def test_the_grid_and_the_search_vary_it(axis):
 
 @pytest.mark.parametrize("axis", AXES, ids=lambda a: a.name)
 def test_the_cli_takes_its_flag_and_the_search_keeps_it_fixed(axis, tmp_path):
-    from toolkit.cli.main import build_parser, fixed_axes, job_from_args
+    from toolkit.cli.job_flags import fixed_axes, job_from_args
+    from toolkit.cli.main import build_parser
 
     flag_value = {True: [], "params": ["params"], "full": ["full"]}.get(
         NON_DEFAULT[axis.name], [str(NON_DEFAULT[axis.name])]
@@ -148,7 +149,7 @@ def test_the_runner_builds_its_mesh_in_the_registry_order():
 
 def test_a_flag_the_registry_lacks_is_not_a_layout_axis():
     """The parser's own layout flags are the registry's, plus dp (which the dp rule derives)."""
-    from toolkit.cli.main import OVERRIDES
+    from toolkit.cli.job_flags import OVERRIDES
 
     parallel_flags = {flag for flag, (section, _f, _c) in OVERRIDES.items() if section == "parallel"}
     assert {a.name for a in AXES if a.section == "parallel"} <= parallel_flags

@@ -17,11 +17,10 @@ Bad input never shows a traceback: one line on stderr naming the field, and exit
 from __future__ import annotations
 
 import argparse
+import re
 import json
 import os
-import re
 import sys
-from typing import Literal, get_args, get_origin, get_type_hints
 
 from .calibrate import add_calibrate_parser, cmd_calibrate
 from .catalog import cmd_catalog
@@ -30,109 +29,10 @@ from ..estimate import estimate
 from ..format import render_comparison, render_doctor, render_estimate, render_plan
 from ..specs import Job, SpecError, load_catalog
 from ..specs.errors import MeasurementFailed
-from ..specs.job import Batch, Cluster, Cost, Finetune, MemoryOptions, Optimizer, Overlap, Parallel, Precision, Training
-from ..specs.axes import AXES
-from ..specs.model import ModelSpec
-from ..specs.yamlio import check_output_folder, read_yaml
+from .job_flags import TRAIN_OVERRIDES, add_job_args, fixed_axes, flag_hint, job_from_args, parse_gpus
+from ..specs.yamlio import check_output_folder
 
 __all__ = ["main", "build_parser"]
-
-# flag -> (section, field, spec class): one table drives argparse help, the job overrides and the
-# translation of error messages back to flag names.
-_SECTIONS = {"parallel": Parallel, "batch": Batch, "memory": MemoryOptions}
-OVERRIDES = {
-    "seq": ("model", "seq_len", ModelSpec),
-    "layers": ("model", "layers", ModelSpec),
-    "hidden": ("model", "hidden", ModelSpec),
-    "heads": ("model", "heads", ModelSpec),
-    "kv_heads": ("model", "kv_heads", ModelSpec),
-    "ffn": ("model", "ffn", ModelSpec),
-    "vocab": ("model", "vocab", ModelSpec),
-    "mlp": ("model", "mlp", ModelSpec),
-    "norm": ("model", "norm", ModelSpec),
-    "tie_embeddings": ("model", "tie_embeddings", ModelSpec),
-    "dropout": ("model", "dropout", ModelSpec),
-    "global_batch": ("batch", "global_batch", Batch),
-    "precision": ("precision", "mode", Precision),
-    "grad_dtype": ("precision", "grad_dtype", Precision),
-    "fp8": ("precision", "fp8", Precision),
-    "fp8_all_gather": ("precision", "fp8_all_gather", Precision),
-    "optimizer": ("optimizer", "name", Optimizer),
-    "momentum": ("optimizer", "momentum", Optimizer),
-    "optimizer_impl": ("optimizer", "impl", Optimizer),
-    "dp": ("parallel", "dp", Parallel),
-    **{axis.name: (axis.section, axis.name, _SECTIONS[axis.section]) for axis in AXES},  # the layout axes' flags
-    "stage_layers": ("parallel", "stage_layers", Parallel),
-    "partition": ("parallel", "partition", Parallel),
-    "schedule": ("parallel", "schedule", Parallel),
-    "backend": ("parallel", "backend", Parallel),
-    "overlap_grad_reduce": ("overlap", "grad_reduce", Overlap),
-    "overlap_param_gather": ("overlap", "param_gather", Overlap),
-    "overlap_tp_comm": ("overlap", "tp_comm", Overlap),
-    "act_compress": ("memory", "act_compress", MemoryOptions),
-    "attention": ("memory", "attention", MemoryOptions),
-    "attention_kernel": ("memory", "attention_kernel", MemoryOptions),
-    "headroom": ("memory", "headroom_fraction", MemoryOptions),
-    "expandable_segments": ("memory", "expandable_segments", MemoryOptions),
-    "gpus_per_node": ("cluster", "gpus_per_node", Cluster),
-    "offer": ("cost", "offer", Cost),
-    "spot": ("cost", "spot", Cost),
-    "interruptions": ("cost", "interruptions_per_month", Cost),
-    "pue": ("cost", "pue", Cost),
-    "kwh_price": ("cost", "energy_price_per_kwh", Cost),
-    "grid_co2": ("cost", "grid_kg_co2_per_kwh", Cost),
-    "finetune": ("finetune", "method", Finetune),
-    "lora_rank": ("finetune", "rank", Finetune),
-    "lora_targets": ("finetune", "targets", Finetune),
-    "dataset_tokens": ("finetune", "dataset_tokens", Finetune),
-    "epochs": ("finetune", "epochs", Finetune),
-    "workload": ("", "workload", Job),
-    "tokens": ("", "tokens", Job),
-    "mfu": ("", "mfu", Job),
-}
-# flags that only `toolkit train` takes: the runner's section of the Job
-TRAIN_OVERRIDES = {
-    "steps": ("training", "steps", Training),
-    "lr": ("training", "lr", Training),
-    "warmup": ("training", "warmup_steps", Training),
-    "data": ("training", "data", Training),
-    "seed": ("training", "seed", Training),
-    "grad_clip": ("training", "grad_clip", Training),
-    "eval_every": ("training", "eval_every", Training),
-    "checkpoint_every": ("training", "checkpoint_every", Training),
-    "bucket_cap_mb": ("training", "bucket_cap_mb", Training),
-    "num_workers": ("training", "num_workers", Training),
-    "fp32_norm": ("training", "fp32_norm", Training),
-    "loss_scale": ("training", "loss_scale", Training),
-    "init_from": ("training", "init_from", Training),
-}
-_BOOLEAN = {
-    "tie_embeddings",
-    "sp",
-    "spot",
-    "fp32_norm",
-    "fp8",
-    "fp8_all_gather",
-    "overlap_grad_reduce",
-    "overlap_param_gather",
-    "overlap_tp_comm",
-    "expandable_segments",
-}
-_FLAG_OF_FIELD = {
-    f"{sec}.{fld}" if sec else fld: "--" + flag.replace("_", "-")
-    for flag, (sec, fld, _cls) in {**OVERRIDES, **TRAIN_OVERRIDES}.items()
-}
-_FLAG_OF_FIELD.update(
-    {
-        "cluster.count": "--gpus",
-        "cluster.accelerator": "--gpus",
-        "model.params": "--params",
-        "model.preset": "--model",
-        "hf_config": "--hf-config",
-        "job file": "--config",
-        "catalog file": "--catalog",
-    }
-)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -148,21 +48,6 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _allowed(cls, name) -> str:
-    """The choices of a Literal field (also inside `Literal[...] | None`), as argparse shows them."""
-    values, hint = [], get_type_hints(cls)[name]
-    if get_origin(hint) is tuple:
-        return "A,B,..."
-    for arg in get_args(hint):
-        if get_origin(arg) is Literal:
-            values.extend(get_args(arg))
-        elif get_origin(arg) is tuple:  # (stage_layers, lora targets: comma-separated)
-            return "A,B,..."
-        elif arg is not type(None):
-            values.append(arg)
-    return "{" + ",".join(str(v) for v in values) + "}" if values and not isinstance(values[0], type) else ""
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="toolkit", description="Plan large-model training: memory, FLOPs, time and cost.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -172,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="estimate one training job (analytic, instant)",
         description="Estimate parameters, memory, FLOPs, time and cost of a job.",
     )
-    _add_job_args(est)
+    add_job_args(est)
     _add_html(est)
     est.add_argument(
         "--check",
@@ -185,14 +70,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run the real PyTorch training step on fake tensors (no memory allocated) "
         "and report the same keys as `estimate`, with memory measured.",
     )
-    _add_job_args(trace)
+    add_job_args(trace)
     _add_html(trace)
     compare = sub.add_parser(
         "compare",
         help="analytic estimate beside the trace, with the error per category; "
         "--run DIR adds a real run's measured memory per rank",
     )
-    _add_job_args(compare)
+    add_job_args(compare)
     compare.add_argument(
         "--run",
         metavar="DIR",
@@ -212,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
         "offer, keep those that fit, rank by time or cost, and give the Pareto front. "
         "Any estimate flag given (e.g. --tp, --precision) fixes that choice.",
     )
-    _add_job_args(plan)
+    add_job_args(plan)
     _add_html(plan)
     plan.add_argument("--offers", metavar="A,B,...", help="compare these offers (whole instances, powers of two)")
     plan.add_argument("--objective", metavar="{time,cost}", default="time")
@@ -230,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Diagnose a job (fixes with the memory and step time each gives, "
         "cheapest first) or, with --run DIR, a run's metrics.",
     )
-    _add_job_args(doctor)
+    add_job_args(doctor)
     doctor.add_argument("--run", metavar="DIR", help="diagnose the metrics of this run folder instead")
 
     add_pipeline_parser(sub)
@@ -242,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train the job with accelerate: checkpoints and metrics.jsonl under --out; "
         "a rerun with the same --out resumes from the newest valid checkpoint.",
     )
-    _add_job_args(train, TRAIN_OVERRIDES)
+    add_job_args(train, TRAIN_OVERRIDES)
     train.add_argument("--out", metavar="DIR", required=True, help="run folder: job.yaml, checkpoints/, metrics.jsonl")
     train.add_argument("--nproc", metavar="N", type=int, default=1, help="data-parallel processes (gloo on CPU)")
     train.add_argument(
@@ -276,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="write the job as one file a cluster launches: an accelerate config, a "
         "torchrun or SLURM script, or DeepSpeed's JSON",
     )
-    _add_job_args(export, TRAIN_OVERRIDES)
+    add_job_args(export, TRAIN_OVERRIDES)
     export.add_argument("--to", required=True, metavar="{accelerate,torchrun,slurm,deepspeed}")
     export.add_argument(
         "--nodes",
@@ -302,92 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_job_args(est: argparse.ArgumentParser, extra: dict | None = None) -> None:
-    src = est.add_argument_group("model (one of)")
-    src.add_argument("--model", metavar="PRESET", help="catalog preset, e.g. gpt3-175b, llama2-7b")
-    src.add_argument("--hf-config", metavar="PATH", help="a Hugging Face config.json (or its folder) on disk")
-    src.add_argument("--params", metavar="N", help="a size-only model of N parameters")
-    est.add_argument("--config", metavar="JOB.yaml", help="start from a job file; flags override it")
-    for flag, (sec, fld, cls) in {**OVERRIDES, **(extra or {})}.items():
-        option = "--" + flag.replace("_", "-")
-        where = f"{sec}.{fld}" if sec else fld
-        if flag in _BOOLEAN:
-            est.add_argument(option, action=argparse.BooleanOptionalAction, default=None, help=where)
-        else:
-            est.add_argument(option, metavar=_allowed(cls, fld) or "X", default=None, help=where)
-    est.add_argument("--gpus", metavar="COUNTxNAME", help="accelerators, e.g. 8xA100-80GB or 1024xH100-SXM")
-    est.add_argument(
-        "--catalog",
-        metavar="FILE",
-        action="append",
-        default=[],
-        help="YAML file with your own accelerator/offer/preset rows (repeatable)",
-    )
-    est.add_argument("--write-job", metavar="PATH", help="save the resolved job as YAML")
-    est.add_argument("--json", action="store_true", help="print one JSON object")
-
-
 def _add_html(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--html", metavar="PATH", help="also write the figures as an HTML page")
-
-
-def parse_gpus(text: str) -> tuple[int, str]:
-    """'1024xA100-80GB' -> (1024, 'A100-80GB')."""
-    match = re.fullmatch(r"\s*(\d+)\s*[x×*]\s*(\S+)\s*", str(text), flags=re.IGNORECASE)
-    if not match:
-        raise SpecError("--gpus", text, "expected COUNTxNAME, e.g. 8xA100-80GB")
-    return int(match.group(1)), match.group(2)
-
-
-def job_from_args(args, catalog) -> Job:
-    """Job file (if any), then model source, then every flag given, in that order."""
-    data = {}
-    if args.config:
-        data = read_yaml(args.config, what="job file") or {}
-        if not isinstance(data, dict):
-            raise SpecError("job file", args.config, "expected a mapping with sections model, batch, ...")
-        data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
-    sources = [
-        (flag, value)
-        for flag, value in (("--model", args.model), ("--hf-config", args.hf_config), ("--params", args.params))
-        if value is not None
-    ]
-    if len(sources) > 1:
-        raise SpecError(sources[1][0], sources[1][1], f"give one model source; {sources[0][0]} is given too")
-    if sources:
-        key = {"--model": "preset", "--hf-config": "hf_config", "--params": "params"}[sources[0][0]]
-        data["model"] = {key: sources[0][1]}
-    for flag, (sec, fld, _cls) in {**OVERRIDES, **TRAIN_OVERRIDES}.items():
-        value = getattr(args, flag, None)
-        if value is None:
-            continue
-        if flag in ("lora_targets", "stage_layers"):  # comma-separated lists
-            value = [t.strip() for t in str(value).split(",") if t.strip()]
-        if sec:
-            section = data.setdefault(sec, {})
-            if not isinstance(section, dict):
-                raise SpecError(sec, section, "expected a mapping")
-            section[fld] = value
-        else:
-            data[fld] = value
-    if getattr(args, "finetune", None) is not None and getattr(args, "workload", None) is None:
-        data.setdefault("workload", "finetune")  # --finetune full is a fine-tune, not pretraining
-    if args.gpus:
-        count, name = parse_gpus(args.gpus)
-        data.setdefault("cluster", {}).update(count=count, accelerator=name)
-    if "model" not in data:
-        raise SpecError(
-            "model",
-            None,
-            "no model given: use --model PRESET, --hf-config PATH, --params N, "
-            "--layers/--hidden/--heads, or --config job.yaml",
-        )
-    return Job.from_dict(data, catalog)
-
-
-def _flag_hint(err: SpecError) -> str:
-    flag = _FLAG_OF_FIELD.get(err.field)
-    return f"{flag}: {err}" if flag and not str(err).startswith(flag) else str(err)
 
 
 def cmd_estimate(args) -> int:
@@ -437,15 +238,6 @@ def cmd_compare(args) -> int:
     result = compare_memory(job_from_args(args, catalog), catalog)
     print(json.dumps(result, indent=2, ensure_ascii=False) if args.json else render_comparison(result))
     return 0
-
-
-def fixed_axes(args) -> set[str]:
-    """Layout axes the user fixed on the command line or in the job file: the search leaves them alone."""
-    fixed = {axis.name for axis in AXES if getattr(args, axis.name, None) is not None}
-    if args.config:
-        data = read_yaml(args.config, what="job file") or {}
-        fixed |= {axis.name for axis in AXES if axis.name in (data.get(axis.section) or {})}
-    return fixed
 
 
 def cmd_plan(args) -> int:
@@ -581,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         return commands[args.command](args)
     except SpecError as err:
-        print(f"toolkit {args.command}: error: {_flag_hint(err)}", file=sys.stderr)
+        print(f"toolkit {args.command}: error: {flag_hint(err)}", file=sys.stderr)
         return 2
     except MeasurementFailed as err:
         print(f"toolkit {args.command}: error: {err}", file=sys.stderr)
