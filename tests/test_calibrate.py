@@ -310,10 +310,10 @@ def test_a_rank_measuring_for_calibrate_prints_nothing():
 
     script = (
         "import os, warnings\n"
-        "from toolkit.trace.ranks import silence_output\n"
-        "silence_output()\n"
-        "print('python stdout', flush=True); warnings.warn('a library warning')\n"
-        "os.write(1, b'C stdout'); os.write(2, b'C stderr')\n"
+        "from toolkit.trace.ranks import quiet_output\n"
+        "with quiet_output():\n"
+        "    print('python stdout', flush=True); warnings.warn('a library warning')\n"
+        "    os.write(1, b'C stdout'); os.write(2, b'C stderr')\n"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert (done.returncode, done.stdout, done.stderr) == (0, "", "")

@@ -269,24 +269,12 @@ def _memory_bytes(world: int) -> int | str:
         return "unknown"
 
 
-def _quietly(function, *args):
-    """Run `function` with library warnings dropped and the profiler's own lines (C++, on stderr) sent to nowhere:
-    calibrate's output is its own lines."""
-    import warnings
+def _measure_quietly(job: Job) -> dict:
+    """One process's figures with its library and profiler output silenced: calibrate's output is its own lines."""
+    from ..trace.ranks import quiet_output
 
-    saved = [os.dup(1), os.dup(2)]
-    null = os.open(os.devnull, os.O_WRONLY)
-    sys.stdout.flush(), sys.stderr.flush()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            os.dup2(null, 1), os.dup2(null, 2)
-            return function(*args)
-    finally:
-        sys.stdout.flush(), sys.stderr.flush()
-        os.dup2(saved[0], 1), os.dup2(saved[1], 2)
-        for fd in (*saved, null):
-            os.close(fd)
+    with quiet_output():
+        return measure_rank(job, 0, 1)
 
 
 def calibrate(job: Job | None, nproc: int, out_path, gpu_only: bool = False) -> dict:
@@ -305,7 +293,7 @@ def calibrate(job: Job | None, nproc: int, out_path, gpu_only: bool = False) -> 
                 measure_rank, job, nproc, "calibration", "rank", "measure on fewer ranks", result=dict, quiet=True
             )
             if nproc > 1
-            else [_quietly(measure_rank, job, 0, 1)]
+            else [_measure_quietly(job)]
         )
         rows = profile_row(measured, nproc)["accelerators"]
     if torch.cuda.device_count():

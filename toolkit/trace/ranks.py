@@ -7,12 +7,14 @@ outside, becomes a MeasurementFailed that names it and says what to shrink.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import json
 import multiprocessing
 import os
 import signal
+import sys
 import tempfile
 import traceback
 from collections.abc import Callable
@@ -26,7 +28,7 @@ from ..specs.errors import MeasurementFailed
 from ..specs.job import Job
 from .memory import TraceResult
 
-__all__ = ["trace_on_ranks", "silence_output"]
+__all__ = ["trace_on_ranks", "quiet_output"]
 
 MeasureRank = Callable[[Job, int, int], TraceResult]
 """(job, rank, world size) -> that rank's measurement; runs inside its own process with the group set up."""
@@ -98,8 +100,11 @@ def _start_forkserver() -> None:
 def _rank_main(
     rank: int, measure: MeasureRank, job_dict: dict, world: int, port: int, out: str, role: str, quiet: bool = False
 ) -> None:
-    if quiet:
-        silence_output()
+    with quiet_output() if quiet else contextlib.nullcontext():
+        _measure_on_rank(rank, measure, job_dict, world, port, out, role)
+
+
+def _measure_on_rank(rank: int, measure: MeasureRank, job_dict: dict, world: int, port: int, out: str, role: str):
     torch.set_num_threads(1)
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
@@ -123,13 +128,22 @@ def _rank_main(
         dist.destroy_process_group()
 
 
-def silence_output() -> None:
-    """Send this process's stdout and stderr, at the file-descriptor level (C++ libraries' lines too: the profiler's
-    stages, gloo's warnings), to nowhere. Warnings are dropped before they are formatted."""
+@contextlib.contextmanager
+def quiet_output():
+    """Inside, this process's stdout and stderr go nowhere at the file-descriptor level (C++ libraries' lines too: the
+    profiler's stages, gloo's warnings) and warnings are dropped before they are formatted; both come back after."""
     import warnings
 
-    warnings.simplefilter("ignore")
+    sys.stdout.flush(), sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
     null = os.open(os.devnull, os.O_WRONLY)
-    for fd in (1, 2):
-        os.dup2(null, fd)
-    os.close(null)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            os.dup2(null, 1), os.dup2(null, 2)
+            yield
+    finally:
+        sys.stdout.flush(), sys.stderr.flush()
+        os.dup2(saved[0], 1), os.dup2(saved[1], 2)
+        for fd in (*saved, null):
+            os.close(fd)
