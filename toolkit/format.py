@@ -44,6 +44,7 @@ _PART_NAMES = {
     "overhead_s": "per-op overhead",
     "tp_comm_s": "tp comm",
     "cp_comm_s": "cp ring",
+    "ep_comm_s": "ep all-to-all",
     "dp_comm_exposed_s": "dp comm (exposed)",
     "pp_comm_s": "pp sends",
     "bubble_s": "bubble",
@@ -60,11 +61,14 @@ def render_estimate(est: dict) -> str:
         f"dp {par['dp']} · tp {par['tp']} · pp {par['pp']}"
         + (f" · vpp {par['vpp']}" if par["vpp"] > 1 else "")
         + (f" · cp {par['cp']}" if par.get("cp", 1) > 1 else "")
+        + (f" · ep {par['ep']}" if par.get("ep", 1) > 1 else "")
         + (" · sp" if par["sp"] else "")
     )
+    active = model.get("active_params")
     accum = batch["global_batch"] // (batch["micro_batch"] * par["dp"])
     out = [
-        f"{model['name'] or 'model'}: {count(model['params'])} parameters ({model['params']:,})",
+        f"{model['name'] or 'model'}: {count(model['params'])} parameters ({model['params']:,})"
+        + (f", {count(active)} active per token" if active and active != model["params"] else ""),
         f"  {device}  [{layout}]  {job['precision']['mode']} · {job['optimizer']['name']} · ZeRO-{par['zero']}"
         + (f" · offload {par['offload']}" if par["offload"] != "none" else ""),
         f"  batch {batch['global_batch']} sequences × {seq} tokens = {count(batch['global_batch'] * seq)} tokens/step "

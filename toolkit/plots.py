@@ -47,6 +47,7 @@ STEP_PARTS = (
     ("compute_s", "compute", "#4C78A8"),
     ("memory_bound_s", "memory-bound", "#72B7B2"),
     ("tp_comm_s", "tp comm", "#F58518"),
+    ("ep_comm_s", "ep all-to-all", "#9D755D"),
     ("dp_comm_exposed_s", "dp comm (exposed)", "#E45756"),
     ("pp_comm_s", "pp sends", "#FF9DA6"),
     ("bubble_s", "pipeline bubble", "#BAB0AC"),

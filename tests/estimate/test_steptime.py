@@ -185,6 +185,7 @@ def test_estimate_uses_the_model_when_no_mfu_is_given(catalog):
         "overhead_s",
         "tp_comm_s",
         "cp_comm_s",
+        "ep_comm_s",
         "dp_comm_exposed_s",
         "pp_comm_s",
         "bubble_s",

@@ -24,11 +24,14 @@ NON_DEFAULT = {
     "sp": True,
     "zero": 3,
     "dp_replicate": 2,
+    "ep": 2,
     "offload": "params",
     "micro_batch": 2,
     "recompute": "full",
 }
-"""A value other than the default for each axis, one that a 64-GPU Llama-2-7B job allows."""
+"""A value other than the default for each axis, one that a 64-GPU Llama-2-7B job allows (ep: Mixtral-8x7B's)."""
+MODEL_FOR = {"ep": "mixtral-8x7b"}
+"""An axis that needs another model than BASE's: expert parallelism needs experts."""
 
 
 def test_every_axis_has_a_non_default_value_here():
@@ -39,6 +42,7 @@ def job_with(name: str, value) -> Job:
     """The base job with one axis set (and what it needs: vpp needs pp, sp needs tp, HSDP and offload need ZeRO)."""
     needs = {"vpp": {"pp": 2}, "sp": {"tp": 2}, "dp_replicate": {"zero": 3}, "offload": {"zero": 3}}.get(name, {})
     data = {k: dict(v) for k, v in BASE.items()}
+    data["model"] = {"preset": MODEL_FOR.get(name, "llama2-7b")}
     section = {axis.name: axis.section for axis in AXES}
     for field, v in {**needs, name: value}.items():
         data.setdefault(section[field], {})[field] = v
@@ -54,6 +58,8 @@ def test_the_grid_and_the_search_vary_it(axis):
     assert GRID_AXES.get(axis.name) == axis.section
     assert AXIS_VALUES.get(axis.name), f"the planner's search does not try {axis.name}"
     base = job_with("zero", 3) if axis.name == "dp_replicate" else job_with("tp", 1)
+    if axis.name in MODEL_FOR:
+        base = job_with(axis.name, axis.default)
     grid = layout_grid(base, **{axis.name: [axis.default, NON_DEFAULT[axis.name]]})
     assert [grid.layout(i)[axis.name] for i in range(2)] == [axis.default, NON_DEFAULT[axis.name]]
 
@@ -66,12 +72,13 @@ def test_the_cli_takes_its_flag_and_the_search_keeps_it_fixed(axis, tmp_path):
     flag_value = {True: [], "params": ["params"], "full": ["full"]}.get(
         NON_DEFAULT[axis.name], [str(NON_DEFAULT[axis.name])]
     )
-    args = build_parser().parse_args(["estimate", "--model", "llama2-7b", axis.flag, *flag_value])
+    model = MODEL_FOR.get(axis.name, "llama2-7b")
+    args = build_parser().parse_args(["estimate", "--model", model, axis.flag, *flag_value])
     assert axis.name in fixed_axes(args)
     job = job_from_args(args, CATALOG)
     assert getattr(getattr(job, axis.section), axis.name) == NON_DEFAULT[axis.name]
     job_file = tmp_path / "job.yaml"
-    job_file.write_text(f"model: {{preset: llama2-7b}}\n{axis.section}: {{{axis.name}: {NON_DEFAULT[axis.name]}}}\n")
+    job_file.write_text(f"model: {{preset: {model}}}\n{axis.section}: {{{axis.name}: {NON_DEFAULT[axis.name]}}}\n")
     from_file = build_parser().parse_args(["plan", "--config", str(job_file)])
     assert axis.name in fixed_axes(from_file)
 
@@ -145,6 +152,7 @@ def test_the_runner_builds_its_mesh_in_the_registry_order():
 
     assert mesh_dims({"tp": 2, "dp": 4, "pp": 3}) == (("pp", "dp", "tp"), (3, 4, 2))
     assert mesh_dims({"tp": 2, "dp_shard": 2, "dp_replicate": 2}) == (("dp_replicate", "dp_shard", "tp"), (2, 2, 2))
+    assert mesh_dims({"tp": 2, "ep": 4, "edp": 2, "pp": 2}) == (("pp", "edp", "ep", "tp"), (2, 2, 4, 2))
 
 
 def test_a_flag_the_registry_lacks_is_not_a_layout_axis():

@@ -43,10 +43,47 @@ def test_qwen3_non_embedding_count_is_the_cards():
     assert abs(counts.total - counts.embedding - counts.head - 29.9e9) <= 0.05e9
 
 
-def test_estimating_one_says_it_is_counted_not_yet_modelled(catalog):
-    """Until expert parallelism is modelled, an estimate refuses in one line instead of pricing it as dense."""
-    with pytest.raises(SpecError, match="counted .* not modelled yet"):
-        Job.from_dict({"model": {"hf_config": str(HF / "mixtral-8x7b")}}, catalog).resolve(catalog)
+def test_an_estimate_of_one_reports_its_official_counts(catalog):
+    """`toolkit estimate --hf-config mixtral --ep 8 --json`'s model part: the official total and active counts."""
+    from toolkit.estimate import estimate
+
+    job = Job.from_dict(
+        {
+            "model": {"hf_config": str(HF / "mixtral-8x7b")},
+            "cluster": {"accelerator": "H100-SXM", "count": 64},
+            "parallel": {"ep": 8},
+            "tokens": 1e12,
+        },
+        catalog,
+    )
+    out = estimate(job, catalog)
+    total, total_unit, active, active_unit, _ = OFFICIAL["mixtral-8x7b"]
+    assert abs(out["model"]["params"] - total) <= total_unit
+    assert abs(out["model"]["active_params"] - active) <= active_unit
+    assert out["memory"]["peak_bytes"] > 0 and out["time"]["step_s"] > 0 and out["time"]["breakdown"]["ep_comm_s"] > 0
+
+
+@pytest.mark.parametrize(
+    ("parallel", "says"),
+    [({"ep": 3}, "must divide model.experts = 8"), ({"ep": 16}, "allowed: 1, 2, 4, 8")],
+)
+def test_an_expert_parallel_degree_that_cannot_split_is_refused_in_one_line(catalog, parallel, says):
+    job = Job.from_dict(
+        {
+            "model": {"hf_config": str(HF / "mixtral-8x7b")},
+            "cluster": {"accelerator": "H100-SXM", "count": 16},
+            "parallel": parallel,
+        },
+        catalog,
+    )
+    with pytest.raises(SpecError, match=says):
+        job.resolve(catalog)
+
+
+def test_a_dense_model_takes_no_expert_parallelism(catalog):
+    job = Job.from_dict({"model": {"preset": "llama2-7b"}, "parallel": {"ep": 2}}, catalog)
+    with pytest.raises(SpecError, match="this model has none"):
+        job.resolve(catalog)
 
 
 def test_a_dense_model_is_all_active():

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..specs.job import TORCH_SEMANTICS, Job
+from .moe import expert_load, is_moe, mlp_width
 from .params import projection_shapes
 from .states import by_stage, job_stage_layers, vocab_per_rank
 
@@ -89,9 +90,11 @@ def pick(choose_second, first, second):
 
 
 def _widths(job: Job):
-    """(h, q, kv, f) on one tensor-parallel rank: attention heads and the MLP are split tp ways."""
+    """(h, q, kv, f) on one tensor-parallel rank: attention heads and the MLP are split tp ways (an MoE block's f:
+    the width its experts' rows take at the routing's worst case, toolkit.estimate.moe)."""
     m, tp = job.model, job.parallel.tp
-    return m.hidden, m.heads * m.head_dim_ // tp, m.kv_heads_ * m.head_dim_ // tp, m.ffn_ // tp
+    f = mlp_width(job, expert_load(m, job.parallel.ep, for_memory=True)) if is_moe(m) else m.ffn_ // tp
+    return m.hidden, m.heads * m.head_dim_ // tp, m.kv_heads_ * m.head_dim_ // tp, f
 
 
 def fsdp_gathers_16bit(job: Job):
@@ -205,7 +208,26 @@ def activation_bytes(job: Job, stage: str | None = None, stages_after=None) -> A
             return busier
         second = activation_bytes(job, "second")
         return pick((np.asarray(job.parallel.pp) > 2) & (second.total > busier.total), busier, second)
-    return _on_stage(job, stage, stages_after, _block(job))
+    return _on_stage(job, stage, stages_after, _mean_block(job))
+
+
+def _mean_block(job: Job) -> "_Block":
+    """What one block saves; a Mixture of Experts whose first blocks are dense (DeepSeek) saves the mean of its
+    blocks' (exact for the whole model's total; a pipeline's first stage holds the dense ones, which errs there by
+    the difference)."""
+    m = job.model
+    moe = _block(job)
+    if not is_moe(m) or not m.dense_layers:
+        return moe
+    dense_model = dataclasses.replace(m, experts=0, experts_per_token=0, shared_experts=0, dense_layers=0)
+    dense = _block(dataclasses.replace(job, model=dense_model))
+    share = m.dense_layers / m.layers
+    return _Block(
+        **{
+            f.name: getattr(moe, f.name) * (1 - share) + getattr(dense, f.name) * share
+            for f in dataclasses.fields(_Block)
+        }
+    )
 
 
 @dataclass(frozen=True)
@@ -245,8 +267,11 @@ def _block(job: Job) -> _Block:
     norm2 = _norm_saved(job, tokens, h, consumers=2 if m.mlp == "swiglu" else 1)  # input: x + attention
     mlp = (4 if m.mlp == "swiglu" else 2) * tokens * f * act_b
     # autocast saves a 16-bit cast of every matmul weight (a new tensor, so int8 compresses it too)
-    weights = amp * half_b * (h * q + 2 * h * kv + q * h + (3 if m.mlp == "swiglu" else 2) * h * f)
+    mlp_weights = _moe_weights(job) if is_moe(m) else (3 if m.mlp == "swiglu" else 2) * h * f
+    weights = amp * half_b * (h * q + 2 * h * kv + q * h + mlp_weights)
     common = norm1 + rope_casts + norm2 + mlp + 2 * branch_mask + weights
+    if is_moe(m):
+        common = common + _moe_saved(job, tokens)
     none = common + core + (o_input if o_input_copy else 0)
     recompute = np.asarray(job.memory.recompute)
     full, per_op = recompute == "full", recompute == "selective-op"
@@ -271,6 +296,33 @@ def _block(job: Job) -> _Block:
         stream=stream,
         tokens=tokens,
     )
+
+
+def _moe_saved(job: Job, tokens) -> float:
+    """What an MoE block saves beyond its experts' inner tensors (those are the MLP's, at activation_width): the
+    router's fp32 scores (softmax or sigmoid output), each token's k expert ids, weights and their sum, the
+    permutation's int64 indices (gather and inverse), the experts' input rows at the busiest rank's load (a 16-bit
+    cast per expert matmul that reads them, under autocast), the experts' outputs back in slot order (kept to weight
+    them), and under expert parallelism the regrouping indices of what arrived (toolkit.program.moe)."""
+    m, ep = job.model, np.asarray(job.parallel.ep)
+    act, _residual, amp = element_bytes(job)
+    load = expert_load(m, ep, for_memory=True)
+    k, h = m.experts_per_token, m.hidden
+    slots = tokens * k
+    router = tokens * m.experts * 4 + slots * (_INT64 + 4 + 4) + tokens * 4 + 2 * slots * _INT64
+    readers = np.where(amp, 2 if m.mlp == "swiglu" else 1, 1)
+    rows = slots * load * h * np.where(amp, 2 * readers, act)
+    regroup = np.where(ep > 1, 2 * slots * load * _INT64, 0.0)
+    return router + rows + slots * h * act + regroup
+
+
+def _moe_weights(job: Job) -> float:
+    """An MoE block's matrices autocast casts (and keeps) per step: the router's, the shared experts' and this rank's
+    routed experts' (one grouped cast each)."""
+    m = job.model
+    mats = 3 if m.mlp == "swiglu" else 2
+    routed = m.experts / np.asarray(job.parallel.ep) * mats * m.hidden * m.expert_ffn_
+    return m.hidden * m.experts + mats * m.hidden * m.shared_experts * m.shared_expert_ffn_ + routed
 
 
 def _kept_by_op_policy(job: Job, tokens: float, b: int) -> float:

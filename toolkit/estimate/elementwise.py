@@ -8,6 +8,7 @@ import numpy as np
 
 from ..specs.job import Job
 from .comm import is_megatron
+from .moe import mlp_width
 
 __all__ = ["memory_bound_bytes_per_token", "loss_bytes_per_token", "eager_core_bytes_per_score"]
 
@@ -21,7 +22,7 @@ def memory_bound_bytes_per_token(job: Job, eager):
     pow, mean, rsqrt and two products in fp32, and rotary embeddings as rotate_half's slices, negation,
     concatenation, two products and a sum, each kernel reading and writing whole tensors."""
     m, tp = job.model, np.asarray(job.parallel.tp)
-    h, q, kv, f = m.hidden, m.heads * m.head_dim_ / tp, m.kv_heads_ * m.head_dim_ / tp, m.ffn_ / tp
+    h, q, kv, f = m.hidden, m.heads * m.head_dim_ / tp, m.kv_heads_ * m.head_dim_ / tp, mlp_width(job)
     elem = job.precision.plan.compute_bytes
     residual = job.precision.plan.weight_bytes  # (the residual stream keeps the weights' dtype)
     hidden_share = np.where(np.asarray(job.parallel.sp), 1 / tp, 1.0)

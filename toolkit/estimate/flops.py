@@ -23,6 +23,7 @@ import numpy as np
 
 from ..specs.job import Job
 from ..specs.model import ModelSpec
+from .moe import active_width
 
 __all__ = ["TrainingFlops", "training_flops", "PF_DAY_FLOPS", "TokenFlops", "flops_per_token"]
 
@@ -43,7 +44,8 @@ class TrainingFlops:
 
 
 def training_flops(model: ModelSpec, params: int, tokens: float) -> TrainingFlops:
-    """Model FLOPs to train `model` (with `params` parameters) on `tokens` tokens, no recompute."""
+    """Model FLOPs to train `model` (with `params` parameters: a Mixture of Experts' active ones, what a token
+    multiplies) on `tokens` tokens, no recompute."""
     flops_6nd = 6.0 * params * tokens
     if not model.has_shape:
         return TrainingFlops(flops_6nd, None, "size-only model: attention term unknown")
@@ -70,6 +72,8 @@ class TokenFlops:
     """The vocabulary projection."""
     recompute: float
     """Forward work repeated in backward by activation checkpointing (hardware FLOPs only)."""
+    experts: float = 0.0
+    """The part of layer_matmuls a Mixture of Experts' routed experts do (priced at their own thin shapes)."""
 
     @property
     def forward(self) -> float:
@@ -90,9 +94,13 @@ def flops_per_token(job: Job, causal: bool = True) -> TokenFlops:
     """FLOPs per trained token of the runner's GPT. `causal=False` counts the full score matrix, as the
     eager program (and FlopCounterMode on it) does; `causal=True` counts the half a causal kernel computes."""
     m = job.model
-    h, q, kv, f = m.hidden, m.heads * m.head_dim_, m.kv_heads_ * m.head_dim_, m.ffn_
+    # a Mixture of Experts: its MoE blocks' MLP work is the top-k and shared experts' rows (the mean over the
+    # blocks, the first dense ones included), plus the router's scores
+    f = (m.dense_layers * m.ffn_ + m.moe_layers * active_width(m)) / m.layers if m.experts else m.ffn_
+    h, q, kv = m.hidden, m.heads * m.head_dim_, m.kv_heads_ * m.head_dim_
     mlp_matrices = 3 if m.mlp == "swiglu" else 2
-    layer_matmuls = 2 * (h * q + 2 * h * kv + q * h + mlp_matrices * h * f) * m.layers
+    router = 2 * h * m.experts * m.moe_layers
+    layer_matmuls = 2 * (h * q + 2 * h * kv + q * h + mlp_matrices * h * f) * m.layers + router
     full_attention = 2 * 2 * m.seq_len * q * m.layers  # q·kᵀ and probs·v over all s keys
     attention = full_attention / 2 if causal and not m.encoder else full_attention
     head = 2 * h * m.vocab
@@ -114,4 +122,5 @@ def flops_per_token(job: Job, causal: bool = True) -> TokenFlops:
         0.0,
     )
     recompute = recompute.item() if recompute.ndim == 0 else recompute
-    return TokenFlops(layer_matmuls=layer_matmuls, attention=attention, head=head, recompute=recompute)
+    experts = 2 * mlp_matrices * h * m.experts_per_token * m.expert_ffn_ * m.moe_layers if m.experts else 0.0
+    return TokenFlops(layer_matmuls=layer_matmuls, attention=attention, head=head, recompute=recompute, experts=experts)

@@ -23,6 +23,7 @@ import numpy as np
 from ..specs.backends import job_deepspeed_fp32
 from ..specs.job import Job
 from .comm import is_megatron
+from .moe import down_params
 from .stage_terms import StageTerms, ddp_buckets, degrees, optimizer_impl, stage_terms, trainable_per_device
 from .states import bf16_optimizer, vocab_per_rank
 from .zero_buffers import accumulated_grad_bytes, largest_matrix, pipelined_fsdp
@@ -83,7 +84,7 @@ def _layer_parts(t: StageTerms, done_layers, bottom: bool):
     if job.finetune.adapters:  # only an adapter on down has a gradient
         down_grad = job.finetune.rank * (ffn + h) * held.grad_b * ("down" in job.finetune.targets)
     else:
-        down_grad = h * ffn * gr.unsharded_grad_b
+        down_grad = down_params(job) * gr.unsharded_grad_b
     made = gr.head_grad + done_layers * gr.layer_grad
     # DeepSpeed's ZeRO-2 copies each gradient into its bucket, and the bucket, when full, into the partition
     whole = gr.head_grad + done_layers * gr.per_layer_trainable * held.grad_b / np.asarray(job.parallel.tp)
@@ -92,7 +93,9 @@ def _layer_parts(t: StageTerms, done_layers, bottom: bool):
     # accumulating: earlier micro-batches' gradients, plus the new ones not yet added in (replicas: the down
     # projection's, and under autocast its 16-bit original beside the fp32 cast; FSDP2: also the root's whole
     # 16-bit head gradient, reduce-scattered only at the end of backward)
-    adding = np.where(g.reduce_scatter > 0, gr.head_grad, h * ffn * 2 if job.precision.plan.family == "amp" else 0)
+    adding = np.where(
+        g.reduce_scatter > 0, gr.head_grad, down_params(job) * 2 if job.precision.plan.family == "amp" else 0
+    )
     grads = np.where(
         where.accumulating & ~where.forwards_first, gr.grads_before + ds.bucket + down_grad + adding, made + down_grad
     )
@@ -320,7 +323,7 @@ def optimizer_step(t: StageTerms):
     with; with offload the step runs on the host."""
     job, par, held = t.job, t.job.parallel, t.held
     persistent, grads_full = held.persistent, held.step_grads
-    largest = max(t.counts.embedding, t.counts.head, largest_matrix(job)) / np.asarray(par.tp)
+    largest = np.maximum(max(t.counts.embedding, t.counts.head), largest_matrix(job)) / np.asarray(par.tp)
     if job.finetune.adapters:  # only the adapters are stepped
         largest = job.finetune.rank * max(job.model.hidden, job.model.ffn_, job.model.heads * job.model.head_dim_)
     step = persistent + grads_full + _optimizer_temp_bytes(job, largest, t.stage)

@@ -17,7 +17,7 @@ from .flops import PF_DAY_FLOPS, flops_per_token, training_flops
 from .memory import memory_estimate, memory_notes
 from .params import count_params
 from .result import ComputePart, CostPart, Estimate, MemoryPart, ModelPart, TimePart
-from .states import job_stage_layers, model_state_bytes, params_per_device
+from .states import job_params_per_device, model_state_bytes
 from .spot import spot_run
 from .hardware import ASSUMED_NETWORK_BITS_PER_DEVICE, hardware_for, network_figure
 from .steptime import overlap_settings, step_time
@@ -34,7 +34,7 @@ def estimate_result(job: Job, catalog: Catalog | None = None) -> Estimate:
     """The same as typed parts (toolkit.estimate.result), for widgets and plots."""
     catalog = catalog or load_catalog()
     job, notes = job.resolve(catalog)
-    model, par = job.model, job.parallel
+    model = job.model
     accelerator = catalog.accelerator(job.cluster.accelerator) if job.cluster.accelerator else None
     params = count_params(model)
     mem = memory_estimate(job) if model.has_shape and not model.encoder else None
@@ -49,7 +49,8 @@ def estimate_result(job: Job, catalog: Catalog | None = None) -> Estimate:
             name=model.name,
             params=params.total,
             params_non_embedding=params.non_embedding,
-            params_per_device=params_per_device(model, par.tp, par.pp, None, job_stage_layers(job)),
+            params_per_device=job_params_per_device(job),
+            active_params=params.active,
         ),
         memory=memory,
         compute=compute,
@@ -102,7 +103,7 @@ def _memory_part(job: Job, mem, states, accelerator, notes: list[str]) -> Memory
 def _compute_part(job: Job, notes: list[str]):
     """(the FLOPs of the whole run, the per-token count of the runner's model or None, 6·N·D's figures or None)."""
     model = job.model
-    flops = training_flops(model, count_params(model).total, job.tokens) if job.tokens else None
+    flops = training_flops(model, count_params(model).active, job.tokens) if job.tokens else None
     per_token = flops_per_token(job) if model.has_shape and not model.encoder else None
     total = hardware = attention = None
     if flops is not None and per_token is not None:  # the exact matmul count of the runner's model

@@ -23,6 +23,8 @@ class ModelPart:
     params: float | None = None
     params_non_embedding: float | None = None
     params_per_device: float | None = None
+    active_params: float | None = None
+    """What one token uses (a Mixture of Experts: its top-k routed experts, not all); = params for a dense model."""
 
 
 @dataclass(frozen=True)

@@ -12,15 +12,15 @@ import numpy as np
 from ..specs.backends import job_deepspeed_fp32
 from ..specs.job import TORCH_SEMANTICS, Job
 from .activations import ActivationBytes, activation_bytes, element_bytes
-from .params import ParamCount, count_params
+from .moe import device_counts, expert_load, mlp_width
+from .params import ParamCount
 from .states import (
     StateBytes,
     adapter_params_per_layer,
     bf16_optimizer,
     bytes_per_param,
-    job_stage_layers,
+    job_params_per_device,
     model_state_bytes,
-    params_per_device,
     vocab_per_rank,
 )
 from .zero_buffers import Gathered, Reduce, accumulated_grad_bytes, deepspeed_reduce, gathered_params, pipelined_fsdp
@@ -113,7 +113,8 @@ def ddp_buckets(job: Job):
     zero, dp = np.asarray(par.zero), np.asarray(1 if par.dp is None else par.dp)
     torch_backend = ((job.precision.mode in TORCH_SEMANTICS) & ~job_deepspeed_fp32(job)) | (zero == 0)  # (else
     # DeepSpeed's: mixed-* with ZeRO, or fp32 where parallel.backend names it)
-    return torch_backend & (dp > 1) & (zero <= 1) & (np.asarray(par.tp) == 1) & (np.asarray(par.pp) == 1)
+    plain = (np.asarray(par.tp) == 1) & (np.asarray(par.pp) == 1) & (np.asarray(par.ep) == 1)  # (ep: by hand too)
+    return torch_backend & (dp > 1) & (zero <= 1) & plain
 
 
 def degrees(job: Job):
@@ -128,7 +129,7 @@ def trainable_per_device(job: Job, stage: str | None = None):
     par = job.parallel
     if job.finetune.adapters:
         return adapter_params_per_layer(job) * (job.model.layers // np.asarray(par.pp)) / np.asarray(par.tp)
-    return params_per_device(job.model, par.tp, par.pp, stage, job_stage_layers(job))
+    return job_params_per_device(job, stage)
 
 
 def _position(job: Job, stage, acts: ActivationBytes) -> Position:
@@ -258,7 +259,7 @@ def _temporaries(job: Job, acts: ActivationBytes, gathered: Gathered, where: Pos
     act, residual = plan.compute_bytes, element_bytes(job)[1]  # (FSDP2 under amp-* casts each block's input to 16-bit)
     # Backward of the MLP, beyond what it held: the incoming gradient, and the gradients of its
     # inner tensors alive together (GELU: one net of the freed input; SwiGLU: two at the product)
-    ffn = model.ffn_ / tp
+    ffn = mlp_width(job, expert_load(model, par.ep, for_memory=True))
     # (sequence parallelism: the gradient of the all-gathered input is whole until it is reduce-scattered)
     mlp_temp = (
         (2 if model.mlp == "swiglu" else 1) * tokens * ffn * act
@@ -311,7 +312,7 @@ def stage_terms(job: Job, stage, stages_after=None) -> StageTerms:
     is the whole model)."""
     states = model_state_bytes(job, stage)
     acts = activation_bytes(job, stage, stages_after)
-    counts = count_params(job.model)
+    counts = device_counts(job.model, job.parallel.ep)  # (a Mixture of Experts: 1 / ep of the routed experts)
     where = _position(job, stage, acts)
     gathered = gathered_params(job, counts, acts.stage_layers, where.owns_embedding, where.owns_head)
     held = _held(job, stage, states, counts, where)

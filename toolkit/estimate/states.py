@@ -27,7 +27,8 @@ from ..specs.backends import job_deepspeed_fp32
 from ..specs.job import TORCH_SEMANTICS, Job
 from ..specs.model import ModelSpec
 from ..specs.stages import stage_layer_counts
-from ..specs.params import count_params, projection_shapes, replicated_per_layer, vocab_per_rank
+from ..specs.params import count_params, moe_params, projection_shapes, replicated_per_layer, vocab_per_rank
+from .moe import dense_block_params, routed_per_device
 
 __all__ = [
     "StateBytes",
@@ -40,6 +41,8 @@ __all__ = [
     "model_state_bytes",
     "nf4_matrix_bytes",
     "params_per_device",
+    "job_params_per_device",
+    "experts_on_stage",
     "qlora_block_bytes",
     "replicated_per_layer",
     "vocab_per_rank",
@@ -98,7 +101,7 @@ def zero_partition_params(params, dp, ends=(0.0, 0.0)):
     return np.minimum(np.maximum(*reach), params)
 
 
-def params_per_device(model: ModelSpec, tp=1, pp=1, stage: str | None = None, layers_by_stage=None):
+def params_per_device(model: ModelSpec, tp=1, pp=1, stage: str | None = None, layers_by_stage=None, ep=1):
     """Parameters held by the busiest pipeline stage on one tensor-parallel rank.
 
     Stage 0 holds the embeddings, the last stage the final norm and the output projection; `stage`
@@ -107,6 +110,8 @@ def params_per_device(model: ModelSpec, tp=1, pp=1, stage: str | None = None, la
     biases and the token embedding are divided by tp; norms, row-parallel biases (o, down)
     and learned positions are replicated on every tensor-parallel rank. tp and pp may be
     numpy arrays. `layers_by_stage` = (first, middle, last) rank's layers (toolkit.specs.stages); None = equal.
+    A Mixture of Experts' MoE blocks keep 1 / ep of their routed experts, whole on every tensor-parallel rank, as
+    are the router and the shared experts; its first dense blocks (DeepSeek) sit on the first stage.
     """
     c = count_params(model)
     tp = np.asarray(tp)
@@ -114,20 +119,47 @@ def params_per_device(model: ModelSpec, tp=1, pp=1, stage: str | None = None, la
         return c.total / (tp * pp)
     replicated = replicated_per_layer(model)
     layer = (c.per_layer - replicated) / tp + replicated
+    dense, dense_in_first = layer, 0
+    if model.experts:
+        mlp, routed, _used = moe_params(model)
+        layer = (c.per_layer - mlp - replicated) / tp + replicated + mlp - routed + routed / np.asarray(ep)
+        dense = (dense_block_params(model) - replicated) / tp + replicated
+        dense_in_first = model.dense_layers
     if layers_by_stage is None:
         layers_by_stage = (model.layers // np.asarray(pp),) * 3
     n_first, n_middle, n_last = layers_by_stage
     rows = vocab_per_rank(model, tp) * model.hidden  # the busiest rank's share of the vocabulary
     embedding = rows + (c.embedding - model.vocab * model.hidden) / tp
-    first = embedding + c.positions + layer * n_first
+    dense_first = np.minimum(dense_in_first, n_first)
+    first = embedding + c.positions + layer * (n_first - dense_first) + dense * dense_first
     middle = layer * n_middle
     last = layer * n_last + c.final + rows
-    total = embedding + c.positions + layer * model.layers + c.final + (rows if c.head else 0)
+    blocks = layer * (model.layers - dense_in_first) + dense * dense_in_first
+    total = embedding + c.positions + blocks + c.final + (rows if c.head else 0)
     if stage is None:
         busiest = np.maximum(np.maximum(first, last), np.where(np.asarray(pp) > 2, middle, 0))
     else:
         busiest = by_stage(stage, first, middle, last)
     return np.where(np.asarray(pp) == 1, total, busiest)
+
+
+def job_params_per_device(job: Job, stage: str | None = None):
+    """params_per_device of a resolved job's layout (the busiest stage, or `stage`)."""
+    par = job.parallel
+    return params_per_device(job.model, par.tp, par.pp, stage, job_stage_layers(job), par.ep)
+
+
+def experts_on_stage(job: Job, stage: str | None = None):
+    """Routed-expert parameters one rank of a stage holds (toolkit.estimate.moe: 1 / ep of each MoE block's),
+    which ZeRO shards over the experts' data-parallel group rather than over dp; 0 for a dense model."""
+    m = job.model
+    if not m.has_shape or not m.experts:
+        return 0.0
+    first, middle, last = job_stage_layers(job)
+    pp = np.asarray(job.parallel.pp)
+    blocks = by_stage("first" if stage is None else stage, first - np.minimum(m.dense_layers, first), middle, last)
+    blocks = np.where(pp == 1, m.moe_layers, blocks)
+    return routed_per_device(m, job.parallel.ep, blocks)
 
 
 def by_stage(stage, first, second, last):
@@ -190,7 +222,7 @@ def model_state_bytes(job: Job, stage: str | None = None) -> StateBytes:
     """Persistent model-state bytes on the busiest device of a resolved job, or of its first or last pipeline
     stage (layout fields may be arrays)."""
     par = job.parallel
-    n = params_per_device(job.model, par.tp, par.pp, stage, job_stage_layers(job))
+    n = job_params_per_device(job, stage)
     weight, grad, optimizer = bytes_per_param(job)
     trainable = n
     if job.finetune.adapters:  # frozen base: only the adapters train
@@ -204,15 +236,22 @@ def model_state_bytes(job: Job, stage: str | None = None) -> StateBytes:
     ds32 = job_deepspeed_fp32(job)  # DeepSpeed's program in fp32: its ZeRO-2 keeps whole weights
     torch_semantics = (job.precision.mode in TORCH_SEMANTICS) & ~ds32
     shard_weights = np.where((zero == 3) | ((zero == 2) & torch_semantics), dp, 1)
-    params_b = n * weight / shard_weights
+    experts = experts_on_stage(job, stage)  # (sharded over dp / ep ranks, the experts' data-parallel group)
+
+    def sharded(count, shard, experts=experts):
+        return (count - experts) / shard + experts / np.where(shard > 1, np.maximum(shard / par.ep, 1), 1)
+
+    trained_experts = 0.0 if job.finetune.adapters else experts
+
+    params_b = sharded(n, shard_weights) * weight
     if job.finetune.method == "qlora":  # the blocks' frozen matrices in NF4 instead (LoRA layouts: replicas)
         matrices, nf4, biases = qlora_block_bytes(job)
         stage_layers = job.model.layers // np.asarray(par.pp)
         compute = 2  # NF4Linear keeps its bias in the 16-bit compute dtype
         params_b = params_b + stage_layers * (nf4 - matrices * weight + biases * (compute - weight))
-    grads_b = trainable * grad / np.where(zero >= 2, dp, 1)
+    grads_b = sharded(trainable, np.where(zero >= 2, dp, 1), trained_experts) * grad
     grads_b = grads_b + np.where(bf16_optimizer(job), trainable * 2, 0.0)  # its bf16 gradients beside the fp32
-    optimizer_b = trainable * optimizer / np.where(zero >= 1, dp, 1)
+    optimizer_b = sharded(trainable, np.where(zero >= 1, dp, 1), trained_experts) * optimizer
     if np.any(torch_semantics) and not job.finetune.adapters and job.model.has_shape:
         # torch's ZeRO-1 (ZeroRedundancyOptimizer) gives whole tensors to ranks: no rank holds less than the
         # largest one (GPT-2's tied embedding is over half the model)

@@ -60,10 +60,17 @@ from .comm import (
 from .elementwise import loss_bytes_per_token, memory_bound_bytes_per_token
 from .flops import flops_per_token
 from .hardware import Assumptions, Hardware
+from .moe import GROUPED_GEMM_HALF_ROWS, all_to_all_s, expert_load, expert_rows
 from .kernels import FA_BACKWARD_FACTOR, KernelProfile, attention_fraction, attention_kernel_of, gemm_s
 from .overhead import fixed_costs_s, host_s, op_units
 from .phases import optimizer_impl
-from .states import adapter_params_per_layer, bytes_per_param, job_stage_layers, model_state_bytes, params_per_device
+from .states import (
+    adapter_params_per_layer,
+    bytes_per_param,
+    job_params_per_device,
+    job_stage_layers,
+    model_state_bytes,
+)
 
 __all__ = [
     "StepTime",
@@ -112,6 +119,8 @@ class StepTime:
     stage_micro_s: tuple = ()
     """One micro-batch's forward and backward on the first, a middle and the last pipeline rank (compute, memory,
     tp and cp): what `toolkit.estimate.pipeline.simulate` takes for uneven stages."""
+    ep_comm_s: float = 0.0
+    """Expert parallelism's all-to-alls (dispatch and combine, forward and backward; not overlapped)."""
 
     @property
     def step_s(self):
@@ -121,6 +130,7 @@ class StepTime:
             + self.overhead_s
             + self.tp_comm_s
             + self.cp_comm_s
+            + self.ep_comm_s
             + self.dp_comm_exposed_s
             + self.pp_comm_s
             + self.bubble_s
@@ -143,6 +153,7 @@ class StepTime:
             "overhead_s",
             "tp_comm_s",
             "cp_comm_s",
+            "ep_comm_s",
             "dp_comm_exposed_s",
             "pp_comm_s",
             "bubble_s",
@@ -173,16 +184,20 @@ def block_matmul_shapes(job: Job) -> list[tuple]:
     tp = np.asarray(job.parallel.tp)
     tokens = np.asarray(job.batch.micro_batch) * m.seq_len
     h, q, kv, f = m.hidden, m.heads * m.head_dim_ / tp, m.kv_heads_ * m.head_dim_ / tp, m.ffn_ / tp
-    shapes = [(tokens, h, q), (tokens, h, kv), (tokens, h, kv), (tokens, q, h), (tokens, h, f), (tokens, f, h)]
-    return shapes + [(tokens, h, f)] if m.mlp == "swiglu" else shapes
+    if m.experts:  # an MoE block's dense MLP is its shared experts (the routed ones: _expert_efficiency)
+        f = m.shared_experts * m.shared_expert_ffn_
+    shapes = [(tokens, h, q), (tokens, h, kv), (tokens, h, kv), (tokens, q, h)]
+    if not m.experts or f:
+        shapes += [(tokens, h, f), (tokens, f, h)] + ([(tokens, h, f)] if m.mlp == "swiglu" else [])
+    return shapes
 
 
-def _gemm_efficiency(job: Job, hw: Hardware, a: Assumptions):
-    """FLOPs of a block's matmuls divided by their time, as a share of peak: with a kernel profile, each product's
-    forward, input-gradient and weight-gradient shapes priced as the device runs them (`kernels.gemm_s`); else on
-    the roofline at gemm_fraction."""
+def _gemm_efficiency(job: Job, hw: Hardware, a: Assumptions, shapes=None):
+    """FLOPs of a block's matmuls (or of `shapes`) divided by their time, as a share of peak: with a kernel
+    profile, each product's forward, input-gradient and weight-gradient shapes priced as the device runs them
+    (`kernels.gemm_s`); else on the roofline at gemm_fraction."""
     elem = job.precision.plan.compute_bytes
-    shapes = block_matmul_shapes(job)
+    shapes = block_matmul_shapes(job) if shapes is None else shapes
     if hw.kernels is not None:
         prof = hw.kernels
         if hw.matmul_peak_flops and prof.gemm_fraction_fp8:  # FP8 matmuls at FP8's own achieved share
@@ -197,6 +212,18 @@ def _gemm_efficiency(job: Job, hw: Hardware, a: Assumptions):
     flops = sum(2.0 * x * y * z for x, y, z in shapes)
     seconds = sum(_roofline_s(x, y, z, elem, hw, a) for x, y, z in shapes)
     return flops / (seconds * hw.gemm_peak)
+
+
+def _expert_efficiency(job: Job, hw: Hardware, a: Assumptions, tokens):
+    """Share of peak one MoE block's routed experts reach: each local expert's product of its rows (tokens · k · ep
+    / experts, thin) by its matrices, as a kernel profile prices those shapes, or on the roofline slowed by the
+    rows as a grouped GEMM is (toolkit.estimate.moe.GROUPED_GEMM_HALF_ROWS)."""
+    m = job.model
+    rows = expert_rows(m, tokens, job.parallel.ep)
+    mats = [(rows, m.hidden, m.expert_ffn_), (rows, m.expert_ffn_, m.hidden)]
+    mats += [(rows, m.hidden, m.expert_ffn_)] if m.mlp == "swiglu" else []
+    eff = _gemm_efficiency(job, hw, a, mats)
+    return eff if hw.kernels is not None else eff * rows / (rows + GROUPED_GEMM_HALF_ROWS)
 
 
 def _attention_efficiency(job: Job, hw: Hardware, a: Assumptions):
@@ -268,9 +295,17 @@ def _compute_s(job: Job, hw: Hardware, a: Assumptions, tokens, eff):
     # frozen weights (LoRA, QLoRA) need no weight gradient: forward and input gradient only (the adapters' own
     # products are a rank-r sliver, left out)
     passes_w = 2 if job.finetune.adapters else 3
-    block_s = scale * (passes_w * tf.layer_matmuls + proj_recompute) / job.model.layers / eff + attention_s * (
-        1 + attn_recompute / (passes * tf.attention)
-    )
+    # a Mixture of Experts' routed experts: at their own (thin) shapes, on the busiest rank's load, whole on every
+    # tensor-parallel rank; recompute repeats them in the share they have of the block's products
+    expert_share = tf.experts / tf.layer_matmuls
+    dense = (passes_w * tf.layer_matmuls + proj_recompute) * (1 - expert_share)
+    block_s = scale * dense / job.model.layers / eff + attention_s * (1 + attn_recompute / (passes * tf.attention))
+    if tf.experts:
+        load = expert_load(job.model, job.parallel.ep)
+        expert_work = (passes_w * tf.layer_matmuls + proj_recompute) * expert_share * load
+        block_s = block_s + tokens / hw.gemm_peak * expert_work / job.model.layers / _expert_efficiency(
+            job, hw, a, tokens
+        )
     return block_s, scale * passes_w * tf.head / eff, attention_s
 
 
@@ -317,6 +352,8 @@ def step_time(job: Job, hw: Hardware, a: Assumptions | None = None) -> StepTime:
     block_s, head_s, attention_s = _compute_s(job, hw, a, micro_tokens / cp, eff)
     cp_ring_s = ring_attention_s(job, a, micro_tokens, attention_s, p2p_bw(cp_inside))
 
+    ep_layer_s = _all_to_all_per_block_s(job, hw, a, micro_tokens / cp)
+
     overlap_tp = overlap_settings(job)["tp_comm"]
     sustained = hw.kernels.sustained_fraction if hw.kernels is not None else 1.0
 
@@ -330,7 +367,7 @@ def step_time(job: Job, hw: Hardware, a: Assumptions | None = None) -> StepTime:
         )
         tp_s = np.where(overlap_tp, np.maximum(tp_all_s - matmuls_s, 0.0), tp_all_s)
         memory_s = bytes_layer * layers / hw.memory_bw_bytes_per_s + np.where(owns_head, loss_s, 0.0)
-        return matmuls_s / sustained, memory_s / sustained, tp_s, cp_ring_s * layers
+        return matmuls_s / sustained, memory_s / sustained, tp_s, cp_ring_s * layers, ep_layer_s * layers
 
     first, middle, last = job_stage_layers(job)
     parts = [stage(first, True, False), stage(middle, False, False), stage(last, False, True)]
@@ -341,7 +378,7 @@ def step_time(job: Job, hw: Hardware, a: Assumptions | None = None) -> StepTime:
         np.where((pp > 2) & (totals[1] > totals[0]), 1, 0),
     )
     pick = lambda i: np.choose(busiest, [p[i] for p in parts])  # noqa: E731
-    compute_s, memory_s, tp_s, cp_s = (pick(i) * accum for i in range(4))
+    compute_s, memory_s, tp_s, cp_s, ep_s = (pick(i) * accum for i in range(5))
     pick_layers = np.choose(busiest, [first, middle, last])
     per_micro_s = np.choose(busiest, totals)
 
@@ -382,7 +419,24 @@ def step_time(job: Job, hw: Hardware, a: Assumptions | None = None) -> StepTime:
         gemm_efficiency=eff,
         dp_comm_s=dp_s,
         stage_micro_s=tuple(totals),
+        ep_comm_s=ep_s,
     )
+
+
+def _all_to_all_per_block_s(job: Job, hw: Hardware, a: Assumptions, tokens):
+    """Expert parallelism's all-to-alls of one block (the mean over blocks, the dense ones included), one
+    micro-batch: dispatch and combine forward, and both again for their gradients (and once more where recompute
+    reruns the forward), each of this rank's tokens · k hidden vectors in the compute dtype at the busiest rank's
+    load, over the ep ranks tp · cp apart (inside dp: neighbouring replicas). Not overlapped with compute (the
+    runner's program, and Megatron's default)."""
+    m = job.model
+    if not m.has_shape or not m.experts:
+        return 0.0
+    size = tokens * m.experts_per_token * m.hidden * job.precision.plan.compute_bytes * expert_load(m, job.parallel.ep)
+    again = np.isin(job.memory.recompute, ("full", "selective-op"))
+    count = 4 + 2 * again
+    stride = np.asarray(job.parallel.tp) * np.asarray(job.parallel.cp)
+    return count * all_to_all_s(size, job.parallel.ep, stride, hw, a) * m.moe_layers / m.layers
 
 
 def _optimizer_s(job: Job, hw: Hardware, a: Assumptions, trainable, replicas):
@@ -409,4 +463,4 @@ def _trainable(job: Job):
     par = job.parallel
     if job.finetune.adapters:
         return adapter_params_per_layer(job) * (job.model.layers // np.asarray(par.pp)) / np.asarray(par.tp)
-    return params_per_device(job.model, par.tp, par.pp, None, job_stage_layers(job))
+    return job_params_per_device(job)

@@ -89,17 +89,26 @@ def gathered_params(job: Job, counts, stage_layers, owns_embedding, owns_head) -
     # (torch's FSDPParamGroup.unshard returns early, wait_for_unshard copies): no block prefetched ahead of its
     # use, no all-gather output held past it
     gathers = np.asarray(par.dp) // np.asarray(par.dp_replicate) > 1  # (HSDP gathers within a shard group)
+    # expert parallelism: a block's routed experts are their own FSDP2 unit (over the experts' data-parallel
+    # group), so what is prefetched while a block's experts run backward is the block's other part
+    experts = counts.experts_per_layer * compute_bytes * (np.asarray(par.ep) > 1)
+    prefetched = block - experts
+    expert_gathers = np.asarray(par.dp) // np.asarray(par.ep) > 1
     return Gathered(
         blocks=np.where(zero2, block * stage_layers, 0.0),
         root=np.where(fsdp, root, 0.0),
         # DeepSpeed's ZeRO-3 keeps up to two blocks' worth of parameters live: the head, gathered for its backward,
         # and as much of the top block as fits beside it (none beside a head larger than that)
         at_loss=np.select([zero3 & gathers, deepspeed3], [block, np.maximum(head, 2 * block)], 0.0),
-        in_backward=np.where(zero3 | deepspeed3, np.where(zero3 & ~gathers, 1, 2) * block, 0.0),  # (ZeRO-2's:
+        in_backward=np.where(
+            zero3 | deepspeed3, block + np.where(zero3 & ~gathers, 0.0, prefetched), 0.0
+        ),  # (ZeRO-2's:
         reduce_scatter=np.where(fsdp & ~piped, reduce_scatter, 0.0),  # in `blocks`; pipelines: reduce-scattered
         block=block,  # after the last backward)
-        prefetch=np.where(zero3 & gathers, block, 0.0),
-        forward_tail=np.where(zero2 & ~piped & gathers, block, 0.0),
+        prefetch=np.where(zero3 & gathers, prefetched, 0.0),
+        # the top block's last unit's all-gather output, still held at the end of forward (under expert parallelism
+        # its experts', where their group has more than one rank)
+        forward_tail=np.where(zero2 & ~piped & gathers, np.where(experts > 0, experts * expert_gathers, block), 0.0),
     )
 
 
@@ -172,4 +181,7 @@ def deepspeed_reduce(job: Job, params: float, grad_b: float, dp, ends=(0.0, 0.0)
 def largest_matrix(job: Job) -> int:
     """Elements of a block's largest matrix (an attention projection or an MLP matrix), before tp."""
     m = job.model
-    return max(m.hidden * m.heads * m.head_dim_, m.hidden * m.ffn_)
+    largest = max(m.hidden * m.heads * m.head_dim_, m.hidden * m.ffn_)
+    if m.has_shape and m.experts:  # the runner keeps a block's experts in one (experts / ep, h, f) tensor each
+        largest = np.maximum(largest, m.experts / np.asarray(job.parallel.ep) * m.hidden * m.expert_ffn_)
+    return largest

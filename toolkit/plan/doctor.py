@@ -89,7 +89,36 @@ def candidate_changes(job: Job) -> list[tuple[str, Job]]:
         )
     if job.optimizer.name in ("adam", "adamw"):
         out.append(("8-bit AdamW states", _replace(job, "optimizer", name="adamw-8bit")))
-    return out + _finetune_changes(job)
+    return out + _expert_changes(job) + _finetune_changes(job)
+
+
+def _expert_changes(job: Job) -> list[tuple[str, Job]]:
+    """A Mixture of Experts: share the experts out over more ranks (ep), or bound each expert's tokens (a capacity
+    factor, which drops the overflow), or route dropless where a capacity factor is set."""
+    m, par, out = job.model, job.parallel, []
+    if not m.has_shape or not m.experts:
+        return out
+    shard = par.dp // par.dp_replicate
+    for ep in (par.ep * 2, par.ep * 4):
+        if m.experts % ep == 0 and shard % ep == 0:
+            out.append(
+                (
+                    f"expert parallel {ep} (each rank keeps {m.experts // ep} of the {m.experts} experts)",
+                    _replace(job, "parallel", ep=ep),
+                )
+            )
+    if m.capacity_factor is None:
+        out.append(
+            (
+                "capacity factor 1.25 (each expert takes at most 1.25× an even share; the overflow is dropped)",
+                _replace(job, "model", capacity_factor=1.25),
+            )
+        )
+    else:
+        out.append(
+            ("dropless routing (no capacity factor: no token dropped)", _replace(job, "model", capacity_factor=None))
+        )
+    return out
 
 
 def _finetune_changes(job: Job) -> list[tuple[str, Job]]:
@@ -246,6 +275,11 @@ def _findings(job: Job, st, peak: float, usable: float) -> list[str]:
         out.append(
             f"communication-bound: {share['dp_comm_exposed_s']:.0%} of the step waits for data-parallel "
             "gradients; fewer nodes, a lower ZeRO stage, or buckets of 2–8 MB that overlap backward help"
+        )
+    if share.get("ep_comm_s", 0.0) > 0.15:
+        out.append(
+            f"expert parallelism's all-to-alls take {share['ep_comm_s']:.0%} of the step; an ep group inside one node "
+            "(ep ≤ its devices) keeps them on the node's links"
         )
     if share["tp_comm_s"] > 0.15:
         out.append(f"tensor-parallel traffic takes {share['tp_comm_s']:.0%} of the step; keep tp within one node")

@@ -82,6 +82,8 @@ def _axes(job: Job, devices: int, fixed: set[str]) -> dict:
             ] or [1]
         if name == "pp":
             values = [p for p in values if uneven_fits(m.layers, p) and devices % p == 0]  # uneven stages too
+        if name == "ep":  # experts share out evenly (dp dividing it is the layout rule's: layout_valid)
+            values = [e for e in values if m.experts and m.experts % e == 0 and devices % e == 0] or [1]
         if name == "dp_replicate" and devices > job.cluster.gpus_per_node:  # HSDP as torchtitan runs it: shard
             values = [1, devices // job.cluster.gpus_per_node]  # within a node, a copy per node
         axes[name] = list(values)
@@ -324,7 +326,9 @@ def _simulate_pipeline(plan: dict, job: Job, budget: dict) -> None:
         return
     m = plan["global_batch"] // (lay["micro_batch"] * lay["dp"])
     actions = 2 * m * p * v
-    closed_s = sum(plan["breakdown"][k] for k in ("compute_s", "memory_bound_s", "tp_comm_s", "cp_comm_s", "bubble_s"))
+    closed_s = sum(
+        plan["breakdown"][k] for k in ("compute_s", "memory_bound_s", "tp_comm_s", "cp_comm_s", "ep_comm_s", "bubble_s")
+    )
     plan["pipeline"] = {"closed_form_s": closed_s, "simulated_s": None, "bubble_fraction": None}
     key = (p, v, m, tuple(round(t, 12) for t in plan["stage_micro_s"]))
     if key not in budget:
@@ -361,7 +365,7 @@ def plan_job(job: Job, plan: dict) -> Job:
             job.parallel,
             stage_layers=None,
             partition=None,  # (the plan's split rule)
-            **{k: lay[k] for k in ("dp", "tp", "pp", "vpp", "cp", "sp", "zero", "dp_replicate", "offload")},
+            **{k: lay[k] for k in ("dp", "tp", "pp", "vpp", "cp", "sp", "zero", "dp_replicate", "ep", "offload")},
         ),
         batch=dataclasses.replace(job.batch, micro_batch=lay["micro_batch"]),
         memory=dataclasses.replace(job.memory, recompute=lay["recompute"]),

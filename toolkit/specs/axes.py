@@ -100,6 +100,17 @@ AXES = (
         lambda v: "sp" if v else None,
         control="checkbox",
     ),
+    # expert parallelism splits dp, not the devices: ep ranks share out the experts of dp's replicas
+    Axis(
+        "ep",
+        "parallel",
+        "expert parallel",
+        (1, 2, 4, 8, 16, 32, 64),
+        (1, 2, 4, 8, 16, 32, 64),
+        1,
+        _shown_above(1, "ep {}"),
+        proxy_max=2,
+    ),
     Axis("zero", "parallel", "ZeRO", (0, 1, 2, 3), (0, 1, 2, 3), 0, "ZeRO-{}".format, control="toggle"),
     # HSDP as torchtitan runs it: the search tries one copy per node besides 1 (toolkit.plan.search)
     Axis(
@@ -136,11 +147,12 @@ AXES = (
 )
 AXIS = {axis.name: axis for axis in AXES}
 
-MESH_ORDER = ("pp", "dp_replicate", "dp_shard", "dp", "cp", "tp")
+MESH_ORDER = ("pp", "dp_replicate", "dp_shard", "dp", "edp", "ep", "cp", "tp")
 """The device mesh's dimensions, outermost first (torchtitan's order): tensor-parallel ranks are neighbours
 (one node), pipeline stages far apart; under HSDP dp is split into copies (dp_replicate) outside their shard
 groups (dp_shard). toolkit.estimate.comm places groups on nodes in this order, and the runner and the tracer build
-their meshes by it (mesh_dims)."""
+their meshes by it (mesh_dims). Expert parallelism splits dp into the experts' data-parallel group (edp, outer)
+and ep (inner: an expert group is neighbouring replicas, inside a node where it fits)."""
 
 
 def model_parallel(parallel):

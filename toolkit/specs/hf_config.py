@@ -140,6 +140,11 @@ def _moe_fields(cfg: dict, kind: str, where: str) -> dict:
             f"a {kind} config needs its number of experts (num_local_experts, num_experts or n_routed_experts)",
         )
     fields = {"experts": experts, "experts_per_token": _get(cfg, "num_experts_per_tok", where)}
+    coefficient = cfg.get("router_aux_loss_coef", cfg.get("aux_loss_alpha"))
+    if kind == "deepseek_v3":  # (its sequence-wise loss is DeepSeek-V3's "extremely small" complement)
+        coefficient = cfg.get("aux_loss_alpha", 0.0)
+    if coefficient is not None:
+        fields["balance_loss"] = float(coefficient)
     if kind in ("qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3"):
         fields["expert_ffn"] = _get(cfg, "moe_intermediate_size", where)
     if kind == "qwen2_moe" and cfg.get("shared_expert_intermediate_size"):

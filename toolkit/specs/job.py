@@ -111,6 +111,12 @@ class Parallel:
     """Pipeline schedule; with vpp > 1, 1F1B is interleaved."""
     zero: Literal[0, 1, 2, 3] = 0
     """ZeRO stage: 1 shards optimizer states, 2 also gradients, 3 also parameters."""
+    ep: int = 1
+    """Expert parallelism (Mixture of Experts): each MoE block's routed experts split over ep ranks of the
+    data-parallel group, tokens sent to their experts' ranks by all-to-all (dispatch) and back (combine). The
+    experts' weights are then replicated over dp / ep ranks (the experts' own data-parallel group, as
+    Megatron-Core and torchtitan arrange it), over which their gradients are reduced and ZeRO shards their
+    states; attention and the other weights stay replicated over all of dp. Experts are not split by tp."""
     dp_replicate: int = 1
     """HSDP (torchtitan's dp_replicate × dp_shard, FSDP2 on a 2-D mesh): ZeRO-2/3 shards over dp / dp_replicate
     ranks (a node, typically) and keeps dp_replicate copies of each shard, whose gradients are all-reduced across

@@ -90,6 +90,12 @@ class ModelSpec:
     """A sigmoid gate (hidden -> 1) scales the shared expert's output (Qwen2-MoE)."""
     capacity_factor: float | None = None
     """Tokens an expert takes at most, as a multiple of an even share (the rest are dropped); None = dropless."""
+    expert_imbalance: float | None = None
+    """The busiest expert's tokens over the mean (MaxVio + 1) that memory and step time are sized for; None = the
+    sourced figure for the router (toolkit.estimate.moe: 1.52 with a balancing loss, 1.04 loss-free)."""
+    balance_loss: float = 0.01
+    """Weight of the load-balancing loss (Switch Transformer's, per sequence) in the training loss; 0 = none
+    (DeepSeek-V3 balances with its router's bias instead). HF configs' router_aux_loss_coef."""
     # ---- attention variants --------------------------------------------------------------
     attention_kind: Literal["standard", "mla"] = "standard"
     """Multi-head (or grouped-query) attention, or DeepSeek's multi-head latent attention: q and kv through low-rank
@@ -220,6 +226,14 @@ class ModelSpec:
                     self.dense_layers,
                     f"must leave some of the {self.layers} blocks to the experts",
                 )
+            if self.expert_imbalance is not None and self.expert_imbalance < 1:
+                raise SpecError(
+                    "model.expert_imbalance",
+                    self.expert_imbalance,
+                    "the busiest expert's load over the mean is 1 or more",
+                )
+            if self.balance_loss < 0:
+                raise SpecError("model.balance_loss", self.balance_loss, "must be 0 (none) or more")
             if self.capacity_factor is not None and self.capacity_factor <= 0:
                 raise SpecError("model.capacity_factor", self.capacity_factor, "must be above 0 (or null: dropless)")
         elif self.experts_per_token or self.shared_experts or self.dense_layers:

@@ -109,13 +109,6 @@ def _check_backend(par, mode: str) -> None:
 
 def _check_not_modelled(model) -> None:
     """What the model describes but the estimate does not price yet: said in one line, never estimated wrong."""
-    if model.experts:
-        raise SpecError(
-            "model.experts",
-            model.experts,
-            "a Mixture of Experts is counted (toolkit catalog presets NAME, the Python API's count_params: total "
-            "and active parameters) but its memory and step time under expert parallelism are not modelled yet",
-        )
     if model.attention_kind == "mla":
         raise SpecError(
             "model.attention_kind",

@@ -117,6 +117,26 @@ def _partition_stages(job: Job, notes: list[str]):
     return dataclasses.replace(par, stage_layers=tuple(blocks))
 
 
+def _check_experts(model, par) -> None:
+    """Expert parallelism needs experts to share out, and ranks of dp (one shard group under HSDP) to share them."""
+    if par.ep < 1:
+        raise SpecError("parallel.ep", par.ep, "must be 1 or more")
+    if par.ep == 1:
+        return
+    if not model.experts:
+        raise SpecError("parallel.ep", par.ep, "splits a Mixture of Experts' experts: this model has none; set it to 1")
+    shard = par.dp // par.dp_replicate
+    if model.experts % par.ep or shard % par.ep:
+        fits = [d for d in divisors(shard) if model.experts % d == 0]
+        raise SpecError(
+            "parallel.ep",
+            par.ep,
+            f"must divide model.experts = {model.experts} and dp = {shard}"
+            + (" (one HSDP shard group)" if par.dp_replicate > 1 else "")
+            + f"; allowed: {listing(fits)}",
+        )
+
+
 def resolve_layout(job: Job, cluster, notes: list[str]):
     """The parallel section with dp filled in from the devices."""
     par, count = job.parallel, cluster.count
@@ -166,6 +186,7 @@ def resolve_layout(job: Job, cluster, notes: list[str]):
             "HSDP replicates FSDP2's shards: needs --zero 2 or 3 with an amp-*, fp32 or pure-bf16 "
             "mode (torch's program); or set it to 1",
         )
+    _check_experts(job.model, par)
     if par.tp > cluster.gpus_per_node:
         notes.append(
             f"tp = {par.tp} crosses nodes of {cluster.gpus_per_node} devices: its all-reduces run over the network"

@@ -111,6 +111,15 @@ def replicas_fit(dp_replicate, dp, zero, torch_semantics: bool):
     return (np.asarray(dp) % replicate == 0) & ((replicate == 1) | (torch_semantics & (np.asarray(zero) >= 2)))
 
 
+def experts_split(model, ep, dp, dp_replicate=1):
+    """Expert parallelism shares out a Mixture of Experts' routed experts: ep divides them and the shard group of dp
+    (dp / dp_replicate); a dense model takes ep 1 only."""
+    ep = np.asarray(ep)
+    experts = model.experts if model.has_shape else 0
+    shard = np.asarray(dp) // np.asarray(dp_replicate)
+    return np.where(experts > 0, (experts % ep == 0) & (shard % ep == 0), ep == 1)
+
+
 def layout_valid(job, devices: int):
     """Every layout rule at once, for a job whose layout fields are arrays over layouts (dp = devices / tp·pp·cp)."""
     m, par, micro = job.model, job.parallel, job.batch.micro_batch
@@ -131,6 +140,7 @@ def layout_valid(job, devices: int):
         params_offload_fits(par.offload, par.zero, torch_semantics),
         named_backend_fits(par.backend, job.precision.mode, par.zero, par.tp, par.pp),
         replicas_fit(par.dp_replicate, par.dp, par.zero, torch_semantics),
+        experts_split(m, par.ep, par.dp, par.dp_replicate),
         per_op_recompute_fits(
             job.memory.recompute,
             par.backend,

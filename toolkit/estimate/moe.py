@@ -1,0 +1,176 @@
+"""A Mixture of Experts in the estimate: what expert parallelism leaves on a device, how wide the experts' work is,
+how unevenly it falls on ranks, and the all-to-all that carries tokens to their experts and back.
+
+    device_counts(model, ep)       # parameters as one rank of an expert-parallel group holds them
+    activation_width(job, load)    # the MLP width a dense block would need for the same per-token work
+    expert_load(model, ep)         # the busiest rank's expert rows over an even share (imbalance or capacity)
+    all_to_all_s(bytes, ep, stride, hw, a)
+
+The layout is Megatron-Core's and torchtitan's: ep ranks inside the data-parallel group share out each block's
+routed experts, which dp / ep ranks (the experts' own data-parallel group) replicate; attention, norms, the router
+and the shared experts stay replicated over dp. Experts are whole on every tensor-parallel rank (tensor
+parallelism splits the attention only), so they do the same work on each rank of a tensor-parallel group.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from ..specs.model import ModelSpec
+from ..specs.params import ParamCount, count_params, mlp_params, moe_params
+
+__all__ = [
+    "AUX_LOSS_IMBALANCE",
+    "LOSS_FREE_IMBALANCE",
+    "GROUPED_GEMM_HALF_ROWS",
+    "activation_width",
+    "active_width",
+    "all_to_all_s",
+    "dense_block_params",
+    "device_counts",
+    "down_params",
+    "expert_load",
+    "expert_rows",
+    "imbalance",
+    "imbalance_for_load",
+    "is_moe",
+    "mlp_width",
+    "routed_per_device",
+]
+
+AUX_LOSS_IMBALANCE = 1.52
+"""Busiest expert's tokens over the mean, softmax routing trained with an auxiliary balancing loss: Wang et al. 2024,
+"Auxiliary-Loss-Free Load Balancing Strategy for Mixture-of-Experts" (arXiv 2408.15664), Table 2: MaxVio_global 0.52
+for the 3B model (0.72 at 1B; MaxVio = max load / mean load - 1)."""
+LOSS_FREE_IMBALANCE = 1.04
+"""The same with DeepSeek-V3's auxiliary-loss-free bias (sigmoid routing): Table 2, MaxVio_global 0.04 (1B and
+3B)."""
+GROUPED_GEMM_HALF_ROWS = 128.0
+"""Rows per expert at which a grouped GEMM runs at half its large-matrix rate (the rate falls as m / (m + 128)):
+fitted to DeepGEMM's masked grouped GEMM on H800 (README, 2025-04: 1,024 / 512 / 256 rows per group reach 0.92 /
+0.77 / 0.69 of the 8,192-row rate at N 4,096, K 7,168; 0.76 / 0.75 / 0.67 at N 7,168, K 2,048)."""
+
+
+def is_moe(model: ModelSpec) -> bool:
+    return bool(model.has_shape and model.experts)
+
+
+def imbalance(model: ModelSpec) -> float:
+    """The busiest expert's load over the mean: the model's expert_imbalance, else the sourced figure for the router
+    (sigmoid routing is DeepSeek-V3's loss-free balancing; softmax routing balances with an auxiliary loss)."""
+    if model.expert_imbalance is not None:
+        return model.expert_imbalance
+    return LOSS_FREE_IMBALANCE if model.router == "sigmoid" else AUX_LOSS_IMBALANCE
+
+
+def expert_load(model: ModelSpec, ep=1, *, for_memory: bool = False):
+    """The busiest rank's expert rows over an even share (tokens · k / ep each). One rank holding every expert
+    takes exactly its tokens' k slots (1); one expert a rank takes the busiest expert's load (`imbalance`); in
+    between, assumed linear in (ep - 1) / (experts - 1), a rank's several experts averaging some of it out.
+    A capacity factor drops what an expert takes beyond it, so the work is at most that; the buffers a
+    capacity-bound kernel allocates are the capacity itself (for_memory), whatever the routing."""
+    ep = np.asarray(ep, dtype=float)
+    spread = (ep - 1) / max(model.experts - 1, 1)
+    load = 1 + (imbalance(model) - 1) * spread
+    if model.capacity_factor is None:
+        return load
+    return np.full_like(load, model.capacity_factor) if for_memory else np.minimum(load, model.capacity_factor)
+
+
+def imbalance_for_load(model: ModelSpec, ep: int, load: float) -> float:
+    """The expert imbalance at which `expert_load(model, ep)` is `load` (a rank's measured one; it may be below 1,
+    a rank taking less than its share)."""
+    if ep <= 1 or model.experts <= 1:
+        return 1.0
+    return 1 + (load - 1) * (model.experts - 1) / (ep - 1)
+
+
+def active_width(model: ModelSpec) -> float:
+    """The MLP width one token's work fills: its top-k routed experts and the shared ones (a dense model: ffn)."""
+    if not model.experts:
+        return model.ffn_
+    return model.experts_per_token * model.expert_ffn_ + model.shared_experts * model.shared_expert_ffn_
+
+
+def activation_width(model: ModelSpec, load: float = 1.0) -> float:
+    """The width of a dense MLP that would save the same activations per token as an MoE block on its busiest
+    rank: k experts' rows at `load` times an even share, and the shared experts' (a dense model: ffn)."""
+    if not model.experts:
+        return model.ffn_
+    return model.experts_per_token * model.expert_ffn_ * load + model.shared_experts * model.shared_expert_ffn_
+
+
+def mlp_width(job, load: float = 1.0):
+    """A block's MLP width per token on one tensor-parallel rank: ffn / tp, or an MoE block's activation_width at
+    `load` (its experts are whole on every tensor-parallel rank)."""
+    m = job.model
+    if not is_moe(m):
+        return m.ffn_ / np.asarray(job.parallel.tp)
+    return activation_width(m, load)
+
+
+def down_params(job):
+    """A block's down-projection weights on one rank, whose gradient its MLP backward makes first: h · ffn / tp, or
+    an MoE block's shared experts' and this rank's routed experts' (one grouped gradient)."""
+    m = job.model
+    if not is_moe(m):
+        return m.hidden * m.ffn_ / np.asarray(job.parallel.tp)
+    routed = m.experts / np.asarray(job.parallel.ep) * m.expert_ffn_
+    return m.hidden * (routed + m.shared_experts * m.shared_expert_ffn_)
+
+
+def expert_rows(model: ModelSpec, tokens, ep):
+    """Rows one local expert multiplies per micro-batch, evenly routed: the ep ranks' tokens · k / experts."""
+    return np.asarray(tokens) * model.experts_per_token * np.asarray(ep) / model.experts
+
+
+def dense_block_params(model: ModelSpec) -> int:
+    """One dense block (DeepSeek's first blocks: a dense MLP of width ffn) of an MoE model."""
+    c = count_params(model)
+    mlp, _routed, _used = moe_params(model)
+    return c.per_layer - mlp + mlp_params(model, model.ffn_, model.bias == "all")
+
+
+def routed_per_device(model: ModelSpec, ep, moe_blocks):
+    """Routed-expert parameters one rank holds over `moe_blocks` MoE blocks: 1 / ep of each block's experts."""
+    if not model.experts:
+        return 0.0
+    return count_params(model).experts_per_layer / np.asarray(ep) * np.asarray(moe_blocks)
+
+
+def device_counts(model: ModelSpec, ep=1) -> ParamCount:
+    """count_params as one rank of an expert-parallel group holds them: each MoE block's routed experts 1 / ep."""
+    c = count_params(model)
+    if not model.experts:
+        return c
+    kept = c.experts_per_layer / np.asarray(ep)
+    dropped = c.experts_per_layer - kept
+    return dataclasses.replace(
+        c,
+        per_layer=c.per_layer - dropped,
+        layers=c.layers - dropped * model.moe_layers,
+        experts_per_layer=kept,
+    )
+
+
+def all_to_all_s(size_bytes, n, stride, hw, a):
+    """One all-to-all over n ranks `stride` global ranks apart, each sending `size_bytes` in equal parts to every
+    rank (itself included). The part for ranks on its node goes over the node's links at link_efficiency, the
+    part for other nodes over its own NIC at network_efficiency (an all-to-all cannot pool a node's NICs: NCCL
+    issue 267), both at once; plus a hop's latency per peer. Across nodes this is nccl-tests' alltoall bus
+    bandwidth of about one NIC's rate (twice it on two nodes: NCCL issue 130), within one node the link's (DeepEP,
+    H800: 153-158 GB/s of NVLink's ~160, and 43-58 GB/s over a 50 GB/s NIC)."""
+    from .comm import placement
+
+    n = np.asarray(n, dtype=float)
+    per_node, nodes = placement(n, stride, hw.gpus_per_node)
+    inside = size_bytes * (per_node - 1) / np.maximum(n, 1) / (hw.intra_bw_bytes_per_s * a.link_efficiency)
+    outside = (
+        size_bytes * (n - per_node) / np.maximum(n, 1) / (hw.inter_bw_bytes_per_s * a.network_efficiency)
+        if hw.inter_bw_bytes_per_s
+        else 0.0
+    )
+    latency = (per_node - 1) * a.latency_intra_s + np.where(nodes > 1, a.latency_inter_s, 0.0)
+    return np.where(n > 1, np.maximum(inside, outside) + latency, 0.0)
