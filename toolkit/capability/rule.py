@@ -66,14 +66,19 @@ def _tp_or_pp(job: Job) -> str:
 
 
 def _split(job: Job):
-    """No rank steps every whole matrix: sharded (ZeRO-2/3, tp), pipelined, or DeepSpeed's partitions."""
+    """No rank steps every whole matrix: sharded (ZeRO-2/3, tp, ep), pipelined, or DeepSpeed's partitions."""
     par = job.parallel
-    return (_arr(par.zero) >= 2) | (_arr(par.tp) > 1) | (_arr(par.pp) > 1) | _backend_is(job, "deepspeed")
+    split = (_arr(par.zero) >= 2) | (_arr(par.tp) > 1) | (_arr(par.pp) > 1) | (_arr(par.ep) > 1)
+    return split | _backend_is(job, "deepspeed")
 
 
 def _replicas(job: Job):
     par = job.parallel
-    return (_arr(par.zero) == 0) & (_arr(par.tp) == 1) & (_arr(par.pp) == 1)
+    return (_arr(par.zero) == 0) & (_arr(par.tp) == 1) & (_arr(par.pp) == 1) & (_arr(par.ep) == 1)
+
+
+def _experts(job: Job) -> bool:
+    return bool(job.model.has_shape and job.model.experts)
 
 
 def _accum(job: Job):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..specs.rules import interleaved_rounds_fit, named_backend_fits
 from ..specs.stages import uneven_fits
-from .rule import Rule, _accum, _arr, _backend_is, _piped, _replicas, _split, _tp_or_pp
+from .rule import Rule, _accum, _arr, _backend_is, _experts, _piped, _replicas, _split, _tp_or_pp
 
 __all__ = ["RUN"]
 
@@ -62,6 +62,55 @@ RUN = (
         lambda j: (_arr(j.parallel.tp) > 1) & (_arr(j.parallel.zero) == 1),
         "torch's ZeRO-1 (ZeroRedundancyOptimizer) does not take tensor-parallel parameters; use zero 2 or 3 with tp",
         value=lambda j: 1,
+    ),
+    Rule(
+        "run",
+        "parallel.zero",
+        "torch's ZeRO-1 with ep",
+        lambda j: (_arr(j.parallel.ep) > 1) & (_arr(j.parallel.zero) == 1),
+        "torch's ZeRO-1 (ZeroRedundancyOptimizer) broadcasts each parameter from one rank, but expert-parallel "
+        "ranks hold different experts; use zero 0, 2 or 3 with ep",
+        value=lambda j: 1,
+    ),
+    Rule(
+        "run",
+        "parallel.ep",
+        "expert parallelism with HSDP",
+        lambda j: (_arr(j.parallel.ep) > 1) & (_arr(j.parallel.dp_replicate) > 1),
+        "expert parallelism beside HSDP is estimated, not run; train ep with dp_replicate 1",
+    ),
+    Rule(
+        "run",
+        "precision.mode",
+        "a Mixture of Experts in mixed-* (Megatron's or DeepSpeed's program)",
+        lambda j: _experts(j) & (j.precision.plan.family == "mixed"),
+        "a Mixture of Experts is trained by torch's program: use fp32, amp-* or pure-bf16 (mixed-* MoE training "
+        "is estimated only)",
+    ),
+    Rule(
+        "run",
+        "model.capacity_factor",
+        "a capacity factor (token dropping)",
+        lambda j: _experts(j) & (j.model.capacity_factor is not None),
+        "the runner routes dropless (every token reaches its experts); a capacity factor is estimated, not run: "
+        "set it to null",
+    ),
+    Rule(
+        "run",
+        "model.attention_kind",
+        "latent attention (MLA)",
+        lambda j: j.model.attention_kind == "mla",
+        "latent attention (DeepSeek's MLA) is counted, not run; the runner's attention is multi-head or grouped-query",
+    ),
+    Rule(
+        "run",
+        "model.experts",
+        "a Mixture of Experts with adapters, int8 activations or pruning",
+        lambda j: (
+            _experts(j)
+            & (bool(j.finetune.adapters) | (j.memory.act_compress != "none") | (j.training.pruning.method != "none"))
+        ),
+        "adapters, int8 saved activations and pruning are trained on dense models; train the MoE without them",
     ),
     Rule(
         "run",

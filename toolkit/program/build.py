@@ -17,7 +17,16 @@ from .lora import apply_lora
 from .model import GPT
 from .optim import build_optimizer
 from .parallel import tensor_parallel
-from .parallelize import all_reduce_mean, apply_fsdp, fsdp_mesh, is_sharded, needs_grad_all_reduce, parallelize
+from .moe import aux_loss_scale, expert_parallel
+from .parallelize import (
+    all_reduce_mean,
+    apply_fsdp,
+    fsdp_mesh,
+    is_sharded,
+    needs_grad_all_reduce,
+    parallelize,
+    reduce_replicas,
+)
 from .precision import MasterWeights, use_fp32_norms
 from .qlora import apply_qlora
 from .layout import Layout
@@ -106,7 +115,8 @@ def build_program(job: Job, plan, device: torch.device, mesh, load_weights: Load
     if main_grads and mesh is not None:
         reduce_grads = lambda: all_reduce_mean(master.grad_buffers(), flatten=False)  # noqa: E731
     elif needs_grad_all_reduce(job, mesh):
-        reduce_grads = lambda: all_reduce_mean([p.grad for p in params], mesh["dp"].get_group())  # noqa: E731
+        reduce = reduce_replicas(raw, mesh)
+        reduce_grads = lambda: reduce(params)  # noqa: E731
     return Program(model, raw, optimizer, master, params, layout, reduce_grads)
 
 
@@ -155,10 +165,13 @@ def build_pipeline(job: Job, plan, device: torch.device, mesh, load_weights: Loa
     if tp_mesh is not None:  # (replaces the parameters: names, not identities, carry over)
         for stage in stages:
             tensor_parallel(stage, tp_mesh, sequence_parallel=job.parallel.sp, local_logits=True)
+    if job.parallel.ep > 1:
+        expert_parallel(stages, mesh["ep"])
     fsdp = job.parallel.zero >= 2
+    edp_mesh = mesh["edp"] if job.parallel.ep > 1 else None
     if fsdp:  # each chunk its own FSDP2 root over dp (torch's schedule drives it)
         for stage in stages:
-            apply_fsdp(stage, job, fsdp_mesh(mesh, job), pin_memory=device.type == "cuda")
+            apply_fsdp(stage, job, fsdp_mesh(mesh, job), device.type == "cuda", edp_mesh)
     zero1 = job.parallel.zero == 1 and mesh["dp"].size() > 1  # each stage's replicas share out its states
     layout = Layout(
         sharded=fsdp,
@@ -172,12 +185,12 @@ def build_pipeline(job: Job, plan, device: torch.device, mesh, load_weights: Loa
     clock = pipeline.StageClock()
     schedule = pipeline.build_schedule(stages, job, device, pp_group, clock, tp_mesh)
     tied = pipeline.embedding_group(job, mesh)
-    dp_group = mesh["dp"].get_group() if mesh["dp"].size() > 1 and not fsdp else None  # FSDP2 reduce-scatters
+    replicas = reduce_replicas(stages, mesh) if mesh["dp"].size() > 1 and not fsdp else None  # FSDP2 reduce-scatters
 
     def reduce_grads():
         pipeline.sum_tied_grads(stages, tied)
-        if dp_group is not None:
-            all_reduce_mean([p.grad for p in params], dp_group)
+        if replicas is not None:
+            replicas(params)
 
     return Program(
         stages,
@@ -200,7 +213,8 @@ def backward_micro_batch(prog: Program, scaler, loss: torch.Tensor, accum: int, 
     """One micro-batch's backward: of loss / accumulation (scaled for fp16), or through DeepSpeed's engine, which
     divides by the accumulation itself and must be stepped after every micro-batch but the last (it counts them)."""
     if prog.engine is None:
-        scaler.scale(loss / accum).backward()
+        with aux_loss_scale((scaler.get_scale() if scaler.is_enabled() else 1.0) / accum):
+            scaler.scale(loss / accum).backward()
         return
     prog.engine.backward(loss)
     if not last:

@@ -22,6 +22,7 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from ..specs.model import ModelSpec
+from .moe import MoE, attach_aux_loss
 
 __all__ = ["GPT", "run_blocks"]
 
@@ -107,18 +108,22 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x)); dropout on both branches."""
+    """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x)); dropout on both branches. A Mixture of
+    Experts' blocks past its first `dense_layers` take an MoE (toolkit.program.moe) as their MLP."""
 
-    def __init__(self, spec: ModelSpec, attention: str, recompute_core: bool):
+    def __init__(self, spec: ModelSpec, attention: str, recompute_core: bool, index: int = 0):
         super().__init__()
         self.norm1, self.norm2 = _norm(spec), _norm(spec)
         self.attn = Attention(spec, attention, recompute_core)
-        self.mlp = MLP(spec)
+        self.mlp = MoE(spec) if spec.experts and index >= spec.dense_layers else MLP(spec)
         self.dropout = nn.Dropout(spec.dropout)
 
     def forward(self, x: torch.Tensor, cos=None, sin=None) -> torch.Tensor:
         x = x + self.dropout(self.attn(self.norm1(x), cos, sin))
-        return x + self.dropout(self.mlp(self.norm2(x)))
+        x = x + self.dropout(self.mlp(self.norm2(x)))
+        if isinstance(self.mlp, MoE):  # its balancing loss trains through the block's own backward
+            x = attach_aux_loss(x, self.mlp.aux, self.mlp.spec.balance_loss)
+        return x
 
 
 _MATMULS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
@@ -182,7 +187,7 @@ class GPT(nn.Module):
         self.tok = nn.Embedding(spec.vocab, spec.hidden)
         self.pos = nn.Embedding(spec.max_positions_, spec.hidden) if spec.position == "learned" else None
         self.drop = nn.Dropout(spec.dropout)
-        self.blocks = nn.ModuleList(Block(spec, attention, recompute == "selective") for _ in range(spec.layers))
+        self.blocks = nn.ModuleList(Block(spec, attention, recompute == "selective", i) for i in range(spec.layers))
         self.norm = _norm(spec)
         self.head = nn.Linear(spec.hidden, spec.vocab, bias=False)
         if spec.tie_embeddings:

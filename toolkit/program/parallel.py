@@ -26,6 +26,7 @@ from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
+    PrepareModuleInputOutput,
     PrepareModuleOutput,
     RowwiseParallel,
     SequenceParallel,
@@ -34,6 +35,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from .model import run_blocks
+from .moe import MoE
 
 __all__ = [
     "tensor_parallel",
@@ -94,9 +96,20 @@ def block_plan(block: nn.Module, sequence_parallel: bool) -> dict:
         "attn.k": ColwiseParallel(),
         "attn.v": ColwiseParallel(),
         "attn.o": RowwiseParallel(output_layouts=stream),
-        "mlp.up": ColwiseParallel(),
-        "mlp.down": RowwiseParallel(output_layouts=stream),
     }
+    if isinstance(block.mlp, MoE):  # whole on every rank (expert parallelism splits it): sequence parallelism
+        if sequence_parallel:  # gathers its input and keeps this rank's tokens of its output
+            plan["mlp"] = PrepareModuleInputOutput(
+                input_layouts=(seq,),
+                desired_input_layouts=(Replicate(),),
+                use_local_input=True,
+                output_layouts=(Replicate(),),
+                desired_output_layouts=(seq,),
+                use_local_output=True,
+            )
+        return {**plan, **_sequence_parallel_norms(seq)} if sequence_parallel else plan
+    plan["mlp.up"] = ColwiseParallel()
+    plan["mlp.down"] = RowwiseParallel(output_layouts=stream)
     if block.mlp.swiglu:
         plan["mlp.gate"] = ColwiseParallel()
     if sequence_parallel:
@@ -111,6 +124,15 @@ def block_plan(block: nn.Module, sequence_parallel: bool) -> dict:
             }
         )
     return plan
+
+
+def _sequence_parallel_norms(seq) -> dict:
+    """Sequence parallelism's norms (sharded by token) and the attention gathering its input."""
+    return {
+        "norm1": SequenceParallel(),
+        "norm2": SequenceParallel(),
+        "attn": PrepareModuleInput(input_layouts=(seq, None, None), desired_input_layouts=(Replicate(), None, None)),
+    }
 
 
 def vocab_parallel_loss(mesh: DeviceMesh, vocab: int):

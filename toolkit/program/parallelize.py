@@ -16,11 +16,15 @@ units over dp at ZeRO-2/3.
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
 from ..specs.axes import mesh_dims
 from ..specs.job import Job
+from .moe import expert_parallel, moe_modules
 from .parallel import tensor_parallel
 from .precision import TORCH_DTYPES
 
@@ -35,6 +39,7 @@ __all__ = [
     "dp_rank_and_size",
     "is_sharded",
     "needs_grad_all_reduce",
+    "reduce_replicas",
     "all_reduce_mean",
 ]
 
@@ -52,7 +57,17 @@ def device_mesh(job: Job, device_type: str):
         join_one_process_group(device_type)
     from torch.distributed.device_mesh import init_device_mesh
 
-    replicas = job.parallel.dp_replicate
+    # "dp" over a split dp (HSDP's copies and shards, or the experts' groups) is a flattened dimension that the
+    # runner slices by name; torch warns that it will want it kept apart instead (a future torch's change, not
+    # this run's problem)
+    warnings.filterwarnings("ignore", message="Slicing a flattened dim", category=UserWarning)
+
+    replicas, ep = job.parallel.dp_replicate, job.parallel.ep
+    if ep > 1:  # dp split into the experts' data-parallel group (outer) and ep (inner); "dp" names both together
+        names, sizes = mesh_dims({"pp": pp, "edp": dp // ep, "ep": ep, "tp": tp})
+        mesh = init_device_mesh(device_type, sizes, mesh_dim_names=names)
+        mesh["edp", "ep"]._flatten("dp")
+        return mesh
     if replicas == 1:
         names, sizes = mesh_dims({"pp": pp, "dp": dp, "tp": tp})
         return init_device_mesh(device_type, sizes, mesh_dim_names=names)
@@ -102,8 +117,9 @@ def dp_rank_and_size(mesh) -> tuple[int, int]:
 
 
 def is_sharded(job: Job) -> bool:
-    """Parameters are DTensors (FSDP2 or tensor parallelism): their state goes through DCP's state-dict API."""
-    return job.parallel.zero >= 2 or job.parallel.tp > 1
+    """Parameters are DTensors (FSDP2, tensor or expert parallelism): their state goes through DCP's state-dict
+    API."""
+    return job.parallel.zero >= 2 or job.parallel.tp > 1 or job.parallel.ep > 1
 
 
 def parallelize(model: nn.Module, job: Job, mesh, device: torch.device | None = None) -> nn.Module:
@@ -113,17 +129,41 @@ def parallelize(model: nn.Module, job: Job, mesh, device: torch.device | None = 
     par = job.parallel
     if par.tp > 1:
         tensor_parallel(model, mesh["tp"], sequence_parallel=par.sp)
+    if par.ep > 1:
+        expert_parallel(model, mesh["ep"])
     if par.zero >= 2:  # pinned host memory needs an accelerator
-        return apply_fsdp(model, job, fsdp_mesh(mesh, job), pin_memory=device is not None and device.type == "cuda")
-    if mesh["dp"].size() > 1 and par.tp == 1:
+        pin = device is not None and device.type == "cuda"
+        return apply_fsdp(model, job, fsdp_mesh(mesh, job), pin, mesh["edp"] if par.ep > 1 else None)
+    if mesh["dp"].size() > 1 and par.tp == 1 and par.ep == 1:
         return apply_ddp(model, job, mesh["dp"], device)
     return model  # dp x tp at ZeRO-0/1: the runner calls all_reduce_mean after the last backward
 
 
 def needs_grad_all_reduce(job: Job, mesh) -> bool:
-    """dp x tp without FSDP2: DDP (torch 2.13) refuses modules that mix DTensor and plain parameters (its start-up
-    broadcast and its gradient hooks), so these replicas average their gradients by hand, once a step."""
-    return mesh is not None and job.parallel.tp > 1 and job.parallel.zero < 2 and mesh["dp"].size() > 1
+    """dp x tp (or ep) without FSDP2: DDP (torch 2.13) refuses modules that mix DTensor and plain parameters (its
+    start-up broadcast and its gradient hooks), so these replicas average their gradients by hand, once a step."""
+    sliced = job.parallel.tp > 1 or job.parallel.ep > 1
+    return mesh is not None and sliced and job.parallel.zero < 2 and mesh["dp"].size() > 1
+
+
+def reduce_replicas(model: nn.Module, mesh) -> Callable[[list], None]:
+    """Averages gradients over the data-parallel replicas by hand (see needs_grad_all_reduce). Under expert
+    parallelism a routed expert's gradient already sums what the ep ranks' tokens gave it: it is summed over the
+    experts' data-parallel group and divided by all of dp, which is the mean over dp of one process's."""
+    experts = {id(p) for moe in moe_modules(model) for p in moe.experts.parameters()}
+    dp_group = mesh["dp"].get_group()
+    edp_group = mesh["edp"].get_group() if experts else None
+    ep = mesh["ep"].size() if experts else 1
+
+    def reduce(params) -> None:
+        all_reduce_mean([p.grad for p in params if id(p) not in experts], dp_group)
+        routed = [p.grad for p in params if id(p) in experts and p.grad is not None]
+        if routed:
+            all_reduce_mean(routed, edp_group)
+            for grad in routed:
+                (grad.to_local() if hasattr(grad, "to_local") else grad).div_(ep)
+
+    return reduce
 
 
 def all_reduce_mean(tensors, group=None, flatten: bool = True) -> None:
@@ -164,7 +204,7 @@ def fsdp_policies(job: Job, pin_memory: bool = True):
     return precision, placement
 
 
-def apply_fsdp(model: nn.Module, job: Job, dp_mesh, pin_memory: bool = True) -> nn.Module:
+def apply_fsdp(model: nn.Module, job: Job, dp_mesh, pin_memory: bool = True, edp_mesh=None) -> nn.Module:
     """ZeRO-2 (blocks stay gathered after forward) or ZeRO-3 (resharded), per block and at the root, in place.
     A pipeline stage keeps its blocks gathered from its first forward to its last backward at either stage, as
     torchtitan does (a regather per micro-batch is exposed communication; torch's schedule defers resharding and
@@ -174,8 +214,14 @@ def apply_fsdp(model: nn.Module, job: Job, dp_mesh, pin_memory: bool = True) -> 
 
     precision, placement = fsdp_policies(job, pin_memory)
     reshard = job.parallel.zero == 3 and job.parallel.pp == 1
+    kwargs = dict(reshard_after_forward=reshard, mp_policy=precision, offload_policy=placement)
+    for moe in moe_modules(model) if job.parallel.ep > 1 else ():
+        # the routed experts (DTensors over ep) shard over the experts' own data-parallel group; their gradients
+        # sum the ep ranks' tokens, so they are divided by all of dp, as one process's mean is
+        fully_shard(moe.experts, mesh=edp_mesh, **kwargs)
+        moe.experts.set_gradient_divide_factor(float(job.parallel.dp))
     for module in (*model.blocks, model):
-        fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=precision, offload_policy=placement)
+        fully_shard(module, mesh=dp_mesh, **kwargs)
     return model
 
 

@@ -47,6 +47,7 @@ from ..program.lora import apply_lora
 from ..program.qlora import apply_qlora
 from ..program.model import GPT
 from ..program.parallel import loss_parallel, shard_embedding_grad, tensor_parallel
+from ..program.moe import expert_parallel
 from ..program.parallelize import apply_fsdp, is_sharded
 from ..program.precision import TORCH_DTYPES, torch_precision
 from ..program.build import Program, steppers
@@ -104,21 +105,32 @@ def trace_memory(job: Job) -> TraceResult:
     if job.parallel.zero >= 2:
         return _trace_fsdp(job)
     weights_dtype = TORCH_DTYPES[job.precision.plan.weights]
-    tp, zero1 = job.parallel.tp, job.parallel.zero == 1
+    tp, zero1, ep = job.parallel.tp, job.parallel.zero == 1, job.parallel.ep
     group = tp if tp > 1 else job.parallel.dp if zero1 else 1  # ZeRO-1 shards over the dp ranks
     if job.optimizer.name == "adamw-8bit":
         return _trace_real(job, weights_dtype)
-    with _fake_process_group(group) if tp > 1 or zero1 else contextlib.nullcontext() as mesh:
-        if tp > 1:  # DTensor plans apply to real modules: shard on the meta device, then materialise as fakes
+    if ep > 1:
+        fake_group = _fake_process_group(job.parallel.dp, tp, ep=ep)
+    else:
+        fake_group = _fake_process_group(group) if tp > 1 or zero1 else contextlib.nullcontext()
+    sliced = tp > 1 or ep > 1
+    with fake_group as mesh:
+        if sliced:  # DTensor plans apply to real modules: shard on the meta device, then materialise as fakes
             with torch.device("meta"):
                 model = GPT(
                     job.model, attention=job.memory.attention, recompute=job.memory.recompute, dtype=weights_dtype
                 )
-            tensor_parallel(model, mesh, sequence_parallel=job.parallel.sp)
-        with FakeTensorMode(allow_non_fake_inputs=tp > 1), _propagation_apart():
             if tp > 1:
+                tensor_parallel(model, mesh["tp"] if ep > 1 else mesh, sequence_parallel=job.parallel.sp)
+            if ep > 1:
+                expert_parallel(model, mesh["ep"])
+        with FakeTensorMode(allow_non_fake_inputs=sliced), _propagation_apart():
+            if sliced:
                 model.to_empty(device="cpu")
-                shard_embedding_grad(model)
+                if tp > 1:
+                    shard_embedding_grad(model)
+                elif job.model.tie_embeddings:  # (to_empty makes the tied pair two tensors; the plan re-ties them)
+                    model.head.weight = model.tok.weight
             else:
                 model = GPT(
                     job.model, attention=job.memory.attention, recompute=job.memory.recompute, dtype=weights_dtype
@@ -258,10 +270,11 @@ def _gloo_reduce_scatter():
 
 
 @contextlib.contextmanager
-def _fake_process_group(world_size: int, tp: int = 1, gloo: bool = False, replicas: int = 1):
+def _fake_process_group(world_size: int, tp: int = 1, gloo: bool = False, replicas: int = 1, ep: int = 1):
     """A fake process group of `world_size` (× `tp`) ranks in this process: collectives return at once, moving
     nothing; with `gloo` its reduce-scatters hold what gloo's do (`_gloo_reduce_scatter`). With tp > 1 the mesh
-    has two dimensions, "dp" and "tp"; with HSDP (`replicas` > 1) three, "dp_replicate", "dp_shard" and "tp"."""
+    has two dimensions, "dp" and "tp"; with HSDP (`replicas` > 1) three, "dp_replicate", "dp_shard" and "tp";
+    with expert parallelism (`ep` > 1) "edp", "ep" and "tp", edp × ep flattened as "dp" (the runner's mesh)."""
     if dist.is_initialized():
         raise SpecError(
             "parallel.dp",
@@ -272,7 +285,12 @@ def _fake_process_group(world_size: int, tp: int = 1, gloo: bool = False, replic
     dist.init_process_group("fake", rank=0, world_size=world_size * tp, store=FakeStore())
     try:
         with _gloo_reduce_scatter() if gloo else contextlib.nullcontext():
-            if replicas > 1:
+            if ep > 1:
+                names, sizes = mesh_dims({"edp": world_size // ep, "ep": ep, "tp": tp})
+                mesh = init_device_mesh("cpu", sizes, mesh_dim_names=names)
+                mesh["edp", "ep"]._flatten("dp")
+                yield mesh
+            elif replicas > 1:
                 names, sizes = mesh_dims({"dp_replicate": replicas, "dp_shard": world_size // replicas, "tp": tp})
                 yield init_device_mesh("cpu", sizes, mesh_dim_names=names)
             elif tp > 1:
@@ -302,14 +320,20 @@ def _trace_fsdp(job: Job) -> TraceResult:
     par = job.parallel
     weights_dtype = TORCH_DTYPES[job.precision.plan.weights]
     offload = par.offload != "none"
-    with _fake_process_group(par.dp, par.tp, gloo=job.memory.program == "cpu", replicas=par.dp_replicate) as mesh:
+    fake_group = _fake_process_group(
+        par.dp, par.tp, gloo=job.memory.program == "cpu", replicas=par.dp_replicate, ep=par.ep
+    )
+    with fake_group as mesh:
         with torch.device("meta"):
             model = GPT(job.model, attention=job.memory.attention, recompute=job.memory.recompute, dtype=weights_dtype)
         if par.tp > 1:  # torchtitan's order: tensor parallelism inside each data-parallel shard
             tensor_parallel(model, mesh["tp"], sequence_parallel=par.sp)
+        if par.ep > 1:
+            expert_parallel(model, mesh["ep"])
         # the runner's own wrapping (toolkit.program.parallelize); fake tensors cannot be pinned
-        shard_over = mesh["dp_replicate", "dp_shard"] if par.dp_replicate > 1 else mesh["dp"] if par.tp > 1 else mesh
-        apply_fsdp(model, job, shard_over, pin_memory=False)
+        named = par.tp > 1 or par.ep > 1
+        shard_over = mesh["dp_replicate", "dp_shard"] if par.dp_replicate > 1 else mesh["dp"] if named else mesh
+        apply_fsdp(model, job, shard_over, pin_memory=False, edp_mesh=mesh["edp"] if par.ep > 1 else None)
         with FakeTensorMode(allow_non_fake_inputs=True), _propagation_apart():
             model.to_empty(device="cpu")
             prog = _traced_program(job, model)

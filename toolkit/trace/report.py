@@ -11,7 +11,7 @@ from ..specs.catalog import Catalog, load_catalog
 from ..specs.job import Job
 from .memory import trace_memory
 
-__all__ = ["traced_estimate", "compare_memory", "compare_run", "COMPARED"]
+__all__ = ["traced_estimate", "compare_memory", "compare_run", "at_even_routing", "COMPARED"]
 
 COMPARED = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "peak_bytes")
 
@@ -51,6 +51,7 @@ def compare_memory(job: Job, catalog: Catalog | None = None) -> dict:
     """Analytic and traced memory side by side; error = (estimate − trace) / trace."""
     catalog = catalog or load_catalog()
     job = job.replace(memory=dataclasses.replace(job.memory, program="cpu"))  # the program the tracer runs
+    job = at_even_routing(job)
     analytic = estimate(job, catalog)["memory"]
     traced = traced_estimate(job, catalog)
     rows = {}
@@ -72,6 +73,27 @@ def compare_memory(job: Job, catalog: Catalog | None = None) -> dict:
         "flops_per_token": flops,
         "peak_breakdown": traced["memory"]["peak_breakdown"],
     }
+
+
+def at_even_routing(job: Job) -> Job:
+    """A Mixture of Experts' job as the tracer runs it: fake tensors have no values to route by, so every expert
+    takes an even share (toolkit.program.moe.expert_counts); the estimate beside it is priced so too."""
+    if not job.model.experts or job.model.expert_imbalance is not None:
+        return job
+    return job.replace(model=dataclasses.replace(job.model, expert_imbalance=1.0))
+
+
+def at_rank_routing(job: Job, record: dict) -> Job:
+    """A Mixture of Experts' job priced at the load a rank measured (rows its experts took over an even share,
+    toolkit.train.memory_record), as the expert imbalance that gives that load at the job's ep
+    (toolkit.estimate.moe.expert_load inverted); without expert parallelism every rank takes its own tokens (1)."""
+    from ..estimate.moe import imbalance_for_load
+
+    load = record.get("expert_load")
+    if not job.model.experts or job.model.expert_imbalance is not None:
+        return job
+    imbalance = 1.0 if load is None else imbalance_for_load(job.model, job.parallel.ep, load)
+    return job.replace(model=dataclasses.replace(job.model, expert_imbalance=imbalance))
 
 
 def _error(estimate, measured):
@@ -118,7 +140,7 @@ def compare_run(out_dir, catalog_files=(), trace: bool = True) -> dict:
         traced, trace_note = None, str(err)
     ranks = []
     for record in read_rank_memory(out):
-        analytic = stage_memory_estimate(job, record["stage"])  # pipelines: that rank's stage
+        analytic = stage_memory_estimate(at_rank_routing(job, record), record["stage"])  # pipelines: its stage
         measured = record["peak_bytes"]
         states = record.get("states") or {}
         categories = {

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from ..program.moe import moe_modules
 from ..runs import write_rank_memory
 
 __all__ = ["MemoryRecorder"]
@@ -55,6 +56,8 @@ class MemoryRecorder:
         elif step == self.steps[0]:
             from ..compat import PROBLEM
 
+            for moe in moe_modules(self.prog.raw):  # the routing's load on this rank over the recorded steps
+                moe.loads.clear()
             if PROBLEM is not None:  # this torch moved MemTracker: train on, unrecorded, and say why once
                 if self.rank == 0:
                     print(f"memory not recorded: torch {torch.__version__} lacks the tracer's internals ({PROBLEM})")
@@ -113,6 +116,9 @@ class MemoryRecorder:
             record = self._cuda_record()
         else:
             record = self._cpu_record()
+        loads = [load for moe in moe_modules(self.prog.raw) for load in moe.loads]
+        if loads:  # a Mixture of Experts under expert parallelism: rows its experts took over an even share
+            record["expert_load"] = sum(loads) / len(loads)
         write_rank_memory(self.out, dict(record, rank=self.rank, stage=self.stage, steps=[s + 1 for s in self.steps]))
 
     def close(self) -> None:
