@@ -112,6 +112,31 @@ def layouts_section(results: dict) -> list[str]:
     return lines
 
 
+def moe_layouts_section(results: dict) -> list[str]:
+    lines = [
+        "## A Mixture of Experts on ranks against one process",
+        "",
+        f"Expert parallelism on gloo ranks against the same MoE job in one process (`benchmarks/moe_layouts.py`) "
+        f"{_measured(results)}: the largest relative loss difference over 20 steps (before a routing flip, where "
+        "one departs: top-k routing picks another expert where two scores tie within rounding), and each rank's "
+        "measured peak against the estimate at the load its experts took.",
+        "",
+        "| layout | ranks | precision | max loss difference | departs at step | peak error |",
+        "|---|---:|---|---:|---:|---:|",
+    ]
+    for row in results["rows"]:
+        lines.append(
+            f"| {row['layout']} | {row['ranks']} | {row['precision']} | {row['max_loss_difference']:.1e} | "
+            f"{row.get('departs_at') or '-'} | {_pct(row['peak_error'])} |"
+        )
+    lines += [
+        "",
+        "The ep-2 run's checkpoint resumed in one process differs from the one-process run by "
+        f"{results['resume_ep2_to_one_process_difference']:.1e} (relative loss).",
+    ]
+    return lines
+
+
 def steptime_section(results: dict) -> list[str]:
     lines = ["## Step time", "", table(results), ""]
     calibrated = results.get("one_calibration")
@@ -145,6 +170,7 @@ def accuracy_doc(results_dir: Path) -> str:
         ("steptime_accuracy.json", steptime_section),
         ("memory_accuracy.json", memory_section),
         ("layouts.json", layouts_section),
+        ("moe_layouts.json", moe_layouts_section),
     ):
         results = read(name)
         if results is not None:

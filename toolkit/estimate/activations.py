@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..specs.job import TORCH_SEMANTICS, Job
+from .mla import attention_view, is_mla, projection_params
 from .moe import expert_load, is_moe, mlp_width
 from .params import projection_shapes
 from .states import by_stage, job_stage_layers, vocab_per_rank
@@ -94,7 +95,8 @@ def _widths(job: Job):
     the width its experts' rows take at the routing's worst case, toolkit.estimate.moe)."""
     m, tp = job.model, job.parallel.tp
     f = mlp_width(job, expert_load(m, job.parallel.ep, for_memory=True)) if is_moe(m) else m.ffn_ // tp
-    return m.hidden, m.heads * m.head_dim_ // tp, m.kv_heads_ * m.head_dim_ // tp, f
+    a = attention_view(job).model  # (latent attention: a standard core that keeps as much)
+    return m.hidden, a.heads * a.head_dim_ // tp, a.kv_heads_ * a.head_dim_ // tp, f
 
 
 def fsdp_gathers_16bit(job: Job):
@@ -264,14 +266,20 @@ def _block(job: Job) -> _Block:
     # int8 packs the view apart from the core's own saved output (another shape), so it counts again
     o_input_copy = _math_path(job) or rope or job.memory.act_compress == "int8"
     o_input = tokens * q * act_b
-    norm2 = _norm_saved(job, tokens, h, consumers=2 if m.mlp == "swiglu" else 1)  # input: x + attention
+    mlp_readers = 2 if m.mlp == "swiglu" else 1  # the linears reading the norm's output (autocast casts it for each)
+    if is_moe(m):  # the router, and the shared experts' first linears (the experts read the gathered rows)
+        mlp_readers = 1 + (mlp_readers if m.shared_experts else 0)
+    norm2 = _norm_saved(job, tokens, h, consumers=mlp_readers)  # input: x + attention
     mlp = (4 if m.mlp == "swiglu" else 2) * tokens * f * act_b
     # autocast saves a 16-bit cast of every matmul weight (a new tensor, so int8 compresses it too)
     mlp_weights = _moe_weights(job) if is_moe(m) else (3 if m.mlp == "swiglu" else 2) * h * f
-    weights = amp * half_b * (h * q + 2 * h * kv + q * h + mlp_weights)
+    weights = amp * half_b * (projection_params(m) / tp + mlp_weights)
     common = norm1 + rope_casts + norm2 + mlp + 2 * branch_mask + weights
     if is_moe(m):
         common = common + _moe_saved(job, tokens)
+    if is_mla(m):  # the query's and the key-value latents, and their norms' outputs (modelled, not traced)
+        latents = (m.q_lora_rank or 0) + m.kv_lora_rank + m.rope_head_dim
+        common = common + 2 * tokens * latents * act_b
     none = common + core + (o_input if o_input_copy else 0)
     recompute = np.asarray(job.memory.recompute)
     full, per_op = recompute == "full", recompute == "selective-op"

@@ -8,6 +8,7 @@ import numpy as np
 
 from ..specs.job import Job
 from .comm import is_megatron
+from .mla import attention_view
 from .moe import mlp_width
 
 __all__ = ["memory_bound_bytes_per_token", "loss_bytes_per_token", "eager_core_bytes_per_score"]
@@ -21,7 +22,7 @@ def memory_bound_bytes_per_token(job: Job, eager):
     `eager` (a torch program on a GPU, where no kernel fuses them): RMSNorm runs as Llama's composite of casts,
     pow, mean, rsqrt and two products in fp32, and rotary embeddings as rotate_half's slices, negation,
     concatenation, two products and a sum, each kernel reading and writing whole tensors."""
-    m, tp = job.model, np.asarray(job.parallel.tp)
+    m, tp = attention_view(job).model, np.asarray(job.parallel.tp)
     h, q, kv, f = m.hidden, m.heads * m.head_dim_ / tp, m.kv_heads_ * m.head_dim_ / tp, mlp_width(job)
     elem = job.precision.plan.compute_bytes
     residual = job.precision.plan.weight_bytes  # (the residual stream keeps the weights' dtype)

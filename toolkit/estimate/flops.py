@@ -23,6 +23,7 @@ import numpy as np
 
 from ..specs.job import Job
 from ..specs.model import ModelSpec
+from .mla import attention_view, projection_params, standard_view
 from .moe import active_width
 
 __all__ = ["TrainingFlops", "training_flops", "PF_DAY_FLOPS", "TokenFlops", "flops_per_token"]
@@ -49,7 +50,8 @@ def training_flops(model: ModelSpec, params: int, tokens: float) -> TrainingFlop
     flops_6nd = 6.0 * params * tokens
     if not model.has_shape:
         return TrainingFlops(flops_6nd, None, "size-only model: attention term unknown")
-    d_attn = model.heads * model.head_dim_
+    view = standard_view(model)
+    d_attn = view.heads * view.head_dim_
     if model.encoder:
         per_token, convention = 12.0 * model.layers * model.seq_len * d_attn, "bidirectional: 12·L·s·d_attn per token"
     else:
@@ -97,10 +99,12 @@ def flops_per_token(job: Job, causal: bool = True) -> TokenFlops:
     # a Mixture of Experts: its MoE blocks' MLP work is the top-k and shared experts' rows (the mean over the
     # blocks, the first dense ones included), plus the router's scores
     f = (m.dense_layers * m.ffn_ + m.moe_layers * active_width(m)) / m.layers if m.experts else m.ffn_
+    attention_mats = projection_params(m)  # (latent attention: its low-rank matrices)
+    m = attention_view(job).model  # (latent attention: the core as a standard one of the same size)
     h, q, kv = m.hidden, m.heads * m.head_dim_, m.kv_heads_ * m.head_dim_
     mlp_matrices = 3 if m.mlp == "swiglu" else 2
     router = 2 * h * m.experts * m.moe_layers
-    layer_matmuls = 2 * (h * q + 2 * h * kv + q * h + mlp_matrices * h * f) * m.layers + router
+    layer_matmuls = 2 * (attention_mats + mlp_matrices * h * f) * m.layers + router
     full_attention = 2 * 2 * m.seq_len * q * m.layers  # q·kᵀ and probs·v over all s keys
     attention = full_attention / 2 if causal and not m.encoder else full_attention
     head = 2 * h * m.vocab

@@ -37,6 +37,7 @@ __all__ = [
     "imbalance_for_load",
     "is_moe",
     "mlp_width",
+    "moe_temp_width",
     "routed_per_device",
 ]
 
@@ -109,6 +110,11 @@ def mlp_width(job, load: float = 1.0):
     if not is_moe(m):
         return m.ffn_ / np.asarray(job.parallel.tp)
     return activation_width(m, load)
+
+
+def moe_temp_width(model: ModelSpec, load=1.0):
+    """The width of an MoE block's routed experts' backward temporaries: their rows (k at `load`)."""
+    return model.experts_per_token * model.expert_ffn_ * np.asarray(load)
 
 
 def down_params(job):

@@ -127,6 +127,7 @@ def backward_layer(t: StageTerms, done_layers, bottom: bool = False):
         + tmp.unpacked
         + tmp.step_cache
         + tmp.recompute_dequant
+        - tmp.experts_freed
     )
 
 
@@ -314,7 +315,19 @@ def _optimizer_temp_bytes(job: Job, largest_param: float, stage: str | None = No
         return n * state  # sqrt(v) for every tensor at once
     # ZeroRedundancyOptimizer (torch ZeRO-1) gives whole tensors to ranks; FSDP2 and DeepSpeed split them
     split = np.where((zero >= 2) | ((zero == 1) & job.precision.plan.master_weights), dp, 1)
-    return 2 * largest_param / split * state  # sqrt(v) and its scaled copy, one tensor at a time
+    # sqrt(v) and its scaled copy, one tensor at a time; the loop's `denom` keeps the previous tensor's copy until
+    # the next is made, which counts where the largest tensors follow each other (a block's grouped experts)
+    copies = np.where(_experts_largest(job, largest_param), 3, 2)
+    return copies * largest_param / split * state
+
+
+def _experts_largest(job: Job, largest_param) -> bool:
+    """The grouped experts' (experts / ep, h, f) tensors, consecutive in the model, are its largest."""
+    m = job.model
+    if not (m.has_shape and m.experts):
+        return np.False_
+    experts = m.experts / np.asarray(job.parallel.ep) * m.hidden * m.expert_ffn_
+    return experts >= np.asarray(largest_param) * np.asarray(job.parallel.tp)
 
 
 def optimizer_step(t: StageTerms):

@@ -12,7 +12,7 @@ import numpy as np
 from ..specs.backends import job_deepspeed_fp32
 from ..specs.job import TORCH_SEMANTICS, Job
 from .activations import ActivationBytes, activation_bytes, element_bytes
-from .moe import device_counts, expert_load, mlp_width
+from .moe import device_counts, expert_load, mlp_width, moe_temp_width
 from .params import ParamCount
 from .states import (
     StateBytes,
@@ -80,6 +80,7 @@ class Temporaries:
     step_cache: object  # the same through backward, inside a pipeline schedule's one autocast context
     dequant_bytes: object  # QLoRA: one matrix being dequantized
     recompute_dequant: object  # the same, inside backward (full recompute rebuilds the block)
+    experts_freed: object = 0.0  # an MoE block: what its backward frees before its routed experts' (see below)
 
 
 @dataclass(frozen=True)
@@ -260,9 +261,19 @@ def _temporaries(job: Job, acts: ActivationBytes, gathered: Gathered, where: Pos
     # Backward of the MLP, beyond what it held: the incoming gradient, and the gradients of its
     # inner tensors alive together (GELU: one net of the freed input; SwiGLU: two at the product)
     ffn = mlp_width(job, expert_load(model, par.ep, for_memory=True))
+    # an MoE block's backward runs the weighted combine and the shared experts first (made last in forward): their
+    # saved tensors are gone when the routed experts' backward, the wider, runs (traced per module: the top block's
+    # MLP backward peaks where it starts)
+    load = expert_load(model, par.ep, for_memory=True)
+    temp_width = ffn if not model.experts else moe_temp_width(model, load)
+    experts_freed = 0.0
+    if model.experts:  # (under FSDP2 the experts are their own unit, whose hooks order the backward otherwise)
+        shared = model.shared_experts * model.shared_expert_ffn_
+        inner = (4 if model.mlp == "swiglu" else 2) * tokens * shared * element_bytes(job)[0]
+        experts_freed = tokens * model.experts_per_token * h * element_bytes(job)[0] + inner
     # (sequence parallelism: the gradient of the all-gathered input is whole until it is reduce-scattered)
     mlp_temp = (
-        (2 if model.mlp == "swiglu" else 1) * tokens * ffn * act
+        (2 if model.mlp == "swiglu" else 1) * tokens * temp_width * act
         + tokens_h * h * residual
         + np.where(par.sp, tokens * h * residual, 0.0)
     )
@@ -304,6 +315,7 @@ def _temporaries(job: Job, acts: ActivationBytes, gathered: Gathered, where: Pos
         step_cache=np.where(where.single, 0.0, autocast_cache),  # a pipeline schedule runs in one autocast context
         dequant_bytes=dequant,
         recompute_dequant=np.where(np.asarray(job.memory.recompute) == "full", dequant, 0.0) if dequant else 0.0,
+        experts_freed=np.where((gathered.in_backward > 0) | (gathered.blocks > 0), 0.0, experts_freed),
     )
 
 

@@ -283,6 +283,9 @@ def model_state_bytes(job: Job, stage: str | None = None) -> StateBytes:
     m = job.model
     pairs = 1 if job.memory.program == "cpu" else np.asarray(par.vpp)
     rope_tables = m.seq_len * m.head_dim_ * weight * pairs if m.has_shape and m.position == "rope" else 0
+    # a sigmoid router's balancing bias (DeepSeek-V3's, toolkit.program.moe): an fp32 buffer per expert and MoE block
+    if m.has_shape and m.experts and m.router == "sigmoid":
+        rope_tables = rope_tables + 4 * m.experts * m.moe_layers
     return StateBytes(
         params_bytes=np.where(offload_params, 0.0, params_b) + rope_tables,
         grads_bytes=np.where(offload_params, 0.0, grads_b),

@@ -60,6 +60,7 @@ from .comm import (
 from .elementwise import loss_bytes_per_token, memory_bound_bytes_per_token
 from .flops import flops_per_token
 from .hardware import Assumptions, Hardware
+from .mla import projection_shapes
 from .moe import GROUPED_GEMM_HALF_ROWS, all_to_all_s, expert_load, expert_rows
 from .kernels import FA_BACKWARD_FACTOR, KernelProfile, attention_fraction, attention_kernel_of, gemm_s
 from .overhead import fixed_costs_s, host_s, op_units
@@ -183,10 +184,11 @@ def block_matmul_shapes(job: Job) -> list[tuple]:
     m = job.model
     tp = np.asarray(job.parallel.tp)
     tokens = np.asarray(job.batch.micro_batch) * m.seq_len
-    h, q, kv, f = m.hidden, m.heads * m.head_dim_ / tp, m.kv_heads_ * m.head_dim_ / tp, m.ffn_ / tp
+    h, f = m.hidden, m.ffn_ / tp
     if m.experts:  # an MoE block's dense MLP is its shared experts (the routed ones: _expert_efficiency)
         f = m.shared_experts * m.shared_expert_ffn_
-    shapes = [(tokens, h, q), (tokens, h, kv), (tokens, h, kv), (tokens, q, h)]
+    *columns, (o_in, o_out) = projection_shapes(m)  # column-parallel projections, then the row-parallel output
+    shapes = [(tokens, i, o / tp) for i, o in columns] + [(tokens, o_in / tp, o_out)]
     if not m.experts or f:
         shapes += [(tokens, h, f), (tokens, f, h)] + ([(tokens, h, f)] if m.mlp == "swiglu" else [])
     return shapes

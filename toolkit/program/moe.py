@@ -229,13 +229,13 @@ def balance_loss(scores: torch.Tensor, chosen: torch.Tensor, batch: int, seq: in
 
 
 class _AllToAll(torch.autograd.Function):
-    """all_to_all_single with uneven splits; its gradient is the reverse all-to-all."""
+    """all_to_all_single with uneven splits; its gradient is the reverse all-to-all, times `grad_scale`."""
 
     @staticmethod
-    def forward(ctx, x, out_splits: list[int], in_splits: list[int], group):
+    def forward(ctx, x, out_splits: list[int], in_splits: list[int], group, grad_scale: float = 1.0):
         import torch.distributed as dist
 
-        ctx.splits, ctx.group = (out_splits, in_splits), group
+        ctx.splits, ctx.group, ctx.grad_scale = (out_splits, in_splits), group, grad_scale
         out = x.new_empty(sum(out_splits), *x.shape[1:])
         dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
         return out
@@ -247,7 +247,9 @@ class _AllToAll(torch.autograd.Function):
         out_splits, in_splits = ctx.splits
         back = grad.new_empty(sum(in_splits), *grad.shape[1:])
         dist.all_to_all_single(back, grad.contiguous(), in_splits, out_splits, group=ctx.group)
-        return back, None, None, None
+        if ctx.grad_scale != 1.0:
+            back.mul_(ctx.grad_scale)
+        return back, None, None, None, None
 
 
 def _arrivals(moe: MoE, counts: list[int]) -> list[list[int]]:
@@ -273,7 +275,11 @@ def _dispatch_run_combine(moe: MoE, rows: torch.Tensor, counts: list[int]) -> to
     send = [sum(counts[r * local : (r + 1) * local]) for r in range(ranks)]
     arrive = [sum(row) for row in table]
     moe.loads.append(sum(arrive) / max(sum(counts), 1))
-    inputs = _AllToAll.apply(rows, arrive, send, moe.ep_group)
+    # an expert's gradient sums what every ep rank's tokens give it, where one process averages them: the combine's
+    # backward brings the gradients in at 1 / ep and the dispatch's takes them out at ep again, so the experts
+    # get the mean over the ep ranks and everything before them its own gradient (powers of two: exact); the
+    # experts' data-parallel group then averages as every replica does
+    inputs = _AllToAll.apply(rows, arrive, send, moe.ep_group, float(ranks))
     # what arrived is ordered by source rank, then expert: regroup it by expert for the grouped weights
     starts, at = [], 0
     for row in table:
@@ -282,7 +288,7 @@ def _dispatch_run_combine(moe: MoE, rows: torch.Tensor, counts: list[int]) -> to
     pieces = [range(starts[q][e], starts[q][e] + table[q][e]) for e in range(local) for q in range(ranks)]
     index = torch.tensor([i for piece in pieces for i in piece], dtype=torch.long, device=rows.device)
     outputs = moe.experts(inputs[index], [sum(table[q][e] for q in range(ranks)) for e in range(local)])
-    return _AllToAll.apply(outputs[index.argsort()], send, arrive, moe.ep_group)
+    return _AllToAll.apply(outputs[index.argsort()], send, arrive, moe.ep_group, 1.0 / ranks)
 
 
 def moe_modules(model: nn.Module) -> list[MoE]:

@@ -148,20 +148,16 @@ def needs_grad_all_reduce(job: Job, mesh) -> bool:
 
 def reduce_replicas(model: nn.Module, mesh) -> Callable[[list], None]:
     """Averages gradients over the data-parallel replicas by hand (see needs_grad_all_reduce). Under expert
-    parallelism a routed expert's gradient already sums what the ep ranks' tokens gave it: it is summed over the
-    experts' data-parallel group and divided by all of dp, which is the mean over dp of one process's."""
-    experts = {id(p) for moe in moe_modules(model) for p in moe.experts.parameters()}
+    parallelism a routed expert's gradient is already the mean over its ep ranks (toolkit.program.moe): it is
+    averaged over the experts' own data-parallel group, which holds its copies."""
+    experts = {id(p) for moe in moe_modules(model) if moe.ep_size > 1 for p in moe.experts.parameters()}
     dp_group = mesh["dp"].get_group()
     edp_group = mesh["edp"].get_group() if experts else None
-    ep = mesh["ep"].size() if experts else 1
 
     def reduce(params) -> None:
         all_reduce_mean([p.grad for p in params if id(p) not in experts], dp_group)
-        routed = [p.grad for p in params if id(p) in experts and p.grad is not None]
-        if routed:
-            all_reduce_mean(routed, edp_group)
-            for grad in routed:
-                (grad.to_local() if hasattr(grad, "to_local") else grad).div_(ep)
+        if experts:
+            all_reduce_mean([p.grad for p in params if id(p) in experts], edp_group)
 
     return reduce
 
@@ -216,10 +212,9 @@ def apply_fsdp(model: nn.Module, job: Job, dp_mesh, pin_memory: bool = True, edp
     reshard = job.parallel.zero == 3 and job.parallel.pp == 1
     kwargs = dict(reshard_after_forward=reshard, mp_policy=precision, offload_policy=placement)
     for moe in moe_modules(model) if job.parallel.ep > 1 else ():
-        # the routed experts (DTensors over ep) shard over the experts' own data-parallel group; their gradients
-        # sum the ep ranks' tokens, so they are divided by all of dp, as one process's mean is
+        # the routed experts (DTensors over ep) shard over the experts' own data-parallel group, which averages
+        # their gradients (already the mean over ep: toolkit.program.moe)
         fully_shard(moe.experts, mesh=edp_mesh, **kwargs)
-        moe.experts.set_gradient_divide_factor(float(job.parallel.dp))
     for module in (*model.blocks, model):
         fully_shard(module, mesh=dp_mesh, **kwargs)
     return model

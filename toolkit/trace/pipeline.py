@@ -82,9 +82,9 @@ def trace_pipeline_stages(job: Job) -> list[TraceResult]:
 
 
 def _dp_traced(job: Job) -> int:
-    """Data-parallel ranks the trace runs: ZeRO shards over all of them (FSDP2 stages, or ZeRO-1's optimizer);
-    replicas are alike, one is run."""
-    return job.parallel.dp if job.parallel.zero >= 1 else 1
+    """Data-parallel ranks the trace runs: ZeRO shards over all of them (FSDP2 stages, or ZeRO-1's optimizer), and
+    expert parallelism's ranks hold different experts and swap tokens; replicas are alike, one is run."""
+    return job.parallel.dp if job.parallel.zero >= 1 or job.parallel.ep > 1 else 1
 
 
 def _trace_stage(job: Job, rank: int, world: int) -> TraceResult:  # noqa: ARG001 - trace_on_ranks' signature
