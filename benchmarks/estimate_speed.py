@@ -67,11 +67,20 @@ def main() -> None:
         runs += 1
     plan_rate = evaluated / (time.perf_counter() - start)
     print(f"plan search: {evaluated // runs:,} layouts per search, {(time.perf_counter() - start) / runs:.2f} s each")
+    # a Mixture of Experts: expert parallelism is one more axis of the grid
+    moe_job = Job.from_dict({"model": {"preset": "mixtral-8x7b", "seq_len": 4096}, "tokens": 1e12}, catalog)
+    start, runs, moe_evaluated = time.perf_counter(), 0, 0
+    while time.perf_counter() - start < 2.0:
+        moe_evaluated += search(moe_job, catalog, offers=["p5.48xlarge", "p4de.24xlarge"], max_gpus=1024)["evaluated"]
+        runs += 1
+    moe_rate = moe_evaluated / (time.perf_counter() - start)
+    print(f"MoE plan search: {moe_evaluated // runs:,} layouts per search (ep among the axes)")
     print(f"estimate_ms: {1000 / full:.3f}")
     print(f"memory_model_single_ms: {1000 / single:.3f}")
     print(f"memory_model_single_torch_pp4_ms: {1000 / single_torch_pp:.3f}")
     print(f"grid_layouts_per_s: {grids * len(grid):,.0f}")
     print(f"plan_layouts_per_s: {plan_rate:,.0f}")
+    print(f"moe_plan_layouts_per_s: {moe_rate:,.0f}")
 
 
 if __name__ == "__main__":

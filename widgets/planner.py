@@ -60,8 +60,8 @@ def _fit_count_html(result: dict, cluster: str) -> str:
 
 
 def _estimated(model) -> bool:
-    """A decoder the estimate prices (a Mixture of Experts is counted, not yet estimated)."""
-    return model.has_shape and not model.encoder and not model.experts and model.attention_kind == "standard"
+    """A decoder the estimate prices (Mixtures of Experts included)."""
+    return model.has_shape and not model.encoder
 
 
 def axis_control(axis, style: dict) -> W.Widget:

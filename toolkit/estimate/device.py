@@ -146,7 +146,8 @@ def comm_groups(job: Job):
 
     The world group (barriers, the launcher's checks) always, when there is more than one device; then one
     for each parallel dimension larger than 1: data (with context parallelism, the dp × cp group the
-    gradients reduce over), tensor, context; and for tied embeddings across pipeline stages, the group of the
+    gradients reduce over), tensor, context, expert (the all-to-all's group, and the experts' data-parallel group
+    their gradients reduce over); and for tied embeddings across pipeline stages, the group of the
     first and last stage that sums their gradients (Megatron's embedding group). A 1-D layout's group is the
     world group itself. Pipeline ranks talk to two neighbours (one at a plain pipeline's ends, but the first
     stage of an interleaved schedule also talks to the last).
@@ -159,7 +160,10 @@ def comm_groups(job: Job):
     par = job.parallel
     dp = np.asarray(1 if par.dp is None else par.dp)
     tp, pp, cp, vpp = (np.asarray(v) for v in (par.tp, par.pp, par.cp, par.vpp))
-    dims = (dp * cp > 1).astype(int) + (tp > 1) + (cp > 1) + (np.asarray(par.dp_replicate) > 1)  # (HSDP: two)
+    # (HSDP: two; expert parallelism: its all-to-all group and the experts' data-parallel group beside dp's)
+    ep = np.asarray(par.ep)
+    edp = (ep > 1) & (dp // np.maximum(ep, 1) > 1)
+    dims = (dp * cp > 1).astype(int) + (tp > 1) + (cp > 1) + (np.asarray(par.dp_replicate) > 1) + (ep > 1) + edp
     one_dim = (dims <= 1) & (pp == 1)
     world = (dp * tp * pp * cp > 1).astype(int)
     tied = (pp > 1) & bool(job.model.tie_embeddings) if job.model.has_shape else np.zeros_like(pp, dtype=bool)
