@@ -154,6 +154,11 @@ def memory_error(out: Path) -> float:
     )
 
 
+def row_record(name: str, ranks: int, mode: str, records: list[dict], **figures) -> dict:
+    """One layout's row in a results file: its losses step by step and its figures."""
+    return {"layout": name, "ranks": ranks, "precision": mode, "losses": [r["loss"] for r in records], **figures}
+
+
 def uses_ddp(flags: list[str]) -> bool:
     """Replicas and ZeRO-1 wrap the model in DDP (dp x tp and pipeline rows average gradients without it)."""
     zero = int(flags[flags.index("--zero") + 1]) if "--zero" in flags else 0
@@ -198,16 +203,16 @@ def main() -> None:
         mem = memory_error(work / f"row{index}")
         key = "DDP" if uses_ddp(flags) and mode != "mixed-bf16" else "other"
         stored["rows"].append(
-            {
-                "layout": name,
-                "ranks": ranks,
-                "precision": mode,
-                "losses": [r["loss"] for r in records],
-                "max_loss_difference": diff,
-                "step1_loss_difference": first,
-                "peak_error": mem,
-                "tokens_per_s": tokens_per_s(records),
-            }
+            row_record(
+                name,
+                ranks,
+                mode,
+                records,
+                max_loss_difference=diff,
+                step1_loss_difference=first,
+                peak_error=mem,
+                tokens_per_s=tokens_per_s(records),
+            )
         )
         memory[key] = max(memory[key], mem)
         if mode == "fp32":

@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from layouts import difference, first_step_difference, tokens_per_s
+from layouts import difference, first_step_difference, row_record, tokens_per_s
 from provenance import provenance
 
 MODEL = (
@@ -115,21 +115,10 @@ def main() -> None:
         peak_error = max(abs(r["error"]) for r in memory)
         worst[mode] = max(worst[mode], diff)
         worst_memory = max(worst_memory, peak_error)
-        stored["rows"].append(
-            {
-                "layout": name,
-                "ranks": ranks,
-                "precision": mode,
-                "losses": [r["loss"] for r in records],
-                "max_loss_difference": diff,
-                "departs_at": departs,
-                "max_loss_difference_all_steps": whole,
-                "step1_loss_difference": first_step_difference(records, ref),
-                "ranks_memory": memory,
-                "peak_error": peak_error,
-                "tokens_per_s": tokens_per_s(records),
-            }
-        )
+        figures = {"max_loss_difference": diff, "departs_at": departs, "max_loss_difference_all_steps": whole}
+        figures.update(step1_loss_difference=first_step_difference(records, ref), ranks_memory=memory)
+        figures.update(peak_error=peak_error, tokens_per_s=tokens_per_s(records))
+        stored["rows"].append(row_record(name, ranks, mode, records, **figures))
         print(
             f"{name:46s} {ranks:5d} {mode:>9s} {diff:18.1e} {str(departs or '-'):>8s} {whole:10.1e} "
             f"{100 * peak_error:8.2f}% {wall_s:7.1f}",

@@ -56,7 +56,7 @@ class MemoryRecorder:
         elif step == self.steps[0]:
             from ..compat import PROBLEM
 
-            for moe in moe_modules(self.prog.raw):  # the routing's load on this rank over the recorded steps
+            for moe in self._moes():  # the routing's load on this rank over the recorded steps
                 moe.loads.clear()
             if PROBLEM is not None:  # this torch moved MemTracker: train on, unrecorded, and say why once
                 if self.rank == 0:
@@ -116,10 +116,14 @@ class MemoryRecorder:
             record = self._cuda_record()
         else:
             record = self._cpu_record()
-        loads = [load for moe in moe_modules(self.prog.raw) for load in moe.loads]
+        loads = [load for moe in self._moes() for load in moe.loads]
         if loads:  # a Mixture of Experts under expert parallelism: rows its experts took over an even share
             record["expert_load"] = sum(loads) / len(loads)
         write_rank_memory(self.out, dict(record, rank=self.rank, stage=self.stage, steps=[s + 1 for s in self.steps]))
+
+    def _moes(self) -> list:
+        """The rank's MoE blocks (none where no program is given: a GPU's allocator statistics alone)."""
+        return moe_modules(self.prog.raw) if self.prog is not None else []
 
     def close(self) -> None:
         """Leave the tracker if the run stopped inside the recorded steps (its hooks must not outlive the run)."""
