@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The runner's GPU check (issues 14 and 19): a ~1B-parameter GPT in bf16 on one GPU, trained in the torch
 # backend's layouts one GPU holds (plain, full recompute, ZeRO-3 on one rank, ZeRO-3 with its parameters
-# offloaded to the host), each run's MFU and measured peaks (torch.cuda's allocated and reserved, and what the
+# offloaded to the host; a Mixture of Experts, its experts' thin grouped matmuls on the GPU), each run's MFU and measured peaks (torch.cuda's allocated and reserved, and what the
 # device shows in use) against the estimate's, and each run's median step against the step-time model's: with the
 # catalog's figures, and with those `toolkit calibrate --gpu-only` measured on this GPU from a smaller
 # job (its memory beyond the tensors and its kernels' rates).
@@ -24,7 +24,7 @@ case "$NAME" in
 esac
 echo "device: ${NAME:-cpu} -> catalog ${ACC:-none}"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-VARIANTS=${VARIANTS:-plain recompute zero3 zero3-offload}
+VARIANTS=${VARIANTS:-plain recompute zero3 zero3-offload moe}
 
 variant_flags() {
   case "$1" in
@@ -32,7 +32,9 @@ variant_flags() {
     recompute) echo "--recompute full" ;;
     zero3) echo "--zero 3" ;;
     zero3-offload) echo "--zero 3 --offload params" ;;
-    *) echo "unknown variant $1 (plain, recompute, zero3, zero3-offload)" >&2; exit 2 ;;
+    # a Mixture of Experts of the same active width: 8 experts of 1408, top-2, and one shared
+    moe) echo "--experts 8 --top-k 2 --expert-ffn 1408 --shared-experts 1" ;;
+    *) echo "unknown variant $1 (plain, recompute, zero3, zero3-offload, moe)" >&2; exit 2 ;;
   esac
 }
 
