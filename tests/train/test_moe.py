@@ -47,10 +47,14 @@ def test_an_expert_parallel_layout_trains_as_one_process(tmp_path, corpus, one_m
     _assert_close(_records(tmp_path), one_moe_process)
     compared = _compare(tmp_path, capsys)
     assert [r["rank"] for r in compared["ranks"]] == list(range(nproc))
+    # (under load a rank may still hold the dispatch's send buffer, its tokens × k rows, while gloo finishes the
+    # all-to-all: the estimate leaves that moment out, and the bound allows it)
+    send_buffer = 2 * 32 * 2 * 64 * 4  # micro-batch × seq tokens, × top-2, × hidden, fp32
     for rank in compared["ranks"]:
         states = rank["categories"]
         assert states["params_bytes"]["estimate"] == states["params_bytes"]["measured"]  # 1 / ep of the experts
-        assert abs(rank["peak_bytes"]["error"]) < 0.03
+        peak = rank["peak_bytes"]
+        assert -0.03 - send_buffer / peak["measured"] < peak["error"] < 0.03
     if layout == ("--ep", "2"):  # its checkpoint (experts sharded by rank, DCP) goes on in one process
         moved = tmp_path.parent / (tmp_path.name + "-moved")
         shutil.copytree(tmp_path, moved)
