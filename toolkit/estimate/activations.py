@@ -29,7 +29,6 @@ import numpy as np
 from ..specs.job import TORCH_SEMANTICS, Job
 from .mla import attention_view, is_mla, projection_params
 from .moe import expert_load, is_moe, mlp_width
-from .params import projection_shapes
 from .states import by_stage, job_stage_layers, vocab_per_rank
 
 __all__ = ["ActivationBytes", "activation_bytes", "element_bytes", "fsdp_gathers_16bit", "pick", "pipeline_in_flight"]
@@ -202,7 +201,9 @@ def activation_bytes(job: Job, stage: str | None = None, stages_after=None) -> A
     that holds more. Without pipelining every stage is the whole model. `stages_after` places a middle stage
     ("second") elsewhere: how many stages follow it (the second's is pp − 2)."""
     if job.finetune.adapters:
-        return _lora_activations(job)
+        from .lora_activations import lora_activations  # (it builds on this module's terms)
+
+        return lora_activations(job)
     if stage is None:
         first, last = activation_bytes(job, "first"), activation_bytes(job, "last")
         busier = pick(last.total > first.total, first, last)
@@ -440,100 +441,3 @@ def _loss_bytes(job: Job, tokens: float, vocab: float) -> float:
     loss sum (an fp32 scalar, toolkit.program.step), and the projection's 16-bit weight cast under autocast."""
     amp = element_bytes(job)[2]
     return tokens * vocab * 4 + tokens * _INT64 + 3 * 4 + amp * 2 * job.model.hidden * vocab
-
-
-def _lora_activations(job: Job) -> ActivationBytes:
-    """Saved activations with LoRA: follow which tensors need a gradient through each block.
-
-    A frozen linear keeps only its weight (a parameter, or its 16-bit cast under autocast), never its
-    input; an adapter keeps its input (for A's gradient) and A's output (for B's). The first block's
-    input comes from a frozen embedding and needs no gradient, so what it keeps differs from the rest.
-    """
-    m = job.model
-    residual = element_bytes(job)[1]
-    h, b = m.hidden, job.batch.micro_batch
-    tokens = b * m.seq_len
-    recompute = np.asarray(job.memory.recompute)  # (arrays on the planner's layout grid: np.where below)
-    selective, full = recompute == "selective", recompute == "full"
-    first, rest = _lora_block(job, False), _lora_block(job, True)
-    layers = first + rest * (m.layers - 1)
-    # selective: backward rebuilds one block's attention core at a time; full: each block keeps its input, and
-    # backward rebuilds one at a time
-    kept_input = tokens * h * residual
-    recompute_layer = np.where(selective, _attention_core(job, tokens, b), np.where(full, rest - kept_input, 0.0))
-    per_layer = np.where(full, kept_input, rest)
-    layers = np.where(full, kept_input * m.layers, layers)
-    head = _norm_internal(job, tokens, h) + _loss_bytes(job, tokens, m.vocab)  # the frozen head keeps no input
-    batch = tokens * _INT64  # the token ids stay on the device
-    return ActivationBytes(
-        per_layer=per_layer,
-        layers=np.asarray(layers),
-        embedding=batch,
-        head=head,
-        recompute_layer=recompute_layer,
-        in_flight=1.0,
-        stage_layers=m.layers,
-    )
-
-
-def _lora_casts(job: Job, names, input_rg: bool) -> float:
-    """Autocast's weight casts kept for backward: a frozen weight's if its input needs a gradient, an adapter's B
-    always, its A if the input needs a gradient (QLoRA's frozen NF4 matrices keep no cast: they are dequantized
-    again in backward)."""
-    shapes = projection_shapes(job.model)  # LoRA runs without tensor parallelism
-    targets, r = set(job.finetune.targets), job.finetune.rank
-    out = sum(shapes[n][0] * shapes[n][1] for n in names) if input_rg and job.finetune.method != "qlora" else 0.0
-    for n in names:
-        if n in targets:
-            out += r * shapes[n][1] + (r * shapes[n][0] if input_rg else 0)
-    return np.where(np.asarray(element_bytes(job)[2]), 2 * out, 0.0)
-
-
-def _lora_block(job: Job, rg_in: bool) -> float:
-    """What one block keeps under LoRA, given whether its input needs a gradient (all blocks but the first)."""
-    m = job.model
-    act, _residual, amp = element_bytes(job)
-    amp = np.asarray(amp)
-    h, q, kv, f = _widths(job)
-    b = job.batch.micro_batch
-    tokens = b * m.seq_len
-    targets = set(job.finetune.targets)
-    selective = np.asarray(job.memory.recompute) == "selective"
-    branch_mask = tokens * h * (act if job.memory.program == "cpu" else 1) if m.dropout > 0 else 0
-    saved = len(targets) * tokens * job.finetune.rank * act  # every adapter's A output
-    if rg_in:
-        saved = saved + _norm_internal(job, tokens, h)
-    qkv_adapters = len(targets & {"q", "k", "v"})
-    saved = saved + _norm_output(job, tokens, h, qkv_adapters)  # kept by q/k/v adapters only
-    q_rg, k_rg = rg_in or "q" in targets, rg_in or "k" in targets
-    attn_rg = rg_in or bool(qkv_adapters)
-    saved = saved + _lora_casts(job, ("q", "k", "v"), rg_in)
-    if m.position == "rope":  # cos/sin casts kept by the rotations
-        saved = saved + np.where(amp, 2 * (q_rg + k_rg) * m.seq_len * (m.head_dim_ // 2) * 2, 0.0)
-    if attn_rg:
-        core = _attention_core(job, tokens, b)
-        if _math_path(job):  # explicit q·kᵀ keeps q only for k's gradient and kᵀ only for q's
-            core_bytes = 4 if job.memory.attention == "flash" else act
-            core = core - tokens * q * core_bytes * ((not k_rg) + (not q_rg))
-        # selective recompute: the checkpointed core keeps its inputs, q, and k, v before GQA
-        saved = saved + np.where(selective, tokens * (q + 2 * kv) * act, core)
-    if "o" in targets:  # o's input, kept by its adapter
-        copy = _math_path(job) or m.position == "rope"
-        saved = saved + np.where(copy or not attn_rg or selective, tokens * q * act, 0.0)
-    saved = saved + _lora_casts(job, ("o",), attn_rg)
-    x1_rg = attn_rg or "o" in targets
-    saved = saved + (_norm_internal(job, tokens, h) if x1_rg else 0)
-    saved = saved + _norm_output(job, tokens, h, len(targets & {"up", "gate"}))
-    if m.mlp == "swiglu":
-        gate_rg, up_rg = x1_rg or "gate" in targets, x1_rg or "up" in targets
-        saved = saved + tokens * f * act * (gate_rg + up_rg + gate_rg + ("down" in targets))
-        mlp_rg = gate_rg or up_rg
-        saved = saved + _lora_casts(job, ("up", "gate"), x1_rg)
-    else:
-        up_rg = x1_rg or "up" in targets
-        saved = saved + tokens * f * act * (up_rg + ("down" in targets))
-        mlp_rg = up_rg
-        saved = saved + _lora_casts(job, ("up",), x1_rg)
-    saved = saved + _lora_casts(job, ("down",), mlp_rg)
-    # dropout keeps its mask where its input needs a gradient: the attention and MLP branch outputs
-    return saved + branch_mask * (x1_rg + (mlp_rg or "down" in targets))
