@@ -10,12 +10,41 @@ from typing import Literal, get_args, get_origin, get_type_hints
 
 from ..specs import Job, SpecError
 from ..specs.axes import AXES
-from ..specs.job import Batch, Cluster, Cost, Finetune, MemoryOptions, Optimizer, Overlap, Parallel, Precision, Training
+from ..specs.job import (
+    Batch,
+    Cluster,
+    Cost,
+    Finetune,
+    MemoryOptions,
+    Optimizer,
+    Overlap,
+    Parallel,
+    Precision,
+    Serving,
+    Training,
+)
 from ..specs.model import ModelSpec
 from ..specs.yamlio import read_yaml
 
 __all__ = ["OVERRIDES", "TRAIN_OVERRIDES", "add_job_args", "parse_gpus", "job_from_args", "flag_hint", "fixed_axes"]
 
+
+SERVING_FLAGS = (
+    "concurrency",
+    "input_tokens",
+    "output_tokens",
+    "max_context",
+    "weights",
+    "group_size",
+    "kv_dtype",
+    "sparsity",
+    "memory_fraction",
+    "block_size",
+    "max_batched_tokens",
+    "target_tokens_per_s",
+    "target_requests_per_s",
+)
+"""The serving section's flags (`--workload inference`), each named as its field."""
 
 # flag -> (section, field, spec class): one table drives argparse help, the job overrides and the
 # translation of error messages back to flag names.
@@ -75,6 +104,8 @@ OVERRIDES = {
     "lora_targets": ("finetune", "targets", Finetune),
     "dataset_tokens": ("finetune", "dataset_tokens", Finetune),
     "epochs": ("finetune", "epochs", Finetune),
+    **{flag: ("serving", flag, Serving) for flag in SERVING_FLAGS},
+    "max_tpot_s": ("serving", "max_tpot_s", Serving),
     "workload": ("", "workload", Job),
     "tokens": ("", "tokens", Job),
     "mfu": ("", "mfu", Job),

@@ -96,6 +96,14 @@ class Assumptions:
     packing, loop set-up and partial tiles). 0 for catalog accelerators, at whose training shapes (thousands of
     tokens a micro-batch, thousands wide) tiles are full; `toolkit calibrate` measures it (this 2-core CPU:
     16-40 by threads and load; a product 128 wide runs at 88 % of one 256 wide, one 32 wide at 54 %)."""
+    inference_op_overhead_s: float | None = None
+    """Fixed cost of one tensor operation of a decode step (no autograd; with the module calls and the Python between
+    operations); None = op_overhead_s. `toolkit calibrate` measures it on the job's kind of block at tiny widths
+    (this 2-core CPU: about 5 µs)."""
+    decode_bw_bytes_per_s: float | None = None
+    """Weight bytes per second a decode step's products stream (few rows each, every layer's matrices in turn: on
+    a CPU, what its caches keep of them decides); None = the memory bandwidth. `toolkit calibrate` measures it on
+    the job's block matrices at its concurrency."""
     ops_per_unit: float = 1.0
     """Tensor operations one op unit (`op_units`) stands for: a block's forward op and its backward run several
     (a linear's forward a transpose and a product, its backward two products, a sum and the gradient's add).

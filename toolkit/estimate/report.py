@@ -18,7 +18,9 @@ from .memory import memory_estimate, memory_notes
 from .params import count_params
 from .result import ComputePart, CostPart, Estimate, MemoryPart, ModelPart, TimePart
 from .states import job_params_per_device, model_state_bytes
+from .serving import serving_estimate
 from .spot import spot_run
+from ..specs.errors import SpecError
 from .hardware import ASSUMED_NETWORK_BITS_PER_DEVICE, hardware_for, network_figure
 from .steptime import overlap_settings, step_time
 
@@ -26,13 +28,20 @@ __all__ = ["estimate", "estimate_result"]
 
 
 def estimate(job: Job, catalog: Catalog | None = None) -> dict:
-    """Resolve `job` (filling defaults, raising SpecError on bad input) and estimate it: the JSON contract."""
+    """Resolve `job` (filling defaults, raising SpecError on bad input) and estimate it: the JSON contract. A
+    serving job (`workload: inference`) gets toolkit.estimate.serving's figures instead of a training step's."""
+    if job.workload == "inference":
+        catalog = catalog or load_catalog()
+        resolved, notes = job.resolve(catalog)
+        return serving_estimate(resolved, catalog, notes)
     return estimate_result(job, catalog).to_dict()
 
 
 def estimate_result(job: Job, catalog: Catalog | None = None) -> Estimate:
     """The same as typed parts (toolkit.estimate.result), for widgets and plots."""
     catalog = catalog or load_catalog()
+    if job.workload == "inference":
+        raise SpecError("workload", "inference", "a serving job's figures come from estimate() (a dict), not Estimate")
     job, notes = job.resolve(catalog)
     model = job.model
     accelerator = catalog.accelerator(job.cluster.accelerator) if job.cluster.accelerator else None

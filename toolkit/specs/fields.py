@@ -78,6 +78,21 @@ def _convert(tp: Any, value: Any, field: str) -> Any:
             return None
         raise SpecError(field, value, "a value is required here")
     origin = get_origin(tp)
+    if origin in (Union, types.UnionType):  # e.g. `int | Literal["max"]`: the first member that takes the value
+        members = get_args(tp)
+        for member in members[:-1]:
+            try:
+                return _convert(member, value, field)
+            except SpecError:
+                pass
+        try:
+            return _convert(members[-1], value, field)
+        except SpecError:
+            shown = " or ".join(
+                ", ".join(map(str, get_args(m))) if get_origin(m) is Literal else getattr(m, "__name__", str(m))
+                for m in members
+            )
+            raise SpecError(field, value, f"expected {shown}") from None
     if origin is Literal:
         allowed = get_args(tp)
         if isinstance(value, str):

@@ -121,7 +121,20 @@ def _decoder_fields(cfg: dict, kind: str, where: str, seq_len: int | None) -> di
         )
     if kind in _MOE:
         fields.update(_moe_fields(cfg, kind, where))
+    fields.update(_sliding_window(cfg))
     return fields
+
+
+def _sliding_window(cfg: dict) -> dict:
+    """The window and how many layers take it: `layer_types` where the config lists them (gpt-oss), else every layer
+    where a window is set and in use (Mistral 7B v0.1; Qwen2's configs carry one with use_sliding_window false)."""
+    window = cfg.get("sliding_window")
+    if not window or cfg.get("use_sliding_window") is False:
+        return {}
+    types = cfg.get("layer_types")
+    if types:
+        return {"sliding_window": int(window), "sliding_layers": sum(t == "sliding_attention" for t in types)}
+    return {"sliding_window": int(window)}
 
 
 def _bias(cfg: dict, kind: str) -> str:

@@ -23,6 +23,7 @@ from .hf_config import model_from_hf_config
 from .model import LORA_TARGETS, ModelSpec
 from .precision import PRECISIONS, TORCH_SEMANTICS, PrecisionPlan, compute_dtype, precision_plan
 from .resolve import resolve_job
+from .serving import Serving
 from .yamlio import read_yaml
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "Finetune",
     "Job",
     "Pruning",
+    "Serving",
     "Training",
     "LORA_TARGETS",
     "PRECISIONS",
@@ -296,10 +298,11 @@ class Job:
     cost: Cost = field(default_factory=Cost)
     finetune: Finetune = field(default_factory=Finetune)
     training: Training = field(default_factory=Training)
+    serving: Serving = field(default_factory=Serving)
     workload: Literal["train", "finetune", "inference"] | None = None
     """train: pretraining, budgeted by `tokens` or the preset's published budget; finetune: a fine-tune of existing
     weights, budgeted by `tokens`, finetune.dataset_tokens × epochs, or else priced per billion tokens; inference:
-    serving the model (accepted, not modelled yet: an estimate says so in one line). None = finetune where
+    serving the model, its requests in the `serving` section (toolkit.estimate.serving). None = finetune where
     finetune.method is lora or qlora, else train."""
     tokens: float | None = None
     """Token budget D; None = the preset's published budget (pretraining) or the fine-tuning data's."""

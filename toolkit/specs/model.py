@@ -112,6 +112,12 @@ class ModelSpec:
     """RMSNorm on queries and keys: per head (Qwen3, head_dim weights each) or over the whole projection (OLMoE)."""
     attention_sinks: bool = False
     """A learned sink logit per head (gpt-oss)."""
+    sliding_window: int | None = None
+    """Tokens a query attends back over in the sliding-window layers (Mistral 7B v0.1: 4096 in every layer; gpt-oss:
+    128 in every other layer). Serving's KV cache keeps that many per such layer; the training estimate prices full
+    attention."""
+    sliding_layers: int | None = None
+    """How many of the layers use the window; None = all of them (where sliding_window is set)."""
 
     # ---- derived -------------------------------------------------------------------
     @property
@@ -211,7 +217,15 @@ class ModelSpec:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise SpecError(f"model.{name}", value, "must be a whole number, 0 or more")
-        for name in ("expert_ffn", "shared_expert_ffn", "q_lora_rank", "kv_lora_rank", "rope_head_dim", "v_head_dim"):
+        for name in (
+            "expert_ffn",
+            "shared_expert_ffn",
+            "q_lora_rank",
+            "kv_lora_rank",
+            "rope_head_dim",
+            "v_head_dim",
+            "sliding_window",
+        ):
             check_positive(getattr(self, name), f"model.{name}")
         if self.experts:
             if not 1 <= self.experts_per_token <= self.experts:

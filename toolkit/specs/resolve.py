@@ -26,6 +26,7 @@ from .rules import (
     adapters_fit,
 )
 from .resolve_layout import check_interleaved_rounds, divisors, resolve_layout
+from .serving import resolve_serving
 
 if TYPE_CHECKING:  # (job.py imports this module: the Job type is for annotations only)
     from .catalog import Catalog
@@ -133,12 +134,7 @@ def resolve_job(job: Job, catalog: Catalog) -> tuple[Job, list[str]]:
     notes: list[str] = []
     job.model.validate()
     if job.workload == "inference":
-        raise SpecError(
-            "workload",
-            "inference",
-            "serving (KV cache, prefill and decode, cost per token) is not modelled yet; the workloads estimated "
-            "are train and finetune",
-        )
+        return _resolve_inference(job, catalog, notes)
     _check_sizes(job)
     cluster, accelerator = _resolve_cluster(job, catalog, notes)
     par = resolve_layout(job, cluster, notes)
@@ -161,6 +157,31 @@ def resolve_job(job: Job, catalog: Catalog) -> tuple[Job, list[str]]:
         tokens=tokens,
         precision=precision,
         workload=workload,
+    )
+    return resolved, notes
+
+
+def _resolve_inference(job: Job, catalog: Catalog, notes: list[str]) -> tuple[Job, list[str]]:
+    """A serving job: its cluster, a layout of tp × pp per replica (dp: replicas, each serving alone), the compute
+    dtype, and the serving section's defaults. Training's sections (batch, optimizer, budget) do not apply."""
+    par = job.parallel
+    for name, value in (("zero", par.zero), ("cp", par.cp), ("ep", par.ep)):
+        if value not in (None, 0, 1):
+            raise SpecError(
+                f"parallel.{name}",
+                value,
+                "is a training layout; serving is modelled with tp, pp and replicas (dp) only",
+            )
+    if job.model.encoder:
+        raise SpecError("model", job.model.name, "is an encoder: serving models decoders that generate tokens")
+    cluster, accelerator = _resolve_cluster(job, catalog, notes)
+    par = resolve_layout(job, cluster, notes)
+    _model_notes(job.model, par, notes)
+    precision = _resolve_precision(job, accelerator, notes)
+    compute = compute_dtype(precision.mode)
+    serving = resolve_serving(job.serving, compute, job.model.seq_len if job.model.has_shape else None, notes)
+    resolved = dataclasses.replace(
+        job, parallel=par, cluster=cluster, precision=precision, serving=serving, workload="inference"
     )
     return resolved, notes
 

@@ -1,0 +1,228 @@
+"""How long a serving engine's steps take: prefill as compute-bound work at the kernels' measured rates, decode as
+memory-bound work (every weight and every cached key and value read once a step at achieved bandwidth), each
+product priced by whichever bound is longer; tensor parallelism's all-reduces on the collective model; and
+continuous batching's steady state over concurrency (the throughput-latency curve).
+
+    t = ServingClock(job, hw)          # a resolved serving job and its device's figures (hardware_for)
+    t.prefill_s(1024)                 # one prompt alone: time to first token at no load
+    t.steady(32)                      # {ttft_s, tpot_s, output_tokens_per_s, requests_per_s} at concurrency 32
+
+The steady state: each running request needs input/output prompt tokens per token it generates, so with chunked
+prefill (vLLM's default) every step carries the concurrency's decode tokens and, on average, that share of new
+prompts, up to max_batched_tokens; time per output token is a step's time, stretched where the prompts need more
+steps than the outputs. Quantized weights change the bytes read (toolkit.estimate.serving_memory.matrix_bits) and,
+for fp8 on devices with FP8 units, the matmul rate; 2:4 sparsity doubles the matmul peak (sparse tensor cores) and
+halves the bytes: both are upper bounds, since real sparse kernels reach less.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..specs.job import Job
+from ..specs.serving import KV_BYTES
+from .comm import bus_bw_bytes_per_s, latency_s, ring_s
+from .hardware import Assumptions, Hardware
+from .kernels import attention_fraction, attention_kernel_of
+from .kv_cache import kv_width
+from .mla import projection_shapes
+from .serving_memory import matrix_bits
+from .steptime import thin_factor
+
+__all__ = ["ServingClock", "KERNELS_PER_LAYER", "decode_ops_per_layer"]
+
+KERNELS_PER_LAYER = 6
+"""Kernels a serving engine runs per block besides its matmuls: two fused residual-add norms, the rotary
+embedding, the cache write, the attention and the MLP's activation (vLLM's Llama: fused_add_rms_norm,
+rotary_embedding, reshape_and_cache, the attention backend, silu_and_mul). Each takes at least the device's
+fixed kernel time (kernels.yaml gemm_fixed_s)."""
+
+
+def decode_ops_per_layer(job: Job) -> int:
+    """Tensor operations toolkit.program.generate dispatches for one block on one decode step, as torch's dispatcher
+    counts them (tests/serve/test_generate.py): two norms, q, k, v, o and the MLP's linears, their views and
+    transposes, the cache's two writes and reads, the attention, the activation and the residual adds (26 for a
+    GPT-2 block); SwiGLU's gate and product; rotary embeddings' ten operations on q and on k. What a CPU's
+    per-operation cost multiplies."""
+    m = job.model
+    return 26 + (2 if m.mlp == "swiglu" else 0) + (20 if m.position == "rope" else 0)
+
+
+DECODE_OPS_FIXED = 7
+"""Operations of a decode step outside the blocks: the embedding (and learned positions), the final norm, the last
+position's slice and the output projection (counted as decode_ops_per_layer is)."""
+
+
+class ServingClock:
+    """Step times of a resolved serving job on one replica (tp × pp devices)."""
+
+    def __init__(self, job: Job, hw: Hardware, a: Assumptions | None = None):
+        self.job, self.hw = job, hw
+        self.a = a or hw.assumptions or Assumptions()
+        self.prof = hw.kernels
+        s, m = job.serving, job.model
+        self.cb = job.precision.plan.compute_bytes
+        self.weight_bits = matrix_bits(job)
+        fp8 = s.weights == "fp8" and hw.matmul_peak_flops is not None
+        self.peak = (hw.matmul_peak_flops if fp8 else hw.peak_flops) * (2 if s.sparsity == "2:4" else 1)
+        self.fraction = (self.prof.gemm_fraction_fp8 if fp8 else self.prof.gemm_fraction) if self.prof else None
+        self.kv_bytes = KV_BYTES[s.kv_dtype]
+        self.layers = math.ceil(m.layers / job.parallel.pp)
+
+    # ---- one product, one layer ------------------------------------------------------------------
+    def _matmul_s(self, rows, k, n, decoding: bool = False) -> float:
+        """(rows × k)·(k × n) with stored weights: the longer of its FLOPs at the matmul rate and its bytes (the
+        weights as stored, the activations in and out) at achieved bandwidth, plus the kernel's fixed time."""
+        bytes_s = (k * n * self.weight_bits / 8 + rows * (k + n) * self.cb) / self.hw.memory_bw_bytes_per_s
+        if self.prof is not None:
+            tm, tn = self.prof.gemm_tile
+            tiles = math.ceil(rows / tm) * math.ceil(n / tn)
+            fill = tiles / (math.ceil(tiles / self.prof.sms) * self.prof.sms)
+            return max(2.0 * rows * k * n / (self.peak * self.fraction * fill), bytes_s) + self.prof.gemm_fixed_s
+        if decoding and self.a.decode_bw_bytes_per_s:  # a CPU's decode products: at their measured streaming rate
+            return k * n * self.weight_bits / 8 / self.a.decode_bw_bytes_per_s
+        thin = thin_factor(rows, k, n, self.a.gemm_half_size)
+        return max(2.0 * rows * k * n * thin / (self.peak * self.a.gemm_fraction), bytes_s)
+
+    def _shapes(self) -> list[tuple[int, int]]:
+        """(k, n) of a block's dense products on one tensor-parallel rank, q, k and v fused and gate and up fused
+        (as serving engines run them); a Mixture of Experts' shared experts as its dense MLP."""
+        m, tp = self.job.model, self.job.parallel.tp
+        *columns, (o_in, o_out) = projection_shapes(m)
+        shapes = (
+            [(columns[0][0], sum(o for _i, o in columns) / tp)]
+            if m.attention_kind != "mla"
+            else [(i, o / tp) for i, o in columns]
+        )
+        shapes.append((o_in / tp, o_out))
+        f = m.shared_experts * m.shared_expert_ffn_ if m.experts else m.ffn_
+        if f:
+            shapes += [(m.hidden, (2 if m.mlp == "swiglu" else 1) * f / tp), (f / tp, m.hidden)]
+        return shapes
+
+    def _experts_s(self, rows: float) -> float:
+        """A Mixture of Experts block's routed experts for `rows` tokens: the experts they touch (all, once rows ×
+        top-k covers them; else E·(1 − (1 − k/E)^rows)), each read once, each with its share of the rows."""
+        m, tp = self.job.model, self.job.parallel.tp
+        e, k = m.experts, m.experts_per_token
+        touched = e * (1 - (1 - k / e) ** rows)
+        per = rows * k / touched
+        f = m.expert_ffn_ / tp
+        up = (2 if m.mlp == "swiglu" else 1) * f
+        return touched * (self._matmul_s(per, m.hidden, up) + self._matmul_s(per, f, m.hidden))
+
+    def _attention_s(self, decode_rows: float, context: float, prefill_tokens: float, prefill_context: float):
+        """One layer's attention: the decoding sequences read their cached keys and values; the prompt tokens'
+        attention FLOPs (causal: each sees its earlier tokens) at the fused kernel's measured rate."""
+        m, tp = self.job.model, self.job.parallel.tp
+        read_s = decode_rows * context * kv_width(m, tp) * self.kv_bytes / self.hw.memory_bw_bytes_per_s
+        if not prefill_tokens:
+            return read_s
+        heads = m.heads / tp
+        width = m.head_dim_ + (m.rope_head_dim or 0) + m.v_head_dim_ if m.attention_kind == "mla" else 2 * m.head_dim_
+        flops = 2.0 * prefill_tokens * prefill_context * heads * width
+        if self.prof is not None:
+            impl = attention_kernel_of(self.prof, "torch", None)
+            rate = attention_fraction(self.prof, impl, max(prefill_context, 1), m.head_dim_, True)
+            rate = float(rate) * self.hw.peak_flops
+        else:
+            rate = self.hw.peak_flops * (self.a.attention_fraction or self.a.gemm_fraction)
+        return read_s + flops / rate
+
+    def _layer_fixed_s(self, rows: float) -> float:
+        """The block's other kernels: each streams the step's rows × hidden a few times, at least a kernel's time."""
+        stream = 3 * rows * self.job.model.hidden * self.cb / self.hw.memory_bw_bytes_per_s
+        if self.prof is not None:
+            return KERNELS_PER_LAYER * max(self.prof.gemm_fixed_s, stream)
+        return KERNELS_PER_LAYER * stream + decode_ops_per_layer(self.job) * self._op_s()
+
+    def _op_s(self) -> float:
+        """A CPU's fixed cost of one tensor operation outside autograd (0 on a GPU: graphs and queues hide it)."""
+        a = self.a
+        return a.inference_op_overhead_s if a.inference_op_overhead_s is not None else a.op_overhead_s
+
+    def _tp_s(self, rows: float) -> float:
+        """A block's two all-reduces of the step's rows × hidden."""
+        tp = self.job.parallel.tp
+        if tp == 1:
+            return 0.0
+        size = rows * self.job.model.hidden * self.cb
+        bw = bus_bw_bytes_per_s(tp, 1, self.hw, self.a)
+        lat = (
+            self.a.tp_collective_s
+            if self.a.tp_collective_s is not None
+            else latency_s(tp, 1, self.hw.gpus_per_node, self.a)
+        )
+        return 2 * float(lat + ring_s(2, size, tp, bw))
+
+    # ---- a step -------------------------------------------------------------------------------------
+    def step_s(
+        self,
+        decode_rows: float,
+        context: float,
+        prefill_tokens: float = 0.0,
+        prefill_context: float = 0.0,
+        sampled: float | None = None,
+    ) -> float:
+        """One engine step on one pipeline stage's layers (the busiest), with the output projection: `decode_rows`
+        sequences at mean `context` tokens, plus `prefill_tokens` prompt tokens at mean `prefill_context`."""
+        m = self.job.model
+        rows = decode_rows + prefill_tokens
+        decoding = not prefill_tokens
+        layer = sum(self._matmul_s(rows, k, n, decoding) for k, n in self._shapes())
+        layer += self._attention_s(decode_rows, context, prefill_tokens, prefill_context)
+        layer += self._layer_fixed_s(rows) + self._tp_s(rows)
+        moe = self._experts_s(rows) if m.experts else 0.0
+        blocks = self.layers * layer + max(self.layers - math.ceil(m.dense_layers / self.job.parallel.pp), 0) * moe
+        head_rows = decode_rows if sampled is None else sampled
+        fixed = DECODE_OPS_FIXED * self._op_s() if self.prof is None else 0.0
+        head = self._matmul_s(max(head_rows, 1), m.hidden, m.vocab / self.job.parallel.tp, decoding)
+        return blocks + head + fixed
+
+    def token_s(self, stage_s: float) -> float:
+        """A token's pass through every pipeline stage, with a point-to-point hop between stages."""
+        pp = self.job.parallel.pp
+        return pp * stage_s + (pp - 1) * self.a.latency_inter_s
+
+    def prefill_s(self, tokens: int, batch: int = 1) -> float:
+        """`batch` prompts of `tokens` together (one alone: time to first token at no load), in steps of at most
+        max_batched_tokens, each prompt's chunk attending over its earlier chunks."""
+        chunk = max(min(self.job.serving.max_batched_tokens // batch, tokens), 1)
+        total, done = 0.0, 0
+        while done < tokens:
+            size = min(chunk, tokens - done)
+            total += self.token_s(self.step_s(0, 0, batch * size, done + size / 2, sampled=batch))
+            done += size
+        return total
+
+    def steady(self, concurrency: int) -> dict:
+        """Continuous batching at `concurrency` running requests (see the module's docstring)."""
+        s = self.job.serving
+        inp, out, budget = s.input_tokens, s.output_tokens, s.max_batched_tokens
+        prefill_per_step = concurrency * inp / out
+        rows = concurrency + prefill_per_step
+        stretch = max(rows / budget, 1.0)  # steps per output token where the prompts need more than one
+        rows, prefill = min(rows, budget), min(prefill_per_step, max(budget - concurrency, 1))
+        decode = min(concurrency, budget)
+        pp = self.job.parallel.pp  # pp groups of the requests in flight, one on each stage
+        step = self.token_s(self.step_s(decode / pp, inp + out / 2, prefill / pp, inp / 2))
+        tpot = step * stretch
+        wait = math.ceil(inp / max(budget - concurrency, 1)) * step
+        ttft = max(self.prefill_s(inp), wait)
+        return {
+            "concurrency": concurrency,
+            "ttft_s": ttft,
+            "tpot_s": tpot,
+            "output_tokens_per_s": concurrency / tpot,
+            "requests_per_s": concurrency / tpot / out,
+            "step_tokens": rows,
+        }
+
+    def curve(self, largest: int) -> list[dict]:
+        """The steady state at 1, 2, 4, ... running requests up to `largest` (and at `largest`)."""
+        points = [2**i for i in range(int(np.log2(max(largest, 1))) + 1)]
+        if points[-1] != largest:
+            points.append(largest)
+        return [self.steady(c) for c in points]

@@ -1,0 +1,95 @@
+"""The serving section of a Job (`workload: inference`): what requests a deployment takes and how its engine stores
+the model and the KV cache; and its checks.
+
+    serving: {concurrency: 32, input_tokens: 1024, output_tokens: 256, weights: int4, kv_dtype: fp8}
+
+The names follow vLLM's engine arguments where one exists (gpu_memory_utilization is `memory_fraction`,
+max_num_batched_tokens `max_batched_tokens`, block_size `block_size`, max_model_len `max_context`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal
+
+from .errors import SpecError
+from .fields import check_positive, check_range
+
+__all__ = ["Serving", "resolve_serving", "WEIGHT_BITS", "KV_BYTES"]
+
+WEIGHT_BITS = {"fp32": 32, "bf16": 16, "fp16": 16, "fp8": 8, "int8": 8, "int4": 4}
+"""Bits of one stored weight before its scales (toolkit.estimate.serving adds the scales of a grouped format)."""
+KV_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Serving:
+    concurrency: int | Literal["max"] = 1
+    """Requests decoded together (continuous batching's running batch); `max`: the most the KV cache holds at
+    max_context, as an offline maximum-throughput run takes."""
+    input_tokens: int = 1024
+    """Prompt tokens per request."""
+    output_tokens: int = 256
+    """Generated tokens per request."""
+    max_context: int | None = None
+    """Longest sequence a request may reach (vLLM's max_model_len); None = input_tokens + output_tokens."""
+    weights: Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4"] | None = None
+    """How the blocks' matrices are stored: 16-bit; fp8 (W8A8 where the device has FP8 units, else weight-only);
+    int8 or int4 weight-only (GPTQ/AWQ: 16-bit matmuls on dequantized tiles). None = the compute dtype. The
+    embeddings and the output head stay 16-bit, as GPTQ and AWQ leave them."""
+    group_size: int = 128
+    """int4: weights sharing one 16-bit scale and one 4-bit zero point (GPTQ/AWQ's usual 128); 0 = per channel."""
+    kv_dtype: Literal["auto", "fp32", "bf16", "fp16", "fp8", "int8"] = "auto"
+    """KV-cache dtype (vLLM's kv_cache_dtype); auto = the compute dtype."""
+    sparsity: Literal["none", "2:4"] = "none"
+    """2:4: the blocks' matrices keep 2 of every 4 weights (NVIDIA's sparse tensor cores, cuSPARSELt)."""
+    memory_fraction: float = 0.9
+    """Share of each device the engine may use (vLLM's gpu_memory_utilization, default 0.9)."""
+    block_size: int = 16
+    """Tokens per KV-cache block in a paged engine (vLLM's default 16)."""
+    max_batched_tokens: int = 2048
+    """Tokens one engine step processes at most (vLLM's max_num_batched_tokens with chunked prefill): a prompt
+    longer than this is prefilled in chunks, and the step's activations are sized by it."""
+    target_tokens_per_s: float | None = None
+    """`plan --workload inference`: output tokens per second the deployment must serve."""
+    target_requests_per_s: float | None = None
+    """`plan --workload inference`: requests per second it must serve (instead of tokens/s)."""
+    max_tpot_s: float | None = None
+    """`plan --workload inference`: the slowest time per output token a plan may have (seconds)."""
+
+    @property
+    def context(self) -> int:
+        """The longest sequence a request reaches."""
+        return self.max_context if self.max_context is not None else self.input_tokens + self.output_tokens
+
+
+def resolve_serving(serving: Serving, compute_dtype: str, seq_limit: int | None, notes: list[str]) -> Serving:
+    """Check the section and fill its defaults: the weight and KV dtypes from the compute dtype, the context."""
+    for name in ("input_tokens", "output_tokens", "block_size", "max_batched_tokens"):
+        check_positive(getattr(serving, name), f"serving.{name}")
+    check_positive(serving.group_size, "serving.group_size", allow_zero=True)
+    check_range(serving.memory_fraction, "serving.memory_fraction", 0.0, 1.0, low_open=True)
+    if serving.concurrency != "max":
+        check_positive(serving.concurrency, "serving.concurrency")
+    for name in ("target_tokens_per_s", "target_requests_per_s", "max_tpot_s"):
+        if getattr(serving, name) is not None:
+            check_positive(getattr(serving, name), f"serving.{name}")
+    context = serving.context
+    if context < serving.input_tokens + serving.output_tokens:
+        raise SpecError(
+            "serving.max_context",
+            context,
+            f"is shorter than input_tokens + output_tokens = {serving.input_tokens + serving.output_tokens}; "
+            "raise it or shorten the requests",
+        )
+    if seq_limit is not None and context > seq_limit:
+        notes.append(
+            f"serving context {context} tokens is beyond the model's {seq_limit} (its seq_len): the estimate "
+            "counts it; the model may not have been trained for it"
+        )
+    weights = serving.weights or compute_dtype
+    kv = compute_dtype if serving.kv_dtype == "auto" else serving.kv_dtype
+    if weights in ("fp32",) and compute_dtype != "fp32":
+        raise SpecError("serving.weights", weights, f"fp32 weights need precision fp32 (compute is {compute_dtype})")
+    return dataclasses.replace(serving, weights=weights, kv_dtype=kv, max_context=context)
