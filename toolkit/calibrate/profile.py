@@ -36,9 +36,11 @@ from .kernels import (
     IN_MODEL_LAYERS,
     SWEEP,
     attention_flops,
+    decode_bw_bytes_per_s,
     checkpoint_overhead_s,
     elementwise_bw_bytes_per_s,
     half_size,
+    inference_op_overhead_s,
     head_shape,
     in_model_rates,
     job_shapes,
@@ -85,6 +87,8 @@ def _measure_rank(job: Job, rank: int, world: int) -> dict:
         "memory_bw_bytes_per_s": elementwise_bw_bytes_per_s(job, dtype) if shaped else memory_bw_bytes_per_s(),
         "optimizer_params_per_s": optimizer_params_per_s(job),
         "op_overhead_s": op_overhead_s(),
+        "inference_op_overhead_s": inference_op_overhead_s(job),
+        "decode_bw_bytes_per_s": decode_bw_bytes_per_s(job, dtype) if shaped else None,
         "checkpoint_overhead_s": checkpoint_overhead_s(job) if shaped else None,
         "ops_per_unit": ops_per_unit(job) if shaped and not job.model.encoder else None,
         "selective_op_overhead_s": selective_op_overhead_s(job) if shaped and not job.model.encoder else None,
@@ -206,12 +210,15 @@ def profile_row(ranks: list[dict], world: int) -> dict:
         "link_efficiency": 1.0,
         "comm_overlaps_compute": False,  # measured on CPU cores (gloo), which do both in turn
         "op_overhead_s": max(r["op_overhead_s"] for r in ranks),
+        "inference_op_overhead_s": max(r["inference_op_overhead_s"] for r in ranks),
         "optimizer_params_per_s": min(r["optimizer_params_per_s"] for r in ranks),
     }
     if ranks[0]["attention_flops"]:
         assumptions["attention_fraction"] = min(r["attention_flops"] for r in ranks) / peak
     if ranks[0]["latency_s"] is not None:
         assumptions["latency_intra_s"] = ranks[0]["latency_s"]
+    if ranks[0].get("decode_bw_bytes_per_s") is not None:
+        assumptions["decode_bw_bytes_per_s"] = min(r["decode_bw_bytes_per_s"] for r in ranks)
     for key in ("reduce_scatter_bw_bytes_per_s", "gather_bw_bytes_per_s"):
         if ranks[0].get(key) is not None:
             assumptions[key] = ranks[0][key]

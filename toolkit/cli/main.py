@@ -7,6 +7,8 @@
     toolkit doctor --model llama2-7b --gpus 1xA100-80GB
     toolkit pipeline --stages 4 --microbatches 8 --schedule interleaved --vpp 2 --html gantt.html
     toolkit train --layers 4 --hidden 128 --heads 4 --vocab 256 --seq 128 --steps 50 --out runs/demo --nproc 2
+    toolkit estimate --workload inference --model llama2-7b --gpus 1xA100-80GB --concurrency 32 --json
+    toolkit generate --layers 4 --hidden 256 --heads 4 --vocab 256 --concurrency 4 --out runs/gen --nproc 2
     toolkit data prepare notes/*.txt --out data/notes
     toolkit catalog accelerators
     toolkit catalog presets llama2-7b
@@ -143,6 +145,20 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--peak-tflops", metavar="X", type=float, help="device peak for MFU where the catalog has none")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
 
+    gen = sub.add_parser(
+        "generate",
+        help="serve the job's requests for real with a KV cache: time to first token, per output token, memory",
+        description="Generate greedily for --concurrency requests of --input-tokens prompt tokens and "
+        "--output-tokens new ones with the runner's GPT (weights from --init-from), on one process or --nproc "
+        "tensor-parallel ranks; writes job.yaml and generate.json under --out for `toolkit compare --run`.",
+    )
+    add_job_args(gen, TRAIN_OVERRIDES)
+    gen.add_argument("--out", metavar="DIR", required=True, help="run folder: job.yaml, generate.json")
+    gen.add_argument("--nproc", metavar="N", type=int, default=1, help="tensor-parallel ranks (gloo on CPU)")
+    gen.add_argument(
+        "--verify", action="store_true", help="also generate without a cache and record whether the tokens match"
+    )
+
     data = sub.add_parser("data", help="prepare token shards for training")
     data_sub = data.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
     prep = data_sub.add_parser(
@@ -230,6 +246,12 @@ def cmd_compare(args) -> int:
 
     if args.run:
         from ..format import render_run_comparison
+        from ..serve.compare import compare_generate, is_generate_run, render_generate_comparison
+
+        if is_generate_run(args.run):
+            result = compare_generate(args.run, args.catalog)
+            print(json.dumps(result, indent=2) if args.json else render_generate_comparison(result))
+            return 0
 
         result = compare_run(args.run, args.catalog, trace=not args.no_trace)
         print(json.dumps(result, indent=2, ensure_ascii=False) if args.json else render_run_comparison(result))
@@ -308,6 +330,19 @@ def cmd_train(args) -> int:
     return code
 
 
+def cmd_generate(args) -> int:
+    from ..serve.run import generate
+    from ..serve.compare import render_generate
+
+    catalog = load_catalog(*args.catalog)
+    if args.workload is None:
+        args.workload = "inference"
+    out = generate(job_from_args(args, catalog), args.out, args.nproc, args.catalog, args.verify)
+    record = json.loads((out / "generate.json").read_text())
+    print(json.dumps(record, indent=2) if args.json else render_generate(record, out))
+    return 0
+
+
 def cmd_data(args) -> int:
     from ..train.data import demo_sources, prepare, read_sources
 
@@ -364,6 +399,7 @@ def main(argv: list[str] | None = None) -> int:
             "catalog": cmd_catalog,
             "train": cmd_train,
             "data": cmd_data,
+            "generate": cmd_generate,
             "plan": cmd_plan,
             "doctor": cmd_doctor,
             "pipeline": cmd_pipeline,

@@ -34,7 +34,7 @@ from .checkpoint import latest_checkpoint, list_checkpoints, resume_key
 from .checks import refuse_accelerate_overrides, runner_checks
 from .determinism import pin_environment
 
-__all__ = ["prepare_run", "launch"]
+__all__ = ["prepare_run", "launch", "free_port"]
 
 
 def prepare_run(job: Job, out_dir: str | Path, nproc: int, catalog_files=(), force: bool = False) -> Job:
@@ -95,7 +95,7 @@ def prepare_run(job: Job, out_dir: str | Path, nproc: int, catalog_files=(), for
     return job
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -142,7 +142,7 @@ def launch(
             print(f"toolkit train: stopped: {stop}", file=sys.stderr)
             return 3
         return 0
-    port = _free_port()
+    port = free_port()
     shutil.rmtree(out / "errors", ignore_errors=True)  # (a rank records its exception there: none yet)
     flags = (["--peak-tflops", str(peak_tflops)] if peak_tflops is not None else []) + (
         [] if progress else ["--no-progress"]

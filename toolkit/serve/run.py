@@ -1,0 +1,111 @@
+"""`toolkit generate`: run a serving job's requests for real, in one process or tensor-parallel ranks (gloo on CPU,
+NCCL on GPUs), and keep what they measured beside the job.
+
+    generate(job, "runs/gen", nproc=2)     # job.yaml, generate.json (time to first token, per output token, ...)
+
+The folder is what `toolkit compare --run` reads (toolkit.serve.compare).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from ..runs import write_run_catalog
+from ..specs import Job, SpecError, load_catalog
+from ..specs.yamlio import check_output_folder
+
+__all__ = ["generate"]
+
+
+def _check(job: Job, nproc: int) -> Job:
+    """The job as the ranks run it: resolved, tp = nproc, one replica, a number of requests."""
+    if nproc < 1:
+        raise SpecError("--nproc", nproc, "must be 1 or more")
+    par = job.parallel
+    if (par.tp or 1) not in (1, nproc) or (par.pp or 1) > 1 or (par.dp or 1) > 1:
+        raise SpecError(
+            "--nproc",
+            nproc,
+            "generate runs one replica over tensor parallelism: --nproc N is tp N (no --pp, no --dp)",
+        )
+    job = job.replace(parallel=dataclasses.replace(par, tp=nproc, dp=1), workload="inference")
+    if job.serving.concurrency == "max":
+        raise SpecError("serving.concurrency", "max", "generate runs a given number of requests: give --concurrency N")
+    if job.training.init_from and not Path(job.training.init_from).is_dir():
+        raise SpecError("training.init_from", job.training.init_from, "no such folder")
+    return job
+
+
+def generate(job: Job, out_dir: str | Path, nproc: int = 1, catalog_files=(), verify: bool = False) -> Path:
+    """Run the job's requests; returns the run folder (generate.json inside)."""
+    job = _check(job, nproc)
+    catalog = load_catalog(*catalog_files)
+    resolved, _notes = job.resolve(catalog)
+    if not resolved.model.has_shape or resolved.model.experts and nproc > 1:
+        raise SpecError("model", resolved.model.name, "generate runs dense models with a shape (and MoE on one rank)")
+    out = Path(out_dir)
+    check_output_folder("--out", str(out))
+    out.mkdir(parents=True, exist_ok=True)
+    write_run_catalog(out, catalog_files)
+    job.to_yaml(out / "job.yaml")
+    (out / "generate.json").unlink(missing_ok=True)
+    command = [sys.executable, "-m", "toolkit.serve.worker", str(out)] + (["--verify"] if verify else [])
+    if nproc == 1:
+        from .worker import main
+
+        main(command[3:])
+    else:
+        _run_ranks(command, nproc, out)
+    return out
+
+
+def _run_ranks(command: list[str], nproc: int, out: Path) -> None:
+    from ..train.determinism import pin_environment
+    from ..train.launch import free_port
+
+    port = free_port()
+    workers = []
+    for rank in range(nproc):
+        env = dict(
+            pin_environment(dict(os.environ), nproc),
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(nproc),
+            LOCAL_WORLD_SIZE=str(nproc),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+        )
+        log = open(out / f"rank{rank}.log", "w", encoding="utf-8")  # noqa: SIM115 - the rank's, closed by the OS
+        workers.append(subprocess.Popen(command, env=env, stderr=log, stdout=log, text=True))
+    failed = _wait(workers, out)
+    if failed:
+        from ..specs.errors import MeasurementFailed
+
+        raise MeasurementFailed(f"generate: {failed} (the run folder {out} keeps job.yaml)")
+
+
+def _wait(workers: list[subprocess.Popen], out: Path, poll_s: float = 0.2) -> str | None:
+    """Wait for every rank; the first to fail stops the others (they would wait on it forever). Returns its line."""
+    import time
+
+    while any(w.poll() is None for w in workers):
+        bad = [(r, w) for r, w in enumerate(workers) if w.poll() not in (None, 0)]
+        if bad:
+            for w in workers:
+                if w.poll() is None:
+                    w.kill()
+            rank, worker = bad[0]
+            return _failure(rank, worker, out)
+        time.sleep(poll_s)
+    bad = [(r, w) for r, w in enumerate(workers) if w.returncode]
+    return _failure(*bad[0], out) if bad else None
+
+
+def _failure(rank: int, worker: subprocess.Popen, out: Path) -> str:
+    err = (out / f"rank{rank}.log").read_text(encoding="utf-8", errors="replace")
+    last = [line for line in err.splitlines() if line.strip()]
+    return f"rank {rank} exited with code {worker.returncode}: {last[-1] if last else 'no message'}"
