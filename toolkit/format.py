@@ -53,6 +53,10 @@ _PART_NAMES = {
 
 
 def render_estimate(est: dict) -> str:
+    if est.get("workload") == "inference":
+        from .format_serving import render_serving
+
+        return render_serving(est)
     job, mem, comp, time, cost = est["job"], est["memory"], est["compute"], est["time"], est["cost"]
     par, cl, model = job["parallel"], job["cluster"], est["model"]
     batch, seq = job["batch"], job["model"]["seq_len"]

@@ -211,7 +211,12 @@ def cmd_estimate(args) -> int:
     catalog = load_catalog(*args.catalog)
     job = job_from_args(args, catalog)
     result = estimate(job, catalog)
-    if args.html:
+    if args.html and result.get("workload") == "inference":
+        from ..plots import write_html
+        from ..plots_serving import serving_curve_figure, serving_memory_figure
+
+        write_html(args.html, [serving_memory_figure(result), serving_curve_figure(result)])
+    elif args.html:
         from ..plots import memory_figure, step_figure, write_html
 
         write_html(args.html, [memory_figure(result), step_figure(result)])
@@ -219,8 +224,9 @@ def cmd_estimate(args) -> int:
         Job.from_dict(result["job"], catalog).to_yaml(args.write_job)
     print(json.dumps(result, indent=2, ensure_ascii=False) if args.json else render_estimate(result))
     if args.check and result["memory"].get("fits") is False:
+        peak = result["memory"].get("device_peak_bytes") or result["memory"]["device_bytes"]
         print(
-            f"toolkit estimate: the job does not fit: {result['memory']['device_peak_bytes'] / 2**30:.1f} GiB a "
+            f"toolkit estimate: the job does not fit: {peak / 2**30:.1f} GiB a "
             "device at its peak; see `toolkit doctor` for fixes",
             file=sys.stderr,
         )
@@ -271,6 +277,13 @@ def cmd_plan(args) -> int:
     if args.gpus:
         args.gpus = None  # the search sets the cluster itself
     job = job_from_args(args, catalog)
+    if job.workload == "inference":
+        from ..format_serving import render_serving_plan
+        from ..plan.serving import plan_serving
+
+        result = plan_serving(job, catalog, offers, top=args.top)
+        print(json.dumps(result, indent=2, ensure_ascii=False) if args.json else render_serving_plan(result))
+        return 0
     result = search(
         job,
         catalog,

@@ -1,0 +1,76 @@
+"""Plain-text reports of serving: an inference estimate and a serving plan, as the CLI prints them."""
+
+from __future__ import annotations
+
+__all__ = ["render_serving", "render_serving_plan"]
+
+GIB = 2**30
+
+
+def _ms(seconds) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.1f} ms"
+
+
+def render_serving(est: dict) -> str:
+    s, mem, cost, job = est["serving"], est["memory"], est["cost"], est["job"]
+    cl, par = job["cluster"], job["parallel"]
+    lines = [
+        f"{est['model']['name'] or 'model'} served on {cl['count']} × {cl['accelerator']} (tp {par['tp']} · pp "
+        f"{par['pp']} · {s['replicas']} replica(s)), weights {s['weights']} ({s['weight_bits']:.2f} bits), KV cache "
+        f"{s['kv_dtype']}",
+        f"requests: {s['concurrency']} at a time, {s['input_tokens']} prompt + {s['output_tokens']} new tokens "
+        f"(context {s['max_context']})",
+        "",
+        "memory a device",
+        f"  weights          {mem['weights_bytes'] / GIB:8.2f} GiB",
+        f"  KV cache         {mem['kv_cache_bytes'] / GIB:8.2f} GiB  ({s['kv_bytes_per_token'] / 1024:.0f} KiB a token; "
+        f"the engine reserves {s['kv_blocks']} blocks = {s['kv_pool_bytes'] / GIB:.1f} GiB)",
+        f"  activations      {mem['activation_bytes'] / GIB:8.2f} GiB",
+        f"  runtime          {mem['runtime_bytes'] / GIB:8.2f} GiB  (CUDA context, workspaces, communicators)",
+        f"  free             {mem['free_bytes'] / GIB:8.2f} GiB of {mem['capacity_bytes'] / GIB:.0f}",
+        f"  fits: {'yes' if mem['fits'] else 'NO'} — at most {s['max_concurrency']} requests at {s['max_context']} "
+        "tokens",
+        "",
+        "speed a replica (continuous batching, steady state)",
+        f"  time to first token    {_ms(s['ttft_s'])}  (alone: {_ms(s['prefill_s'])})",
+        f"  time per output token  {_ms(s['tpot_s'])}",
+    ]
+    if s["output_tokens_per_s"] is not None:
+        lines += [
+            f"  output tokens/s        {s['output_tokens_per_s']:.0f}",
+            f"  requests/s             {s['requests_per_s']:.2f}",
+        ]
+    if cost.get("usd_per_million_output_tokens") is not None:
+        kind = "spot" if cost["spot"] else "on demand"
+        lines += [
+            "",
+            f"cost on {cost['offer']} ({kind}, the devices used)",
+            f"  per million output tokens  ${cost['usd_per_million_output_tokens']:.3f}",
+            f"  per million input tokens   ${cost['usd_per_million_input_tokens']:.3f}  (the prompts' share of each "
+            "step)",
+        ]
+    if s["curve"]:
+        lines += ["", "throughput-latency curve", f"  {'requests':>8} {'TTFT':>10} {'TPOT':>10} {'tokens/s':>10}"]
+        for p in s["curve"]:
+            lines.append(
+                f"  {p['concurrency']:8d} {_ms(p['ttft_s']):>10} {_ms(p['tpot_s']):>10} {p['output_tokens_per_s']:10.0f}"
+            )
+    lines += ["", *(f"note: {n}" for n in est["notes"])]
+    return "\n".join(lines)
+
+
+def render_serving_plan(result: dict) -> str:
+    target = result["target"]
+    lines = [f"serving plans for {target}, cheapest first ({result['evaluated']} evaluated)"]
+    head = f"  {'offer':<16}{'weights':<8}{'tp':>3}{'replicas':>9}{'devices':>8}{'req.':>6}{'TPOT':>10}"
+    lines.append(head + f"{'tokens/s':>10}{'$/h':>9}{'$/M out':>9}")
+    for p in result["plans"]:
+        lines.append(
+            f"  {p['offer']:<16}{p['weights']:<8}{p['tp']:>3}{p['replicas']:>9}{p['devices']:>8}{p['concurrency']:>6}"
+            f"{_ms(p['tpot_s']):>10}{p['output_tokens_per_s']:>10.0f}{p['usd_per_hour']:>9.2f}"
+            f"{p['usd_per_million_output_tokens']:>9.3f}"
+        )
+    if not result["plans"]:
+        lines.append("  none meets the target: " + "; ".join(result["why_none"]))
+    lines += [f"note: {n}" for n in result["notes"]]
+    return "\n".join(lines)
