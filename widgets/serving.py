@@ -1,0 +1,143 @@
+"""The serving panel: a model on some GPUs, how it stores its weights and KV cache, how many requests of what length;
+see at once the device's memory, the throughput-latency curve and the price per million tokens on each offer.
+
+    from widgets.serving import ServingPanel
+    ServingPanel(preset="llama2-7b", accelerator="A100-80GB")      # in a notebook cell
+
+Every change builds a serving Job (`workload: inference`) and calls `toolkit.estimate.estimate`; the panel copies the
+result into its figures and text (no maths here). A combination the Job refuses shows its one-line message and keeps
+the last valid view.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+
+import ipywidgets as W
+
+from toolkit.estimate import estimate
+from toolkit.plots_serving import serving_cost_figure, serving_curve_figure, serving_memory_figure
+from toolkit.specs import Job, SpecError, load_catalog
+from widgets.fallback import PanelText
+from widgets.live_figure import LiveFigure
+
+__all__ = ["ServingPanel"]
+
+_STYLE = {"description_width": "110px"}
+
+
+class ServingPanel(PanelText, W.VBox):
+    panel_name = "the serving panel"
+
+    def __init__(self, preset: str = "llama2-7b", accelerator: str = "A100-80GB", tp: int = 1, catalog=None, **values):
+        self.catalog = catalog or load_catalog()
+        self.result: dict | None = None
+        c = self.controls = self._make_controls(preset, accelerator, tp)
+        for name, value in values.items():
+            c[name].value = value
+        self.summary, self.error = W.HTML(), W.HTML()
+        self.memory_fig, self.curve_fig, self.cost_fig = LiveFigure(), LiveFigure(), LiveFigure()
+        for control in c.values():
+            control.observe(lambda _change: self.update(), names="value")
+        grid = W.GridBox(list(c.values()), layout=W.Layout(grid_template_columns="repeat(3, 320px)"))
+        super().__init__([grid, self.error, self.summary, self.memory_fig, self.curve_fig, self.cost_fig])
+        self.update()
+
+    def _make_controls(self, preset: str, accelerator: str, tp: int) -> dict:
+        cat = self.catalog
+        presets = sorted(n for n, p in cat.presets.items() if p.model.has_shape and not p.model.encoder)
+        gpus = sorted(a.name for a in cat.accelerators.values() if a.memory_bytes and a.peak_flops("bf16"))
+        return {
+            "preset": W.Dropdown(options=presets, value=preset.lower(), description="model", style=_STYLE),
+            "accelerator": W.Dropdown(
+                options=gpus, value=cat.accelerator(accelerator).name, description="GPU", style=_STYLE
+            ),
+            "tp": W.Dropdown(options=[1, 2, 4, 8], value=tp, description="tensor parallel", style=_STYLE),
+            "weights": W.Dropdown(
+                options=["bf16", "fp8", "int8", "int4"], value="bf16", description="weights", style=_STYLE
+            ),
+            "kv_dtype": W.Dropdown(options=["auto", "fp8", "int8"], value="auto", description="KV cache", style=_STYLE),
+            "concurrency": W.IntText(value=32, description="requests (0: max)", style=_STYLE),
+            "input_tokens": W.IntText(value=1024, description="prompt tokens", style=_STYLE),
+            "output_tokens": W.IntText(value=256, description="new tokens", style=_STYLE),
+            "sparsity": W.Dropdown(options=["none", "2:4"], value="none", description="sparsity", style=_STYLE),
+        }
+
+    def job(self) -> Job:
+        """The serving Job the controls describe."""
+        v = {name: control.value for name, control in self.controls.items()}
+        return Job.from_dict(
+            {
+                "model": {"preset": v["preset"]},
+                "workload": "inference",
+                "cluster": {"accelerator": v["accelerator"], "count": v["tp"]},
+                "parallel": {"tp": v["tp"]},
+                "serving": {
+                    "concurrency": v["concurrency"] or "max",
+                    "input_tokens": v["input_tokens"],
+                    "output_tokens": v["output_tokens"],
+                    "weights": v["weights"],
+                    "kv_dtype": v["kv_dtype"],
+                    "sparsity": v["sparsity"],
+                },
+            },
+            self.catalog,
+        )
+
+    def update(self) -> None:
+        try:
+            job = self.job()
+            result = estimate(job, self.catalog)
+            costs = self._costs(job)
+        except SpecError as err:
+            self.error.value = f"<p style='color:#d62728'>{html.escape(str(err))}</p>"
+            return
+        self.error.value = ""
+        self.result = result
+        s, cost_rows = result["serving"], costs
+        tput = "-" if s["output_tokens_per_s"] is None else f"{s['output_tokens_per_s']:.0f}"
+        if not result["memory"]["fits"]:
+            self.summary.value = (
+                f"<p style='color:#d62728'>{html.escape(result['notes'][0])}</p>"
+                if result["notes"]
+                else "<p style='color:#d62728'><b>Does not fit.</b></p>"
+            )
+            _show(self.memory_fig, serving_memory_figure(result))
+            return
+        self.summary.value = (
+            f"<p>{s['concurrency']} request(s): time to first token {_ms(s['ttft_s'])}, per output token "
+            f"{_ms(s['tpot_s'])}, {tput} output tokens/s a replica; KV cache {s['kv_bytes_per_token'] / 1024:.0f} KiB "
+            f"a token, at most {s['max_concurrency']} requests at {s['max_context']} tokens</p>"
+        )
+        for widget, fig in (
+            (self.memory_fig, serving_memory_figure(result)),
+            (self.curve_fig, serving_curve_figure(result)),
+            (self.cost_fig, serving_cost_figure(cost_rows)),
+        ):
+            _show(widget, fig)
+
+    def _costs(self, job: Job) -> list[dict]:
+        """Price per million output tokens on every offer of this GPU, on demand and spot."""
+        rows = []
+        for offer in self.catalog.offers.values():
+            if self.catalog.accelerator(offer.accelerator).name != job.cluster.accelerator:
+                continue
+            row = {"offer": offer.name}
+            for key, spot in (("on_demand", False), ("spot", True)):
+                priced = job.replace(cost=dataclasses.replace(job.cost, offer=offer.name, spot=spot))
+                row[key] = estimate(priced, self.catalog)["cost"]["usd_per_million_output_tokens"]
+            rows.append(row)
+        return rows
+
+
+def _show(widget: W.Widget, fig) -> None:
+    """Make the FigureWidget show `fig`, whose traces may differ in number from the last one's (a run's point)."""
+    with widget.batch_update():
+        widget.data = []
+        widget.add_traces(list(fig.data))
+        widget.layout = fig.layout
+
+
+def _ms(seconds) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.1f} ms"
