@@ -237,16 +237,34 @@ def _checkpointing_scale(cat) -> Claim:
     )
 
 
+def _serving_cost(cat, sparsity: str) -> dict:
+    job = {
+        "model": {"preset": "llama2-7b"},
+        "workload": "inference",
+        "cluster": {"accelerator": "A100-80GB", "count": 1},
+        "cost": {"offer": "p4de.24xlarge"},
+        "serving": {"concurrency": "max", "input_tokens": 1024, "output_tokens": 256, "sparsity": sparsity},
+    }
+    return estimate(Job.from_dict(job, cat), cat)
+
+
 def _pruning(cat) -> Claim:
-    a100 = cat.accelerator("A100-80GB")
+    dense, sparse = _serving_cost(cat, "none"), _serving_cost(cat, "2:4")
+    before, after = (r["cost"]["usd_per_million_output_tokens"] for r in (dense, sparse))
+    cut = 1 - after / before
     return Claim(
         "pruning-60",
         "pruning cuts inference cost by 60 %",
         "通过模型剪枝将推理成本降低60%",
-        f"2:4 structured sparsity halves every pruned matmul: at most a 50 % cut of matmul time on the A100's "
-        f"sparse tensor cores (2 × its {a100.peak_flops('bf16') / 1e12:.0f} dense TFLOP/s)",
-        "unverified",
-        "Mishra et al. 2021 (arXiv 2104.08378): 2:4 sparsity, about 1.5x end-to-end inference speed-ups on A100",
+        f"Llama-2-7B served on an A100-80GB (1,024 prompt + 256 new tokens, as many requests as fit): "
+        f"${before:.3f} per million output tokens dense, ${after:.3f} with 2:4 sparsity, a {cut:.0%} cut, and that "
+        "an upper bound (the sparse tensor cores' doubled peak and half the weight bytes, every block matrix "
+        f"pruned; {sparse['serving']['max_concurrency']} requests fit instead of {dense['serving']['max_concurrency']}"
+        "): the KV cache, the attention and the unpruned tables keep their cost",
+        "false" if cut < 0.5 else "partly true" if cut < 0.6 else "unverified",
+        "the toolkit's serving estimate (toolkit.estimate.serving); NVIDIA A100 whitepaper: 2:4 sparsity doubles the "
+        "tensor cores' peak; Mishra et al. 2021 (arXiv 2104.08378) measured about 1.5x end-to-end on A100 for BERT, "
+        "an encoder whose batched matmuls are all its time: a decoder's KV-cache reads do not shrink",
     )
 
 
