@@ -2,9 +2,10 @@
 
     toolkit data prepare notes/*.txt --out data/notes     # writes train_*.bin, val_*.bin, index.json
     toolkit data prepare --demo --out data/demo            # the Python reference manual + this project
+    toolkit data prepare a.jsonl b.parquet --tokenizer models/mine --mix 0.7,0.3 --out data/mix
 
-Tokens are bytes (vocabulary 256): no tokenizer download, any text in any language. Shards hold
-uint16 tokens so that a larger vocabulary fits the same format. The sampler cuts each split into
+Tokens are bytes (vocabulary 256) unless a Hugging Face tokenizer is given (toolkit.train.documents reads the
+inputs and packs documents with its end-of-document id). Shards hold uint16 tokens, uint32 past 65,536 ids. The sampler cuts each split into
 windows of seq_len + 1 tokens and visits them in a seeded random order, epoch after epoch; the
 sample taken at any point depends only on (seed, global sample number). Position in the stream is
 therefore one integer, the step, and resuming from a checkpoint replays exactly the same batches,
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..specs.errors import SpecError
+from .documents import Tokenizer, load_tokenizer, mix, pack, read_documents
 
 if TYPE_CHECKING:
     import torch
@@ -52,30 +54,44 @@ def _write_split(out: Path, split: str, tokens: np.ndarray) -> list[dict]:
     return shards
 
 
-def prepare(sources: list[tuple[str, str]], out_dir: str | Path, val_fraction: float = 0.05) -> dict:
-    """Tokenise (name, text) pairs into shards under `out_dir`; the last `val_fraction` of every source
-    goes to the held-out split, so both splits see every kind of text. Returns the index."""
+def prepare(
+    sources: list[tuple[str, str | list[str]]],
+    out_dir: str | Path,
+    val_fraction: float = 0.05,
+    tokenizer: Tokenizer | None = None,
+    weights: list[float] | None = None,
+) -> dict:
+    """Tokenise (name, text or documents) pairs into shards under `out_dir`: each source's documents packed with the
+    tokenizer's end-of-document id between them (toolkit.train.documents; bytes by default); the last
+    `val_fraction` of every source goes to the held-out split, so both splits see every kind of text; with
+    `weights`, the sources' training tokens are mixed in those shares. Returns the index."""
     if not sources:
         raise SpecError("data prepare", "no input", "give at least one text file (or --demo)")
     if not 0.0 < val_fraction < 0.5:
         raise SpecError("--val-fraction", val_fraction, "must lie in (0, 0.5)")
+    tok = tokenizer or load_tokenizer("bytes")
+    dtype = np.uint16 if tok.vocab <= 2**16 else np.uint32
     train, val = [], []
-    for _name, text in sources:
-        ids = np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.uint16)
+    for _name, docs in sources:
+        ids = pack([docs] if isinstance(docs, str) else docs, tok)
         cut = len(ids) - int(len(ids) * val_fraction)
         train.append(ids[:cut])
         val.append(ids[cut:])
+    if weights:
+        train = mix(train, weights)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     index = {
         "format": 1,
-        "tokenizer": "bytes",
-        "vocab": BYTE_VOCAB,
-        "dtype": "uint16",
+        "tokenizer": tok.name,
+        "vocab": tok.vocab,
+        "eos_id": tok.eos_id,
+        "dtype": np.dtype(dtype).name,
         "sources": [name for name, _ in sources],
+        "weights": weights,
         "splits": {
-            "train": _write_split(out, "train", np.concatenate(train)),
-            "val": _write_split(out, "val", np.concatenate(val)),
+            "train": _write_split(out, "train", np.concatenate(train).astype(dtype)),
+            "val": _write_split(out, "val", np.concatenate(val).astype(dtype)),
         },
     }
     tmp = out / (INDEX + ".tmp")
@@ -84,21 +100,10 @@ def prepare(sources: list[tuple[str, str]], out_dir: str | Path, val_fraction: f
     return index
 
 
-def read_sources(paths: list[str]) -> list[tuple[str, str]]:
-    """Text files (or folders of *.txt / *.md files) as (name, text), with a clear error for a bad path."""
-    sources = []
-    for raw in paths:
-        path = Path(raw)
-        if path.is_dir():
-            files = sorted(p for p in path.rglob("*") if p.suffix in (".txt", ".md") and p.is_file())
-            if not files:
-                raise SpecError("data prepare", raw, "folder holds no .txt or .md files")
-        elif path.is_file():
-            files = [path]
-        else:
-            raise SpecError("data prepare", raw, "no such file or folder")
-        sources += [(str(f), f.read_text(encoding="utf-8", errors="replace")) for f in files]
-    return sources
+def read_sources(paths: list[str], field: str = "text") -> list[tuple[str, list[str]]]:
+    """Each path as one source of documents (toolkit.train.documents.read_documents: text, a folder of .txt/.md,
+    jsonl, parquet, a saved dataset), with a clear error for a bad path or field."""
+    return [(raw, list(read_documents(raw, field))) for raw in paths]
 
 
 def ensure_demo_corpus(cache_dir: str | Path) -> Path:
@@ -132,15 +137,16 @@ class TokenShards:
             )
         self.index = json.loads(index_path.read_text())
         self.vocab = int(self.index["vocab"])
+        dtype = np.dtype(self.index.get("dtype", "uint16"))
         self.seq_len = seq_len
         self.shards, self.starts = [], [0]
         for shard in self.index["splits"][split]:
             path = folder / shard["file"]
-            if not path.exists() or path.stat().st_size != 2 * shard["tokens"]:
+            if not path.exists() or path.stat().st_size != dtype.itemsize * shard["tokens"]:
                 raise SpecError("training.data", str(path), "is missing or truncated; prepare the folder again")
             windows = max((shard["tokens"] - 1) // seq_len, 0)
             if windows:
-                self.shards.append(np.memmap(path, dtype=np.uint16, mode="r"))
+                self.shards.append(np.memmap(path, dtype=dtype, mode="r"))
                 self.starts.append(self.starts[-1] + windows)
         if len(self) == 0:
             raise SpecError(

@@ -77,6 +77,13 @@ def prepare_run(job: Job, out_dir: str | Path, nproc: int, catalog_files=(), for
     )  # exists, long enough
     if vocab > resolved.model.vocab:
         raise SpecError("model.vocab", resolved.model.vocab, f"is smaller than the data's vocabulary ({vocab})")
+    if vocab < resolved.model.vocab / 2:  # (a Llama-3 config on byte data: 128,000 rows that never see a token)
+        print(
+            f"toolkit train: warning: model.vocab {resolved.model.vocab:,} is far larger than the data's {vocab:,} ids: "
+            f"{resolved.model.vocab - vocab:,} rows of the embedding and the head never see a token (prepare the "
+            "data with the model's tokenizer: toolkit data prepare FILES --tokenizer MODEL_FOLDER)",
+            file=sys.stderr,
+        )
     if resolved.training.init_from and not Path(resolved.training.init_from).is_dir():
         raise SpecError("training.init_from", resolved.training.init_from, "no such folder")
     if (out / "job.yaml").exists() and list_checkpoints(out / "checkpoints"):
