@@ -63,6 +63,22 @@ Job.from_dict({'model': {'layers': 8, 'hidden': 1536, 'heads': 12, 'vocab': 256,
 time python -m toolkit.cli calibrate --gpu-only --config "$OUT/probe-job.yaml" \
   --out "$OUT/profile.yaml" || echo "calibrate failed (exit $?)"
 
+# Serving (issue 42): a 1B GQA GPT in bf16 with a real KV cache, 16 requests of 1024 + 128 tokens, on this GPU,
+# against the serving estimate (the catalog's kernel figures): time to first token, per output token, cache, peak.
+if [ "${SERVE:-1}" = 1 ]; then
+  echo "== generate"
+  time python -m toolkit.cli generate --layers "${LAYERS:-20}" --hidden "${HIDDEN:-2048}" --heads "${HEADS:-16}" \
+    --kv-heads 4 --vocab 32000 --seq 2048 --mlp swiglu --norm rmsnorm --precision amp-bf16 \
+    --concurrency "${CONCURRENCY:-16}" --input-tokens "${INPUT:-1024}" --output-tokens "${OUTPUT:-128}" \
+    --out "$OUT/serve" ${ACC:+--gpus 1x$ACC} || echo "generate failed (exit $?)"
+  python -m toolkit.cli compare --run "$OUT/serve" || echo "compare failed (exit $?)"
+  python -m toolkit.cli compare --run "$OUT/serve" --json | python -c "
+import json, sys
+for r in json.load(sys.stdin)['rows']:
+    if r['error'] is not None:
+        print(f\"serve {r['quantity']} error: {r['error']:+.3f}\")" > "$OUT/serve-headlines.txt" || true
+fi
+
 python - "$OUT" $VARIANTS <<'PY'
 import sys
 from pathlib import Path
@@ -104,6 +120,9 @@ for v in variants:
                 mine = estimate(job, calibrated)["memory"][f"{kind}_peak_bytes"]
                 print(f"  {kind} peak estimated with the calibrated device terms {mine / 2**30:.2f} GiB")
                 headlines.append(f"{v} {kind} ratio measured/calibrated estimate: {measured / mine:.3f}")
+serve = out / "serve-headlines.txt"
+if serve.exists():
+    headlines += serve.read_text().split("\n")
 print()
-print("\n".join(headlines))
+print("\n".join(h for h in headlines if h))
 PY

@@ -137,6 +137,33 @@ def moe_layouts_section(results: dict) -> list[str]:
     return lines
 
 
+def serving_cpu_section(results: dict) -> list[str]:
+    lines = [
+        "## Serving on this CPU against its calibrated estimate",
+        "",
+        f"`toolkit generate` runs, {results['runs_per_job']} a job, against the serving estimate with this machine "
+        f"calibrated by `toolkit calibrate` (`benchmarks/serving_cpu.py`) {_measured(results)}: time per output token "
+        "and to first token (the runs' median), the KV cache's bytes and the peak MemTracker measured.",
+        "",
+        "| job | ranks | TPOT estimated | TPOT measured | TPOT error | TTFT error | KV cache | peak error |",
+        "|---|---:|---:|---:|---:|---:|---|---:|",
+    ]
+    for job in results["jobs"]:
+        r = job["rows"]
+        kv = "equal" if r["kv_cache_bytes"]["estimated"] == r["kv_cache_bytes"]["measured_median"] else "differs"
+        lines.append(
+            f"| {job['job']} | {job['ranks']} | {r['tpot_s']['estimated'] * 1e3:.2f} ms | "
+            f"{r['tpot_s']['measured_median'] * 1e3:.2f} ms | {100 * r['tpot_s']['error']:+.1f} % | "
+            f"{100 * r['ttft_s']['error']:+.1f} % | {kv} | {100 * r['peak_bytes']['error']:+.1f} % |"
+        )
+    lines += [
+        "",
+        "Under tensor parallelism the peak leaves out the buffers of DTensor's collectives on gloo (the row-parallel "
+        "outputs' partial sums and their reduced copies); its weights and cache are exact.",
+    ]
+    return lines
+
+
 def steptime_section(results: dict) -> list[str]:
     lines = ["## Step time", "", table(results), ""]
     calibrated = results.get("one_calibration")
@@ -171,6 +198,7 @@ def accuracy_doc(results_dir: Path) -> str:
         ("memory_accuracy.json", memory_section),
         ("layouts.json", layouts_section),
         ("moe_layouts.json", moe_layouts_section),
+        ("serving_cpu.json", serving_cpu_section),
     ):
         results = read(name)
         if results is not None:

@@ -111,3 +111,55 @@ def test_generate_on_two_tensor_parallel_ranks(cli, tmp_path):
     # each rank's weights: the split matrices, the vocabulary's half, the norms, row biases and positions whole
     assert rows["weights_bytes"]["estimated"] == rows["weights_bytes"]["measured"]
     assert rows["peak_bytes"]["error"] < 0  # (the collectives' buffers are not modelled: see compare's note)
+
+
+def test_hugging_face_weights_generate_what_transformers_generates(cli, tmp_path):
+    """`--init-from` a Hugging Face folder: greedy tokens with our cache equal transformers' own greedy generate."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(7)
+    model = transformers.LlamaForCausalLM(config).eval()
+    with torch.no_grad():  # weights wide enough that greedy decoding does not repeat one token
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.2)
+    model.save_pretrained(tmp_path / "llama")
+    out = tmp_path / "gen"
+    code, _o, err = cli(
+        "generate",
+        "--hf-config",
+        str(tmp_path / "llama"),
+        "--init-from",
+        str(tmp_path / "llama"),
+        "--seq",
+        "128",
+        "--precision",
+        "fp32",
+        "--concurrency",
+        "2",
+        "--input-tokens",
+        "16",
+        "--output-tokens",
+        "12",
+        "--out",
+        str(out),
+    )
+    assert code == 0, err
+    ours = json.loads((out / "generate.json").read_text())["tokens"]
+    from toolkit.serve.worker import _prompts
+
+    job = Job.from_yaml(out / "job.yaml")
+    prompts = _prompts(job, torch.device("cpu"))
+    with torch.no_grad():
+        theirs = model.generate(prompts, max_new_tokens=12, do_sample=False, min_new_tokens=12, pad_token_id=0)
+    assert theirs[:, 16:].tolist() == ours
+    assert len(set(ours[0])) > 3

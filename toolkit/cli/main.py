@@ -171,6 +171,13 @@ def build_parser() -> argparse.ArgumentParser:
     prep.add_argument("--demo", action="store_true", help="the demo corpus: the Python reference manual")
     prep.add_argument("--out", metavar="DIR", required=True)
     prep.add_argument("--val-fraction", metavar="F", type=float, default=0.05)
+    prep.add_argument(
+        "--tokenizer",
+        metavar="T",
+        help="a tokenizer.json, a local Hugging Face model folder, or a hub name (default: bytes)",
+    )
+    prep.add_argument("--field", metavar="NAME", default="text", help="jsonl key, parquet or dataset column")
+    prep.add_argument("--mix", metavar="W1,W2,...", help="the sources' shares of the training tokens, in order")
 
     export = sub.add_parser(
         "export",
@@ -234,11 +241,24 @@ def cmd_estimate(args) -> int:
     return 0
 
 
+def _training_job(args, catalog) -> Job:
+    """The job of a command that runs or measures a training step: a serving job is refused in one line."""
+    job = job_from_args(args, catalog)
+    if job.workload == "inference":
+        raise SpecError(
+            "workload",
+            "inference",
+            f"`toolkit {args.command}` works on a training step; a serving job is estimated (`toolkit estimate`), "
+            "planned (`toolkit plan`) and run (`toolkit generate`)",
+        )
+    return job
+
+
 def cmd_trace(args) -> int:
     from ..trace.report import traced_estimate  # imports torch: only when asked
 
     catalog = load_catalog(*args.catalog)
-    result = traced_estimate(job_from_args(args, catalog), catalog)
+    result = traced_estimate(_training_job(args, catalog), catalog)
     if args.html:
         from ..plots import memory_figure, write_html
 
@@ -263,7 +283,7 @@ def cmd_compare(args) -> int:
         print(json.dumps(result, indent=2, ensure_ascii=False) if args.json else render_run_comparison(result))
         return 0
     catalog = load_catalog(*args.catalog)
-    result = compare_memory(job_from_args(args, catalog), catalog)
+    result = compare_memory(_training_job(args, catalog), catalog)
     print(json.dumps(result, indent=2, ensure_ascii=False) if args.json else render_comparison(result))
     return 0
 
@@ -317,7 +337,7 @@ def cmd_doctor(args) -> int:
         result = diagnose_run(args.run)
     else:
         catalog = load_catalog(*args.catalog)
-        result = diagnose_job(job_from_args(args, catalog), catalog)
+        result = diagnose_job(_training_job(args, catalog), catalog)
     print(json.dumps(result, indent=2, ensure_ascii=False) if args.json else render_doctor(result))
     return 0
 
@@ -327,7 +347,7 @@ def cmd_train(args) -> int:
     from ..train.summary import render_run_summary
 
     catalog = load_catalog(*args.catalog)
-    job = job_from_args(args, catalog)
+    job = _training_job(args, catalog)
     code = launch(
         job,
         args.out,
@@ -359,13 +379,23 @@ def cmd_generate(args) -> int:
 def cmd_data(args) -> int:
     from ..train.data import demo_sources, prepare, read_sources
 
+    from ..train.documents import load_tokenizer
+
     if args.demo and args.files:
         raise SpecError("data prepare", args.files[0], "give files or --demo, not both")
-    index = prepare(demo_sources() if args.demo else read_sources(args.files), args.out, args.val_fraction)
+    weights = None
+    if args.mix:
+        try:
+            weights = [float(w) for w in args.mix.split(",")]
+        except ValueError:
+            raise SpecError("--mix", args.mix, "expected numbers separated by commas, e.g. 0.7,0.3") from None
+    tokenizer = load_tokenizer(args.tokenizer)
+    sources = demo_sources() if args.demo else read_sources(args.files, args.field)
+    index = prepare(sources, args.out, args.val_fraction, tokenizer, weights)
     tokens = {split: sum(s["tokens"] for s in shards) for split, shards in index["splits"].items()}
     print(
         f"{args.out}: {len(index['sources'])} sources, {tokens['train']:,} train and {tokens['val']:,} held-out "
-        f"tokens (bytes, vocabulary {index['vocab']})"
+        f"tokens ({index['tokenizer']}, vocabulary {index['vocab']:,})"
     )
     return 0
 
@@ -374,7 +404,7 @@ def cmd_export(args) -> int:
     from ..export import export_job
 
     catalog = load_catalog(*args.catalog)
-    done = export_job(job_from_args(args, catalog), args.to.lower(), args.out, args.nodes, catalog=catalog)
+    done = export_job(_training_job(args, catalog), args.to.lower(), args.out, args.nodes, catalog=catalog)
     for warning in done.warnings:
         print(f"toolkit export: warning: {warning}", file=sys.stderr)
     print(f"wrote {done.path}\n{done.command}")

@@ -27,7 +27,7 @@ def serving_point(job: Job, catalog: Catalog) -> tuple[ServingMemory, dict | Non
     accelerator = catalog.accelerator(job.cluster.accelerator)
     mem = serving_memory(job, accelerator)
     hw = hardware_for(job, catalog)
-    if hw is None or mem.concurrency < 1:
+    if hw is None or not mem.fits:  # (a job that does not fit has no speed and no price: None, not a guess)
         return mem, None, None
     clock = ServingClock(job, hw)
     return mem, clock.steady(mem.concurrency), clock
@@ -79,9 +79,15 @@ def serving_estimate(job: Job, catalog: Catalog, notes: list[str]) -> dict:
     mem, point, clock = serving_point(job, catalog)
     s, model = job.serving, job.model
     params = count_params(model)
-    if point is None:
+    if hardware_for(job, catalog) is None:
         notes.append(f"{job.cluster.accelerator}: no speed figures (peak, bandwidth or link) to time serving with")
-    if not mem.fits:
+    if not mem.kv_blocks:
+        notes.append(
+            f"does not fit: the weights ({mem.weights_bytes / 2**30:.1f} GiB a device) and a step's activations leave "
+            f"no room for a KV cache in the engine's {mem.budget_bytes / 2**30:.1f} GiB (quantize --weights, or "
+            "raise --tp)"
+        )
+    elif not mem.fits:
         notes.append(
             f"does not fit: {mem.concurrency} request(s) at {s.context} tokens need "
             f"{mem.kv_cache_bytes / 2**30:.1f} GiB of KV cache a device; the engine's share holds "
@@ -89,7 +95,7 @@ def serving_estimate(job: Job, catalog: Catalog, notes: list[str]) -> dict:
             "raise --tp)"
         )
     _serving_notes(job, notes)
-    curve = clock.curve(max(mem.max_concurrency, 1)) if clock is not None and mem.max_concurrency else []
+    curve = clock.curve(mem.max_concurrency) if clock is not None else []
     serving = {
         "concurrency": mem.concurrency,
         "max_concurrency": mem.max_concurrency,

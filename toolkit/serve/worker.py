@@ -115,7 +115,8 @@ def generate_rank(out: Path, verify: bool = False) -> dict:
     under); returns its record (rank 0 writes the run's)."""
     from ..train.determinism import pinned, rank_threads
 
-    with pinned(rank_threads(int(os.environ.get("LOCAL_WORLD_SIZE", "1"))), "cpu"):
+    device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    with pinned(rank_threads(int(os.environ.get("LOCAL_WORLD_SIZE", "1"))), device_type):
         return _generate_rank(out, verify)
 
 
@@ -149,6 +150,7 @@ def _generate_rank(out: Path, verify: bool) -> dict:
         gathered = [None] * world
         dist.all_gather_object(gathered, {k: record[k] for k in ("rank", "peak_bytes", "kv_cache_bytes")})
         record["ranks"] = gathered
+        dist.barrier()  # (no rank closes its connections while another still uses them)
         dist.destroy_process_group()
     return record
 
@@ -171,4 +173,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # leave without C++ static destructors: a gloo group's threads torn down at interpreter exit can abort a process
+    # after a good run ("terminate called without an active exception"; toolkit.train.worker does the same)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
