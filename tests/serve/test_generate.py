@@ -105,7 +105,7 @@ def test_generate_measures_the_cache_to_the_byte_and_the_peak_within_3_percent(c
 
 
 def test_generate_on_two_tensor_parallel_ranks(cli, tmp_path):
-    record, rows = _generate(cli, tmp_path, "tp2", "--nproc", "2", "--verify")
+    record, rows = _generate(cli, tmp_path, "tp2", "--nproc", "2", "--verify", "--output-tokens", "6")
     assert record["world"] == 2 and record["matches_plain_forward"] is True
     assert [r["kv_cache_bytes"] for r in record["ranks"]] == [rows["kv_cache_bytes"]["estimated"]] * 2
     # each rank's weights: the split matrices, the vocabulary's half, the norms, row biases and positions whole

@@ -362,7 +362,7 @@ def inference_op_overhead_s(job: Job | None = None, layers: int = 4) -> float:
 
     with torch.inference_mode():
         forward_cached(model, torch.zeros(1, 16, dtype=torch.long), cache, rope)
-        return statistics.median(timed_s(step) for _ in range(3)) / dispatched_ops(step)
+        return statistics.median(timed_s(step, seconds=0.1) for _ in range(3)) / dispatched_ops(step)
 
 
 def decode_bw_bytes_per_s(job: Job, dtype: torch.dtype) -> float:
@@ -387,7 +387,7 @@ def decode_bw_bytes_per_s(job: Job, dtype: torch.dtype) -> float:
                 torch.nn.functional.linear(inputs[w.shape[1]], w, b)
 
     with torch.inference_mode():  # (the median of three: a shared machine's streaming rate drifts by a third)
-        seconds = statistics.median(timed_s(run) for _ in range(3))
+        seconds = statistics.median(timed_s(run, seconds=0.1) for _ in range(3))
     return sum(w.numel() * w.element_size() for layer in layers for w, _b in layer) / seconds
 
 
