@@ -231,6 +231,18 @@ RUN = (
     ),
     Rule(
         "run",
+        "training.compile",
+        "torch.compile with tensor parallelism, pipelines, DeepSpeed or a Mixture of Experts",
+        lambda j: (
+            bool(j.training.compile)
+            & ((_arr(j.parallel.tp) > 1) | _piped(j) | _backend_is(j, "deepspeed") | _experts(j))
+        ),
+        "compiled blocks are trained on replicas and FSDP2 (ZeRO-1/2/3, one process); drop --compile for tensor "
+        "parallelism, pipelines, DeepSpeed or a Mixture of Experts",
+        value=lambda j: True,
+    ),
+    Rule(
+        "run",
         "precision.fp8",
         "FP8 matmuls",
         lambda j: bool(j.precision.fp8),

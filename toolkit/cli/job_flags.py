@@ -125,12 +125,14 @@ TRAIN_OVERRIDES = {
     "fp32_norm": ("training", "fp32_norm", Training),
     "loss_scale": ("training", "loss_scale", Training),
     "init_from": ("training", "init_from", Training),
+    "compile": ("training", "compile", Training),
 }
 _BOOLEAN = {
     "tie_embeddings",
     "sp",
     "spot",
     "fp32_norm",
+    "compile",
     "fp8",
     "fp8_all_gather",
     "overlap_grad_reduce",

@@ -35,6 +35,7 @@ __all__ = [
     "Program",
     "build_program",
     "build_model",
+    "compile_blocks",
     "build_pipeline",
     "deepspeed_program",
     "backward_micro_batch",
@@ -45,6 +46,14 @@ __all__ = [
 
 LoadWeights = Callable[[torch.nn.Module], None]
 """Loads a run's starting weights into the freshly built model (the runner's; the program reads no files)."""
+
+
+def compile_blocks(model: torch.nn.Module) -> None:
+    """torchtitan's per-block torch.compile, in place: the blocks keep their names and checkpoint keys, the model
+    around them stays eager. (The runner calls it after the steps it measures with MemTracker: a block first called
+    under a dispatch mode stays eager for good.)"""
+    for block in model.blocks:
+        block.compile()
 
 
 def build_model(job: Job, param_dtype: torch.dtype, load_weights: LoadWeights | None = None) -> torch.nn.Module:

@@ -281,6 +281,9 @@ class Training:
     pruning: Pruning = field(default_factory=Pruning)
     gradient_checkpointing: bool | None = None
     """The article's spelling: true means memory.recompute = full."""
+    compile: bool = False
+    """Compile each block with torch.compile, as torchtitan does (one compiled region a block, the model eager around
+    them); checkpoints keep the same keys. The estimate prices the eager program and says so."""
     trackers: tuple[str, ...] = ()
     """accelerate trackers to log to as well (tensorboard, wandb, trackio), when installed."""
 

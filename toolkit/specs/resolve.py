@@ -51,6 +51,11 @@ def _resolve_training(job: Job, notes: list[str]):
             ("(the default) " if default else "") + f"must be below training.steps = {t.steps}; "
             f"give --warmup {max(t.steps // 10, 1)}" + (" or more --steps" if default else ""),
         )
+    if t.compile:
+        notes.append(
+            "training.compile: torch.compile's fusions are not modelled: memory and step time are the eager "
+            "program's (compiled blocks usually spend less on element-wise kernels and may save fewer activations)"
+        )
     pruning = t.pruning
     if pruning.method == "magnitude":
         check_range(pruning.sparsity, "training.pruning.sparsity", 0.0, 1.0, high_open=True)

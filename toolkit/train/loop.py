@@ -46,7 +46,7 @@ from ..program.parallelize import device_mesh, dp_rank_and_size, leave_one_proce
 from ..program.precision import torch_precision
 from .checkpoint.init_weights import load_initial_weights
 from .checkpoint.run_state import checkpoint_state, first_error, load_checkpoint
-from ..program.build import build_program
+from ..program.build import build_program, compile_blocks
 from ..program.step import agree, apply_update, evaluate, forward_backward, mean_step_loss, reduce_and_clip, timeline_of
 from ..program.techniques import Int8Activations, Pruner, block_matrices
 from .trackers import tracker_config, tracker_setup
@@ -172,6 +172,7 @@ class Trainer:
         self.metrics = MetricsLog(out / "metrics.jsonl", self.start_step) if acc.is_main_process else None
         if self.metrics and self.metrics.note:
             acc.print(f"metrics: {self.metrics.note}")
+        self.compiled = False  # (training.compile: the blocks compile after the measured steps)
         self.recorder = MemoryRecorder(
             self.prog, job, self.device, self.rank, out, self.start_step, self.t.steps, stage=self.prog.pp_rank
         )
@@ -307,6 +308,9 @@ class Trainer:
         began = time.perf_counter()
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
+        if t.compile and step not in self.recorder.steps and not self.compiled:
+            compile_blocks(prog.raw)  # after the steps MemTracker measures: the estimate and they are eager
+            self.compiled = True
         self.recorder.begin_step(step)
         lr = lr_at(step, t)
         for group in prog.optimizer.param_groups:
