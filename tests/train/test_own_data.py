@@ -143,3 +143,34 @@ def test_a_vocabulary_far_larger_than_the_data_is_warned_about(cli, tmp_path):
         str(tmp_path / "run"),
     )
     assert code == 0 and "never see a token" in err
+
+
+def test_the_starting_weights_tokenizer_prepares_the_demo_corpus(cli, tmp_path):
+    """No --data: the demo corpus is tokenized with the --init-from folder's tokenizer, not as bytes."""
+    texts = [text for _name, text in demo_sources()[:40]]
+    tok, _model = _tokenizer_and_model(tmp_path / "mine", texts)
+    run = tmp_path / "run"
+    code, _out, err = cli(
+        "train",
+        "--hf-config",
+        str(tmp_path / "mine"),
+        "--init-from",
+        str(tmp_path / "mine"),
+        "--seq",
+        "32",
+        "--steps",
+        "1",
+        "--warmup",
+        "0",
+        "--precision",
+        "fp32",
+        "--num-workers",
+        "0",
+        "--no-progress",
+        "--out",
+        str(run),
+    )
+    assert code == 0, err
+    assert "never see a token" not in err
+    (index,) = (run / "cache").glob("demo-corpus-*/index.json")
+    assert json.loads(index.read_text())["vocab"] == tok.get_vocab_size()

@@ -29,7 +29,16 @@ from .documents import Tokenizer, load_tokenizer, mix, pack, read_documents
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["prepare", "demo_sources", "ensure_demo_corpus", "TokenShards", "StepSampler", "make_loader", "BYTE_VOCAB"]
+__all__ = [
+    "prepare",
+    "demo_sources",
+    "ensure_demo_corpus",
+    "model_tokenizer",
+    "TokenShards",
+    "StepSampler",
+    "make_loader",
+    "BYTE_VOCAB",
+]
 
 BYTE_VOCAB = 256
 INDEX = "index.json"
@@ -106,13 +115,25 @@ def read_sources(paths: list[str], field: str = "text") -> list[tuple[str, list[
     return [(raw, list(read_documents(raw, field))) for raw in paths]
 
 
-def ensure_demo_corpus(cache_dir: str | Path) -> Path:
-    """The demo corpus under `cache_dir`, prepared on first use (under a second). Safe when several
-    ranks ask at once: each writes a private folder and the first rename wins."""
-    out = Path(cache_dir) / "demo-corpus"
+def model_tokenizer(job) -> str | None:
+    """The tokenizer of the weights a job starts from: its training.init_from folder's tokenizer.json (a Hugging
+    Face model folder), else None (bytes)."""
+    source = job.training.init_from
+    return source if source and (Path(source) / "tokenizer.json").is_file() else None
+
+
+def ensure_demo_corpus(cache_dir: str | Path, tokenizer: str | None = None) -> Path:
+    """The demo corpus under `cache_dir`, prepared on first use (under a second for bytes), with `tokenizer` where
+    given (one folder per tokenizer file). Safe when several ranks ask at once: each writes a private folder and the
+    first rename wins."""
+    name = "demo-corpus"
+    if tokenizer is not None:
+        text = (Path(tokenizer) / "tokenizer.json").read_bytes()
+        name += "-" + hashlib.sha256(text).hexdigest()[:12]
+    out = Path(cache_dir) / name
     if not (out / INDEX).exists():
         private = out.with_name(f"{out.name}.tmp-{os.getpid()}")
-        prepare(demo_sources(), private)
+        prepare(demo_sources(), private, tokenizer=load_tokenizer(tokenizer))
         try:
             os.rename(private, out)
         except OSError:  # another rank got there first

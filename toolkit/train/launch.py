@@ -68,13 +68,14 @@ def prepare_run(job: Job, out_dir: str | Path, nproc: int, catalog_files=(), for
 
         check_fits(resolved, nproc, catalog)
     refuse_accelerate_overrides(resolved)
-    from .data import BYTE_VOCAB, TokenShards
+    from .data import BYTE_VOCAB, TokenShards, model_tokenizer
+    from .documents import load_tokenizer
 
-    vocab = (
-        TokenShards(resolved.training.data, "train", resolved.model.seq_len).vocab
-        if resolved.training.data
-        else BYTE_VOCAB
-    )  # exists, long enough
+    if resolved.training.data:  # exists, long enough
+        vocab = TokenShards(resolved.training.data, "train", resolved.model.seq_len).vocab
+    else:  # the demo corpus, in the starting weights' tokenizer where their folder has one
+        tokenizer = model_tokenizer(resolved)
+        vocab = load_tokenizer(tokenizer).vocab if tokenizer else BYTE_VOCAB
     if vocab > resolved.model.vocab:
         raise SpecError("model.vocab", resolved.model.vocab, f"is smaller than the data's vocabulary ({vocab})")
     if vocab < resolved.model.vocab / 2:  # (a Llama-3 config on byte data: 128,000 rows that never see a token)

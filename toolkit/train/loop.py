@@ -38,7 +38,7 @@ from ..specs.job import compute_dtype
 from .checkpoint import latest_checkpoint, resume_key, save_checkpoint, unwritable_checkpoint
 from .checkpoint.sharded import save_sharded, uses_sharded_checkpoint
 from .checks import refuse_accelerate_overrides, runner_checks
-from .data import StepSampler, TokenShards, ensure_demo_corpus, make_loader
+from .data import StepSampler, TokenShards, ensure_demo_corpus, make_loader, model_tokenizer
 from .determinism import pinned, rank_threads, threads_note
 from .memory_record import MemoryRecorder
 from .metrics import MetricsLog, memory_reading
@@ -191,7 +191,8 @@ class Trainer:
 
     def _set_up_data(self, cache_dir) -> None:
         t, spec = self.t, self.job.model
-        data_dir = Path(t.data) if t.data else ensure_demo_corpus(cache_dir or self.out / "cache")
+        demo = None if t.data else ensure_demo_corpus(cache_dir or self.out / "cache", model_tokenizer(self.job))
+        data_dir = Path(t.data) if t.data else demo
         self.train_set = TokenShards(data_dir, "train", spec.seq_len)
         if self.train_set.vocab > spec.vocab:
             raise SpecError(
