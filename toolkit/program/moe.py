@@ -34,7 +34,6 @@ __all__ = [
     "Router",
     "grouped_mm",
     "expert_parallel",
-    "is_expert_param",
     "moe_modules",
     "attach_aux_loss",
 ]
@@ -252,14 +251,15 @@ class _AllToAll(torch.autograd.Function):
         return back, None, None, None, None
 
 
-def _arrivals(moe: MoE, counts: list[int]) -> list[list[int]]:
-    """[source rank][local expert]: the rows each ep rank sends to this rank's experts (an all-to-all of the counts;
-    on the tracer's fake process group, the even share every rank sends)."""
+def _arrivals(moe: MoE, counts: list[int], device: torch.device) -> list[list[int]]:
+    """[source rank][local expert]: the rows each ep rank sends to this rank's experts (an all-to-all of the counts,
+    on the rows' device: NCCL moves device tensors only; on the tracer's fake process group, the even share every
+    rank sends)."""
     import torch.distributed as dist
 
     ranks, local = moe.ep_size, moe.spec.experts // moe.ep_size
     mine = counts[moe.ep_rank * local : (moe.ep_rank + 1) * local]
-    sent = torch.tensor(counts, dtype=torch.long)
+    sent = torch.tensor(counts, dtype=torch.long, device=device)
     if _is_fake(sent):
         return [list(mine) for _ in range(ranks)]
     received = torch.empty_like(sent)
@@ -271,7 +271,7 @@ def _dispatch_run_combine(moe: MoE, rows: torch.Tensor, counts: list[int]) -> to
     """Expert parallelism: send each expert's rows to its rank, run this rank's experts on what arrived (regrouped
     by expert), send the outputs back. `counts`: rows per expert (all experts), in expert order."""
     ranks, local = moe.ep_size, moe.spec.experts // moe.ep_size
-    table = _arrivals(moe, counts)
+    table = _arrivals(moe, counts, rows.device)
     send = [sum(counts[r * local : (r + 1) * local]) for r in range(ranks)]
     arrive = [sum(row) for row in table]
     moe.loads.append(sum(arrive) / max(sum(counts), 1))
@@ -293,11 +293,6 @@ def _dispatch_run_combine(moe: MoE, rows: torch.Tensor, counts: list[int]) -> to
 
 def moe_modules(model: nn.Module) -> list[MoE]:
     return [m for m in model.modules() if isinstance(m, MoE)]
-
-
-def is_expert_param(name: str) -> bool:
-    """A routed expert's weight (sharded over ep, reduced over the experts' data-parallel group), by its name."""
-    return ".experts." in name or name.startswith("experts.")
 
 
 def expert_parallel(model: nn.Module, ep_mesh) -> None:
