@@ -154,15 +154,17 @@ def serving_memory(job: Job, accelerator: Accelerator) -> ServingMemory:
     rows = 1 if s.concurrency == "max" else s.concurrency
     runtime = _runtime_bytes(job, accelerator)
     left = budget - weights - runtime
-    acts = step_activation_bytes(job, rows)
     block_bytes = per_token * s.block_size
-    blocks = max(int((left - acts) // block_bytes), 0) if block_bytes else 0
-    max_conc = int(blocks * block_bytes // seq) if seq else 0
-    if s.concurrency == "max":
-        rows = max(max_conc, 1)
+
+    def fill(rows: int) -> tuple[float, int, int]:
+        """(a step's activations sampling `rows` sequences, the KV blocks left beside them, the requests they hold)"""
         acts = step_activation_bytes(job, rows)
-        blocks = max(int((left - acts) // block_bytes), 0)
-        max_conc = int(blocks * block_bytes // seq)
+        blocks = max(int((left - acts) // block_bytes), 0) if block_bytes else 0
+        return acts, blocks, int(blocks * block_bytes // seq) if seq else 0
+
+    acts, blocks, max_conc = fill(rows)
+    if s.concurrency == "max":  # as many as fit, then the step that samples them all
+        acts, blocks, max_conc = fill(max(max_conc, 1))
     concurrency = max(max_conc, 1) if s.concurrency == "max" else s.concurrency
     return ServingMemory(
         capacity_bytes=capacity,

@@ -9,7 +9,6 @@ The folder is what `toolkit compare --run` reads (toolkit.serve.compare).
 from __future__ import annotations
 
 import dataclasses
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -64,21 +63,12 @@ def generate(job: Job, out_dir: str | Path, nproc: int = 1, catalog_files=(), ve
 
 
 def _run_ranks(command: list[str], nproc: int, out: Path) -> None:
-    from ..train.determinism import pin_environment
-    from ..train.launch import free_port
+    from ..train.launch import free_port, rank_env
 
     port = free_port()
     workers = []
     for rank in range(nproc):
-        env = dict(
-            pin_environment(dict(os.environ), nproc),
-            RANK=str(rank),
-            LOCAL_RANK=str(rank),
-            WORLD_SIZE=str(nproc),
-            LOCAL_WORLD_SIZE=str(nproc),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-        )
+        env = rank_env(rank, nproc, port)
         log = open(out / f"rank{rank}.log", "w", encoding="utf-8")  # noqa: SIM115 - the rank's, closed by the OS
         workers.append(subprocess.Popen(command, env=env, stderr=log, stdout=log, text=True))
     failed = _wait(workers, out)

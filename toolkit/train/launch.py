@@ -34,7 +34,7 @@ from .checkpoint import latest_checkpoint, list_checkpoints, resume_key
 from .checks import refuse_accelerate_overrides, runner_checks
 from .determinism import pin_environment
 
-__all__ = ["prepare_run", "launch", "free_port"]
+__all__ = ["prepare_run", "launch", "free_port", "rank_env"]
 
 
 def prepare_run(job: Job, out_dir: str | Path, nproc: int, catalog_files=(), force: bool = False) -> Job:
@@ -103,6 +103,20 @@ def prepare_run(job: Job, out_dir: str | Path, nproc: int, catalog_files=(), for
     return job
 
 
+def rank_env(rank: int, nproc: int, port: int) -> dict:
+    """This process's environment for rank `rank` of `nproc` on this host (torchrun's variables, the pinned
+    threads of toolkit.train.determinism)."""
+    return dict(
+        pin_environment(dict(os.environ), nproc),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(nproc),
+        LOCAL_WORLD_SIZE=str(nproc),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -161,13 +175,7 @@ def launch(
     workers = []
     for rank in range(nproc):
         env = dict(
-            pin_environment(dict(os.environ), nproc),
-            RANK=str(rank),
-            LOCAL_RANK=str(rank),
-            WORLD_SIZE=str(nproc),
-            LOCAL_WORLD_SIZE=str(nproc),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
+            rank_env(rank, nproc, port),
             TOOLKIT_LAUNCHER_PID=str(os.getpid()),
             **allocator,
         )
