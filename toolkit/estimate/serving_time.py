@@ -143,8 +143,8 @@ class ServingClock:
         a = self.a
         return a.inference_op_overhead_s if a.inference_op_overhead_s is not None else a.op_overhead_s
 
-    def _tp_s(self, rows: float) -> float:
-        """A block's two all-reduces of the step's rows × hidden."""
+    def _tp_s(self, rows: float, collectives: int = 2) -> float:
+        """`collectives` all-reduces of the step's rows × hidden (a block's two)."""
         tp = self.job.parallel.tp
         if tp == 1:
             return 0.0
@@ -155,7 +155,7 @@ class ServingClock:
             if self.a.tp_collective_s is not None
             else latency_s(tp, 1, self.hw.gpus_per_node, self.a)
         )
-        return 2 * float(lat + ring_s(2, size, tp, bw))
+        return collectives * float(lat + ring_s(2, size, tp, bw))
 
     # ---- a step -------------------------------------------------------------------------------------
     def step_s(
@@ -179,7 +179,9 @@ class ServingClock:
         head_rows = decode_rows if sampled is None else sampled
         fixed = DECODE_OPS_FIXED * self._op_s() if self.prof is None else 0.0
         head = self._matmul_s(max(head_rows, 1), m.hidden, m.vocab / self.job.parallel.tp, decoding)
-        return blocks + head + fixed
+        # the vocabulary-parallel embedding's all-reduce and the sampled rows' logits gathered (vLLM's, the runner's)
+        ends = self._tp_s(rows, 1) + self._tp_s(max(head_rows, 1) * m.vocab / m.hidden, 1)
+        return blocks + head + fixed + ends
 
     def token_s(self, stage_s: float) -> float:
         """A token's pass through every pipeline stage, with a point-to-point hop between stages."""
