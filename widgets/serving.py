@@ -98,11 +98,7 @@ class ServingPanel(PanelText, W.VBox):
         s, cost_rows = result["serving"], costs
         tput = "-" if s["output_tokens_per_s"] is None else f"{s['output_tokens_per_s']:.0f}"
         if not result["memory"]["fits"]:
-            self.summary.value = (
-                f"<p style='color:#d62728'>{html.escape(result['notes'][0])}</p>"
-                if result["notes"]
-                else "<p style='color:#d62728'><b>Does not fit.</b></p>"
-            )
+            self.summary.value = f"<p style='color:#d62728'>{html.escape(result['memory']['why_not'])}</p>"
             _show(self.memory_fig, serving_memory_figure(result))
             return
         self.summary.value = (

@@ -174,3 +174,38 @@ def test_serving_input_is_refused_in_one_line(cli):
     assert code == 2 and "max_context" in err or "--max-context" in err
     with pytest.raises(SpecError, match="training layout"):
         Job.from_dict({"model": {"preset": "llama2-7b"}, "workload": "inference", "parallel": {"zero": 3}}).resolve()
+
+
+def test_fp8_weights_run_at_the_fp8_rate_where_the_device_has_it(catalog):
+    """W8A8 on an H100 (1,979 FP8 TFLOP/s, twice its bf16 peak): once the step is bound by FLOPs, fp8 weights beat
+    int8 weight-only kernels, which read as few bytes but multiply at the 16-bit rate."""
+    args = dict(model="llama2-70b", gpus="2xH100-SXM", parallel={"tp": 2}, concurrency=128)
+    fp8, int8 = (_serve(catalog, weights=w, **args)["serving"]["tpot_s"] for w in ("fp8", "int8"))
+    assert fp8 < 0.8 * int8
+
+
+def test_a_sliding_window_bounds_what_decode_reads(catalog, tmp_path):
+    """Mistral's 4,096-token window: at a 30,000-token context a step reads no more cache than at 4,096 plus the
+    window's worth; the same model without the window reads all of it."""
+    base = {"hf_config": str(FIXTURES / "hf" / "mistral-7b")}
+    serving = {"concurrency": 8, "input_tokens": 30000, "output_tokens": 128}
+
+    def tpot(model):
+        job = {
+            "model": model,
+            "workload": "inference",
+            "serving": serving,
+            "cluster": {"accelerator": "H100-SXM", "count": 1},
+        }
+        return estimate(Job.from_dict(job, catalog), catalog)["serving"]["tpot_s"]
+
+    windowed, full = tpot(base), tpot({**base, "sliding_window": None})
+    assert windowed < 0.6 * full
+
+
+def test_moe_decode_reads_the_experts_it_touches_once_a_step(catalog):
+    """Qwen3-30B-A3B (128 experts, top-8, 30.5 B parameters) decoding 16 requests on an H100: the step touches most
+    experts, so it reads about the whole model once (61 GB in bf16 at 3.35 TB/s · 0.9: ~20 ms), not an expert
+    kernel's fixed cost per expert."""
+    tpot = _serve(catalog, model="qwen3-30b-a3b", gpus="1xH100-SXM", concurrency=16)["serving"]["tpot_s"]
+    assert 0.015 < tpot < 0.04

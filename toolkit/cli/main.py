@@ -231,7 +231,10 @@ def cmd_estimate(args) -> int:
         Job.from_dict(result["job"], catalog).to_yaml(args.write_job)
     print(json.dumps(result, indent=2, ensure_ascii=False) if args.json else render_estimate(result))
     if args.check and result["memory"].get("fits") is False:
-        peak = result["memory"].get("device_peak_bytes") or result["memory"]["device_bytes"]
+        if result.get("workload") == "inference":
+            print(f"toolkit estimate: the job {result['memory']['why_not']}", file=sys.stderr)
+            return 1
+        peak = result["memory"]["device_peak_bytes"]
         print(
             f"toolkit estimate: the job does not fit: {peak / 2**30:.1f} GiB a "
             "device at its peak; see `toolkit doctor` for fixes",

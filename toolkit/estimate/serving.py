@@ -14,9 +14,8 @@ from __future__ import annotations
 from ..specs.catalog import Catalog
 from ..specs.job import Job
 from ..specs.params import count_params
-from .hardware import hardware_for
 from .serving_memory import ServingMemory, matrix_bits, serving_memory
-from .serving_time import ServingClock
+from .serving_time import ServingClock, serving_hardware
 
 __all__ = ["serving_estimate", "serving_cost", "serving_point"]
 
@@ -26,7 +25,7 @@ def serving_point(job: Job, catalog: Catalog) -> tuple[ServingMemory, dict | Non
     of a resolved serving job."""
     accelerator = catalog.accelerator(job.cluster.accelerator)
     mem = serving_memory(job, accelerator)
-    hw = hardware_for(job, catalog)
+    hw = serving_hardware(job, catalog)
     if hw is None or not mem.fits:  # (a job that does not fit has no speed and no price: None, not a guess)
         return mem, None, None
     clock = ServingClock(job, hw)
@@ -63,7 +62,7 @@ def serving_cost(job: Job, catalog: Catalog, point: dict | None, clock: ServingC
     out_per_s = point["output_tokens_per_s"] * replicas
     s = job.serving
     c = point["concurrency"]
-    decode_only = clock.step_s(c / job.parallel.pp, s.input_tokens + s.output_tokens / 2)
+    decode_only = clock.step_s(min(c, s.max_batched_tokens) / job.parallel.pp, s.input_tokens + s.output_tokens / 2)
     prompt_share = max(1.0 - clock.token_s(decode_only) / point["tpot_s"], 0.0)
     in_per_s = out_per_s * s.input_tokens / s.output_tokens
     cost.update(
@@ -79,21 +78,24 @@ def serving_estimate(job: Job, catalog: Catalog, notes: list[str]) -> dict:
     mem, point, clock = serving_point(job, catalog)
     s, model = job.serving, job.model
     params = count_params(model)
-    if hardware_for(job, catalog) is None:
+    if serving_hardware(job, catalog) is None:
         notes.append(f"{job.cluster.accelerator}: no speed figures (peak, bandwidth or link) to time serving with")
+    why = None
     if not mem.kv_blocks:
-        notes.append(
+        why = (
             f"does not fit: the weights ({mem.weights_bytes / 2**30:.1f} GiB a device) and a step's activations leave "
             f"no room for a KV cache in the engine's {mem.budget_bytes / 2**30:.1f} GiB (quantize --weights, or "
             "raise --tp)"
         )
     elif not mem.fits:
-        notes.append(
+        why = (
             f"does not fit: {mem.concurrency} request(s) at {s.context} tokens need "
             f"{mem.kv_cache_bytes / 2**30:.1f} GiB of KV cache a device; the engine's share holds "
             f"{mem.max_concurrency} (lower --concurrency or --max-context, quantize --weights or --kv-dtype, or "
             "raise --tp)"
         )
+    if why:
+        notes.insert(0, why)
     _serving_notes(job, notes)
     curve = clock.curve(mem.max_concurrency) if clock is not None else []
     serving = {
@@ -127,6 +129,7 @@ def serving_estimate(job: Job, catalog: Catalog, notes: list[str]) -> dict:
         "device_bytes": mem.device_bytes,
         "free_bytes": mem.capacity_bytes - mem.device_bytes,
         "fits": mem.fits,
+        "why_not": why,
     }
     return {
         "job": job.to_dict(),

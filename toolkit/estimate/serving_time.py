@@ -17,6 +17,7 @@ halves the bytes: both are upper bounds, since real sparse kernels reach less.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -24,14 +25,14 @@ import numpy as np
 from ..specs.job import Job
 from ..specs.serving import KV_BYTES
 from .comm import bus_bw_bytes_per_s, latency_s, ring_s
-from .hardware import Assumptions, Hardware
+from .hardware import Assumptions, Hardware, hardware_for
 from .kernels import attention_fraction, attention_kernel_of
-from .kv_cache import kv_width
+from .kv_cache import cached_tokens, kv_width
 from .mla import projection_shapes
 from .serving_memory import matrix_bits
 from .steptime import thin_factor
 
-__all__ = ["ServingClock", "KERNELS_PER_LAYER", "decode_ops_per_layer"]
+__all__ = ["ServingClock", "serving_hardware", "KERNELS_PER_LAYER", "decode_ops_per_layer"]
 
 KERNELS_PER_LAYER = 6
 """Kernels a serving engine runs per block besides its matmuls: two fused residual-add norms, the rotary
@@ -53,6 +54,16 @@ def decode_ops_per_layer(job: Job) -> int:
 DECODE_OPS_FIXED = 7
 """Operations of a decode step outside the blocks: the embedding (and learned positions), the final norm, the last
 position's slice and the output projection (counted as decode_ops_per_layer is)."""
+
+
+def serving_hardware(job: Job, catalog) -> Hardware | None:
+    """The device's figures for a serving job (hardware_for), with the FP8 matmul peak where the weights are fp8
+    and the device has FP8 units (W8A8), which the training estimate takes from precision.fp8 instead."""
+    hw = hardware_for(job, catalog)
+    if hw is None or job.serving.weights != "fp8" or hw.matmul_peak_flops is not None:
+        return hw
+    fp8 = catalog.accelerator(job.cluster.accelerator).peak_flops("fp8")
+    return dataclasses.replace(hw, matmul_peak_flops=fp8) if fp8 else hw
 
 
 class ServingClock:
@@ -103,20 +114,29 @@ class ServingClock:
         return shapes
 
     def _experts_s(self, rows: float) -> float:
-        """A Mixture of Experts block's routed experts for `rows` tokens: the experts they touch (all, once rows ×
-        top-k covers them; else E·(1 − (1 − k/E)^rows)), each read once, each with its share of the rows."""
+        """A Mixture of Experts block's routed experts for `rows` tokens, as one grouped kernel for the up (and gate)
+        products and one for the down (vLLM's fused MoE): the experts the rows touch (E·(1 − (1 − k/E)^rows), all of
+        them once rows × top-k covers them) are read once each, every row's k experts' FLOPs run at the matmul rate,
+        the longer of the two a kernel, plus its fixed time."""
         m, tp = self.job.model, self.job.parallel.tp
         e, k = m.experts, m.experts_per_token
         touched = e * (1 - (1 - k / e) ** rows)
-        per = rows * k / touched
         f = m.expert_ffn_ / tp
-        up = (2 if m.mlp == "swiglu" else 1) * f
-        return touched * (self._matmul_s(per, m.hidden, up) + self._matmul_s(per, f, m.hidden))
+        total = 0.0
+        for k_in, n_out in ((m.hidden, (2 if m.mlp == "swiglu" else 1) * f), (f, m.hidden)):
+            weights = touched * k_in * n_out * self.weight_bits / 8
+            moved = weights + rows * k * (k_in + n_out) * self.cb
+            flops = 2.0 * rows * k * k_in * n_out
+            fixed = self.prof.gemm_fixed_s if self.prof is not None else 0.0
+            rate = self.peak * (self.fraction if self.prof is not None else self.a.gemm_fraction)
+            total += max(flops / rate, moved / self.hw.memory_bw_bytes_per_s) + fixed
+        return total
 
     def _attention_s(self, decode_rows: float, context: float, prefill_tokens: float, prefill_context: float):
         """One layer's attention: the decoding sequences read their cached keys and values; the prompt tokens'
         attention FLOPs (causal: each sees its earlier tokens) at the fused kernel's measured rate."""
         m, tp = self.job.model, self.job.parallel.tp
+        context, prefill_context = self._windowed(context), self._windowed(prefill_context)
         read_s = decode_rows * context * kv_width(m, tp) * self.kv_bytes / self.hw.memory_bw_bytes_per_s
         if not prefill_tokens:
             return read_s
@@ -130,6 +150,12 @@ class ServingClock:
         else:
             rate = self.hw.peak_flops * (self.a.attention_fraction or self.a.gemm_fraction)
         return read_s + flops / rate
+
+    def _windowed(self, context: float) -> float:
+        """The keys a query attends over, averaged over the stage's layers: sliding-window layers see their window."""
+        if not context or not self.job.model.sliding_window:
+            return context
+        return cached_tokens(self.job.model, context, self.job.parallel.pp) / self.layers
 
     def _layer_fixed_s(self, rows: float) -> float:
         """The block's other kernels: each streams the step's rows × hidden a few times, at least a kernel's time."""

@@ -17,9 +17,8 @@ import math
 
 import numpy as np
 
-from ..estimate.hardware import hardware_for
 from ..estimate.serving_memory import serving_memory
-from ..estimate.serving_time import ServingClock
+from ..estimate.serving_time import ServingClock, serving_hardware
 from ..specs import Job, SpecError
 from ..specs.catalog import Catalog
 from .search import pareto_front
@@ -51,7 +50,7 @@ def _candidate(job: Job, catalog: Catalog, offer, weights: str, tp: int) -> dict
     except SpecError:
         return None
     mem = serving_memory(trial, catalog.accelerator(offer.accelerator))
-    hw = hardware_for(trial, catalog)
+    hw = serving_hardware(trial, catalog)
     if mem.max_concurrency < 1 or hw is None:
         return None
     curve = ServingClock(trial, hw).curve(mem.max_concurrency)

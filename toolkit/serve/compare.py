@@ -13,9 +13,8 @@ import dataclasses
 import json
 from pathlib import Path
 
-from ..estimate.hardware import hardware_for
 from ..estimate.serving_memory import runner_peak_bytes, weight_bytes
-from ..estimate.serving_time import ServingClock
+from ..estimate.serving_time import ServingClock, serving_hardware
 from ..runs import run_catalog_files
 from ..specs import Job, SpecError, load_catalog
 from ..specs.serving import KV_BYTES
@@ -74,7 +73,7 @@ def compare_generate(out: str | Path, catalog_files=()) -> dict:
             "peak under tensor parallelism: the buffers of DTensor's collectives on gloo (the row-parallel outputs' "
             "partial sums and their reduced copies) are not modelled; weights and cache are"
         )
-    hw = hardware_for(job, catalog) if job.cluster.accelerator else None
+    hw = serving_hardware(job, catalog) if job.cluster.accelerator else None
     if hw is None:
         notes.append(
             "time: no device figures for this machine; measure them with `toolkit calibrate --config "
@@ -106,7 +105,9 @@ def render_generate(record: dict, out) -> str:
         f"{out}: {record['serving'].get('concurrency')} request(s), {record['serving'].get('input_tokens')} prompt + "
         f"{record['serving'].get('output_tokens')} new tokens on {record['world']} rank(s)",
         f"  time to first token   {record['ttft_s'] * 1e3:9.1f} ms",
-        f"  time per output token {record['tpot_s'] * 1e3:9.2f} ms (median step)",
+        "  time per output token         - (one token: no decode step)"
+        if record["tpot_s"] is None
+        else f"  time per output token {record['tpot_s'] * 1e3:9.2f} ms (median step)",
         f"  output tokens/s       {record['output_tokens_per_s']:9.1f}",
         f"  KV cache              {record['kv_cache_bytes'] / 2**20:9.2f} MiB a rank",
         f"  peak                  {record['peak_bytes'] / 2**20:9.2f} MiB a rank ({record['instrument']})",

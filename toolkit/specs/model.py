@@ -217,6 +217,10 @@ class ModelSpec:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise SpecError(f"model.{name}", value, "must be a whole number, 0 or more")
+        if self.sliding_layers is not None and not 0 <= self.sliding_layers <= self.layers:
+            raise SpecError(
+                "model.sliding_layers", self.sliding_layers, f"must lie between 0 and model.layers = {self.layers}"
+            )
         for name in (
             "expert_ffn",
             "shared_expert_ffn",

@@ -58,7 +58,10 @@ def _check_model_split(job: Job, notes: list[str]) -> None:
                 "parallel.stage_layers", list(par.stage_layers), "needs the model's layers (give model.layers)"
             )
         return
-    if not heads_split(model, par.tp):
+    serving_copies_kv = (  # a serving engine keeps a copy of a kv head on each of the tp / kv_heads ranks (vLLM)
+        job.workload == "inference" and model.heads % par.tp == 0 and par.tp % model.kv_heads_ == 0
+    )
+    if not heads_split(model, par.tp) and not serving_copies_kv:
         for heads_field, heads in (("model.heads", model.heads), ("model.kv_heads", model.kv_heads_)):
             if heads % par.tp:
                 raise SpecError(
