@@ -76,6 +76,7 @@ def _measure_rank(job: Job, rank: int, world: int) -> dict:
     mode = job.precision.mode or "fp32"
     dtype = TORCH_DTYPES[compute_dtype(mode)]
     shaped = job.model.has_shape
+    serving = job.workload == "inference"
     shapes = job_shapes(job) if shaped else [(n, n, n) for n in SWEEP]
     bandwidth, latency = collective_fit(world)
     reduce_scatter_bw, gather_bw = sharded_bw_bytes_per_s(world)
@@ -87,8 +88,9 @@ def _measure_rank(job: Job, rank: int, world: int) -> dict:
         "memory_bw_bytes_per_s": elementwise_bw_bytes_per_s(job, dtype) if shaped else memory_bw_bytes_per_s(),
         "optimizer_params_per_s": optimizer_params_per_s(job),
         "op_overhead_s": op_overhead_s(),
-        "inference_op_overhead_s": inference_op_overhead_s(job),
-        "decode_bw_bytes_per_s": decode_bw_bytes_per_s(job, dtype) if shaped else None,
+        # a serving job's decode figures (a training job's calibration does not need them)
+        "inference_op_overhead_s": inference_op_overhead_s(job) if serving else None,
+        "decode_bw_bytes_per_s": decode_bw_bytes_per_s(job, dtype) if shaped and serving else None,
         "checkpoint_overhead_s": checkpoint_overhead_s(job) if shaped else None,
         "ops_per_unit": ops_per_unit(job) if shaped and not job.model.encoder else None,
         "selective_op_overhead_s": selective_op_overhead_s(job) if shaped and not job.model.encoder else None,
@@ -210,7 +212,6 @@ def profile_row(ranks: list[dict], world: int) -> dict:
         "link_efficiency": 1.0,
         "comm_overlaps_compute": False,  # measured on CPU cores (gloo), which do both in turn
         "op_overhead_s": max(r["op_overhead_s"] for r in ranks),
-        "inference_op_overhead_s": max(r["inference_op_overhead_s"] for r in ranks),
         "optimizer_params_per_s": min(r["optimizer_params_per_s"] for r in ranks),
     }
     if ranks[0]["attention_flops"]:
@@ -219,6 +220,8 @@ def profile_row(ranks: list[dict], world: int) -> dict:
         assumptions["latency_intra_s"] = ranks[0]["latency_s"]
     if ranks[0].get("decode_bw_bytes_per_s") is not None:
         assumptions["decode_bw_bytes_per_s"] = min(r["decode_bw_bytes_per_s"] for r in ranks)
+    if ranks[0].get("inference_op_overhead_s") is not None:
+        assumptions["inference_op_overhead_s"] = max(r["inference_op_overhead_s"] for r in ranks)
     for key in ("reduce_scatter_bw_bytes_per_s", "gather_bw_bytes_per_s"):
         if ranks[0].get(key) is not None:
             assumptions[key] = ranks[0][key]
