@@ -119,7 +119,7 @@ def _answers_or_refuses(argv: list[str], capsys) -> None:
         assert out.strip(), argv
 
 
-@settings(max_examples=60)
+@settings(max_examples=40)
 @given(flags=ALL_FLAGS)
 def test_estimate_answers_or_refuses_in_one_line(flags, capsys):
     _answers_or_refuses(["estimate", *flags], capsys)
