@@ -11,12 +11,12 @@ the last valid view.
 
 from __future__ import annotations
 
-import dataclasses
 import html
 
 import ipywidgets as W
 
 from toolkit.estimate import estimate
+from toolkit.estimate.serving import prices_by_offer
 from toolkit.plots_serving import serving_cost_figure, serving_curve_figure, serving_memory_figure
 from toolkit.specs import Job, SpecError, load_catalog
 from widgets.fallback import PanelText
@@ -89,7 +89,7 @@ class ServingPanel(PanelText, W.VBox):
         try:
             job = self.job()
             result = estimate(job, self.catalog)
-            costs = self._costs(job)
+            costs = prices_by_offer(job, self.catalog)
         except SpecError as err:
             self.error.value = f"<p style='color:#d62728'>{html.escape(str(err))}</p>"
             return
@@ -112,19 +112,6 @@ class ServingPanel(PanelText, W.VBox):
             (self.cost_fig, serving_cost_figure(cost_rows)),
         ):
             _show(widget, fig)
-
-    def _costs(self, job: Job) -> list[dict]:
-        """Price per million output tokens on every offer of this GPU, on demand and spot."""
-        rows = []
-        for offer in self.catalog.offers.values():
-            if self.catalog.accelerator(offer.accelerator).name != job.cluster.accelerator:
-                continue
-            row = {"offer": offer.name}
-            for key, spot in (("on_demand", False), ("spot", True)):
-                priced = job.replace(cost=dataclasses.replace(job.cost, offer=offer.name, spot=spot))
-                row[key] = estimate(priced, self.catalog)["cost"]["usd_per_million_output_tokens"]
-            rows.append(row)
-        return rows
 
 
 def _show(widget: W.Widget, fig) -> None:

@@ -32,15 +32,14 @@ import torch
 import yaml
 
 from .comm import collective_fit, fsdp_collective_s, sharded_bw_bytes_per_s, tp_collective_s
+from .decode import decode_bw_bytes_per_s, inference_op_overhead_s
 from .kernels import (
     IN_MODEL_LAYERS,
     SWEEP,
     attention_flops,
-    decode_bw_bytes_per_s,
     checkpoint_overhead_s,
     elementwise_bw_bytes_per_s,
     half_size,
-    inference_op_overhead_s,
     head_shape,
     in_model_rates,
     job_shapes,

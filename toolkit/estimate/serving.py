@@ -11,13 +11,15 @@ million output and input tokens on the offer. Figures not modelled are None, nev
 
 from __future__ import annotations
 
+import dataclasses
+
 from ..specs.catalog import Catalog
 from ..specs.job import Job
 from ..specs.params import count_params
 from .serving_memory import ServingMemory, matrix_bits, serving_memory
 from .serving_time import ServingClock, serving_hardware
 
-__all__ = ["serving_estimate", "serving_cost", "serving_point"]
+__all__ = ["serving_estimate", "serving_cost", "serving_point", "prices_by_offer"]
 
 
 def serving_point(job: Job, catalog: Catalog) -> tuple[ServingMemory, dict | None, ServingClock | None]:
@@ -140,6 +142,24 @@ def serving_estimate(job: Job, catalog: Catalog, notes: list[str]) -> dict:
         "memory": memory,
         "cost": serving_cost(job, catalog, point, clock),
     }
+
+
+def prices_by_offer(job: Job, catalog: Catalog) -> list[dict]:
+    """Price per million output tokens of a serving job on every offer of its accelerator, on demand and spot:
+    [{"offer", "on_demand", "spot"}] (None where the offer has no such price)."""
+    from .report import estimate  # (report imports this module)
+
+    accelerator = catalog.accelerator(job.cluster.accelerator).name
+    rows = []
+    for offer in catalog.offers.values():
+        if catalog.accelerator(offer.accelerator).name != accelerator:
+            continue
+        row = {"offer": offer.name}
+        for key, spot in (("on_demand", False), ("spot", True)):
+            priced = job.replace(cost=dataclasses.replace(job.cost, offer=offer.name, spot=spot))
+            row[key] = estimate(priced, catalog)["cost"]["usd_per_million_output_tokens"]
+        rows.append(row)
+    return rows
 
 
 def _serving_notes(job: Job, notes: list[str]) -> None:
