@@ -21,7 +21,7 @@ from toolkit.specs import Job, ModelSpec  # noqa: E402
 from toolkit.train.data import ensure_demo_corpus  # noqa: E402
 from toolkit.train.launch import prepare_run  # noqa: E402
 from toolkit.train.loop import run_training  # noqa: E402
-from toolkit.runs import read_metrics  # noqa: E402
+from toolkit.runs.folder import read_metrics  # noqa: E402
 from toolkit.program.model import GPT  # noqa: E402
 from toolkit.program.techniques import Int8Activations  # noqa: E402
 

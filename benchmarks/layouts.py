@@ -144,7 +144,7 @@ def memory_error(out: Path) -> float:
     """Largest |estimate − measured| / measured of the per-rank tensor peaks the run recorded (memory/rank*.json),
     each rank against its own pipeline stage's estimate."""
     from toolkit.estimate.memory import stage_memory_estimate
-    from toolkit.runs import read_rank_memory
+    from toolkit.runs.folder import read_rank_memory
     from toolkit.specs import Job, load_catalog
 
     job, _ = Job.from_yaml(out / "job.yaml").resolve(load_catalog())

@@ -68,7 +68,7 @@ def departure(run: list[dict], ref: list[dict]) -> int | None:
 def rank_memory(out: Path) -> list[dict]:
     """Each rank's measured tensor peak beside the estimate at the load its experts took."""
     from toolkit.estimate.memory import stage_memory_estimate
-    from toolkit.runs import read_rank_memory
+    from toolkit.runs.folder import read_rank_memory
     from toolkit.specs import Job, load_catalog
     from toolkit.trace.report import at_rank_routing
 

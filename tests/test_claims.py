@@ -2,7 +2,7 @@
 
 import json
 
-from toolkit.claims import check_claims
+from toolkit.plan.claims import check_claims
 from toolkit.cli import main
 
 VERDICTS = {"true", "partly true", "misleading", "false", "unverified"}

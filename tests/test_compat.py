@@ -6,7 +6,7 @@ import sys
 
 import torch
 
-from toolkit.compat import CHECKED, version_note
+from toolkit.program.compat import CHECKED, version_note
 
 BLOCK = (
     "import sys; sys.modules['torch.distributed._tools.mem_tracker'] = None; "  # as if torch had moved it

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from toolkit.proxy import LocalDevices, run_plan
+from toolkit.runs.proxy import LocalDevices, run_plan
 from toolkit.specs import Job, SpecError
 
 CPU = LocalDevices("cpu", 2)

@@ -3,7 +3,7 @@
 import itertools
 
 from toolkit.estimate import estimate
-from toolkit.format import render_estimate
+from toolkit.views.text import render_estimate
 from toolkit.specs import Job, SpecError, load_catalog
 
 

@@ -29,10 +29,10 @@ import ipywidgets as W
 import traitlets
 
 from toolkit.estimate import Estimate, estimate_result
-from toolkit.plots import metrics_figure
-from toolkit.runs import read_rank_memory
+from toolkit.views.figures import metrics_figure
+from toolkit.runs.folder import read_rank_memory
 from toolkit.specs import Job, SpecError
-from toolkit.runs import MetricsTail
+from toolkit.runs.folder import MetricsTail
 from toolkit.train.launch import STARTER_ENV
 from widgets.fallback import PanelText
 from widgets.live_figure import LiveFigure

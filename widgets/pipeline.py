@@ -17,7 +17,7 @@ import html
 import ipywidgets as W
 
 from toolkit.estimate.pipeline import SCHEDULES, simulate
-from toolkit.plots import pipeline_figure
+from toolkit.views.figures import pipeline_figure
 from widgets.fallback import PanelText
 from widgets.live_figure import LiveFigure
 

@@ -9,7 +9,7 @@ copies the result into figures and text (no maths here). A combination the Job r
 message beside the panel, the control it names highlighted, and leaves the last valid view up.
 Buttons: export the job as YAML, ask the doctor for fixes (one click applies a fix), and search
 the best layouts (the planner's top plans and their Pareto front). Run trains the job for real, or, where
-this machine cannot hold it, a scaled-down proxy with the same kinds of parallelism (toolkit.proxy); what Run
+this machine cannot hold it, a scaled-down proxy with the same kinds of parallelism (toolkit.runs.proxy); what Run
 will start is said in words before anyone presses it, and the launcher panel appears under the planner.
 """
 
@@ -22,9 +22,9 @@ from pathlib import Path
 import ipywidgets as W
 
 from toolkit.estimate import Estimate, estimate_result
-from toolkit.format import layout_text
-from toolkit.plots import copy_into, memory_figure, pareto_figure, step_figure
-from toolkit.proxy import RunPlan, local_devices, run_plan
+from toolkit.views.text import layout_text
+from toolkit.views.figures import copy_into, memory_figure, pareto_figure, step_figure
+from toolkit.runs.proxy import RunPlan, local_devices, run_plan
 from toolkit.specs import PRECISIONS, Job, SpecError, load_catalog
 from toolkit.specs.axes import AXES
 from widgets.fallback import PanelText

@@ -85,7 +85,7 @@ def test_the_cli_takes_its_flag_and_the_search_keeps_it_fixed(axis, tmp_path):
 
 @pytest.mark.parametrize("axis", AXES, ids=lambda a: a.name)
 def test_the_text_report_shows_it(axis):
-    from toolkit.format import layout_text
+    from toolkit.views.text import layout_text
 
     plain = {"dp": 8, **{a.name: a.default for a in AXES}}
     assert layout_text({**plain, axis.name: NON_DEFAULT[axis.name]}) != layout_text(plain)
@@ -113,7 +113,7 @@ def _panel():
 
 @pytest.mark.parametrize("axis", AXES, ids=lambda a: a.name)
 def test_the_proxy_takes_it_within_what_this_machine_runs(axis):
-    from toolkit.proxy import LocalDevices, run_plan
+    from toolkit.runs.proxy import LocalDevices, run_plan
 
     job = job_with(axis.name, NON_DEFAULT[axis.name])
     plan = run_plan(job, LocalDevices("cpu", 2), max_ranks=4)

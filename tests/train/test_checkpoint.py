@@ -49,7 +49,7 @@ def test_a_disk_that_fills_while_saving_stops_every_rank_and_loses_no_checkpoint
     import os
     from pathlib import Path
 
-    from toolkit.runs import read_metrics
+    from toolkit.runs.folder import read_metrics
 
     from .test_runner import toolkit_train
 

@@ -3,7 +3,7 @@ per-rank memory against the estimate, and a refusal to resume on another world s
 for bit, is in benchmarks/soak.py).
 (Its own file so that pytest-xdist runs it beside the other layout tests.)"""
 
-from toolkit.runs import read_rank_memory
+from toolkit.runs.folder import read_rank_memory
 from toolkit.specs import Job
 
 from .test_layouts import STEPS, _assert_close, _compare, _records

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from toolkit.cli import main
-from toolkit.runs import read_rank_memory
+from toolkit.runs.folder import read_rank_memory
 from toolkit.specs import Job
 
 TINY = str(Path(__file__).parents[2] / "examples" / "tiny.yaml")

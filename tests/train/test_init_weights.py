@@ -94,7 +94,7 @@ def test_fine_tune_from_a_run_on_two_ranks(tmp_path, corpus):
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
     from tests.train.conftest import tiny_job
-    from toolkit.runs import read_metrics
+    from toolkit.runs.folder import read_metrics
     from toolkit.train.checkpoint import latest_checkpoint
     from toolkit.train.launch import launch, prepare_run
 

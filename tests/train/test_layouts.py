@@ -14,10 +14,10 @@ import torch
 
 from toolkit.cli import main
 from toolkit.estimate.pipeline import rank_orders
-from toolkit.runs import read_pipeline_timeline
+from toolkit.runs.folder import read_pipeline_timeline
 from toolkit.specs import Job
 from toolkit.train.loop import refuse_accelerate_overrides
-from toolkit.runs import read_metrics
+from toolkit.runs.folder import read_metrics
 
 from .test_runner import toolkit_train, train_here
 

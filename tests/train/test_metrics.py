@@ -2,7 +2,7 @@
 
 import json
 
-from toolkit.runs import read_metrics
+from toolkit.runs.folder import read_metrics
 from toolkit.train.metrics import MetricsLog
 
 
@@ -29,7 +29,7 @@ def test_partial_last_line_is_ignored(tmp_path):
 
 
 def test_tail_reads_only_new_complete_lines_and_restarts_after_a_rewrite(tmp_path):
-    from toolkit.runs import MetricsTail
+    from toolkit.runs.folder import MetricsTail
 
     path = tmp_path / "metrics.jsonl"
     tail = MetricsTail(path)
@@ -51,7 +51,7 @@ def test_tail_reads_only_new_complete_lines_and_restarts_after_a_rewrite(tmp_pat
 
 
 def test_tail_notices_a_rewrite_that_grew_past_its_offset(tmp_path):
-    from toolkit.runs import MetricsTail
+    from toolkit.runs.folder import MetricsTail
 
     path = tmp_path / "metrics.jsonl"
     log = MetricsLog(path, 0)
@@ -71,7 +71,7 @@ def test_a_damaged_line_is_skipped_named_and_kept_aside_on_resume(tmp_path):
     """A line overwritten in the middle (NUL bytes from a crash, as ext4 leaves them) and one cut mid-write at the
     end: the readers keep every good record after the damage, name the bad line, and a resume's rewrite copies
     the file aside first, so nothing that was on disk is lost."""
-    from toolkit.runs import damaged_lines_note
+    from toolkit.runs.folder import damaged_lines_note
     from toolkit.train.metrics import MetricsLog
 
     path = tmp_path / "metrics.jsonl"

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from toolkit.runs import read_metrics
+from toolkit.runs.folder import read_metrics
 
 from .test_layouts import _compare, _drop_checkpoint
 from .test_runner import toolkit_train, train_here

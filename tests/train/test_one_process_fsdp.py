@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from toolkit.estimate.memory import memory_estimate
-from toolkit.runs import memory_file
+from toolkit.runs.folder import memory_file
 from toolkit.specs import Job
 from toolkit.trace.memory import trace_memory
 

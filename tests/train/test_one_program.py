@@ -3,7 +3,7 @@
 
 import pytest
 
-from toolkit.runs import read_rank_memory
+from toolkit.runs.folder import read_rank_memory
 from toolkit.trace.memory import trace_memory
 from toolkit.train.launch import prepare_run
 from toolkit.train.loop import run_training

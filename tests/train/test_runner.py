@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from toolkit.train.launch import prepare_run
-from toolkit.runs import read_metrics
+from toolkit.runs.folder import read_metrics
 
 from .conftest import tiny_job
 

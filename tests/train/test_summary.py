@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from toolkit.estimate.report import estimate
-from toolkit.format import gib
-from toolkit.runs import memory_file, write_rank_memory
+from toolkit.views.text import gib
+from toolkit.runs.folder import memory_file, write_rank_memory
 from toolkit.specs import Job
 from toolkit.train.memory_record import MemoryRecorder
 from toolkit.train.summary import render_run_summary, run_summary

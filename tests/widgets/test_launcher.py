@@ -2,7 +2,7 @@
 
 import time
 
-from toolkit.runs import read_rank_memory
+from toolkit.runs.folder import read_rank_memory
 from toolkit.specs import Job
 from widgets.launcher import LauncherPanel
 from widgets.planner import PlannerPanel
@@ -97,7 +97,7 @@ def test_a_new_launch_after_a_run_never_writes_into_it(tmp_path):
 def test_the_memory_chart_puts_the_process_and_the_tensors_on_separate_labelled_axes():
     """On a CPU the process (~0.4 GiB) holds far more than the tensors (~0.01 GiB) the estimate and the per-rank
     markers compare: each gets its own axis, named, so neither is flattened onto zero."""
-    from toolkit.plots import metrics_figure
+    from toolkit.views.figures import metrics_figure
 
     records = [{"step": s, "loss": 3.0, "tokens_per_s": 10.0, "mem_bytes": 4e8, "mem_kind": "rss"} for s in (1, 2)]
     ranks = [{"rank": 0, "stage": 0, "steps": [1, 2], "peak_bytes": 1e7, "instrument": "MemTracker"}]
@@ -133,7 +133,7 @@ def test_a_kernel_shut_down_mid_run_leaves_a_checkpoint_at_the_last_finished_ste
     import subprocess
     import sys
 
-    from toolkit.runs import read_metrics
+    from toolkit.runs.folder import read_metrics
     from toolkit.train.checkpoint import list_checkpoints
 
     out = tmp_path / "run"

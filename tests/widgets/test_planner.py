@@ -155,7 +155,7 @@ def test_offers_follow_the_chosen_accelerator(panel):
 
 
 def test_before_run_the_panel_says_in_words_what_run_will_start():
-    from toolkit.proxy import LocalDevices
+    from toolkit.runs.proxy import LocalDevices
 
     panel = PlannerPanel(
         preset="llama2-7b", accelerator="H100-SXM", count=8, precision="amp-bf16", zero=3, here=LocalDevices("cpu", 2)

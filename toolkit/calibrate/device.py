@@ -177,7 +177,7 @@ def _probe_run(job_dict: dict, out: str) -> dict:
     """In a fresh process: the runner's Trainer through the probe's steps, as `toolkit train` runs one rank but
     without the final checkpoint (a 176B job's share would write tens of GB); the run's memory record."""
     import os
-    from ..runs import read_rank_memory
+    from ..runs.folder import read_rank_memory
     from ..train.determinism import pinned, rank_threads
     from ..train.launch import prepare_run
     from ..train.loop import Trainer

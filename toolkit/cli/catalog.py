@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from ..format import count
+from ..views.text import count
 from ..estimate.params import count_params
 from ..specs import SpecError, load_catalog
 from ..specs.errors import did_you_mean

@@ -28,7 +28,7 @@ from .calibrate import add_calibrate_parser, cmd_calibrate
 from .catalog import cmd_catalog
 from .pipeline import add_pipeline_parser, cmd_pipeline
 from ..estimate import estimate
-from ..format import render_comparison, render_doctor, render_estimate, render_plan
+from ..views.text import render_comparison, render_doctor, render_estimate, render_plan
 from ..specs import Job, SpecError, load_catalog
 from ..specs.errors import MeasurementFailed
 from .job_flags import TRAIN_OVERRIDES, add_job_args, fixed_axes, flag_hint, job_from_args, parse_gpus
@@ -219,12 +219,12 @@ def cmd_estimate(args) -> int:
     job = job_from_args(args, catalog)
     result = estimate(job, catalog)
     if args.html and result.get("workload") == "inference":
-        from ..plots import write_html
-        from ..plots_serving import serving_curve_figure, serving_memory_figure
+        from ..views.figures import write_html
+        from ..views.figures_serving import serving_curve_figure, serving_memory_figure
 
         write_html(args.html, [serving_memory_figure(result), serving_curve_figure(result)])
     elif args.html:
-        from ..plots import memory_figure, step_figure, write_html
+        from ..views.figures import memory_figure, step_figure, write_html
 
         write_html(args.html, [memory_figure(result), step_figure(result)])
     if args.write_job:
@@ -263,7 +263,7 @@ def cmd_trace(args) -> int:
     catalog = load_catalog(*args.catalog)
     result = traced_estimate(_training_job(args, catalog), catalog)
     if args.html:
-        from ..plots import memory_figure, write_html
+        from ..views.figures import memory_figure, write_html
 
         write_html(args.html, [memory_figure(result)])
     print(json.dumps(result, indent=2, ensure_ascii=False) if args.json else render_estimate(result))
@@ -274,7 +274,7 @@ def cmd_compare(args) -> int:
     from ..trace.report import compare_memory, compare_run
 
     if args.run:
-        from ..format import render_run_comparison
+        from ..views.text import render_run_comparison
         from ..serve.compare import compare_generate, is_generate_run, render_generate_comparison
 
         if is_generate_run(args.run):
@@ -301,7 +301,7 @@ def cmd_plan(args) -> int:
         args.gpus = None  # the search sets the cluster itself
     job = job_from_args(args, catalog)
     if job.workload == "inference":
-        from ..format_serving import render_serving_plan
+        from ..views.text_serving import render_serving_plan
         from ..plan.serving import plan_serving
 
         result = plan_serving(job, catalog, offers, top=args.top)
@@ -326,7 +326,7 @@ def cmd_plan(args) -> int:
 
         plan_job(job, result["plans"][0]).to_yaml(args.write_job)
     if args.html:
-        from ..plots import pareto_figure, write_html
+        from ..views.figures import pareto_figure, write_html
 
         write_html(args.html, [pareto_figure(result)])
     print(json.dumps(result, indent=2, ensure_ascii=False) if args.json else render_plan(result))
@@ -404,7 +404,7 @@ def cmd_data(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from ..export import export_job
+    from ..export.cluster import export_job
 
     catalog = load_catalog(*args.catalog)
     done = export_job(_training_job(args, catalog), args.to.lower(), args.out, args.nodes, catalog=catalog)
@@ -415,7 +415,7 @@ def cmd_export(args) -> int:
 
 
 def cmd_claims(args) -> int:
-    from ..claims import claims_json
+    from ..plan.claims import claims_json
 
     result = claims_json(load_catalog(*args.catalog))
     if args.json:

@@ -44,7 +44,7 @@ def add_pipeline_parser(sub) -> argparse.ArgumentParser:
 
 def cmd_pipeline(args) -> int:
     from ..estimate.pipeline import SCHEDULES, simulate
-    from ..format import render_pipeline
+    from ..views.text import render_pipeline
 
     if args.run:
         return _pipeline_run(args)
@@ -70,7 +70,7 @@ def cmd_pipeline(args) -> int:
         raise SpecError("", None, message) from None
     result = timeline.to_dict()
     if args.html:
-        from ..plots import pipeline_figure, write_html
+        from ..views.figures import pipeline_figure, write_html
 
         write_html(args.html, [pipeline_figure(result)])
     print(json.dumps(result, indent=2) if args.json else render_pipeline(result))
@@ -80,8 +80,8 @@ def cmd_pipeline(args) -> int:
 def _pipeline_run(args) -> int:
     """A run's measured pipeline step against the same schedule simulated from the run's own chunk times."""
     from ..estimate.pipeline import replay
-    from ..format import render_pipeline
-    from ..runs import read_pipeline_timeline
+    from ..views.text import render_pipeline
+    from ..runs.folder import read_pipeline_timeline
 
     measured = read_pipeline_timeline(args.run)
     if measured is None:
@@ -99,7 +99,7 @@ def _pipeline_run(args) -> int:
         "step_s": {"simulated": simulated["step_s"], "measured": measured["step_s"], "error": error},
     }
     if args.html:
-        from ..plots import pipeline_figure, write_html
+        from ..views.figures import pipeline_figure, write_html
 
         write_html(args.html, [pipeline_figure(simulated, measured)])
     if args.json:

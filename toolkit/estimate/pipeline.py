@@ -248,7 +248,7 @@ def peak_in_flight(events: list[tuple[int, str, float]], p: int) -> tuple[int, .
 
 
 def replay(measured: dict) -> Timeline:
-    """The measured step of a real pipelined run (toolkit.runs.read_pipeline_timeline), simulated from its own
+    """The measured step of a real pipelined run (toolkit.runs.folder.read_pipeline_timeline), simulated from its own
     times: each chunk's mean duration per virtual stage and kind, plus the rank's median gap between chunks
     when nothing held it up (sends posted, the loss, the schedule's own work), and the median delay of a send
     its receiver sat waiting for. If the simulated step matches the measured one, the schedule model explains

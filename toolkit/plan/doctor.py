@@ -292,7 +292,7 @@ def _findings(job: Job, st, peak: float, usable: float) -> list[str]:
 
 def diagnose_run(run_dir: str | Path) -> dict:
     """What a run's metrics.jsonl shows: overflow, divergence, data-loading stalls, and how it compares."""
-    from ..runs import damaged_lines_note, read_metrics
+    from ..runs.folder import damaged_lines_note, read_metrics
 
     records = read_metrics(Path(run_dir) / "metrics.jsonl")
     if not records:

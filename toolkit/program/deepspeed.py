@@ -1,5 +1,5 @@
 """The DeepSpeed backend: the job's model and optimizer handed to DeepSpeed's engine, configured by
-`deepspeed_config(job)`, the configuration the estimate models and the tracer runs (toolkit.deepspeed_config).
+`deepspeed_config(job)`, the configuration the estimate models and the tracer runs (toolkit.export.deepspeed).
 
     engine, optimizer = deepspeed_engine(job, model, optimizer)
     loss = engine(tokens, targets); engine.backward(loss); engine.step()    # every micro-batch
@@ -20,7 +20,7 @@ import torch
 
 from ..specs.errors import SpecError
 from ..specs.job import Job
-from ..deepspeed_config import deepspeed_config
+from ..export.deepspeed import deepspeed_config
 
 __all__ = ["import_deepspeed", "deepspeed_engine"]
 

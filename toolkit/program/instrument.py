@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-from ..compat import FSDPMemTracker, MemRefType, MemTracker
+from .compat import FSDPMemTracker, MemRefType, MemTracker
 
 __all__ = [
     "DeviceTracker",

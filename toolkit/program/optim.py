@@ -94,7 +94,7 @@ def _is_fake(tensor: torch.Tensor) -> bool:
     """A FakeTensorMode tensor (the tracer's): no value to read."""
     try:
         from torch._subclasses.fake_tensor import FakeTensor
-    except ImportError:  # (a torch that moved it: toolkit.compat refuses the trace itself)
+    except ImportError:  # (a torch that moved it: toolkit.program.compat refuses the trace itself)
         return False
     return isinstance(tensor, FakeTensor)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..runs import write_stage_timeline
+from ..runs.folder import write_stage_timeline
 from ..specs import Job
 from .parallel import loss_parallel
 from .optim import clip_grad_norm
@@ -107,7 +107,7 @@ def pipeline_micro_batches(
 ) -> torch.Tensor:
     """One step's micro-batches through the schedule; the sum of their losses on the last stage, 0 elsewhere.
     With `timeline` (the step's identity), the stage's chunks are timed from a barrier of the pipeline's ranks
-    and written to OUT/pipeline/rank{stage}.json (toolkit.runs), for `toolkit pipeline --run`."""
+    and written to OUT/pipeline/rank{stage}.json (toolkit.runs.folder), for `toolkit pipeline --run`."""
     from .pipeline import run_schedule
 
     pairs = [next(batches) for _ in range(job.grad_accum)]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..estimate.serving_memory import runner_peak_bytes, weight_bytes
 from ..estimate.serving_time import ServingClock, serving_hardware
-from ..runs import run_catalog_files
+from ..runs.folder import run_catalog_files
 from ..specs import Job, SpecError, load_catalog
 from ..specs.serving import KV_BYTES
 from ..estimate.kv_cache import cache_bytes

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..runs import write_run_catalog
+from ..runs.folder import write_run_catalog
 from ..specs import Job, SpecError, load_catalog
 from ..specs.job import compute_dtype
 from ..specs.yamlio import check_output_folder

@@ -20,7 +20,7 @@ import torch
 from ..program.generate import KVCache, greedy, plain_greedy
 from ..program.instrument import StageTracker, snapshot
 from ..program.precision import TORCH_DTYPES
-from ..runs import run_catalog_files
+from ..runs.folder import run_catalog_files
 from ..specs import Job, load_catalog
 from ..specs.job import compute_dtype
 

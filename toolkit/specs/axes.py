@@ -39,7 +39,7 @@ class Axis:
     control: str = "dropdown"
     """The planner panel's control for it: dropdown, toggle, slider or checkbox."""
     proxy_max: object = None
-    """A proxy run on this machine (toolkit.proxy) keeps the axis up to this value; None keeps the job's. (cp: the
+    """A proxy run on this machine (toolkit.runs.proxy) keeps the axis up to this value; None keeps the job's. (cp: the
     runner has no context parallelism, so a proxy runs without it and says so.)"""
 
     @property

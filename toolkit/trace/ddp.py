@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..compat import MemTracker
+from ..program.compat import MemTracker
 
 __all__ = ["DDPBuckets"]
 

@@ -36,8 +36,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..capability import check_traceable, trace_path
-from ..compat import FakeStore, FakeTensorMode, MemTracker, require_internals
-from ..compat import sharding_prop as _sharding_prop
+from ..program.compat import FakeStore, FakeTensorMode, MemTracker, require_internals
+from ..program.compat import sharding_prop as _sharding_prop
 
 from ..estimate.phases import ddp_buckets
 from ..specs.errors import SpecError

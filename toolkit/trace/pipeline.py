@@ -16,7 +16,7 @@ import torch
 
 from ..estimate.memory import memory_estimate
 from ..specs.errors import SpecError
-from ..compat import require_internals
+from ..program.compat import require_internals
 from ..specs.job import Job
 from ..capability import check_traceable
 from ..program.instrument import StageTracker, offloaded_shard_bytes, snapshot

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..compat import version_note
+from ..program.compat import version_note
 from ..estimate import estimate
 from ..estimate.flops import flops_per_token
 from ..specs.catalog import Catalog, load_catalog
@@ -117,14 +117,14 @@ def compare_run(out_dir, catalog_files=(), trace: bool = True) -> dict:
     from pathlib import Path
 
     from ..estimate.memory import stage_memory_estimate
-    from ..runs import read_rank_memory
+    from ..runs.folder import read_rank_memory
     from ..specs.errors import SpecError
-    from ..runs import read_metrics
+    from ..runs.folder import read_metrics
 
     out = Path(out_dir)
     if not (out / "job.yaml").is_file():
         raise SpecError("--run", str(out), "holds no job.yaml: give the --out folder of a `toolkit train` run")
-    from ..runs import run_catalog_files
+    from ..runs.folder import run_catalog_files
 
     catalog = load_catalog(*run_catalog_files(out), *catalog_files)  # the run's own rows, then the user's
     job, _notes = Job.from_yaml(out / "job.yaml", catalog).resolve(catalog)

@@ -22,7 +22,7 @@ import torch
 from ..estimate.memory import memory_estimate
 from ..specs.errors import SpecError
 from ..capability import check_traceable
-from ..compat import require_internals
+from ..program.compat import require_internals
 from ..specs.backends import job_deepspeed_fp32
 from ..specs.job import TORCH_SEMANTICS, Job
 from ..program.precision import torch_precision
@@ -30,7 +30,7 @@ from ..program.instrument import DeviceTracker, offload_host_tensors, optimizer_
 from .memory import MAX_TRACED_MICRO_BATCHES, TraceResult
 from .steps import two_steps
 from .ranks import trace_on_ranks
-from ..deepspeed_config import deepspeed_config  # (re-exported: the runner and the tracer share it)
+from ..export.deepspeed import deepspeed_config  # (re-exported: the runner and the tracer share it)
 
 __all__ = ["MAX_ZERO_TRACE_BYTES", "deepspeed_config", "trace_zero", "trace_zero_ranks"]
 

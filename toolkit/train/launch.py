@@ -28,7 +28,7 @@ import threading
 import time
 from pathlib import Path
 
-from ..runs import run_catalog_files, write_run_catalog
+from ..runs.folder import run_catalog_files, write_run_catalog
 from ..specs import Job, SpecError, load_catalog
 from .checkpoint import latest_checkpoint, list_checkpoints, resume_key
 from .checks import refuse_accelerate_overrides, runner_checks
@@ -212,7 +212,7 @@ def _stop_with_starter(poll_s: float = 0.5) -> None:
 
 
 def _cuda_gpus() -> int:
-    from ..proxy import local_devices
+    from ..runs.proxy import local_devices
 
     here = local_devices()
     return here.count if here.kind == "cuda" else 0
@@ -223,7 +223,7 @@ def _accelerate_launch(
 ) -> int:
     """`accelerate launch` with a config written from the job; the command is printed. A SIGTERM to this process
     goes to accelerate, whose elastic agent passes it to every rank (they checkpoint and exit)."""
-    from ..export import accelerate_config
+    from ..export.cluster import accelerate_config
 
     config = out / "accelerate_config.yaml"
     config.write_text(
@@ -276,7 +276,7 @@ def _accelerate_launch(
 
 def _stopped_at_checkpoint(out: Path) -> bool:
     """Whether the newest checkpoint holds the last logged step (a clean stop, not a crash)."""
-    from ..runs import read_metrics
+    from ..runs.folder import read_metrics
 
     saved = list_checkpoints(out / "checkpoints")
     records = read_metrics(out / "metrics.jsonl") if (out / "metrics.jsonl").exists() else []

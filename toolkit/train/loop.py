@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from ..estimate.flops import flops_per_token
-from ..runs import run_catalog_files
+from ..runs.folder import run_catalog_files
 from ..specs import Job, SpecError, load_catalog
 from ..specs.job import compute_dtype
 from .checkpoint import latest_checkpoint, resume_key, save_checkpoint, unwritable_checkpoint

@@ -1,4 +1,4 @@
-"""Each rank's measured tensor memory over its first two steps, written to OUT/memory/rank{r}.json (toolkit.runs).
+"""Each rank's measured tensor memory over its first two steps, written to OUT/memory/rank{r}.json (toolkit.runs.folder).
 
 On CPU the instrument is torch's MemTracker over the real tensors (FSDPMemTracker under FSDP2), wrapped as
 the tracer wraps it: the same instrument on the same program, so estimate, trace and run compare like with
@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from ..program.moe import moe_modules
-from ..runs import write_rank_memory
+from ..runs.folder import write_rank_memory
 
 __all__ = ["MemoryRecorder"]
 
@@ -54,7 +54,7 @@ class MemoryRecorder:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         elif step == self.steps[0]:
-            from ..compat import PROBLEM
+            from ..program.compat import PROBLEM
 
             for moe in self._moes():  # the routing's load on this rank over the recorded steps
                 moe.loads.clear()

@@ -1,6 +1,6 @@
 """The metrics stream's writer: one JSON line per optimizer step in DIR/metrics.jsonl, written by rank 0.
 
-Widgets, the CLI and tests read the same file while the run goes on (toolkit.runs.read_metrics), so every line
+Widgets, the CLI and tests read the same file while the run goes on (toolkit.runs.folder.read_metrics), so every line
 is flushed as soon as it is written and a reader ignores a last line that is still incomplete. After a resume
 from step s the lines after s are dropped before training continues: each step appears once.
 """
@@ -11,7 +11,7 @@ import json
 import os
 from pathlib import Path
 
-from ..runs import damaged_lines_note, read_metrics
+from ..runs.folder import damaged_lines_note, read_metrics
 
 __all__ = ["MetricsLog", "memory_reading"]
 

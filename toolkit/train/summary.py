@@ -6,8 +6,8 @@ import statistics
 from pathlib import Path
 
 from ..estimate.memory import memory_estimate
-from ..format import gib
-from ..runs import read_metrics, read_rank_memory, run_catalog_files
+from ..views.text import gib
+from ..runs.folder import read_metrics, read_rank_memory, run_catalog_files
 from ..specs import Job, load_catalog
 
 __all__ = ["run_summary", "render_run_summary"]

@@ -3,8 +3,8 @@ the runner's DeepSpeed backend, the ZeRO tracer and `toolkit export --to deepspe
 
 from __future__ import annotations
 
-from .estimate.params import count_params
-from .specs.job import Job
+from ..estimate.params import count_params
+from ..specs.job import Job
 
 __all__ = ["deepspeed_config"]
 

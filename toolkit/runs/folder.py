@@ -20,7 +20,7 @@ import json
 import os
 from pathlib import Path
 
-from .specs.errors import SpecError
+from ..specs.errors import SpecError
 
 __all__ = [
     "MEMORY_KEYS",
@@ -139,7 +139,7 @@ def read_pipeline_timeline(out_dir: str | Path) -> dict | None:
     spans = [dict(span, rank=r["stage"]) for r in records for span in r["spans"]]
     step_s = max(r["step_s"] for r in records)
     busy_s = [sum(s["end_s"] - s["start_s"] for s in r["spans"]) for r in records]
-    from .estimate.pipeline import peak_in_flight
+    from ..estimate.pipeline import peak_in_flight
 
     return {
         "schedule": first["schedule"],

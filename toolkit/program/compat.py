@@ -17,7 +17,7 @@ import sys
 
 import torch
 
-from .specs.errors import SpecError
+from ..specs.errors import SpecError
 
 __all__ = [
     "CHECKED",

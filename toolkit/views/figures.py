@@ -15,7 +15,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .estimate.result import Estimate, MemoryPart, as_estimate
+from ..estimate.result import Estimate, MemoryPart, as_estimate
 
 __all__ = [
     "memory_figure",
@@ -147,7 +147,7 @@ def _bar_figure(bars: list[dict], title: str, unit: str, lines: list[dict] = ())
 def metrics_figure(records: list[dict], est: Estimate | dict | None = None, rank_memory: list[dict] = ()) -> go.Figure:
     """Loss, throughput, MFU (or TFLOP/s) and memory of a run, step by step; the estimate as dashed lines. The
     process's memory (RSS on CPU, the allocator on GPUs) is one line on the left axis; `rank_memory`
-    (toolkit.runs.read_rank_memory: each rank's tensor peak over its first steps, the estimate's own measure) adds one
+    (toolkit.runs.folder.read_rank_memory: each rank's tensor peak over its first steps, the estimate's own measure) adds one
     marker per rank beside the estimated peak, on the right axis: on a CPU the process holds 10-100x the tensors, and
     one axis would flatten the comparison that matters onto zero."""
     fig = make_subplots(

@@ -17,9 +17,9 @@ import os
 import shutil
 import subprocess
 
-from .capability import run_refusal
-from .specs import Job, SpecError
-from .specs.axes import AXES, AXIS
+from ..capability import run_refusal
+from ..specs import Job, SpecError
+from ..specs.axes import AXES, AXIS
 
 __all__ = ["LocalDevices", "RunPlan", "local_devices", "run_plan"]
 
@@ -129,7 +129,7 @@ def _why_not_here(job: Job, here: LocalDevices, need: float | None) -> str | Non
     if here.count < job.devices:
         return f"{here.count} GPU(s) here; the job needs {job.devices}"
     if need is None:
-        from .estimate import estimate_result
+        from ..estimate import estimate_result
 
         memory = estimate_result(job).memory
         need = memory.device_peak_bytes or memory.peak_bytes

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .specs.axes import AXES
+from ..specs.axes import AXES
 
 __all__ = ["gib", "count", "sci", "money", "render_estimate", "render_pipeline", "layout_text"]
 
@@ -54,7 +54,7 @@ _PART_NAMES = {
 
 def render_estimate(est: dict) -> str:
     if est.get("workload") == "inference":
-        from .format_serving import render_serving
+        from .text_serving import render_serving
 
         return render_serving(est)
     job, mem, comp, time, cost = est["job"], est["memory"], est["compute"], est["time"], est["cost"]

@@ -12,8 +12,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict, dataclass
 
-from .estimate import estimate
-from .specs import Job, load_catalog
+from ..estimate import estimate
+from ..specs import Job, load_catalog
 
 __all__ = ["Claim", "check_claims"]
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import yaml
 
-from .capability import run_refusal
-from .specs import Job, SpecError, load_catalog
+from ..capability import run_refusal
+from ..specs import Job, SpecError, load_catalog
 
 __all__ = ["TARGETS", "export_job", "accelerate_config"]
 
@@ -187,7 +187,7 @@ def _slurm(job: Job) -> tuple[str, str]:
 def _deepspeed(job: Job) -> tuple[str, str]:
     if job.parallel.zero == 0:
         raise SpecError("parallel.zero", 0, "the DeepSpeed export is for jobs that use ZeRO (give --zero 1, 2 or 3)")
-    from .deepspeed_config import deepspeed_config
+    from .deepspeed import deepspeed_config
 
     config = {"train_batch_size": job.batch.global_batch, **deepspeed_config(job)}
     return json.dumps(config, indent=2) + "\n", "deepspeed --num_gpus G your_script.py --deepspeed_config FILE"
