@@ -32,6 +32,7 @@ from toolkit.estimate import Estimate, estimate_result
 from toolkit.views.figures import metrics_figure
 from toolkit.runs.folder import read_rank_memory
 from toolkit.specs import Job, SpecError
+from toolkit.specs.dims import ParallelDims
 from toolkit.runs.folder import MetricsTail
 from toolkit.train.launch import STARTER_ENV
 from widgets.fallback import PanelText
@@ -79,13 +80,12 @@ class LauncherPanel(PanelText, W.VBox):
 
     @staticmethod
     def _estimate_of(job: Job, nproc: int) -> Estimate | None:
-        """The estimate of the job as it will run: on nproc ranks, dp = nproc / (tp·pp), as `toolkit train` sets."""
-        par = job.parallel
-        if par.dp is None and nproc % (par.tp * par.pp) == 0:
-            job = job.replace(
-                parallel=dataclasses.replace(par, dp=nproc // (par.tp * par.pp)),
-                cluster=dataclasses.replace(job.cluster, count=nproc),
-            )
+        """The estimate of the job as it will run: on nproc ranks, dp = nproc / (tp·pp), as `toolkit train` sets
+        (the job as given where the ranks do not split so: the run will say why)."""
+        try:
+            job = ParallelDims.for_world(job, nproc).on_job(job)
+        except SpecError:
+            pass
         try:
             return estimate_result(job)
         except SpecError:

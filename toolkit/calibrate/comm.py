@@ -4,6 +4,7 @@ program issues them in the job's blocks. toolkit.calibrate runs these on every r
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 
@@ -12,6 +13,8 @@ import torch
 import torch.distributed as dist
 
 from .kernels import block_run, rank_spec
+from ..program.mesh import build_mesh
+from ..specs.dims import ParallelDims
 from ..specs.job import Job
 
 __all__ = ["collective_fit", "sharded_bw_bytes_per_s", "tp_collective_s", "fsdp_collective_s"]
@@ -103,13 +106,12 @@ def tp_collective_s(
     tp = job.parallel.tp
     if tp <= 1 or world % tp:
         return None
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import parallelize_module
     from ..estimate.comm import tp_collectives_per_block
     from ..program.parallel import block_plan
 
     m, sp = job.model, job.parallel.sp
-    mesh = init_device_mesh("cpu", (world // tp, tp), mesh_dim_names=("rest", "tp"))["tp"]
+    mesh = build_mesh(ParallelDims(dp=world // tp, tp=tp), "cpu")["tp"]
     run, build = block_run(job, m.seq_len // tp if sp else m.seq_len)
     local_run, _ = block_run(job, m.seq_len)
     torch.manual_seed(0)
@@ -150,22 +152,23 @@ def fsdp_collective_s(
     moves nothing but still copies each shard out and each gradient through its reduce-scatter buffers, under
     the same hooks (on the README's small GPT here, a ZeRO-3 step costs 1.5x the plain one): measured on a
     one-rank group. None unless the job runs FSDP2."""
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from ..estimate.states import bytes_per_param
-    from ..program.parallelize import fsdp_policies, join_one_process_group, leave_one_process_group
+    from ..program.mesh import join_one_process_group, leave_one_process_group
+    from ..program.parallelize import fsdp_policies
 
     par = job.parallel
-    dp = world // (par.tp * par.pp)
-    if par.zero < 2 or job.backend != "torch" or world % (par.tp * par.pp):
+    if not ParallelDims.from_job(job).fsdp or world % (par.tp * par.pp * par.cp):
         return None
+    dims = ParallelDims.for_world(job.replace(parallel=dataclasses.replace(par, dp=None)), world)
+    dp = dims.dp
     if world == 1 and not dist.is_initialized():  # (calibrate's one rank runs in its own process)
         join_one_process_group("cpu")
         try:
             return fsdp_collective_s(job, world, reduce_scatter_bw, gather_bw, seconds)
         finally:
             leave_one_process_group()
-    mesh = init_device_mesh("cpu", (world // dp, dp), mesh_dim_names=("rest", "dp"))["dp"]
+    mesh = build_mesh(dims, "cpu")["dp"]
     run, build = block_run(job, job.model.seq_len)
     torch.manual_seed(0)
     count = min(job.model.layers, FSDP_BLOCKS)

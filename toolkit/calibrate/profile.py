@@ -53,6 +53,7 @@ from .kernels import (
     thin_shapes,
 )
 from ..specs.catalog import DTYPES as DTYPE_NAMES
+from ..specs.dims import ParallelDims
 from ..specs.errors import SpecError
 from ..specs.job import Job, compute_dtype
 from ..specs.precision import TORCH_SEMANTICS
@@ -112,7 +113,7 @@ def as_fsdp(job: Job, world: int) -> Job:
     every layout's collectives, not only its own job's: a DDP job's profile must still predict a ZeRO-3 run.
     The job itself where it runs FSDP2 already, or where its precision is not torch's (Megatron's, DeepSpeed's)."""
     par = job.parallel
-    if (par.zero >= 2 and job.backend == "torch") or job.precision.mode not in TORCH_SEMANTICS:
+    if ParallelDims.from_job(job).fsdp or job.precision.mode not in TORCH_SEMANTICS:
         return job
     return job.replace(
         parallel=dataclasses.replace(

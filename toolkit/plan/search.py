@@ -30,6 +30,7 @@ from ..estimate.spot import spot_run
 from ..estimate.states import model_state_bytes
 from ..estimate.hardware import hardware_for, network_figure
 from ..estimate.steptime import step_time
+from ..specs.dims import reset_layout
 from ..specs import Job, SpecError
 from ..specs.axes import AXES, AXIS
 from ..specs.catalog import Catalog
@@ -144,20 +145,7 @@ def search(
     for accelerator, count, offer_name in _clusters(catalog, gpus, offers, max_gpus):
         base = job.replace(
             cluster=dataclasses.replace(job.cluster, accelerator=accelerator, count=count),
-            parallel=dataclasses.replace(
-                job.parallel,
-                dp=None,
-                tp=1,
-                pp=1,
-                vpp=1,
-                cp=1,
-                sp=False,
-                zero=0,
-                dp_replicate=1,
-                offload="none",
-                stage_layers=None,
-                partition=None,
-            ),
+            parallel=reset_layout(job.parallel),  # every axis, ep included: the grid tries each
             cost=dataclasses.replace(job.cost, offer=offer_name or job.cost.offer),
         )
         try:

@@ -1,6 +1,6 @@
 """The job's parallel layout as functions over a plain GPT (torchtitan's shape), shared by the runner and the tracer.
 
-    mesh = device_mesh(job, "cpu")            # ("pp", "dp", "tp") over the world; None in one process
+    mesh = device_mesh(job, "cpu")            # toolkit.program.mesh: ("pp", "dp", "tp"); None in one process
     model = parallelize(model, job, mesh)     # tp/sp first, then ZeRO-2/3 (FSDP2) or DDP over dp
 
 Tensor and sequence parallelism are torch's DTensor plan (toolkit.program.parallel) on the mesh's tp
@@ -16,23 +16,19 @@ units over dp at ZeRO-2/3.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 
 import torch
 from torch import nn
 
-from ..specs.axes import mesh_dims
+from ..specs.dims import ParallelDims
 from ..specs.job import Job
+from .mesh import fsdp_mesh
 from .moe import expert_parallel, moe_modules
 from .parallel import tensor_parallel
 from .precision import TORCH_DTYPES
 
 __all__ = [
-    "device_mesh",
-    "fsdp_mesh",
-    "join_one_process_group",
-    "leave_one_process_group",
     "parallelize",
     "apply_fsdp",
     "apply_ddp",
@@ -42,71 +38,6 @@ __all__ = [
     "reduce_replicas",
     "all_reduce_mean",
 ]
-
-
-def device_mesh(job: Job, device_type: str):
-    """The (pp, dp, tp) mesh over every rank, or None when the job runs in one process. Rank = (pp_rank · dp +
-    dp_rank) · tp + tp_rank: a tensor-parallel group is neighbouring ranks (one node), pipeline stages are far.
-    ZeRO-2/3 of the torch backend is FSDP2 even in one process (its offload is how one GPU holds a model larger
-    than itself, and the estimate and the tracer model FSDP2 there): it gets a one-rank mesh, over a one-rank
-    process group started here if none runs (`leave_one_process_group` ends it)."""
-    pp, dp, tp = job.parallel.pp, job.parallel.dp or 1, job.parallel.tp
-    if pp * dp * tp == 1:
-        if job.parallel.zero < 2 or job.backend != "torch":
-            return None
-        join_one_process_group(device_type)
-    from torch.distributed.device_mesh import init_device_mesh
-
-    # "dp" over a split dp (HSDP's copies and shards, or the experts' groups) is a flattened dimension that the
-    # runner slices by name; torch warns that it will want it kept apart instead (a future torch's change, not
-    # this run's problem)
-    warnings.filterwarnings("ignore", message="Slicing a flattened dim", category=UserWarning)
-
-    replicas, ep = job.parallel.dp_replicate, job.parallel.ep
-    if ep > 1:  # dp split into the experts' data-parallel group (outer) and ep (inner); "dp" names both together
-        names, sizes = mesh_dims({"pp": pp, "edp": dp // ep, "ep": ep, "tp": tp})
-        mesh = init_device_mesh(device_type, sizes, mesh_dim_names=names)
-        mesh["edp", "ep"]._flatten("dp")
-        return mesh
-    if replicas == 1:
-        names, sizes = mesh_dims({"pp": pp, "dp": dp, "tp": tp})
-        return init_device_mesh(device_type, sizes, mesh_dim_names=names)
-    # HSDP: dp split into copies (outer) of a shard group (inner); "dp" names both together, as the data loader
-    # and the other dp users see it
-    names, sizes = mesh_dims({"pp": pp, "dp_replicate": replicas, "dp_shard": dp // replicas, "tp": tp})
-    mesh = init_device_mesh(device_type, sizes, mesh_dim_names=names)
-    mesh["dp_replicate", "dp_shard"]._flatten("dp")
-    return mesh
-
-
-def fsdp_mesh(mesh, job: Job):
-    """The mesh FSDP2 shards over: the dp dimension, or under HSDP the (dp_replicate, dp_shard) pair, on which
-    fully_shard shards over the inner dimension and replicates over the outer."""
-    return mesh["dp_replicate", "dp_shard"] if job.parallel.dp_replicate > 1 else mesh["dp"]
-
-
-_OWN_GROUP: list = []
-"""The one-rank process group this process started for FSDP2, if it did (ended by leave_one_process_group)."""
-
-
-def join_one_process_group(device_type: str) -> None:
-    """A one-rank process group for FSDP2 in one process, unless a group already runs."""
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        return
-    dist.init_process_group("nccl" if device_type == "cuda" else "gloo", store=dist.HashStore(), rank=0, world_size=1)
-    _OWN_GROUP.append(dist.group.WORLD)
-
-
-def leave_one_process_group() -> None:
-    """End the one-rank group device_mesh started, so that a later run in the same process (a notebook's) starts
-    afresh; a launched rank's group is its launcher's to end."""
-    import torch.distributed as dist
-
-    if _OWN_GROUP and dist.is_initialized():
-        dist.destroy_process_group()
-    _OWN_GROUP.clear()
 
 
 def dp_rank_and_size(mesh) -> tuple[int, int]:
@@ -119,7 +50,7 @@ def dp_rank_and_size(mesh) -> tuple[int, int]:
 def is_sharded(job: Job) -> bool:
     """Parameters are DTensors (FSDP2, tensor or expert parallelism): their state goes through DCP's state-dict
     API."""
-    return job.parallel.zero >= 2 or job.parallel.tp > 1 or job.parallel.ep > 1
+    return ParallelDims.from_job(job).sharded
 
 
 def parallelize(model: nn.Module, job: Job, mesh, device: torch.device | None = None) -> nn.Module:
@@ -134,7 +65,7 @@ def parallelize(model: nn.Module, job: Job, mesh, device: torch.device | None = 
     if par.zero >= 2:  # pinned host memory needs an accelerator
         pin = device is not None and device.type == "cuda"
         return apply_fsdp(model, job, fsdp_mesh(mesh, job), pin, mesh["edp"] if par.ep > 1 else None)
-    if mesh["dp"].size() > 1 and par.tp == 1 and par.ep == 1:
+    if ParallelDims.from_job(job).ddp:
         return apply_ddp(model, job, mesh["dp"], device)
     return model  # dp x tp at ZeRO-0/1: the runner calls all_reduce_mean after the last backward
 
@@ -142,8 +73,7 @@ def parallelize(model: nn.Module, job: Job, mesh, device: torch.device | None = 
 def needs_grad_all_reduce(job: Job, mesh) -> bool:
     """dp x tp (or ep) without FSDP2: DDP (torch 2.13) refuses modules that mix DTensor and plain parameters (its
     start-up broadcast and its gradient hooks), so these replicas average their gradients by hand, once a step."""
-    sliced = job.parallel.tp > 1 or job.parallel.ep > 1
-    return mesh is not None and sliced and job.parallel.zero < 2 and mesh["dp"].size() > 1
+    return mesh is not None and ParallelDims.from_job(job).hand_reduce
 
 
 def reduce_replicas(model: nn.Module, mesh) -> Callable[[list], None]:

@@ -20,7 +20,9 @@ import torch
 from ..program.generate import KVCache, greedy, plain_greedy
 from ..program.instrument import StageTracker, snapshot
 from ..program.precision import TORCH_DTYPES
+from ..program.mesh import build_mesh
 from ..runs.folder import run_catalog_files
+from ..specs.dims import ParallelDims
 from ..specs import Job, load_catalog
 from ..specs.job import compute_dtype
 
@@ -131,11 +133,7 @@ def _generate_rank(out: Path, verify: bool) -> dict:
         else (torch.device("cpu"))
     )
     torch.manual_seed(job.training.seed)
-    mesh = None
-    if world > 1:
-        from torch.distributed.device_mesh import init_device_mesh
-
-        mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("tp",))
+    mesh = build_mesh(ParallelDims(tp=world), device.type) if world > 1 else None
     model = _build(job, device, mesh)
     prompts = _prompts(job, device)
     greedy(model, prompts[:, :8], 2, KVCache.for_model(model, job.serving.concurrency, 16))  # warm-up

@@ -32,7 +32,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..capability import check_traceable, trace_path
@@ -41,13 +40,14 @@ from ..program.compat import sharding_prop as _sharding_prop
 
 from ..estimate.phases import ddp_buckets
 from ..specs.errors import SpecError
-from ..specs.axes import mesh_dims
+from ..specs.dims import ParallelDims
 from ..specs.job import Job
 from ..program.lora import apply_lora
 from ..program.qlora import apply_qlora
 from ..program.model import GPT
 from ..program.parallel import loss_parallel, shard_embedding_grad, tensor_parallel
 from ..program.moe import expert_parallel
+from ..program.mesh import build_mesh, fsdp_mesh
 from ..program.parallelize import apply_fsdp, is_sharded
 from ..program.precision import TORCH_DTYPES, torch_precision
 from ..program.build import Program, steppers
@@ -106,13 +106,16 @@ def trace_memory(job: Job) -> TraceResult:
         return _trace_fsdp(job)
     weights_dtype = TORCH_DTYPES[job.precision.plan.weights]
     tp, zero1, ep = job.parallel.tp, job.parallel.zero == 1, job.parallel.ep
-    group = tp if tp > 1 else job.parallel.dp if zero1 else 1  # ZeRO-1 shards over the dp ranks
     if job.optimizer.name == "adamw-8bit":
         return _trace_real(job, weights_dtype)
     if ep > 1:
         fake_group = _fake_process_group(job.parallel.dp, tp, ep=ep)
+    elif tp > 1:
+        fake_group = _fake_process_group(1, tp)
+    elif zero1:  # ZeRO-1 shards over the dp ranks
+        fake_group = _fake_process_group(job.parallel.dp)
     else:
-        fake_group = _fake_process_group(group) if tp > 1 or zero1 else contextlib.nullcontext()
+        fake_group = contextlib.nullcontext()
     sliced = tp > 1 or ep > 1
     with fake_group as mesh:
         if sliced:  # DTensor plans apply to real modules: shard on the meta device, then materialise as fakes
@@ -121,7 +124,7 @@ def trace_memory(job: Job) -> TraceResult:
                     job.model, attention=job.memory.attention, recompute=job.memory.recompute, dtype=weights_dtype
                 )
             if tp > 1:
-                tensor_parallel(model, mesh["tp"] if ep > 1 else mesh, sequence_parallel=job.parallel.sp)
+                tensor_parallel(model, mesh["tp"], sequence_parallel=job.parallel.sp)
             if ep > 1:
                 expert_parallel(model, mesh["ep"])
         with FakeTensorMode(allow_non_fake_inputs=sliced), _propagation_apart():
@@ -274,7 +277,8 @@ def _fake_process_group(world_size: int, tp: int = 1, gloo: bool = False, replic
     """A fake process group of `world_size` (× `tp`) ranks in this process: collectives return at once, moving
     nothing; with `gloo` its reduce-scatters hold what gloo's do (`_gloo_reduce_scatter`). With tp > 1 the mesh
     has two dimensions, "dp" and "tp"; with HSDP (`replicas` > 1) three, "dp_replicate", "dp_shard" and "tp";
-    with expert parallelism (`ep` > 1) "edp", "ep" and "tp", edp × ep flattened as "dp" (the runner's mesh)."""
+    with expert parallelism (`ep` > 1) "edp", "ep" and "tp", edp × ep flattened as "dp": the runner's mesh of one
+    pipeline stage, from the same builder (toolkit.program.mesh)."""
     if dist.is_initialized():
         raise SpecError(
             "parallel.dp",
@@ -285,19 +289,7 @@ def _fake_process_group(world_size: int, tp: int = 1, gloo: bool = False, replic
     dist.init_process_group("fake", rank=0, world_size=world_size * tp, store=FakeStore())
     try:
         with _gloo_reduce_scatter() if gloo else contextlib.nullcontext():
-            if ep > 1:
-                names, sizes = mesh_dims({"edp": world_size // ep, "ep": ep, "tp": tp})
-                mesh = init_device_mesh("cpu", sizes, mesh_dim_names=names)
-                mesh["edp", "ep"]._flatten("dp")
-                yield mesh
-            elif replicas > 1:
-                names, sizes = mesh_dims({"dp_replicate": replicas, "dp_shard": world_size // replicas, "tp": tp})
-                yield init_device_mesh("cpu", sizes, mesh_dim_names=names)
-            elif tp > 1:
-                names, sizes = mesh_dims({"dp": world_size, "tp": tp})
-                yield init_device_mesh("cpu", sizes, mesh_dim_names=names)
-            else:
-                yield init_device_mesh("cpu", (world_size,))
+            yield build_mesh(ParallelDims(dp=world_size, tp=tp, ep=ep, dp_replicate=replicas), "cpu")
     finally:
         dist.destroy_process_group()
         sys.excepthook = excepthook
@@ -331,9 +323,7 @@ def _trace_fsdp(job: Job) -> TraceResult:
         if par.ep > 1:
             expert_parallel(model, mesh["ep"])
         # the runner's own wrapping (toolkit.program.parallelize); fake tensors cannot be pinned
-        named = par.tp > 1 or par.ep > 1
-        shard_over = mesh["dp_replicate", "dp_shard"] if par.dp_replicate > 1 else mesh["dp"] if named else mesh
-        apply_fsdp(model, job, shard_over, pin_memory=False, edp_mesh=mesh["edp"] if par.ep > 1 else None)
+        apply_fsdp(model, job, fsdp_mesh(mesh, job), pin_memory=False, edp_mesh=mesh["edp"] if par.ep > 1 else None)
         with FakeTensorMode(allow_non_fake_inputs=True), _propagation_apart():
             model.to_empty(device="cpu")
             prog = _traced_program(job, model)

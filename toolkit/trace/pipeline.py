@@ -92,7 +92,7 @@ def _trace_stage(job: Job, rank: int, world: int) -> TraceResult:  # noqa: ARG00
     FSDP2 or ZeroRedundancyOptimizer over dp, schedule and optimizer) and step (toolkit.program.step), over the
     traced dp ranks: its stage, or under interleaving (vpp > 1) its chunks rank, rank + pp, ...; under tensor
     parallelism its shard of them."""
-    from ..program.parallelize import device_mesh
+    from ..program.mesh import device_mesh
     from ..program.build import build_pipeline
 
     par, dp = job.parallel, _dp_traced(job)

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from ..runs.folder import run_catalog_files, write_run_catalog
 from ..specs import Job, SpecError, load_catalog
+from ..specs.dims import ParallelDims
 from .checkpoint import latest_checkpoint, list_checkpoints, resume_key
 from .checks import refuse_accelerate_overrides, runner_checks
 from .determinism import pin_environment
@@ -43,23 +44,7 @@ def prepare_run(job: Job, out_dir: str | Path, nproc: int, catalog_files=(), for
     the run; a rerun without --catalog uses the run's copies)."""
     out = Path(out_dir)
     given = list(catalog_files)
-    if nproc < 1:
-        raise SpecError("--nproc", nproc, "must be 1 or more")
-    par = job.parallel
-    model_parallel = par.tp * par.pp
-    if par.dp is not None and par.dp * model_parallel != nproc:
-        raise SpecError(
-            "parallel.dp",
-            par.dp,
-            f"the job asks for dp × tp × pp = {par.dp * model_parallel} ranks but "
-            f"--nproc = {nproc}; make them equal, or leave dp out",
-        )
-    if nproc % model_parallel:
-        raise SpecError("--nproc", nproc, f"must be a multiple of tp × pp = {model_parallel}")
-    job = job.replace(
-        parallel=dataclasses.replace(par, dp=nproc // model_parallel),
-        cluster=dataclasses.replace(job.cluster, count=nproc),
-    )
+    job = ParallelDims.for_world(job, nproc).on_job(job)
     catalog = load_catalog(*(given or run_catalog_files(out)))
     resolved, _notes = job.resolve(catalog)
     runner_checks(resolved)

@@ -42,7 +42,8 @@ from .data import StepSampler, TokenShards, ensure_demo_corpus, make_loader, mod
 from .determinism import pinned, rank_threads, threads_note
 from .memory_record import MemoryRecorder
 from .metrics import MetricsLog, memory_reading
-from ..program.parallelize import device_mesh, dp_rank_and_size, leave_one_process_group
+from ..program.mesh import device_mesh, leave_one_process_group
+from ..program.parallelize import dp_rank_and_size
 from ..program.precision import torch_precision
 from .checkpoint.init_weights import load_initial_weights
 from .checkpoint.run_state import checkpoint_state, first_error, load_checkpoint
