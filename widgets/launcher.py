@@ -15,7 +15,6 @@ like with like.
 
 from __future__ import annotations
 
-import dataclasses
 import html
 import os
 import signal
