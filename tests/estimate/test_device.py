@@ -35,7 +35,7 @@ BLOOM_MEASURED = [
 
 @pytest.mark.parametrize("job, measured_gib", BLOOM_MEASURED, ids=[f"{m}GiB" for _, m in BLOOM_MEASURED])
 def test_device_peak_is_within_the_benchmarks_max_of_what_nvidia_smi_showed(job, measured_gib):
-    """docs/guide.md claims max 14.9 % over benchmarks/gpu_memory_published.py's 57 rows; these five read
+    """docs/fit.md claims max 14.9 % over benchmarks/gpu_memory_published.py's 57 rows; these five read
     -3.4 % to +8.6 %, held to that claim."""
     est = estimate(Job.from_dict(job), published_catalog())["memory"]
     assert est["device_peak_bytes"] / GIB == pytest.approx(measured_gib, rel=0.15)

@@ -39,7 +39,7 @@ def test_activations_equal_the_trace_and_halve_bf16(precision, model):
 def test_peak_within_ten_percent_on_flash_attention(precision, model):
     """On this 1024-token job the estimate reads 8.1 % (amp-bf16) and 2.0 % (pure-bf16) below the trace: int8's
     peak packs and unpacks beside what it keeps, which the model counts at the shorter benchmark rows' share
-    (docs/accuracy.md's int8 rows). docs/guide.md states this job's 10 % bound."""
+    (docs/accuracy.md's int8 rows). docs/fit.md states this job's 10 % bound."""
     job = _job(precision, **model)
     assert float(memory_estimate(job).peak_bytes) == pytest.approx(trace_memory(job).peak_bytes, rel=0.10)
 

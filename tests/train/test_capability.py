@@ -165,11 +165,11 @@ def test_a_plan_for_this_machine_trains_as_written_on_four_ranks(tmp_path, corpu
 
 
 def test_the_readme_renders_the_capability_table():
-    """The guide's table (docs/guide.md, the README's long form) of what each backend estimates, traces and runs is
-    the code's, not a copy that drifts."""
+    """The capability table (docs/troubleshoot.md, linked from the README) of what each backend estimates, traces
+    and runs is the code's, not a copy that drifts."""
     from pathlib import Path
 
     from toolkit.capability import capability_markdown
 
-    readme = (Path(__file__).parents[2] / "docs" / "guide.md").read_text()
+    readme = (Path(__file__).parents[2] / "docs" / "troubleshoot.md").read_text()
     assert capability_markdown() in readme
