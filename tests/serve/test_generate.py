@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from toolkit.estimate.serving_time import DECODE_OPS_FIXED, decode_ops_per_layer
-from toolkit.program.generate import KVCache, forward_cached, greedy, plain_greedy, rope_for
+from toolkit.program.generate import KVCache, greedy, next_logits, plain_greedy
 from toolkit.program.model import GPT
 from toolkit.specs import Job
 from toolkit.specs.model import ModelSpec
@@ -47,11 +47,11 @@ def test_a_decode_step_dispatches_the_operations_the_time_model_counts(style):
     counts = {}
     for layers in (1, 3):
         model = _model(style, layers)
-        cache, rope = KVCache.for_model(model, 2, 32), rope_for(model, 32)
+        cache = KVCache.for_model(model, 2, 32)
         token = torch.zeros(2, 1, dtype=torch.long)
         with torch.inference_mode():
-            forward_cached(model, torch.zeros(2, 5, dtype=torch.long), cache, rope)
-            counts[layers] = dispatched_ops(lambda: forward_cached(model, token, cache, rope))
+            next_logits(model, torch.zeros(2, 5, dtype=torch.long), cache)
+            counts[layers] = dispatched_ops(lambda: next_logits(model, token, cache))  # noqa: B023
     job = Job.from_dict({"model": {"layers": 1, "hidden": 64, "heads": 4, "vocab": 97, "seq_len": 64, **style}})
     per_layer = decode_ops_per_layer(job)
     assert counts[3] - counts[1] == 2 * per_layer

@@ -30,7 +30,7 @@ def inference_op_overhead_s(job: Job | None = None, layers: int = 4) -> float:
 
         with torch.inference_mode():
             return timed_s(chain) / 200
-    from ..program.generate import KVCache, forward_cached, rope_for
+    from ..program.generate import KVCache, next_logits
     from ..program.model import GPT
 
     m = job.model
@@ -50,15 +50,15 @@ def inference_op_overhead_s(job: Job | None = None, layers: int = 4) -> float:
         attention_kind="standard",
     )
     model = GPT(spec).eval()
-    cache, rope = KVCache.for_model(model, 1, 64), rope_for(model, 64)
+    cache = KVCache.for_model(model, 1, 64)
     token = torch.zeros(1, 1, dtype=torch.long)
 
     def step():
-        forward_cached(model, token, cache, rope)
+        next_logits(model, token, cache)
         cache.length -= 1
 
     with torch.inference_mode():
-        forward_cached(model, torch.zeros(1, 16, dtype=torch.long), cache, rope)
+        next_logits(model, torch.zeros(1, 16, dtype=torch.long), cache)
         return statistics.median(timed_s(step, seconds=0.1) for _ in range(3)) / dispatched_ops(step)
 
 

@@ -3,6 +3,11 @@
 
     model = GPT(ModelSpec(layers=4, hidden=256, heads=4, vocab=1024, seq_len=128))
     loss = model(tokens, targets)
+    logits = model(tokens, cache=cache)       # serving: the next tokens after a KV cache (toolkit.program.generate)
+
+This forward is the only one: the runner, the tracer, the pipeline stages (a GPT holding some of its parts,
+toolkit.program.parallel.PipelineStage) and `toolkit generate` all run it; layouts are applied from outside
+(toolkit.program.parallelize), as torchtitan does.
 
 Memory-relevant choices are switches, so that estimate and trace describe the same program:
 `attention` ("flash" calls SDPA and stores no score matrix; "eager" writes the scores,
@@ -77,7 +82,9 @@ class Attention(nn.Module):
             probs = F.dropout(probs, p=p)
         return probs @ v
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos, sin, cache=None, layer: int = 0) -> torch.Tensor:
+        """x (batch, seq, hidden); with a KV cache its new tokens' keys and values go into the cache and the queries
+        attend over everything cached up to themselves (`cache.attend`)."""
         batch, seq, _ = x.shape
         # -1 heads: under tensor parallelism this rank holds heads / tp of them
         q = self.q(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
@@ -85,7 +92,9 @@ class Attention(nn.Module):
         v = self.v(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
         if self.rope:
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if self.recompute_core and torch.is_grad_enabled():
+        if cache is not None:
+            y = cache.attend(layer, q, k, v)
+        elif self.recompute_core and torch.is_grad_enabled():
             y = checkpoint(self.core, q, k, v, use_reentrant=False)
         else:
             y = self.core(q, k, v)
@@ -117,13 +126,27 @@ class Block(nn.Module):
         self.attn = Attention(spec, attention, recompute_core)
         self.mlp = MoE(spec) if spec.experts and index >= spec.dense_layers else MLP(spec)
         self.dropout = nn.Dropout(spec.dropout)
+        self.index = index
+        """The block's layer in the whole model (its slot in a KV cache, on whichever pipeline stage it runs)."""
 
-    def forward(self, x: torch.Tensor, cos=None, sin=None) -> torch.Tensor:
-        x = x + self.dropout(self.attn(self.norm1(x), cos, sin))
-        x = x + self.dropout(self.mlp(self.norm2(x)))
+    def forward(self, x: torch.Tensor, cos=None, sin=None, cache=None) -> torch.Tensor:
+        # (three inputs without a cache: the sequence-parallel plan prepares exactly those)
+        attended = (
+            self.attn(self.norm1(x), cos, sin)
+            if cache is None
+            else self.attn(self.norm1(x), cos, sin, cache, self.index)
+        )
+        x = x + _dropped(self.dropout, attended)
+        x = x + _dropped(self.dropout, self.mlp(self.norm2(x)))
         if isinstance(self.mlp, MoE):  # its balancing loss trains through the block's own backward
             x = attach_aux_loss(x, self.mlp.aux, self.mlp.spec.balance_loss)
         return x
+
+
+def _dropped(dropout: nn.Dropout, x: torch.Tensor) -> torch.Tensor:
+    """Dropout while training; in eval (generation, evaluation) not even its dispatch, which a decode step of a
+    small model would pay per block."""
+    return dropout(x) if dropout.training else x
 
 
 _MATMULS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
@@ -150,12 +173,14 @@ def _every_other_matmul():
     return create_selective_checkpoint_contexts(policy)
 
 
-def run_blocks(blocks: nn.ModuleList, x: torch.Tensor, cos, sin, recompute: str) -> torch.Tensor:
+def run_blocks(blocks: nn.ModuleList, x: torch.Tensor, cos, sin, recompute: str, cache=None) -> torch.Tensor:
     """The blocks in order over x (batch, seq, hidden); under full or per-op recompute each is checkpointed while
     training. cos and sin come cut to the whole sequence's length (under sequence parallelism x holds a shard of
-    it). (The whole GPT and its pipeline stages, toolkit.program.parallel.PipelineStage, both run them so.)"""
+    it). calibrate times blocks through it too."""
     for block in blocks:
-        if recompute == "full" and torch.is_grad_enabled():
+        if cache is not None:
+            x = block(x, cos, sin, cache)
+        elif recompute == "full" and torch.is_grad_enabled():
             x = checkpoint(block, x, cos, sin, use_reentrant=False)
         elif recompute == "selective-op" and torch.is_grad_enabled():
             x = checkpoint(block, x, cos, sin, use_reentrant=False, context_fn=_every_other_matmul)
@@ -165,7 +190,13 @@ def run_blocks(blocks: nn.ModuleList, x: torch.Tensor, cos, sin, recompute: str)
 
 
 class GPT(nn.Module):
-    """Decoder-only transformer. forward(tokens, targets) returns the mean cross-entropy in fp32."""
+    """Decoder-only transformer. forward(tokens, targets) returns the mean cross-entropy in fp32; without targets
+    the logits; with a KV cache the logits of the last position. A pipeline stage holds some of its parts: without
+    the embedding it takes hidden states, without the head it returns them."""
+
+    sequence_parallel = False
+    """Set by tensor_parallel on a pipeline stage: a later stage then receives one tp rank's share of each
+    sequence's tokens, while attention (and RoPE) covers all of them."""
 
     def __init__(
         self, spec: ModelSpec, attention: str = "flash", recompute: str = "none", dtype: torch.dtype = torch.float32
@@ -208,16 +239,32 @@ class GPT(nn.Module):
             if getattr(module, "bias", None) is not None:
                 nn.init.zeros_(module.bias)
 
-    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None, cache=None) -> torch.Tensor:
+        start = cache.length if cache is not None else 0
         seq = tokens.shape[1]
-        x = self.tok(tokens)
-        if self.pos is not None:
-            x = x + self.pos(torch.arange(seq, device=tokens.device))
-        x = self.drop(x)
-        cos = self.cos[:seq] if self.cos is not None else None
-        sin = self.sin[:seq] if self.sin is not None else None
-        x = run_blocks(self.blocks, x, cos, sin, self.recompute)
+        if self.tok is None and self.sequence_parallel:  # x holds this rank's tokens; attention sees them all
+            seq = self.spec.seq_len
+        x = self.tok(tokens) if self.tok is not None else tokens
+        if self.pos is not None and self.tok is not None:
+            x = x + self.pos(torch.arange(start, start + seq, device=tokens.device))
+        if self.drop is not None and self.tok is not None and cache is None:  # (its call carries sp's re-layout)
+            x = self.drop(x)
+        cos, sin = self._rope(start, seq, cache)
+        x = run_blocks(self.blocks, x, cos, sin, self.recompute, cache)
+        if cache is not None:
+            cache.length = start + seq
+            x = x[:, -1:]  # an engine samples from the last position only
+        if self.head is None:
+            return x
         logits = self.head(self.norm(x))
         if targets is None:
             return logits
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
+
+    def _rope(self, start: int, seq: int, cache=None) -> tuple:
+        """cos and sin for positions start .. start + seq: the cache's tables where it has them (they cover its
+        length, which may pass the model's seq_len), else the model's."""
+        cos, sin = cache.rope if cache is not None and cache.rope is not None else (self.cos, self.sin)
+        if cos is None:
+            return None, None
+        return cos[start : start + seq], sin[start : start + seq]

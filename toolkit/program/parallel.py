@@ -34,7 +34,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from .model import run_blocks
+from .model import GPT
 from .moe import MoE
 
 __all__ = [
@@ -139,8 +139,8 @@ def vocab_parallel_loss(mesh: DeviceMesh, vocab: int):
     """A pipeline's last-stage loss over logits sharded by vocabulary: `loss_fn(local_logits, targets)` is the
     GPT's mean cross-entropy, computed under `loss_parallel()` (no rank gathers the vocabulary), as a plain
     tensor (every rank of the group holds the same value)."""
-    from torch.distributed.tensor import DTensor
     import torch.nn.functional as F
+    from torch.distributed.tensor import DTensor
 
     def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         shape = (*logits.shape[:-1], vocab)
@@ -160,16 +160,16 @@ def shard_embedding_grad(model: nn.Module) -> None:
     weight.register_hook(lambda grad: grad.redistribute(grad.device_mesh, weight.placements))
 
 
-class PipelineStage(nn.Module):
+class PipelineStage(GPT):
     """One pipeline stage of a GPT: the token (and learned position) embedding on the first, a contiguous run of
     blocks (`sizes[stage]` of them: toolkit.specs.stages.chunk_layers), the final norm and output projection on the
-    last. forward takes token ids (first stage) or the hidden
-    states the previous stage sent, and returns hidden states or, on the last stage, the logits. With tied
-    embeddings the first and the last stage each hold the matrix (as Megatron does): the runner sums its two
-    gradients (toolkit.program.pipeline), so both copies take the same steps."""
+    last. It runs the GPT's own forward, which takes token ids (first stage) or the hidden states the previous
+    stage sent, and returns hidden states or, on the last stage, the logits. With tied embeddings the first and
+    the last stage each hold the matrix (as Megatron does): the runner sums its two gradients
+    (toolkit.program.pipeline), so both copies take the same steps."""
 
-    def __init__(self, model: nn.Module, stage: int, sizes: list[int]):
-        super().__init__()
+    def __init__(self, model: GPT, stage: int, sizes: list[int]):
+        nn.Module.__init__(self)  # the whole model's parts, not new ones
         if sum(sizes) != model.spec.layers:
             raise ValueError(f"pipeline chunks of {sizes} layers do not add up to the model's {model.spec.layers}")
         start = sum(sizes[:stage])
@@ -186,17 +186,3 @@ class PipelineStage(nn.Module):
         """Set by tensor_parallel: later stages then receive one tp rank's share of each sequence's tokens."""
         self.register_buffer("cos", model.cos, persistent=False)
         self.register_buffer("sin", model.sin, persistent=False)
-
-    def forward(self, x):
-        seq = x.shape[1]
-        if self.sequence_parallel and not self.first:  # x holds this rank's tokens; attention (and RoPE) all
-            seq = self.spec.seq_len  # of them
-        if self.first:
-            x = self.tok(x)
-            if self.pos is not None:
-                x = x + self.pos(torch.arange(seq, device=x.device))
-            x = self.drop(x)
-        cos = self.cos[:seq] if self.cos is not None else None
-        sin = self.sin[:seq] if self.sin is not None else None
-        x = run_blocks(self.blocks, x, cos, sin, self.recompute)
-        return self.head(self.norm(x)) if self.last else x

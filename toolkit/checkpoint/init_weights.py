@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ...specs.errors import SpecError
+from ..specs.errors import SpecError
 from .files import latest_checkpoint
 
 __all__ = ["load_initial_weights", "hf_state_dict"]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ...program.layout import Layout
+from ..program.layout import Layout
 
 __all__ = ["gather_state", "restore_state"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...specs.errors import SpecError
+from ..specs.errors import SpecError
 
 __all__ = ["checkpoint_tag", "save_engine", "load_engine"]
 

@@ -4,17 +4,18 @@ A checkpoint is `step_NNNNNNNN.pt` (torch.save of a dict) plus `step_NNNNNNNN.pt
 is written under a temporary name, fsync'd and renamed, the checksum last: a checkpoint without its
 checksum file, or whose bytes do not match it, was interrupted or damaged, and is reported and skipped.
 Files are loaded with `weights_only=True`: tensors, numbers, strings and containers only. Runs on several ranks
-write their shards into `step_NNNNNNNN.dcp/` first (toolkit.train.checkpoint.sharded), the DeepSpeed backend its
+write their shards into `step_NNNNNNNN.dcp/` first (toolkit.checkpoint.sharded), the DeepSpeed backend its
 partitions into `step_NNNNNNNN.ds/`; the .pt (naming that directory, with the shards' checksums) is their record.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import shutil
 from pathlib import Path
+
+from .checksum import file_sha256
 
 
 __all__ = [
@@ -72,14 +73,6 @@ def _torch_save(state: dict, file) -> None:
         if keeper.error is not None:
             raise keeper.error from None
         raise
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def save_checkpoint(folder: str | Path, step: int, state: dict, keep: int) -> Path:

@@ -12,7 +12,7 @@ optimizer states under the embedding's name, as one process keeps them), and tor
 of whole tensors. DCP re-cuts the shards for the layout that loads them: dp 4 -> 2, ZeRO-3 -> pipeline stages, ...
 
 The files are written into `step_N.dcp.tmp/`; rank 0 then takes their checksums (the manifest, kept in the step's
-checksummed .pt record: toolkit.train.checkpoint) and renames the folder `step_N.dcp/`. A folder whose files do not
+checksummed .pt record: toolkit.checkpoint) and renames the folder `step_N.dcp/`. A folder whose files do not
 match the manifest is reported and its checkpoint skipped.
 """
 
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from .files import file_sha256
+from .checksum import file_sha256
 
 __all__ = ["uses_sharded_checkpoint", "save_sharded", "load_sharded", "sharded_problem"]
 
