@@ -11,7 +11,7 @@ OpenMP team, contending with the runs for the cores):
 
 Every run's losses, gradient norms and evaluation losses must equal the first run's bit for bit. Then the first job
 is SIGKILLed at step 5 under the same load and resumed: its record must equal the uninterrupted one. What pins the
-bits is toolkit/train/determinism.py. About 10 minutes on 2 cores. Headline figures last.
+bits is toolkit/launch/determinism.py. About 10 minutes on 2 cores. Headline figures last.
 """
 
 from __future__ import annotations

@@ -18,10 +18,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
-import math
-import subprocess
 import json
+import math
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 
@@ -29,8 +29,8 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from toolkit.estimate.params import count_params  # noqa: E402
 from toolkit.estimate.hardware import hardware_for  # noqa: E402
+from toolkit.estimate.params import count_params  # noqa: E402
 from toolkit.estimate.steptime import step_time  # noqa: E402
 from toolkit.specs import Job, SpecError, load_catalog  # noqa: E402
 
@@ -259,6 +259,7 @@ def self_calibration(work: Path, repeats: int) -> list[tuple[str, int, float, fl
     machine's own noise. The loops go round the layouts (every layout once, then again), so a slow spell of the
     machine lands on several layouts' single loops, not on one layout's every loop."""
     import subprocess
+
     from toolkit.trace.report import compare_run
 
     toolkit = [sys.executable, "-m", "toolkit.cli"]
@@ -358,8 +359,9 @@ def variant_ratios(work: Path, rounds: int = 16) -> list[tuple[str, float, float
     import dataclasses
     import subprocess
     import time
+
     from toolkit.estimate.report import estimate
-    from toolkit.train.determinism import pinned, rank_threads
+    from toolkit.launch.determinism import pinned, rank_threads
     from toolkit.train.loop import Trainer
 
     toolkit = [sys.executable, "-m", "toolkit.cli"]

@@ -27,6 +27,7 @@ def test_a_calibrated_profile_models_a_real_run(tmp_path, capfd, monkeypatch):
     """A run calibrated, then compared. Calibrate measures CPU cores over gloo: on a host with GPUs (here one that
     says it has them) it says so and its CPU row stays a CPU's (no compute hidden behind communication)."""
     import torch
+
     from toolkit.train.data import ensure_demo_corpus
     from toolkit.train.launch import prepare_run
     from toolkit.train.loop import run_training
@@ -185,8 +186,8 @@ def test_a_thin_dimension_slows_a_product_as_the_fitted_half_size_says():
     at one rate: a 32-wide product at the rate of a 256-wide one, nearly twice what a CPU measures."""
     import torch
 
-    from toolkit.calibrate.profile import job_shapes
     from toolkit.calibrate.kernels import half_size, matmul_flops, thin_shapes
+    from toolkit.calibrate.profile import job_shapes
     from toolkit.estimate.steptime import thin_factor
 
     around = thin_shapes(job_shapes(Job.from_dict(SMALL).resolve()[0]))
@@ -213,7 +214,9 @@ def test_op_units_scale_as_the_dispatcher_counts_tensor_operations(layers, atten
     operations a block): the per-layer count is the model's, not a fit. (Calibrate counts on up to 4 layers, as
     here.)"""
     import dataclasses
+
     import torch
+
     from toolkit.calibrate.kernels import dispatched_ops, ops_per_unit, rank_spec
     from toolkit.estimate.steptime import op_units
     from toolkit.program.model import GPT
@@ -245,10 +248,11 @@ def test_per_op_recompute_pays_for_its_dispatch_mode_as_torchs_profiler_sees_it(
     reads high; here 1.04 ms calibrated against 0.88 ms profiled), and the estimate charges it once per block
     per micro-batch under selective-op only."""
     from torch.profiler import ProfilerActivity, profile
+
     from toolkit.calibrate.kernels import block_run, rank_spec, selective_op_overhead_s
-    from toolkit.estimate.overhead import fixed_costs_s
     from toolkit.estimate.hardware import Assumptions
-    from toolkit.train.determinism import pinned
+    from toolkit.estimate.overhead import fixed_costs_s
+    from toolkit.launch.determinism import pinned
     from toolkit.program.model import _every_other_matmul
 
     job = Job.from_dict(dict(SMALL, model=dict(SMALL["model"], hidden=256))).resolve()[0]
@@ -279,8 +283,9 @@ def test_a_checkpointed_region_costs_at_least_what_torchs_profiler_sees_outside_
     0.6-1.5 ms against 0.5-0.7 ms). Tiny regions fitted and scaled by saved tensors, the earlier method, gave
     0.34 ms, half of what the profiler sees, and fail."""
     from torch.profiler import ProfilerActivity, profile
+
     from toolkit.calibrate.kernels import checkpoint_overhead_s, region_runs
-    from toolkit.train.determinism import pinned
+    from toolkit.launch.determinism import pinned
 
     job = Job.from_dict(
         dict(SMALL, model=dict(SMALL["model"], hidden=256, heads=8, seq_len=128), memory={"recompute": "full"})

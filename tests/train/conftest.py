@@ -6,11 +6,11 @@ import copy
 
 import pytest
 
+from toolkit.checkpoint import latest_checkpoint
+from toolkit.runs.folder import read_metrics
 from toolkit.specs import Job
-from toolkit.train.checkpoint import latest_checkpoint
 from toolkit.train.launch import prepare_run
 from toolkit.train.loop import run_training
-from toolkit.runs.folder import read_metrics
 
 TINY = {
     "model": {"layers": 2, "hidden": 64, "heads": 4, "vocab": 256, "seq_len": 32},

@@ -8,12 +8,11 @@ import sys
 import pytest
 
 from toolkit.capability import run_refusal, runnable_mask
-from toolkit.runs.folder import run_catalog_files
 from toolkit.cli import main
 from toolkit.estimate.grid import layout_grid
 from toolkit.plan.search import AXIS_VALUES
+from toolkit.runs.folder import read_metrics, run_catalog_files
 from toolkit.specs import Job, load_catalog
-from toolkit.runs.folder import read_metrics
 
 SHAPE = {"layers": 4, "hidden": 64, "heads": 4, "vocab": 256, "seq_len": 32}
 

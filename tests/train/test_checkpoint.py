@@ -2,7 +2,7 @@
 
 import torch
 
-from toolkit.train.checkpoint import latest_checkpoint, list_checkpoints, save_checkpoint
+from toolkit.checkpoint import latest_checkpoint, list_checkpoints, save_checkpoint
 
 
 def _save(folder, step, keep=5):

@@ -1,11 +1,11 @@
-"""What pins a run's bits (toolkit/train/determinism.py): the ranks' environment, the thread count a checkpoint
+"""What pins a run's bits (toolkit/launch/determinism.py): the ranks' environment, the thread count a checkpoint
 records, and a resume on another thread count said in one line. (20 repeated runs beside CPU hogs, bit for bit:
 benchmarks/determinism.py; the bitwise-resume test runs beside a hog too.)"""
 
 import torch
 
-from toolkit.train.determinism import pin_environment
-from toolkit.train.checkpoint import latest_checkpoint
+from toolkit.checkpoint import latest_checkpoint
+from toolkit.launch.determinism import pin_environment
 
 
 def test_every_rank_starts_with_mkl_and_openmp_pinned(monkeypatch):
@@ -38,7 +38,8 @@ def test_a_pinned_block_runs_deterministic_kernels_without_filling_fresh_tensors
     """The fill cost the runner about 3 % of a small model's step (benchmarks/loop_overhead.py) and buys nothing
     here: the bitwise resume (tests/train/test_runner.py) holds without it."""
     import torch.utils.deterministic as deterministic
-    from toolkit.train.determinism import pinned
+
+    from toolkit.launch.determinism import pinned
 
     threads, fill = torch.get_num_threads(), deterministic.fill_uninitialized_memory
     with pinned(1, "cpu"):

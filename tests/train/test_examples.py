@@ -5,12 +5,12 @@ from pathlib import Path
 
 import pytest
 
+from toolkit.checkpoint import latest_checkpoint
 from toolkit.estimate import estimate
+from toolkit.runs.folder import read_metrics
 from toolkit.specs import Job
-from toolkit.train.checkpoint import latest_checkpoint
 from toolkit.train.launch import prepare_run
 from toolkit.train.loop import run_training
-from toolkit.runs.folder import read_metrics
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
 

@@ -1,4 +1,4 @@
-"""The launcher's record of which rank died first (toolkit.train.launch.ExitOrder), on plain processes whose
+"""The launcher's record of which rank died first (toolkit.launch.ranks.ExitOrder), on plain processes whose
 exit order is set by construction: the first to die is named, not the lowest rank that failed."""
 
 import json
@@ -6,7 +6,7 @@ import signal
 import subprocess
 import sys
 
-from toolkit.train.launch import ExitOrder
+from toolkit.launch.ranks import ExitOrder
 
 
 def _sleeper(seconds: float, code: int = 0) -> subprocess.Popen:

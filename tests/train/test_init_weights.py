@@ -5,9 +5,9 @@ import torch
 
 transformers = pytest.importorskip("transformers")  # in the `test` extra: CI has it
 
-from toolkit.specs import Job, SpecError  # noqa: E402
-from toolkit.train.checkpoint.init_weights import load_initial_weights  # noqa: E402
+from toolkit.checkpoint.init_weights import load_initial_weights  # noqa: E402
 from toolkit.program.model import GPT  # noqa: E402
+from toolkit.specs import Job, SpecError  # noqa: E402
 
 
 def _llama(tmp_path, **extra):
@@ -94,8 +94,8 @@ def test_fine_tune_from_a_run_on_two_ranks(tmp_path, corpus):
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
     from tests.train.conftest import tiny_job
+    from toolkit.checkpoint import latest_checkpoint
     from toolkit.runs.folder import read_metrics
-    from toolkit.train.checkpoint import latest_checkpoint
     from toolkit.train.launch import launch, prepare_run
 
     pre = tmp_path / "pre"

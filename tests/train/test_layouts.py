@@ -14,10 +14,9 @@ import torch
 
 from toolkit.cli import main
 from toolkit.estimate.pipeline import rank_orders
-from toolkit.runs.folder import read_pipeline_timeline
+from toolkit.runs.folder import read_metrics, read_pipeline_timeline
 from toolkit.specs import Job
 from toolkit.train.loop import refuse_accelerate_overrides
-from toolkit.runs.folder import read_metrics
 
 from .test_runner import toolkit_train, train_here
 

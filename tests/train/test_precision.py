@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from toolkit.train.loop import TrainingStopped
-from toolkit.specs.precision import precision_plan
 from toolkit.program.precision import TORCH_DTYPES, MasterWeights
+from toolkit.specs.precision import precision_plan
+from toolkit.train.loop import TrainingStopped
 
 # mode -> (weight dtype in the model, dtype of Adam's exp_avg, fp32 master copy kept)
 MODES = {

@@ -6,9 +6,9 @@ import torch
 
 from toolkit.estimate.memory import memory_estimate
 from toolkit.estimate.states import nf4_matrix_bytes
+from toolkit.program.qlora import NF4_LEVELS, NF4Linear
 from toolkit.specs import Job, SpecError
 from toolkit.trace.memory import trace_memory
-from toolkit.program.qlora import NF4_LEVELS, NF4Linear
 
 QLORA = {"method": "qlora", "rank": 4, "targets": ["q", "v"]}
 

@@ -18,8 +18,8 @@ import time
 import psutil
 import pytest
 
-from toolkit.train.launch import prepare_run
 from toolkit.runs.folder import read_metrics
+from toolkit.train.launch import prepare_run
 
 from .conftest import tiny_job
 
@@ -93,7 +93,7 @@ def _losses(out):
 def test_sigkill_at_any_step_then_resume_is_bitwise_identical(tmp_path, corpus):
     """Dropout on, eval on, a DataLoader worker: RNG, data position, optimizer and eval all come back. Its three runs
     (reference, killed, resumed) share the 2 cores with the other test worker's ranks; the same job 20 times beside
-    CPU hogs, and its resume, bit for bit: benchmarks/determinism.py (toolkit/train/determinism.py pins the bits)."""
+    CPU hogs, and its resume, bit for bit: benchmarks/determinism.py (toolkit/launch/determinism.py pins the bits)."""
     job = tiny_job(
         model={"dropout": 0.1},
         training={"steps": 12, "checkpoint_every": 3, "eval_every": 4, "num_workers": 1, "data": str(corpus)},

@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from toolkit.estimate.report import estimate
-from toolkit.views.text import gib
 from toolkit.runs.folder import memory_file, write_rank_memory
 from toolkit.specs import Job
 from toolkit.train.memory_record import MemoryRecorder
 from toolkit.train.summary import render_run_summary, run_summary
+from toolkit.views.text import gib
 
 GIB = 2**30
 SMALL = {

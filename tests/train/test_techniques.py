@@ -5,9 +5,9 @@ import contextlib
 import pytest
 import torch
 
-from toolkit.specs import Job, ModelSpec
 from toolkit.program.model import GPT
 from toolkit.program.techniques import Int8Activations, Pruner
+from toolkit.specs import Job, ModelSpec
 
 
 def _block_weights(state):

@@ -31,6 +31,7 @@ def _wandb_history(path: Path) -> list[dict]:
     """The history rows of a .wandb file, read with wandb's own protobuf: the file is a LevelDB-style log (7-byte
     header, 32 KiB blocks of records: checksum, length, kind FULL/FIRST/MIDDLE/LAST, data)."""
     import json
+
     from wandb.proto import wandb_internal_pb2
 
     buf, pos, chunks, pending = path.read_bytes(), 7, [], b""

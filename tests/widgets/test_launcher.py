@@ -133,8 +133,8 @@ def test_a_kernel_shut_down_mid_run_leaves_a_checkpoint_at_the_last_finished_ste
     import subprocess
     import sys
 
+    from toolkit.checkpoint import list_checkpoints
     from toolkit.runs.folder import read_metrics
-    from toolkit.train.checkpoint import list_checkpoints
 
     out = tmp_path / "run"
     kernel = subprocess.Popen(

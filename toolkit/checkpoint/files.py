@@ -17,7 +17,6 @@ from pathlib import Path
 
 from .checksum import file_sha256
 
-
 __all__ = [
     "save_checkpoint",
     "latest_checkpoint",

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 
-from ..specs import Job, SpecError
 from ..program.build import Program
+from ..specs import Job, SpecError
 from .sharded import load_sharded, uses_sharded_checkpoint
 from .state import gather_state, restore_state
 

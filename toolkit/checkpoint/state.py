@@ -114,8 +114,8 @@ def _gather_stages(model: nn.Module, optimizer: torch.optim.Optimizer, layout: L
     """Every pipeline rank's states under the whole model's names, merged on rank 0 (replicas over dp send the
     same entries; a tied embedding comes from both ends, equal)."""
     import torch.distributed as dist
-    from torch.utils._pytree import tree_map_only
     from torch.distributed.tensor import DTensor
+    from torch.utils._pytree import tree_map_only
 
     names = [layout.stage_params[id(p)] for group in optimizer.param_groups for p in group["params"]]
     mine = ({layout.stage_keys[k]: v for k, v in model.state_dict().items()}, _by_name(optimizer.state_dict(), names))

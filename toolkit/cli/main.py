@@ -19,20 +19,20 @@ Bad input never shows a traceback: one line on stderr naming the field, and exit
 from __future__ import annotations
 
 import argparse
-import re
 import json
 import os
+import re
 import sys
 
-from .calibrate import add_calibrate_parser, cmd_calibrate
-from .catalog import cmd_catalog
-from .pipeline import add_pipeline_parser, cmd_pipeline
 from ..estimate import estimate
-from ..views.text import render_comparison, render_doctor, render_estimate, render_plan
 from ..specs import Job, SpecError, load_catalog
 from ..specs.errors import MeasurementFailed
-from .job_flags import TRAIN_OVERRIDES, add_job_args, fixed_axes, flag_hint, job_from_args, parse_gpus
 from ..specs.yamlio import check_output_folder
+from ..views.text import render_comparison, render_doctor, render_estimate, render_plan
+from .calibrate import add_calibrate_parser, cmd_calibrate
+from .catalog import cmd_catalog
+from .job_flags import TRAIN_OVERRIDES, add_job_args, fixed_axes, flag_hint, job_from_args, parse_gpus
+from .pipeline import add_pipeline_parser, cmd_pipeline
 
 __all__ = ["main", "build_parser"]
 
@@ -51,9 +51,27 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `toolkit` command line: one helper per subcommand adds its flags, in the order `--help` lists them."""
     parser = _Parser(prog="toolkit", description="Plan large-model training: memory, FLOPs, time and cost.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _add_estimate_parser(sub)
+    _add_trace_parser(sub)
+    _add_compare_parser(sub)
+    _add_plan_parser(sub)
+    _add_doctor_parser(sub)
+    add_pipeline_parser(sub)
+    add_calibrate_parser(sub)
+    _add_train_parser(sub)
+    _add_generate_parser(sub)
+    _add_data_parser(sub)
+    _add_export_parser(sub)
+    _add_claims_parser(sub)
+    _add_catalog_parser(sub)
+    return parser
 
+
+def _add_estimate_parser(sub) -> None:
+    """`estimate`: the analytic report of one job; --check makes it a test for scripts."""
     est = sub.add_parser(
         "estimate",
         help="estimate one training job (analytic, instant)",
@@ -66,6 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="exit 1 when the job does not fit its devices (for scripts); the report is printed anyway",
     )
+
+
+def _add_trace_parser(sub) -> None:
+    """`trace`: the same report with memory measured on fake tensors."""
     trace = sub.add_parser(
         "trace",
         help="measure the job's memory by running its real step on fake tensors",
@@ -74,6 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_job_args(trace)
     _add_html(trace)
+
+
+def _add_compare_parser(sub) -> None:
+    """`compare`: estimate beside trace, and beside a real run with --run."""
     compare = sub.add_parser(
         "compare",
         help="analytic estimate beside the trace, with the error per category; "
@@ -92,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --run: measured against the estimate only (the trace takes seconds to a minute)",
     )
 
+
+def _add_plan_parser(sub) -> None:
+    """`plan`: the layout (and offer) search and what it ranks by."""
     plan = sub.add_parser(
         "plan",
         help="search layouts (and offers) for the fastest or cheapest run that fits",
@@ -111,6 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="only layouts `toolkit train` can train (--write-job PATH saves the top plan as a job file)",
     )
+
+
+def _add_doctor_parser(sub) -> None:
+    """`doctor`: fixes for a job, or a diagnosis of a run folder."""
     doctor = sub.add_parser(
         "doctor",
         help="what to change when a job does not fit or is slow; or read a run",
@@ -120,9 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_job_args(doctor)
     doctor.add_argument("--run", metavar="DIR", help="diagnose the metrics of this run folder instead")
 
-    add_pipeline_parser(sub)
-    add_calibrate_parser(sub)
 
+def _add_train_parser(sub) -> None:
+    """`train`: a real run, its folder, its processes and how they start."""
     train = sub.add_parser(
         "train",
         help="train the job for real (CPU processes or GPUs), streaming metrics",
@@ -145,6 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--peak-tflops", metavar="X", type=float, help="device peak for MFU where the catalog has none")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
 
+
+def _add_generate_parser(sub) -> None:
+    """`generate`: real serving with a KV cache, for `compare --run`."""
     gen = sub.add_parser(
         "generate",
         help="serve the job's requests for real with a KV cache: time to first token, per output token, memory",
@@ -159,6 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--verify", action="store_true", help="also generate without a cache and record whether the tokens match"
     )
 
+
+def _add_data_parser(sub) -> None:
+    """`data prepare`: text to token shards the runner reads."""
     data = sub.add_parser("data", help="prepare token shards for training")
     data_sub = data.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
     prep = data_sub.add_parser(
@@ -179,6 +218,9 @@ def build_parser() -> argparse.ArgumentParser:
     prep.add_argument("--field", metavar="NAME", default="text", help="jsonl key, parquet or dataset column")
     prep.add_argument("--mix", metavar="W1,W2,...", help="the sources' shares of the training tokens, in order")
 
+
+def _add_export_parser(sub) -> None:
+    """`export`: the job as one launch file for a cluster."""
     export = sub.add_parser(
         "export",
         help="write the job as one file a cluster launches: an accelerate config, a "
@@ -194,6 +236,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     export.add_argument("--out", required=True, metavar="DIR", help="folder to write the one file into")
 
+
+def _add_claims_parser(sub) -> None:
+    """`claims`: the seed article's claims, recomputed."""
     claims = sub.add_parser(
         "claims", help="the seed article's numeric claims, recomputed, each with a verdict and a source"
     )
@@ -202,12 +247,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--json", action="store_true", help='print {"claims": [{"claim", "computed", "verdict", "source", ...}]}'
     )
 
+
+def _add_catalog_parser(sub) -> None:
+    """`catalog`: list or show the catalog's rows."""
     cat = sub.add_parser("catalog", help="list or show accelerators, offers, presets")
     cat.add_argument("kind", metavar="{accelerators,offers,presets}")
     cat.add_argument("name", nargs="?", help="show one row in full")
     cat.add_argument("--catalog", metavar="FILE", action="append", default=[])
     cat.add_argument("--json", action="store_true")
-    return parser
 
 
 def _add_html(parser: argparse.ArgumentParser) -> None:
@@ -274,8 +321,8 @@ def cmd_compare(args) -> int:
     from ..trace.report import compare_memory, compare_run
 
     if args.run:
-        from ..views.text import render_run_comparison
         from ..serve.compare import compare_generate, is_generate_run, render_generate_comparison
+        from ..views.text import render_run_comparison
 
         if is_generate_run(args.run):
             result = compare_generate(args.run, args.catalog)
@@ -301,8 +348,8 @@ def cmd_plan(args) -> int:
         args.gpus = None  # the search sets the cluster itself
     job = job_from_args(args, catalog)
     if job.workload == "inference":
-        from ..views.text_serving import render_serving_plan
         from ..plan.serving import plan_serving
+        from ..views.text_serving import render_serving_plan
 
         result = plan_serving(job, catalog, offers, top=args.top)
         print(json.dumps(result, indent=2, ensure_ascii=False) if args.json else render_serving_plan(result))
@@ -346,6 +393,7 @@ def cmd_doctor(args) -> int:
 
 
 def cmd_train(args) -> int:
+    from ..plan.preflight import check_fits
     from ..train.launch import launch  # imports torch: only when asked
     from ..train.summary import render_run_summary
 
@@ -360,6 +408,7 @@ def cmd_train(args) -> int:
         launcher=args.launcher,
         catalog_files=args.catalog,
         force=args.force,
+        preflight=check_fits,
     )
     if code == 0:
         print(render_run_summary(args.out))
@@ -367,8 +416,8 @@ def cmd_train(args) -> int:
 
 
 def cmd_generate(args) -> int:
-    from ..serve.run import generate
     from ..serve.compare import render_generate
+    from ..serve.run import generate
 
     catalog = load_catalog(*args.catalog)
     if args.workload is None:
@@ -381,7 +430,6 @@ def cmd_generate(args) -> int:
 
 def cmd_data(args) -> int:
     from ..train.data import demo_sources, prepare, read_sources
-
     from ..train.documents import load_tokenizer
 
     if args.demo and args.files:

@@ -62,7 +62,7 @@ def check_fits(job: Job, nproc: int, catalog=None) -> None:
 
 def _first_fix(job: Job, nproc: int, available: float) -> str | None:
     """The doctor's first single change (toolkit.plan.doctor.candidate_changes) that fits the host."""
-    from ..plan.doctor import candidate_changes
+    from .doctor import candidate_changes
 
     for what, changed in candidate_changes(job):
         try:
@@ -83,7 +83,7 @@ def _check_device(job: Job, catalog) -> None:
     result = estimate(job, catalog)
     if result["memory"].get("fits") is not False:
         return
-    from ..plan.doctor import diagnose_job
+    from .doctor import diagnose_job
 
     fixes = [f for f in diagnose_job(job, catalog)["fixes"] if f["fits"]]
     raise SpecError(

@@ -1,1 +1,4 @@
-"""Serving for real: `toolkit generate` runs a serving job with a KV cache and records what it measured."""
+"""Serve: serving for real: `toolkit generate` runs a serving job's requests with a KV cache on one process or
+tensor-parallel ranks and records what it measured; compare sets it beside the estimate.
+
+Imports: specs, estimate, runs, program, launch, checkpoint."""

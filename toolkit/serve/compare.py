@@ -13,12 +13,12 @@ import dataclasses
 import json
 from pathlib import Path
 
+from ..estimate.kv_cache import cache_bytes
 from ..estimate.serving_memory import runner_peak_bytes, weight_bytes
 from ..estimate.serving_time import ServingClock, serving_hardware
 from ..runs.folder import run_catalog_files
 from ..specs import Job, SpecError, load_catalog
 from ..specs.serving import KV_BYTES
-from ..estimate.kv_cache import cache_bytes
 from .worker import GENERATE_FILE, prefill_chunk
 
 __all__ = ["compare_generate", "render_generate", "is_generate_run"]
@@ -124,7 +124,7 @@ def render_generate_comparison(result: dict) -> str:
         e, m, err = row["estimated"], row["measured"], row["error"]
         q = row["quantity"]
         unit = 2**20 if q.endswith("bytes") else 1e-3 if q.endswith("_s") and not q.endswith("per_s") else 1
-        fmt = lambda v: "-" if v is None else f"{v / unit:14.3f}"  # noqa: E731
+        fmt = lambda v: "-" if v is None else f"{v / unit:14.3f}"  # noqa: E731, B023
         lines.append(f"  {row['quantity']:22}{fmt(e)}{fmt(m)}{'' if err is None else f'{err:+9.1%}'}")
     lines += [f"  note: {n}" for n in result["notes"]]
     return "\n".join(lines)

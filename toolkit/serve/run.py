@@ -9,12 +9,13 @@ The folder is what `toolkit compare --run` reads (toolkit.serve.compare).
 from __future__ import annotations
 
 import dataclasses
-import subprocess
 import sys
 from pathlib import Path
 
+from ..launch.ranks import start_ranks, supervise
 from ..runs.folder import write_run_catalog
 from ..specs import Job, SpecError, load_catalog
+from ..specs.errors import MeasurementFailed
 from ..specs.job import compute_dtype
 from ..specs.yamlio import check_output_folder
 
@@ -87,39 +88,17 @@ def generate(job: Job, out_dir: str | Path, nproc: int = 1, catalog_files=(), ve
 
 
 def _run_ranks(command: list[str], nproc: int, out: Path) -> None:
-    from ..train.launch import free_port, rank_env
-
-    port = free_port()
-    workers = []
-    for rank in range(nproc):
-        env = rank_env(rank, nproc, port)
-        log = open(out / f"rank{rank}.log", "w", encoding="utf-8")  # noqa: SIM115 - the rank's, closed by the OS
-        workers.append(subprocess.Popen(command, env=env, stderr=log, stdout=log, text=True))
-    failed = _wait(workers, out)
-    if failed:
-        from ..specs.errors import MeasurementFailed
-
-        raise MeasurementFailed(f"generate: {failed} (the run folder {out} keeps job.yaml)")
+    """The ranks through the shared launcher (toolkit.launch.ranks), each logging to OUT/rank{N}.log; the first
+    to fail stops the others (they would wait on it forever) and is named with its last line."""
+    exits = supervise(start_ranks(command, nproc, logs=out))
+    if exits.failed:
+        first = exits.failed[0]
+        raise MeasurementFailed(
+            f"generate: {_failure(first['rank'], first['code'], out)} (the run folder {out} keeps job.yaml)"
+        )
 
 
-def _wait(workers: list[subprocess.Popen], out: Path, poll_s: float = 0.2) -> str | None:
-    """Wait for every rank; the first to fail stops the others (they would wait on it forever). Returns its line."""
-    import time
-
-    while any(w.poll() is None for w in workers):
-        bad = [(r, w) for r, w in enumerate(workers) if w.poll() not in (None, 0)]
-        if bad:
-            for w in workers:
-                if w.poll() is None:
-                    w.kill()
-            rank, worker = bad[0]
-            return _failure(rank, worker, out)
-        time.sleep(poll_s)
-    bad = [(r, w) for r, w in enumerate(workers) if w.returncode]
-    return _failure(*bad[0], out) if bad else None
-
-
-def _failure(rank: int, worker: subprocess.Popen, out: Path) -> str:
+def _failure(rank: int, code: int, out: Path) -> str:
     err = (out / f"rank{rank}.log").read_text(encoding="utf-8", errors="replace")
     last = [line for line in err.splitlines() if line.strip()]
-    return f"rank {rank} exited with code {worker.returncode}: {last[-1] if last else 'no message'}"
+    return f"rank {rank} exited with code {code}: {last[-1] if last else 'no message'}"

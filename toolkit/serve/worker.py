@@ -19,11 +19,11 @@ import torch
 
 from ..program.generate import KVCache, greedy, plain_greedy
 from ..program.instrument import StageTracker, snapshot
-from ..program.precision import TORCH_DTYPES
 from ..program.mesh import build_mesh
+from ..program.precision import TORCH_DTYPES
 from ..runs.folder import run_catalog_files
-from ..specs.dims import ParallelDims
 from ..specs import Job, load_catalog
+from ..specs.dims import ParallelDims
 from ..specs.job import compute_dtype
 
 __all__ = ["generate_rank", "main"]
@@ -41,7 +41,7 @@ def _build(job: Job, device: torch.device, mesh):
     dtype = TORCH_DTYPES[compute_dtype(job.precision.mode)]
     load = None
     if job.training.init_from:
-        from ..train.checkpoint.init_weights import load_initial_weights
+        from ..checkpoint.init_weights import load_initial_weights
 
         def load(model):
             load_initial_weights(model, job.training.init_from)
@@ -115,7 +115,7 @@ def _peak(model, job: Job, prompts: torch.Tensor, device: torch.device) -> dict:
 def generate_rank(out: Path, verify: bool = False) -> dict:
     """Run this rank's generation with a training rank's thread settings (those `toolkit calibrate` measures
     under); returns its record (rank 0 writes the run's)."""
-    from ..train.determinism import pinned, rank_threads
+    from ..launch.determinism import pinned, rank_threads
 
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
     with pinned(rank_threads(int(os.environ.get("LOCAL_WORLD_SIZE", "1"))), device_type):

@@ -16,42 +16,41 @@ For several nodes, start `python -m toolkit.train.worker JOB OUT` with torchrun 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import select
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
+from ..checkpoint import latest_checkpoint, list_checkpoints, resume_key
+from ..launch.determinism import pin_environment
+from ..launch.ranks import AGREED_STOP_CODES, describe_exit, free_port, start_ranks, supervise
 from ..runs.folder import run_catalog_files, write_run_catalog
 from ..specs import Job, SpecError, load_catalog
 from ..specs.dims import ParallelDims
-from .checkpoint import latest_checkpoint, list_checkpoints, resume_key
 from .checks import refuse_accelerate_overrides, runner_checks
-from .determinism import pin_environment
 
-__all__ = ["prepare_run", "launch", "free_port", "rank_env"]
+__all__ = ["prepare_run", "launch"]
 
 
-def prepare_run(job: Job, out_dir: str | Path, nproc: int, catalog_files=(), force: bool = False) -> Job:
+def prepare_run(
+    job: Job, out_dir: str | Path, nproc: int, catalog_files=(), force: bool = False, preflight=None
+) -> Job:
     """Fix the data-parallel degree to nproc / (tp × pp), check everything the runner needs, write OUT/job.yaml
     (and copies of the user's catalog files in OUT/catalogs, so a job on a calibrated or custom device resolves in
-    the run; a rerun without --catalog uses the run's copies)."""
+    the run; a rerun without --catalog uses the run's copies). `preflight(resolved, nproc, catalog)` refuses a
+    job this machine cannot hold (the CLI passes toolkit.plan.preflight.check_fits; `force` skips it)."""
     out = Path(out_dir)
     given = list(catalog_files)
     job = ParallelDims.for_world(job, nproc).on_job(job)
     catalog = load_catalog(*(given or run_catalog_files(out)))
     resolved, _notes = job.resolve(catalog)
     runner_checks(resolved)
-    if not force:
-        from .fits import check_fits
-
-        check_fits(resolved, nproc, catalog)
+    if preflight is not None and not force:
+        preflight(resolved, nproc, catalog)
     refuse_accelerate_overrides(resolved)
     from .data import BYTE_VOCAB, TokenShards, model_tokenizer
     from .documents import load_tokenizer
@@ -88,35 +87,6 @@ def prepare_run(job: Job, out_dir: str | Path, nproc: int, catalog_files=(), for
     return job
 
 
-def rank_env(rank: int, nproc: int, port: int) -> dict:
-    """This process's environment for rank `rank` of `nproc` on this host (torchrun's variables, the pinned
-    threads of toolkit.train.determinism)."""
-    return dict(
-        pin_environment(dict(os.environ), nproc),
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(nproc),
-        LOCAL_WORLD_SIZE=str(nproc),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _describe(code: int) -> str:
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
-
-
 LAUNCHERS = ("auto", "own", "accelerate")
 
 
@@ -129,13 +99,14 @@ def launch(
     launcher: str = "auto",
     catalog_files=(),
     force: bool = False,
+    preflight=None,
 ) -> int:
     """Run the job; returns the exit code (0 done or stopped cleanly, 1 a rank failed, 3 stopped by diagnosis).
     launcher: "own" starts and supervises the ranks here, "accelerate" through `accelerate launch`, "auto" the
     latter where CUDA GPUs are (the design's multi-GPU path), the former elsewhere."""
     if launcher not in LAUNCHERS:
         raise SpecError("--launcher", launcher, f"must be one of {', '.join(LAUNCHERS)}")
-    job = prepare_run(job, out_dir, nproc, catalog_files, force)
+    job = prepare_run(job, out_dir, nproc, catalog_files, force, preflight)
     out = Path(out_dir)
     _stop_with_starter()
     allocator = _allocator_env(job)
@@ -149,23 +120,15 @@ def launch(
             print(f"toolkit train: stopped: {stop}", file=sys.stderr)
             return 3
         return 0
-    port = free_port()
     shutil.rmtree(out / "errors", ignore_errors=True)  # (a rank records its exception there: none yet)
     flags = (["--peak-tflops", str(peak_tflops)] if peak_tflops is not None else []) + (
         [] if progress else ["--no-progress"]
     )
     gpus = _cuda_gpus() if launcher != "own" else 0
     if launcher == "accelerate" or (launcher == "auto" and gpus > 0):
-        return _accelerate_launch(job, out, nproc, port, flags, allocator, on_cpu=gpus == 0)
-    workers = []
-    for rank in range(nproc):
-        env = dict(
-            rank_env(rank, nproc, port),
-            TOOLKIT_LAUNCHER_PID=str(os.getpid()),
-            **allocator,
-        )
-        command = [sys.executable, "-m", "toolkit.train.worker", str(out / "job.yaml"), str(out), *flags]
-        workers.append(subprocess.Popen(command, env=env))
+        return _accelerate_launch(job, out, nproc, free_port(), flags, allocator, on_cpu=gpus == 0)
+    command = [sys.executable, "-m", "toolkit.train.worker", str(out / "job.yaml"), str(out), *flags]
+    workers = start_ranks(command, nproc, dict(TOOLKIT_LAUNCHER_PID=str(os.getpid()), **allocator))
     return _supervise(workers, out)
 
 
@@ -279,112 +242,28 @@ def _allocator_env(job: Job) -> dict:
 
 
 def _supervise(workers: list[subprocess.Popen], out: Path) -> int:
-    """Wait for the ranks; forward SIGTERM/SIGINT to all; if one dies, stop the rest and name the first to die."""
-
-    def forward(signum, _frame):
-        for w in workers:
-            if w.poll() is None:
-                w.send_signal(signal.SIGTERM)
-
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
-    exits = ExitOrder(workers)
-    try:
-        while True:
-            exits.wait(0.2)
-            failed = [e for e in exits.order if e["code"] != 0]
-            if failed:
-                first = failed[0]
-                if first["code"] in (2, 3):  # a stop every rank agreed on (e.g. a full disk): let them finish
-                    _wait_all(workers, 10.0)
-                for w in workers:
-                    if w.poll() is None:
-                        w.terminate()
-                deadline = time.monotonic() + 10
-                for w in workers:
-                    try:
-                        w.wait(timeout=max(deadline - time.monotonic(), 0.1))
-                    except subprocess.TimeoutExpired:
-                        w.kill()
-                exits.wait(0.5)
-                exits.write(out / "exits.json")
-                if first["code"] in (2, 3):  # the rank already printed a one-line reason
-                    return first["code"]
-                _, path, _ = latest_checkpoint(out / "checkpoints")
-                where = f"the newest valid checkpoint is {path.name}" if path else "no checkpoint was saved yet"
-                others = [
-                    f"rank {e['rank']} {_describe(e['code'])} {e['at_s'] - first['at_s']:.2f} s later"
-                    for e in exits.order[1:]
-                    if e["code"] != 0
-                ]
-                print(
-                    f"toolkit train: rank {first['rank']} {_describe(first['code'])}{_error_of(out, first['rank'])}"
-                    f" first; the other ranks were stopped{' (' + '; '.join(others) + ')' if others else ''}. "
-                    f"{where}; run the same command again to resume from it (exit order: {out / 'exits.json'}"
-                    f"{'; tracebacks: ' + str(out / 'errors') if (out / 'errors').is_dir() else ''}).",
-                    file=sys.stderr,
-                )
-                return 1
-            if len(exits.order) == len(workers):
-                exits.write(out / "exits.json")
-                return 0
-    finally:
-        exits.close()
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-
-
-def _wait_all(workers: list[subprocess.Popen], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    for w in workers:
-        try:
-            w.wait(timeout=max(deadline - time.monotonic(), 0.01))
-        except subprocess.TimeoutExpired:
-            return
-
-
-class ExitOrder:
-    """The order in which the ranks exit, stamped with a monotonic clock as each exits: a pidfd per process
-    (Linux), which becomes readable the moment it dies, else polling every 10 ms. torch's elastic agent stamps
-    exits in whole seconds and reports the lowest failed rank, which names the wrong rank when one rank's death
-    brings down the others."""
-
-    def __init__(self, workers: list[subprocess.Popen]):
-        self.workers, self.start = workers, time.monotonic()
-        self.order: list[dict] = []
-        self.fds = {}
-        for rank, w in enumerate(workers):
-            try:
-                self.fds[os.pidfd_open(w.pid)] = rank
-            except (AttributeError, OSError):  # (no pidfd: polled below)
-                pass
-
-    def wait(self, timeout_s: float) -> None:
-        """Block until a rank exits (or `timeout_s`), then record, with the time, every rank that has exited."""
-        pending = [fd for fd, rank in self.fds.items() if not self._seen(rank)]
-        if len(self.fds) == len(self.workers):
-            if pending:
-                select.select(pending, [], [], timeout_s)
-        else:
-            end = time.monotonic() + timeout_s
-            while time.monotonic() < end and not any(
-                w.poll() is not None and not self._seen(r) for r, w in enumerate(self.workers)
-            ):
-                time.sleep(0.01)
-        now = time.monotonic() - self.start
-        for rank, w in enumerate(self.workers):
-            if not self._seen(rank) and w.poll() is not None:
-                self.order.append({"rank": rank, "code": w.returncode, "at_s": now})
-
-    def _seen(self, rank: int) -> bool:
-        return any(e["rank"] == rank for e in self.order)
-
-    def write(self, path: Path) -> None:
-        rows = [{**e, "signal": signal.Signals(-e["code"]).name if e["code"] < 0 else None} for e in self.order]
-        path.write_text(json.dumps(rows, indent=1) + "\n")
-
-    def close(self) -> None:
-        for fd in self.fds:
-            os.close(fd)
+    """Wait for the ranks (toolkit.launch.ranks.supervise); when one dies, name it first and the checkpoint a rerun
+    resumes from."""
+    exits = supervise(workers)
+    exits.write(out / "exits.json")
+    if not exits.failed:
+        return 0
+    first = exits.failed[0]
+    if first["code"] in AGREED_STOP_CODES:  # the rank already printed a one-line reason
+        return first["code"]
+    _, path, _ = latest_checkpoint(out / "checkpoints")
+    where = f"the newest valid checkpoint is {path.name}" if path else "no checkpoint was saved yet"
+    others = [
+        f"rank {e['rank']} {describe_exit(e['code'])} {e['at_s'] - first['at_s']:.2f} s later" for e in exits.failed[1:]
+    ]
+    print(
+        f"toolkit train: rank {first['rank']} {describe_exit(first['code'])}{_error_of(out, first['rank'])}"
+        f" first; the other ranks were stopped{' (' + '; '.join(others) + ')' if others else ''}. "
+        f"{where}; run the same command again to resume from it (exit order: {out / 'exits.json'}"
+        f"{'; tracebacks: ' + str(out / 'errors') if (out / 'errors').is_dir() else ''}).",
+        file=sys.stderr,
+    )
+    return 1
 
 
 def _error_of(out: Path, rank: int) -> str:

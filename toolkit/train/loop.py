@@ -22,6 +22,7 @@ process also measure each rank's tensor memory (toolkit.train.memory_record -> m
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import signal
@@ -31,25 +32,25 @@ from pathlib import Path
 
 import torch
 
+from ..checkpoint import latest_checkpoint, resume_key, save_checkpoint, unwritable_checkpoint
+from ..checkpoint.init_weights import load_initial_weights
+from ..checkpoint.run_state import checkpoint_state, first_error, load_checkpoint
+from ..checkpoint.sharded import save_sharded, uses_sharded_checkpoint
 from ..estimate.flops import flops_per_token
-from ..runs.folder import run_catalog_files
-from ..specs import Job, SpecError, load_catalog
-from ..specs.job import compute_dtype
-from .checkpoint import latest_checkpoint, resume_key, save_checkpoint, unwritable_checkpoint
-from .checkpoint.sharded import save_sharded, uses_sharded_checkpoint
-from .checks import refuse_accelerate_overrides, runner_checks
-from .data import StepSampler, TokenShards, ensure_demo_corpus, make_loader, model_tokenizer
-from .determinism import pinned, rank_threads, threads_note
-from .memory_record import MemoryRecorder
-from .metrics import MetricsLog, memory_reading
+from ..launch.determinism import pinned, rank_threads, threads_note
+from ..program.build import build_program, compile_blocks
 from ..program.mesh import device_mesh, leave_one_process_group
 from ..program.parallelize import dp_rank_and_size
 from ..program.precision import torch_precision
-from .checkpoint.init_weights import load_initial_weights
-from .checkpoint.run_state import checkpoint_state, first_error, load_checkpoint
-from ..program.build import build_program, compile_blocks
 from ..program.step import agree, apply_update, evaluate, forward_backward, mean_step_loss, reduce_and_clip, timeline_of
 from ..program.techniques import Int8Activations, Pruner, block_matrices
+from ..runs.folder import run_catalog_files, write_stage_timeline
+from ..specs import Job, SpecError, load_catalog
+from ..specs.job import compute_dtype
+from .checks import refuse_accelerate_overrides, runner_checks
+from .data import StepSampler, TokenShards, ensure_demo_corpus, make_loader, model_tokenizer
+from .memory_record import MemoryRecorder
+from .metrics import MetricsLog, memory_reading
 from .trackers import tracker_config, tracker_setup
 
 __all__ = ["run_training", "Trainer", "RunResult", "TrainingStopped", "lr_at", "runner_checks"]
@@ -93,6 +94,67 @@ def _diagnose_nonfinite(job: Job, step: int, lr: float, loss: float, grad_norm: 
     )
 
 
+def _loss_scale_underflow(scale: float, step: int) -> str:
+    """Why an fp16 run stopped when its loss scale fell below 1, and what to change."""
+    return (
+        f"the fp16 loss scale fell to {scale:g} at step {step + 1}: gradients overflow fp16 "
+        "at every scale, so the loss diverged or activations exceed fp16's range (65504). Fix: lower "
+        "training.lr, or train in a bf16 mode (amp-bf16, mixed-bf16), whose range is fp32's."
+    )
+
+
+def _check_world(job: Job, world: int) -> None:
+    """The layout's ranks must be the processes launched: refuse with the --nproc that would fit."""
+    ranks = job.parallel.dp * job.parallel.tp * job.parallel.pp
+    if world != ranks:
+        raise SpecError(
+            "parallel.dp",
+            job.parallel.dp,
+            f"the layout needs {ranks} processes but the run has {world}; launch with --nproc {ranks}",
+        )
+
+
+def _token_shards(job: Job, out: Path, cache_dir) -> tuple[TokenShards, TokenShards | None]:
+    """The training shards and, with evaluation on, the held-out ones: training.data, else the demo corpus in the
+    model's tokenizer (cached under cache_dir, default OUT/cache)."""
+    t, spec = job.training, job.model
+    demo = None if t.data else ensure_demo_corpus(cache_dir or out / "cache", model_tokenizer(job))
+    data_dir = Path(t.data) if t.data else demo
+    train_set = TokenShards(data_dir, "train", spec.seq_len)
+    if train_set.vocab > spec.vocab:
+        raise SpecError("model.vocab", spec.vocab, f"is smaller than the data's vocabulary ({train_set.vocab})")
+    return train_set, TokenShards(data_dir, "val", spec.seq_len) if t.eval_every else None
+
+
+def _batches(job: Job, train_set: TokenShards, dp_rank: int, dp_world: int, start_step: int):
+    """This rank's micro-batches from the resumed step on: each replica its own share, the same on a rerun."""
+    t = job.training
+    sampler = StepSampler(
+        len(train_set), job.batch.global_batch, job.batch.micro_batch, dp_rank, dp_world, t.seed, start_step, t.steps
+    )
+    return iter(make_loader(train_set, sampler, t.num_workers, t.prefetch))
+
+
+def _peak_tflops(job: Job, catalog, device: torch.device, given: float | None) -> float | None:
+    """The peak MFU is taken against: the one given, else the catalog's for the job's dtype on a GPU or a measured
+    row (a GPU's peak is no CPU run's MFU)."""
+    row = catalog.accelerator(job.cluster.accelerator) if job.cluster.accelerator else None
+    if given is None and row and (device.type == "cuda" or row.vendor == "measured"):
+        peak = row.peak_flops(compute_dtype(job.precision.mode))
+        given = peak / 1e12 if peak else None
+    return given
+
+
+def _pruned_tensors(prog, masks: dict) -> list[dict]:
+    """The weights the masks act on by name, and their fp32 masters where the program keeps them."""
+    named = dict(prog.raw.named_parameters())
+    master_of = {}
+    if prog.master:
+        names = {id(p): n for n, p in prog.raw.named_parameters()}
+        master_of = {names[id(p)]: m for p, m in prog.master.pairs}
+    return [{n: named[n] for n in masks}, {n: master_of[n] for n in masks if n in master_of}]
+
+
 def run_training(
     job: Job,
     out_dir: str | Path,
@@ -102,7 +164,7 @@ def run_training(
     progress: bool = True,
 ) -> RunResult:
     """Train `job` (already validated or not) and write checkpoints and metrics under `out_dir`, with this rank's
-    threads pinned and deterministic CPU kernels (toolkit.train.determinism)."""
+    threads pinned and deterministic CPU kernels (toolkit.launch.determinism)."""
     threads = rank_threads(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     with pinned(threads, "cuda" if torch.cuda.is_available() else "cpu"):
         return Trainer(job, out_dir, threads, peak_tflops=peak_tflops, cache_dir=cache_dir, progress=progress).fit()
@@ -146,16 +208,10 @@ class Trainer:
         )
         acc = self.accelerator
         self.device, self.rank, self.world = acc.device, acc.process_index, acc.num_processes
-        ranks = job.parallel.dp * job.parallel.tp * job.parallel.pp
-        if self.world != ranks:
-            raise SpecError(
-                "parallel.dp",
-                job.parallel.dp,
-                f"the layout needs {ranks} processes but the run has {self.world}; launch with --nproc {ranks}",
-            )
+        _check_world(job, self.world)
         self.mesh = device_mesh(job, self.device.type)
         self.dp_rank, self.dp_world = dp_rank_and_size(self.mesh)
-        self._set_up_data(cache_dir)
+        self.train_set, self.val_set = _token_shards(job, out, cache_dir)
         self.base_mem_bytes, _ = memory_reading(self.device)  # before any weight exists: the summary's baseline
         source = job.training.init_from
         load = (lambda model: load_initial_weights(model, source)) if source else None
@@ -169,6 +225,7 @@ class Trainer:
             Pruner(self.t.pruning.method, self.t.pruning.sparsity) if self.t.pruning.method != "none" else None
         )
         self._pruned: list[dict] = []  # the tensors the masks act on, looked up once per set of masks
+        self.checkpoints = _RunCheckpoints(out, acc, self.device, threads, self.t.keep_checkpoints)
         self.start_step, self.skipped_total = self.resume()
         self.metrics = MetricsLog(out / "metrics.jsonl", self.start_step) if acc.is_main_process else None
         if self.metrics and self.metrics.note:
@@ -185,122 +242,33 @@ class Trainer:
             self._prune()
         self._set_up_steps(peak_tflops)
         self.bar = _progress(progress and acc.is_main_process, self.start_step, self.t.steps)
-        self._stop_requested = False
-        self._previous_handler = (
-            signal.signal(signal.SIGTERM, lambda *_: setattr(self, "_stop_requested", True)) if _main_thread() else None
-        )
-
-    def _set_up_data(self, cache_dir) -> None:
-        t, spec = self.t, self.job.model
-        demo = None if t.data else ensure_demo_corpus(cache_dir or self.out / "cache", model_tokenizer(self.job))
-        data_dir = Path(t.data) if t.data else demo
-        self.train_set = TokenShards(data_dir, "train", spec.seq_len)
-        if self.train_set.vocab > spec.vocab:
-            raise SpecError(
-                "model.vocab", spec.vocab, f"is smaller than the data's vocabulary ({self.train_set.vocab})"
-            )
-        self.val_set = TokenShards(data_dir, "val", spec.seq_len) if t.eval_every else None
+        self.sigterm = _SigtermFlag()
 
     def _set_up_steps(self, peak_tflops: float | None) -> None:
         """The batches from the resumed step on, the step's tokens and FLOPs, the peak MFU is taken against."""
-        job, t = self.job, self.t
-        sampler = StepSampler(
-            len(self.train_set),
-            job.batch.global_batch,
-            job.batch.micro_batch,
-            self.dp_rank,
-            self.dp_world,
-            t.seed,
-            self.start_step,
-            t.steps,
-        )
-        self.batches = iter(make_loader(self.train_set, sampler, t.num_workers, t.prefetch))
+        job = self.job
+        self.batches = _batches(job, self.train_set, self.dp_rank, self.dp_world, self.start_step)
         self.tokens_per_step = job.batch.global_batch * job.model.seq_len
         self.flops_per_step = flops_per_token(job).model * self.tokens_per_step
-        row = self.catalog.accelerator(job.cluster.accelerator) if job.cluster.accelerator else None
-        if peak_tflops is None and row and (self.device.type == "cuda" or row.vendor == "measured"):  # (a GPU's
-            peak = row.peak_flops(compute_dtype(job.precision.mode))  # peak is no CPU run's MFU)
-            peak_tflops = peak / 1e12 if peak else None
-        self.peak_tflops = peak_tflops
+        self.peak_tflops = _peak_tflops(job, self.catalog, self.device, peak_tflops)
         self.int8 = Int8Activations(self.prog.raw) if job.memory.act_compress == "int8" else None
 
     def resume(self) -> tuple[int, int]:
         """Load the newest valid checkpoint, if any: (step to start from, fp16 steps skipped so far)."""
-        acc, out, job = self.accelerator, self.out, self.job
-        state, path, problems = latest_checkpoint(out / "checkpoints", self.rank, self.world)
-        for line in problems:
-            acc.print(f"checkpoint: {line}")
-        if state is None:
-            torch.manual_seed(self.t.seed + 1 + self.dp_rank)  # dropout differs between replicas, repeatably
-            return 0, 0
-        if resume_key(Job.from_dict(state["job"], self.catalog).resolve(self.catalog)[0]) != resume_key(job):
-            raise SpecError(
-                "job",
-                str(path),
-                f"{out} holds checkpoints of a different job; use a new --out "
-                "folder, or delete the checkpoints to start over",
-            )
-        start = load_checkpoint(job, self.prog, state, self.scaler, self.pruner, self.rank, self.world, out)
-        acc.print(f"resumed from {path.name} (step {start[0]})")
-        if note := threads_note(state.get("threads"), self.threads):
-            acc.print(f"note: {note}")
-        return start
+        fresh_seed = self.t.seed + 1 + self.dp_rank  # a fresh run: dropout differs between replicas, repeatably
+        return self.checkpoints.load_newest(self.job, self.catalog, self.prog, self.scaler, self.pruner, fresh_seed)
 
     def _prune(self) -> None:
         """Zero the pruned weights (and their fp32 masters) again."""
         if not self._pruned:
-            named = dict(self.prog.raw.named_parameters())
-            master_of = self._master_by_name()
-            self._pruned.append({n: named[n] for n in self.pruner.masks})
-            self._pruned.append({n: master_of[n] for n in self.pruner.masks if n in master_of})
+            self._pruned.extend(_pruned_tensors(self.prog, self.pruner.masks))
         for tensors in self._pruned:
             self.pruner.apply(tensors)
-
-    def _master_by_name(self) -> dict:
-        master = self.prog.master
-        if not master:
-            return {}
-        names = {id(p): n for n, p in self.prog.raw.named_parameters()}
-        return {names[id(p)]: m for p, m in master.pairs}
 
     def save(self, step: int) -> None:
         """The checkpoint of `step` (every rank calls it). A write that fails on any rank stops every rank with one
         line; the newest valid checkpoint stays."""
-        prog, out, acc, world = self.prog, self.out, self.accelerator, self.world
-        model_sd, optim_sd, all_rng = checkpoint_state(prog, self.device, world)
-        tag, sharded, failed = None, None, None
-        try:
-            if prog.engine is not None:  # every rank writes its partitions; the record below is written after
-                from .checkpoint.deepspeed import save_engine
-
-                tag = save_engine(prog.engine, out / "checkpoints", step)
-                acc.wait_for_everyone()
-            elif uses_sharded_checkpoint(prog, world):  # every rank its shards; rank 0 gets their checksums
-                sharded = save_sharded(prog, out / "checkpoints", step, self.rank)
-            if acc.is_main_process:
-                save_checkpoint(
-                    out / "checkpoints",
-                    step,
-                    {
-                        "step": step,
-                        "skipped_total": self.skipped_total,
-                        "job": self.job.to_dict(),
-                        "deepspeed": tag,
-                        "dcp": sharded,
-                        "threads": self.threads,
-                        "model": model_sd,
-                        "optimizer": optim_sd,
-                        "master": prog.master.state_dict() if prog.master else None,
-                        "scaler": self.scaler.state_dict(),
-                        "masks": self.pruner.state_dict() if self.pruner else None,
-                        "rng": all_rng,
-                    },
-                    self.t.keep_checkpoints,
-                )
-        except OSError as err:  # a full disk, a read-only or vanished folder
-            failed = err
-        if agree(failed is not None, self.device, world):  # (also the ranks' meeting after the write)
-            raise TrainingStopped(unwritable_checkpoint(out / "checkpoints", step, first_error(failed, world)))
+        self.checkpoints.save(step, self.job, self.prog, self.scaler, self.pruner, self.skipped_total)
 
     def train_step(self, step: int) -> dict:
         """One optimizer step: micro-batches, gradient reduction, clipping, the update (or an fp16 skip), masks.
@@ -327,7 +295,7 @@ class Trainer:
             self.recorder,
             int8=self.int8,
             timeline=timeline_of(job, prog, self.mesh, self.dp_rank, step),
-            out=self.out,
+            on_timeline=functools.partial(write_stage_timeline, self.out),
         )
         grad_norm = float(reduce_and_clip(prog, scaler, t.grad_clip or float("inf")))
         mean_loss = mean_step_loss(loss_sum, self.world, job.parallel.pp) / job.grad_accum
@@ -343,11 +311,7 @@ class Trainer:
         self._prune_after(step)
         self.recorder.end_step(step)
         if plan.loss_scaling and scaler.get_scale() < 1.0:
-            raise TrainingStopped(
-                f"the fp16 loss scale fell to {scaler.get_scale():g} at step {step + 1}: gradients overflow fp16 "
-                "at every scale, so the loss diverged or activations exceed fp16's range (65504). Fix: lower "
-                "training.lr, or train in a bf16 mode (amp-bf16, mixed-bf16), whose range is fp32's."
-            )
+            raise TrainingStopped(_loss_scale_underflow(scaler.get_scale(), step))
         return self._record(step, began, lr, mean_loss, grad_norm, scale_before, skipped)
 
     def _prune_after(self, step: int) -> None:
@@ -421,7 +385,7 @@ class Trainer:
                     self.bar.update(1)
                     shown = record["loss"] if record["loss"] is not None else float("nan")  # (an fp16 skip)
                     self.bar.set_postfix(loss=f"{shown:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
-                stop = agree(self._stop_requested, self.device, self.world)
+                stop = agree(self.sigterm.requested, self.device, self.world)
                 if checkpoints and (last or stop or (t.checkpoint_every and (step + 1) % t.checkpoint_every == 0)):
                     self.save(step + 1)
                 done = step + 1
@@ -445,8 +409,7 @@ class Trainer:
             self.bar.close()
         if self.metrics:
             self.metrics.close()
-        if self._previous_handler is not None:
-            signal.signal(signal.SIGTERM, self._previous_handler)
+        self.sigterm.restore()
         if self.t.trackers:
             self.accelerator.end_training()
         leave_one_process_group()  # (a one-process FSDP2 run's own group; nothing otherwise)
@@ -464,3 +427,90 @@ def _progress(enabled: bool, start: int, total: int):
     from tqdm.auto import tqdm
 
     return tqdm(total=total, initial=start, unit="step", dynamic_ncols=True, disable=None)
+
+
+class _SigtermFlag:
+    """SIGTERM (a scheduler's preemption, the launcher's Stop) only sets `requested`: the loop ends its step, the
+    ranks agree, and the run stops after a checkpoint. `restore` puts the previous handler back."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = signal.signal(signal.SIGTERM, self._request) if _main_thread() else None
+
+    def _request(self, *_) -> None:
+        self.requested = True
+
+    def restore(self) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+
+
+class _RunCheckpoints:
+    """This rank's part in the run's checkpoints under OUT/checkpoints: loading the newest valid one, and writing
+    one with every rank (the engine's or the shards' own files, then rank 0's record)."""
+
+    def __init__(self, out: Path, accelerator, device: torch.device, threads: int, keep: int):
+        self.out, self.accelerator, self.device, self.threads, self.keep = out, accelerator, device, threads, keep
+        self.rank, self.world = accelerator.process_index, accelerator.num_processes
+
+    def load_newest(self, job: Job, catalog, prog, scaler, pruner, fresh_seed: int) -> tuple[int, int]:
+        """(step to start from, fp16 steps skipped so far); a run with no valid checkpoint seeds torch with
+        `fresh_seed` and starts at 0. Checkpoints of another job are refused, not loaded."""
+        acc, out = self.accelerator, self.out
+        state, path, problems = latest_checkpoint(out / "checkpoints", self.rank, self.world)
+        for line in problems:
+            acc.print(f"checkpoint: {line}")
+        if state is None:
+            torch.manual_seed(fresh_seed)
+            return 0, 0
+        if resume_key(Job.from_dict(state["job"], catalog).resolve(catalog)[0]) != resume_key(job):
+            raise SpecError(
+                "job",
+                str(path),
+                f"{out} holds checkpoints of a different job; use a new --out "
+                "folder, or delete the checkpoints to start over",
+            )
+        start = load_checkpoint(job, prog, state, scaler, pruner, self.rank, self.world, out)
+        acc.print(f"resumed from {path.name} (step {start[0]})")
+        if note := threads_note(state.get("threads"), self.threads):
+            acc.print(f"note: {note}")
+        return start
+
+    def save(self, step: int, job: Job, prog, scaler, pruner, skipped_total: int) -> None:
+        """Every rank calls it. A write that fails on any rank stops every rank with one line (TrainingStopped);
+        the newest valid checkpoint stays."""
+        out, acc, world = self.out, self.accelerator, self.world
+        model_sd, optim_sd, all_rng = checkpoint_state(prog, self.device, world)
+        tag, sharded, failed = None, None, None
+        try:
+            if prog.engine is not None:  # every rank writes its partitions; the record below is written after
+                from ..checkpoint.deepspeed import save_engine
+
+                tag = save_engine(prog.engine, out / "checkpoints", step)
+                acc.wait_for_everyone()
+            elif uses_sharded_checkpoint(prog, world):  # every rank its shards; rank 0 gets their checksums
+                sharded = save_sharded(prog, out / "checkpoints", step, self.rank)
+            if acc.is_main_process:
+                save_checkpoint(
+                    out / "checkpoints",
+                    step,
+                    {
+                        "step": step,
+                        "skipped_total": skipped_total,
+                        "job": job.to_dict(),
+                        "deepspeed": tag,
+                        "dcp": sharded,
+                        "threads": self.threads,
+                        "model": model_sd,
+                        "optimizer": optim_sd,
+                        "master": prog.master.state_dict() if prog.master else None,
+                        "scaler": scaler.state_dict(),
+                        "masks": pruner.state_dict() if pruner else None,
+                        "rng": all_rng,
+                    },
+                    self.keep,
+                )
+        except OSError as err:  # a full disk, a read-only or vanished folder
+            failed = err
+        if agree(failed is not None, self.device, world):  # (also the ranks' meeting after the write)
+            raise TrainingStopped(unwritable_checkpoint(out / "checkpoints", step, first_error(failed, world)))

@@ -6,9 +6,9 @@ import statistics
 from pathlib import Path
 
 from ..estimate.memory import memory_estimate
-from ..views.text import gib
 from ..runs.folder import read_metrics, read_rank_memory, run_catalog_files
 from ..specs import Job, load_catalog
+from ..views.text import gib
 
 __all__ = ["run_summary", "render_run_summary"]
 

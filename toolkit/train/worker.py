@@ -12,7 +12,7 @@ import time
 import traceback
 from pathlib import Path
 
-from .determinism import PINNED_ENV
+from ..launch.determinism import PINNED_ENV
 
 for _name, _value in PINNED_ENV.items():  # before torch loads oneMKL and OpenMP (see determinism.py)
     os.environ.setdefault(_name, _value)
