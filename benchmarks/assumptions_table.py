@@ -34,7 +34,7 @@ NOT_ASSUMPTIONS = {
     "BAND_FILE",
     "KERNELS_FILE",
     "T",
-    "_INT64",
+    "INT64_BYTES",
 }
 """Units, names and file paths: definitions, not figures."""
 

@@ -15,8 +15,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
-from toolkit.specs.job import ModelSpec
 from toolkit.program.model import Block
+from toolkit.specs.job import ModelSpec
 
 # (model fields, pp, method)
 SMALL = {"layers": 10, "hidden": 64, "heads": 4, "vocab": 3000, "seq_len": 32}

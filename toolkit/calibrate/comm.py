@@ -12,10 +12,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .kernels import block_run, rank_spec
 from ..program.mesh import build_mesh
 from ..specs.dims import ParallelDims
 from ..specs.job import Job
+from .kernels import block_run, rank_spec
 
 __all__ = ["collective_fit", "sharded_bw_bytes_per_s", "tp_collective_s", "fsdp_collective_s"]
 
@@ -107,6 +107,7 @@ def tp_collective_s(
     if tp <= 1 or world % tp:
         return None
     from torch.distributed.tensor.parallel import parallelize_module
+
     from ..estimate.comm import tp_collectives_per_block
     from ..program.parallel import block_plan
 
@@ -153,6 +154,7 @@ def fsdp_collective_s(
     the same hooks (on the README's small GPT here, a ZeRO-3 step costs 1.5x the plain one): measured on a
     one-rank group. None unless the job runs FSDP2."""
     from torch.distributed.fsdp import fully_shard
+
     from ..estimate.states import bytes_per_param
     from ..program.mesh import join_one_process_group, leave_one_process_group
     from ..program.parallelize import fsdp_policies

@@ -114,8 +114,8 @@ def probe_job(job: Job, capacity_bytes: float) -> Job:
     (heads, MLP width and vocabulary over tp: toolkit.calibrate.kernels.rank_spec), its micro-batch, precision,
     recompute and optimizer; as many of its layers as keep the estimated device peak within PROBE_SHARE of
     `capacity_bytes` (at least one); parallelism, ZeRO and offload off, no checkpoints or evaluation."""
-    from .kernels import rank_spec
     from ..estimate import estimate_result
+    from .kernels import rank_spec
 
     data = job.replace(model=dataclasses.replace(rank_spec(job), layers=job.model.layers)).to_dict()
     data["parallel"] = {"dp": 1, "tp": 1, "pp": 1}
@@ -177,8 +177,9 @@ def _probe_run(job_dict: dict, out: str) -> dict:
     """In a fresh process: the runner's Trainer through the probe's steps, as `toolkit train` runs one rank but
     without the final checkpoint (a 176B job's share would write tens of GB); the run's memory record."""
     import os
+
+    from ..launch.determinism import pinned, rank_threads
     from ..runs.folder import read_rank_memory
-    from ..train.determinism import pinned, rank_threads
     from ..train.launch import prepare_run
     from ..train.loop import Trainer
 
@@ -210,8 +211,9 @@ def _workspace_bytes(job_dict: dict) -> int:
     training runs it (autocast included) and every tensor it made is freed: the cuBLAS workspaces of the main
     thread's handle and of autograd's backward thread."""
     import torch
-    from .kernels import job_shapes
+
     from ..program.precision import torch_precision
+    from .kernels import job_shapes
 
     job, _ = Job.from_dict(job_dict).resolve()
     plan = torch_precision(job.precision.mode or "fp32")
@@ -234,6 +236,8 @@ def _kernel_figures(job_dict: dict, device: str = "cuda") -> dict:
     """In a fresh process: the probe's products (its own, and with their rows halved and doubled) timed on the GPU
     and fitted to a large-matrix rate and `gemm_half_size`; its fused attention's rate, its block's element-wise
     bandwidth (bytes counted as the step-time model counts them) and its optimizer's rate, in its compute dtype."""
+    from ..program.precision import TORCH_DTYPES
+    from ..specs.job import compute_dtype
     from .kernels import (
         attention_flops,
         elementwise_bw_bytes_per_s,
@@ -243,8 +247,6 @@ def _kernel_figures(job_dict: dict, device: str = "cuda") -> dict:
         optimizer_params_per_s,
         thin_shapes,
     )
-    from ..specs.job import compute_dtype
-    from ..program.precision import TORCH_DTYPES
 
     job, _ = Job.from_dict(job_dict).resolve()
     dtype_name = compute_dtype(job.precision.mode or "fp32")

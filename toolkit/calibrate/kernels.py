@@ -250,6 +250,7 @@ def elementwise_bw_bytes_per_s(job: Job, dtype: torch.dtype, device: str = "cpu"
     forward and backward at the job's shape, counting the bytes as the step-time model does
     (toolkit.estimate.steptime); on a GPU they are bound by memory, on a CPU often by their arithmetic."""
     import torch.nn.functional as F
+
     from ..estimate.elementwise import memory_bound_bytes_per_token
 
     m = job.model
@@ -392,6 +393,7 @@ def region_runs(job: Job) -> dict:
     """{checkpointed, plain, forward, tail}: calls over the job's checkpointed region (`checkpoint_overhead_s`),
     in its dtype and under its autocast as a micro-batch runs it."""
     from torch.utils.checkpoint import checkpoint
+
     from ..program.precision import torch_precision
 
     plan = torch_precision(job.precision.mode or "fp32")

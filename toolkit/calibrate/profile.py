@@ -31,6 +31,12 @@ import sys
 import torch
 import yaml
 
+from ..program.precision import TORCH_DTYPES
+from ..specs.catalog import DTYPES as DTYPE_NAMES
+from ..specs.dims import ParallelDims
+from ..specs.errors import SpecError
+from ..specs.job import Job, compute_dtype
+from ..specs.precision import TORCH_SEMANTICS
 from .comm import collective_fit, fsdp_collective_s, sharded_bw_bytes_per_s, tp_collective_s
 from .decode import decode_bw_bytes_per_s, inference_op_overhead_s
 from .kernels import (
@@ -52,21 +58,15 @@ from .kernels import (
     selective_op_overhead_s,
     thin_shapes,
 )
-from ..specs.catalog import DTYPES as DTYPE_NAMES
-from ..specs.dims import ParallelDims
-from ..specs.errors import SpecError
-from ..specs.job import Job, compute_dtype
-from ..specs.precision import TORCH_SEMANTICS
-from ..program.precision import TORCH_DTYPES
 
 __all__ = ["calibrate", "measure_rank", "profile_row", "in_model_rates", "kernel_totals", "job_shapes"]
 
 
 def measure_rank(job: Job, rank: int, world: int) -> dict:
     """One rank's figures, measured while every other rank measures the same, with a training rank's settings:
-    its thread count and, on CPU, deterministic kernels (toolkit.train.determinism.pinned)."""
+    its thread count and, on CPU, deterministic kernels (toolkit.launch.determinism.pinned)."""
     importlib.import_module("toolkit.train.loop")  # what a training rank loads (accelerate, the runner)
-    from ..train.determinism import pinned, rank_threads
+    from ..launch.determinism import pinned, rank_threads
 
     with pinned(rank_threads(world), "cpu"):  # (its kernels run on CPU cores, GPU or not)
         return _measure_rank(job, rank, world)
@@ -324,8 +324,9 @@ def _gpu_row(job: Job, out_path) -> dict:
     """This host's GPU row, measured on it (toolkit.calibrate.device); probe runs are kept beside the profile.
     RuntimeError or SpecError says why not (no job to probe, a probe refused or failed)."""
     from pathlib import Path
-    from .device import gpu_row
+
     from ..specs import load_catalog
+    from .device import gpu_row
 
     if not job.model.has_shape:
         raise RuntimeError("give --config JOB.yaml (the probe trains the job's blocks on the GPU)")

@@ -9,8 +9,9 @@ The torch backend (toolkit.program) trains fp32, amp-* and pure-bf16: replicas (
 (GPipe, 1F1B, interleaved 1F1B; equal or uneven stages) alone, over dp, with ZeRO and tp inside; the mixed-* modes
 as replicas with fp32 masters. The DeepSpeed backend trains the mixed-* modes (and fp32 where named) with
 ZeRO-1/2/3 over dp, ZeRO-Offload included. Everything a rule refuses is still estimated. Each rule carries its
-field, the condition in words and its one-line reason; docs/guide.md's table is `capability_markdown()`.
-"""
+field, the condition in words and its one-line reason; docs/troubleshoot.md's table is `capability_markdown()`.
+
+Imports: specs."""
 
 from __future__ import annotations
 
@@ -92,7 +93,7 @@ def check_traceable(job: Job) -> None:
 
 
 def capability_markdown() -> str:
-    """Every rule as docs/guide.md's table (tests/train/test_capability.py keeps the guide's copy equal to it)."""
+    """Every rule as docs/troubleshoot.md's table (tests/train/test_capability.py keeps that copy equal to it)."""
     lines = ["| refused by | field | when | why |", "|---|---|---|---|"]
     for rule in RULES:
         reason = rule.reason if isinstance(rule.reason, str) else "(the reason names the job's figures)"

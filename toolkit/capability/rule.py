@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..specs.backends import backend_masks, deepspeed_fp32
+from ..specs.backends import backend_masks, bf16_optimizer, deepspeed_fp32
 from ..specs.job import Job
 from ..specs.precision import TORCH_SEMANTICS
 
@@ -90,9 +90,7 @@ def _piped(job: Job):
 
 
 def _bf16_optimizer(job: Job):
-    from ..estimate.states import bf16_optimizer  # (the estimate's own test of DeepSpeed's BF16 optimizer)
-
-    return _arr(bf16_optimizer(job))
+    return _arr(bf16_optimizer(job))  # (the estimate's own test of DeepSpeed's BF16 optimizer)
 
 
 def _torch_zero(job: Job):

@@ -1,4 +1,6 @@
-"""Analytic estimates (no torch): parameters, memory, FLOPs, time and cost of a Job."""
+"""Analytic estimates (no torch): parameters, memory, FLOPs, time and cost of a Job.
+
+Imports: specs."""
 
 from .cost import OfferCost, offer_cost, train_seconds
 from .flops import PF_DAY_FLOPS, TrainingFlops, training_flops

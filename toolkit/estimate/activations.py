@@ -27,57 +27,25 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..specs.job import TORCH_SEMANTICS, Job
-from .mla import attention_view, is_mla, projection_params
-from .moe import expert_load, is_moe, mlp_width
+from .activation_terms import (
+    INT64_BYTES,
+    ActivationBytes,
+    attention_core,
+    element_bytes,
+    fsdp_gathers_16bit,
+    loss_bytes,
+    math_path,
+    norm_internal,
+    norm_output,
+    rank_widths,
+    stored_bytes,
+)
+from .lora_activations import lora_activations
+from .mla import is_mla, projection_params
+from .moe import expert_load, is_moe
 from .states import by_stage, job_stage_layers, vocab_per_rank
 
 __all__ = ["ActivationBytes", "activation_bytes", "element_bytes", "fsdp_gathers_16bit", "pick", "pipeline_in_flight"]
-
-_INT64 = 8
-
-
-@dataclass(frozen=True)
-class ActivationBytes:
-    """Saved activations of one pipeline stage (the whole model without pipelining)."""
-
-    per_layer: float
-    """Saved by one transformer block (its input included) for one micro-batch."""
-    layers: float
-    """The stage's blocks, times the micro-batches it holds."""
-    embedding: float
-    """Token ids and positions kept by the embedding lookups, for every micro-batch held (first stage)."""
-    head: float
-    """Final norm, output projection and loss of one micro-batch (last stage; 0 elsewhere)."""
-    recompute_layer: float
-    """Under full recompute: one block's activations rebuilt during backward (a transient)."""
-    in_flight: float = 1.0
-    """Micro-batches the stage holds at once (1 without pipelining)."""
-    stage_layers: int = 0
-    heads_held: float = 1.0
-    """Micro-batches whose head activations are held (GPipe's last stage: all of them)."""
-    shared_per_layer: float = 0.0
-    """Part of per_layer shared by the micro-batches of a pipeline step: autocast's 16-bit weight casts, cached
-    for the whole step (one autocast context around the schedule) and freed only when it ends."""
-
-    @property
-    def freed_per_layer(self) -> float:
-        """What one micro-batch's backward through one block releases."""
-        return self.per_layer - self.shared_per_layer
-
-    shared_head: float = 0.0
-    """Part of head shared the same way (the output projection's weight cast)."""
-    step_end_buffers: float = 0.0
-    """torch's interleaved schedule: the step's receive buffers and every tensor it sent, which it keeps until
-    the step ends (0 elsewhere)."""
-
-    @property
-    def total(self) -> float:
-        return (
-            self.layers
-            + self.embedding
-            + self.head * self.heads_held
-            - self.shared_head * np.maximum(self.heads_held - 1, 0)
-        )
 
 
 def pick(choose_second, first, second):
@@ -89,111 +57,13 @@ def pick(choose_second, first, second):
     return type(first)(**values)
 
 
-def _widths(job: Job):
-    """(h, q, kv, f) on one tensor-parallel rank: attention heads and the MLP are split tp ways (an MoE block's f:
-    the width its experts' rows take at the routing's worst case, toolkit.estimate.moe)."""
-    m, tp = job.model, job.parallel.tp
-    f = mlp_width(job, expert_load(m, job.parallel.ep, for_memory=True)) if is_moe(m) else m.ffn_ // tp
-    a = attention_view(job).model  # (latent attention: a standard core that keeps as much)
-    return m.hidden, a.heads * a.head_dim_ // tp, a.kv_heads_ * a.head_dim_ // tp, f
-
-
-def fsdp_gathers_16bit(job: Job):
-    """FSDP2 (torch ZeRO-2/3) under amp-*: weights are gathered in 16-bit, so the program runs like pure 16-bit."""
-    amp = job.precision.plan.family == "amp"
-    return amp & (np.asarray(job.parallel.zero) >= 2)
-
-
-def element_bytes(job: Job):
-    """(bytes per activation element, per residual-stream element, does autocast cast each linear's input?).
-
-    Arrays when the layout is: FSDP2 changes the amp program (see fsdp_gathers_16bit)."""
-    family = job.precision.plan.family
-    if family == "fp32":
-        return 4, 4, np.False_
-    if family == "amp":
-        fsdp = fsdp_gathers_16bit(job)
-        return 2, np.where(fsdp, 2, 4), ~fsdp
-    return 2, 2, np.False_
-
-
-INT8_BYTES = 1 + 4 / 128
-"""A value compressed to int8 with one fp32 scale per block of 128 (toolkit.program.techniques.Int8Activations)."""
-
-
-INT8_MIN_VALUES = 4096
-"""Smaller tensors (norm statistics of short batches) are kept as they are."""
-
-
-def _stored(job: Job, nbytes, block: bool = True, values=None):
-    """Bytes per value of a floating-point tensor a block saves: its dtype's, or int8's when the runner compresses
-    the blocks' saved tensors (not under full recompute, whose checkpoint keeps the block input itself)."""
-    if block and job.memory.act_compress == "int8":
-        small = False if values is None else np.asarray(values) < INT8_MIN_VALUES
-        return np.where((np.asarray(job.memory.recompute) == "full") | small, nbytes, INT8_BYTES)
-    return nbytes
-
-
-def _math_path(job: Job) -> bool:
-    """Explicit attention ops: `eager`, or SDPA falling back to its math path (dropout on CPU)."""
-    return job.memory.attention == "eager" or (job.model.dropout > 0 and job.memory.program == "cpu")
-
-
 def _norm_saved(job: Job, tokens: float, h: int, consumers: int, block: bool = True) -> float:
     """A norm's saved tensors, its input (the residual stream) included. With sequence parallelism the norm
     keeps its 1/tp of the tokens, and the linears after it keep the all-gathered output in torch's DTensor
     program; Megatron's (the mixed-* modes) keeps the shard and gathers it again in backward."""
     tokens_h = np.where(job.parallel.sp, tokens / job.parallel.tp, tokens)
     gathered = tokens if job.precision.mode in TORCH_SEMANTICS else tokens_h
-    return _norm_internal(job, tokens_h, h, block) + _norm_output(job, gathered, h, consumers, block)
-
-
-def _norm_output(job: Job, tokens: float, h: int, consumers: int, block: bool = True) -> float:
-    """The norm's output as the following linears keep it (autocast: each linear casts it itself)."""
-    act, _residual, amp = element_bytes(job)
-    return np.where(
-        amp,
-        consumers * tokens * h * _stored(job, 2, block),
-        np.minimum(consumers, 1) * tokens * h * _stored(job, act, block),
-    )
-
-
-def _norm_internal(job: Job, tokens: float, h: int, block: bool = True) -> float:
-    """What the norm itself keeps for backward: its input (the residual stream) and statistics."""
-    _act, residual, _amp = element_bytes(job)
-    if job.model.norm == "layernorm":
-        stats = np.where(np.equal(residual, 2), 2, 4)
-        return tokens * h * _stored(job, residual, block) + 2 * tokens * _stored(
-            job, stats, block, values=tokens
-        )  # input, mean, rstd
-    # torch's RMSNorm computes in fp32: a 16-bit input is kept only as its fp32 copy; x·rstd is kept
-    # for the weight's gradient, so not when the weight is frozen (LoRA)
-    f32 = _stored(job, 4, block)
-    normalized = 0 if job.finetune.adapters else tokens * h * f32
-    return tokens * h * f32 + normalized + tokens * _stored(job, 4, block, values=tokens)  # input (fp32), x·rstd, rstd
-
-
-def _attention_core(job: Job, tokens: float, b: int) -> float:
-    """Bytes the attention core (scores to output) saves: SDPA's or the explicit ops'."""
-    act = _stored(job, element_bytes(job)[0])
-    m = job.model
-    _h, q, _kv, _f = _widths(job)
-    s, a = m.seq_len, m.heads // np.asarray(job.parallel.tp)
-    rows = s / job.parallel.cp  # this rank's queries under context parallelism
-    scores = b * a * rows * s * act
-    dropout = m.dropout > 0
-    if not _math_path(job):  # flash: q, k, v (kv repeated to a heads), out, lse
-        return 4 * tokens * q * act + b * a * rows * _stored(job, 4, values=b * a * rows)
-    if job.memory.attention == "flash":  # SDPA's CPU math fallback computes in fp32
-        act = _stored(job, 4)
-        scores = b * a * rows * s * act
-    core = 3 * tokens * q * act + scores  # q, kᵀ, v as bmm operands; softmax output
-    if job.memory.attention == "eager":
-        core += rows * s  # causal mask (bool)
-    if dropout:
-        mask = scores if job.memory.program == "cpu" else b * a * rows * s
-        core += mask + scores  # dropout mask and dropped probabilities
-    return core
+    return norm_internal(job, tokens_h, h, block) + norm_output(job, gathered, h, consumers, block)
 
 
 def activation_bytes(job: Job, stage: str | None = None, stages_after=None) -> ActivationBytes:
@@ -201,8 +71,6 @@ def activation_bytes(job: Job, stage: str | None = None, stages_after=None) -> A
     that holds more. Without pipelining every stage is the whole model. `stages_after` places a middle stage
     ("second") elsewhere: how many stages follow it (the second's is pp − 2)."""
     if job.finetune.adapters:
-        from .lora_activations import lora_activations  # (it builds on this module's terms)
-
         return lora_activations(job)
     if stage is None:
         first, last = activation_bytes(job, "first"), activation_bytes(job, "last")
@@ -214,7 +82,7 @@ def activation_bytes(job: Job, stage: str | None = None, stages_after=None) -> A
     return _on_stage(job, stage, stages_after, _mean_block(job))
 
 
-def _mean_block(job: Job) -> "_Block":
+def _mean_block(job: Job) -> _Block:
     """What one block saves; a Mixture of Experts whose first blocks are dense (DeepSeek) saves the mean of its
     blocks' (exact for the whole model's total; a pipeline's first stage holds the dense ones, which errs there by
     the difference)."""
@@ -248,7 +116,7 @@ class _Block:
 def _block(job: Job) -> _Block:
     m = job.model
     act, residual, amp = element_bytes(job)
-    h, q, kv, f = _widths(job)
+    h, q, kv, f = rank_widths(job)
     b, s = job.batch.micro_batch, m.seq_len
     tokens = b * s / job.parallel.cp  # context parallelism: each rank keeps its share of a sequence
     tp = job.parallel.tp
@@ -256,16 +124,16 @@ def _block(job: Job) -> _Block:
     # or 1/tp with sequence parallelism (Korthikanti et al. 2022)
     tokens_h = np.where(job.parallel.sp, tokens / tp, tokens)
     # dropout keeps a mask of its input's dtype on CPU (1 byte on CUDA): branch outputs are `act`
-    branch_mask = tokens_h * h * (_stored(job, act) if job.memory.program == "cpu" else 1) if m.dropout > 0 else 0
+    branch_mask = tokens_h * h * (stored_bytes(job, act) if job.memory.program == "cpu" else 1) if m.dropout > 0 else 0
     rope = m.position == "rope"
-    act_b, half_b = _stored(job, act), _stored(job, 2)  # a block's tensors (int8 when compressed)
+    act_b, half_b = stored_bytes(job, act), stored_bytes(job, 2)  # a block's tensors (int8 when compressed)
     norm1 = _norm_saved(job, tokens, h, consumers=3)  # its input is the block input
-    core = _attention_core(job, tokens, b)
+    core = attention_core(job, tokens, b)
     # fp32 cos/sin tables cast per use (FSDP2 casts parameters, not buffers): two 16-bit tables, twice
     rope_casts = 2 * half_b * s * (m.head_dim_ // 2) * 2 * (rope & (amp | fsdp_gathers_16bit(job)))
     # o's input is a view of the core output when q kept the linear's (b, s, a, d) layout, else a copy;
     # int8 packs the view apart from the core's own saved output (another shape), so it counts again
-    o_input_copy = _math_path(job) or rope or job.memory.act_compress == "int8"
+    o_input_copy = math_path(job) or rope or job.memory.act_compress == "int8"
     o_input = tokens * q * act_b
     mlp_readers = 2 if m.mlp == "swiglu" else 1  # the linears reading the norm's output (autocast casts it for each)
     if is_moe(m):  # the router, and the shared experts' first linears (the experts read the gathered rows)
@@ -318,10 +186,10 @@ def _moe_saved(job: Job, tokens) -> float:
     load = expert_load(m, ep, for_memory=True)
     k, h = m.experts_per_token, m.hidden
     slots = tokens * k
-    router = tokens * m.experts * 4 + slots * (_INT64 + 4 + 4) + tokens * 4 + 2 * slots * _INT64
+    router = tokens * m.experts * 4 + slots * (INT64_BYTES + 4 + 4) + tokens * 4 + 2 * slots * INT64_BYTES
     readers = np.where(amp, 2 if m.mlp == "swiglu" else 1, 1)
     rows = slots * load * h * np.where(amp, 2 * readers, act)
-    regroup = np.where(ep > 1, 2 * slots * load * _INT64, 0.0)
+    regroup = np.where(ep > 1, 2 * slots * load * INT64_BYTES, 0.0)
     return router + rows + slots * h * act + regroup
 
 
@@ -340,11 +208,11 @@ def _kept_by_op_policy(job: Job, tokens: float, b: int) -> float:
     the MLP's first and SwiGLU's down) and the fused attention kernel's output and fp32 log-sum-exp. A row-parallel
     matmul (o, down) outputs all tokens at full width, before its reduction."""
     act = element_bytes(job)[0]
-    h, q, kv, f = _widths(job)
+    h, q, kv, f = rank_widths(job)
     widths = [q, kv, kv, h] + ([f, f, h] if job.model.mlp == "swiglu" else [f, h])
     matmuls = tokens * sum(widths[::2]) * act
     heads, rows = job.model.heads // np.asarray(job.parallel.tp), job.model.seq_len / job.parallel.cp
-    fused = 0 if _math_path(job) else tokens * q * act + b * heads * rows * 4
+    fused = 0 if math_path(job) else tokens * q * act + b * heads * rows * 4
     return matmuls + fused
 
 
@@ -365,8 +233,8 @@ def _on_stage(job: Job, stage, stages_after, block: _Block) -> ActivationBytes:
     embedding_mask = (
         np.where(par.sp, tokens / tp, tokens) * h * (residual if job.memory.program == "cpu" else 1) * (m.dropout > 0)
     )  # the embedding output's dropout mask: the residual stream's dtype on CPU
-    embedding = tokens * _INT64 + (s * _INT64 if m.position == "learned" else 0) + embedding_mask
-    head = _norm_saved(job, tokens, h, consumers=1, block=False) + _loss_bytes(job, tokens, vocab_per_rank(m, tp))
+    embedding = tokens * INT64_BYTES + (s * INT64_BYTES if m.position == "learned" else 0) + embedding_mask
+    head = _norm_saved(job, tokens, h, consumers=1, block=False) + loss_bytes(job, tokens, vocab_per_rank(m, tp))
     single = np.asarray(par.pp) == 1
     full = np.asarray(job.memory.recompute) == "full"
     micro_batches = np.asarray(1 if job.grad_accum is None else job.grad_accum)
@@ -434,10 +302,3 @@ def pipeline_in_flight(job: Job, stage: str | None = "first", stages_after=None)
     one_f_one_b = np.where(v > 1, interleaved, np.minimum(m, after + 1))
     in_flight = np.where(np.asarray(job.parallel.schedule) == "gpipe", m, one_f_one_b)
     return np.where(p == 1, 1.0, in_flight)
-
-
-def _loss_bytes(job: Job, tokens: float, vocab: float) -> float:
-    """Output projection and loss: fp32 log-softmax, target ids, the loss and nll's total weight, the step's running
-    loss sum (an fp32 scalar, toolkit.program.step), and the projection's 16-bit weight cast under autocast."""
-    amp = element_bytes(job)[2]
-    return tokens * vocab * 4 + tokens * _INT64 + 3 * 4 + amp * 2 * job.model.hidden * vocab

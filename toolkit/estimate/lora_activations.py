@@ -1,21 +1,22 @@
-"""Saved activations under LoRA and QLoRA (toolkit.estimate.activations for the rest): which tensors need a
-gradient decides what each block keeps, frozen weights keeping none of their inputs."""
+"""Saved activations under LoRA and QLoRA (toolkit.estimate.activations for the rest, which dispatches here): which
+tensors need a gradient decides what each block keeps, frozen weights keeping none of their inputs. Built on
+toolkit.estimate.activation_terms, as activations is."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from ..specs.job import Job
-from .activations import (
-    _INT64,
+from .activation_terms import (
+    INT64_BYTES,
     ActivationBytes,
-    _attention_core,
-    _loss_bytes,
-    _math_path,
-    _norm_internal,
-    _norm_output,
-    _widths,
+    attention_core,
     element_bytes,
+    loss_bytes,
+    math_path,
+    norm_internal,
+    norm_output,
+    rank_widths,
 )
 from .params import projection_shapes
 
@@ -40,11 +41,11 @@ def lora_activations(job: Job) -> ActivationBytes:
     # selective: backward rebuilds one block's attention core at a time; full: each block keeps its input, and
     # backward rebuilds one at a time
     kept_input = tokens * h * residual
-    recompute_layer = np.where(selective, _attention_core(job, tokens, b), np.where(full, rest - kept_input, 0.0))
+    recompute_layer = np.where(selective, attention_core(job, tokens, b), np.where(full, rest - kept_input, 0.0))
     per_layer = np.where(full, kept_input, rest)
     layers = np.where(full, kept_input * m.layers, layers)
-    head = _norm_internal(job, tokens, h) + _loss_bytes(job, tokens, m.vocab)  # the frozen head keeps no input
-    batch = tokens * _INT64  # the token ids stay on the device
+    head = norm_internal(job, tokens, h) + loss_bytes(job, tokens, m.vocab)  # the frozen head keeps no input
+    batch = tokens * INT64_BYTES  # the token ids stay on the device
     return ActivationBytes(
         per_layer=per_layer,
         layers=np.asarray(layers),
@@ -74,7 +75,7 @@ def _lora_block(job: Job, rg_in: bool) -> float:
     m = job.model
     act, _residual, amp = element_bytes(job)
     amp = np.asarray(amp)
-    h, q, kv, f = _widths(job)
+    h, q, kv, f = rank_widths(job)
     b = job.batch.micro_batch
     tokens = b * m.seq_len
     targets = set(job.finetune.targets)
@@ -82,28 +83,28 @@ def _lora_block(job: Job, rg_in: bool) -> float:
     branch_mask = tokens * h * (act if job.memory.program == "cpu" else 1) if m.dropout > 0 else 0
     saved = len(targets) * tokens * job.finetune.rank * act  # every adapter's A output
     if rg_in:
-        saved = saved + _norm_internal(job, tokens, h)
+        saved = saved + norm_internal(job, tokens, h)
     qkv_adapters = len(targets & {"q", "k", "v"})
-    saved = saved + _norm_output(job, tokens, h, qkv_adapters)  # kept by q/k/v adapters only
+    saved = saved + norm_output(job, tokens, h, qkv_adapters)  # kept by q/k/v adapters only
     q_rg, k_rg = rg_in or "q" in targets, rg_in or "k" in targets
     attn_rg = rg_in or bool(qkv_adapters)
     saved = saved + _lora_casts(job, ("q", "k", "v"), rg_in)
     if m.position == "rope":  # cos/sin casts kept by the rotations
         saved = saved + np.where(amp, 2 * (q_rg + k_rg) * m.seq_len * (m.head_dim_ // 2) * 2, 0.0)
     if attn_rg:
-        core = _attention_core(job, tokens, b)
-        if _math_path(job):  # explicit q·kᵀ keeps q only for k's gradient and kᵀ only for q's
+        core = attention_core(job, tokens, b)
+        if math_path(job):  # explicit q·kᵀ keeps q only for k's gradient and kᵀ only for q's
             core_bytes = 4 if job.memory.attention == "flash" else act
             core = core - tokens * q * core_bytes * ((not k_rg) + (not q_rg))
         # selective recompute: the checkpointed core keeps its inputs, q, and k, v before GQA
         saved = saved + np.where(selective, tokens * (q + 2 * kv) * act, core)
     if "o" in targets:  # o's input, kept by its adapter
-        copy = _math_path(job) or m.position == "rope"
+        copy = math_path(job) or m.position == "rope"
         saved = saved + np.where(copy or not attn_rg or selective, tokens * q * act, 0.0)
     saved = saved + _lora_casts(job, ("o",), attn_rg)
     x1_rg = attn_rg or "o" in targets
-    saved = saved + (_norm_internal(job, tokens, h) if x1_rg else 0)
-    saved = saved + _norm_output(job, tokens, h, len(targets & {"up", "gate"}))
+    saved = saved + (norm_internal(job, tokens, h) if x1_rg else 0)
+    saved = saved + norm_output(job, tokens, h, len(targets & {"up", "gate"}))
     if m.mlp == "swiglu":
         gate_rg, up_rg = x1_rg or "gate" in targets, x1_rg or "up" in targets
         saved = saved + tokens * f * act * (gate_rg + up_rg + gate_rg + ("down" in targets))

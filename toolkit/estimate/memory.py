@@ -127,7 +127,17 @@ def memory_notes(job: Job, mem: MemoryEstimate | None) -> list[str]:
         f"memory follows the {job.memory.program} program of the runner's GPT "
         f"({job.memory.attention} attention, {optimizer_impl(job)} optimizer); peak at: {mem.peak_phase}"
     ]
+    notes += _sharding_notes(job)
+    notes += _grad_buffer_notes(job)
+    notes += _pipeline_buffer_notes(job)
+    notes += _compression_notes(job)
+    return notes
+
+
+def _sharding_notes(job: Job) -> list[str]:
+    """Which program tensor parallelism and ZeRO/FSDP/DeepSpeed follow, and which combinations no trace checks yet."""
     par = job.parallel
+    notes = []
     ds32 = bool(job_deepspeed_fp32(job))
     fsdp_traced = (
         job.precision.mode in TORCH_SEMANTICS
@@ -160,49 +170,73 @@ def memory_notes(job: Job, mem: MemoryEstimate | None) -> list[str]:
             "which the CPU program and this estimate leave out"
         )
     if deepspeed:
-        offload = (
-            "; ZeRO-Offload keeps the fp32 partition, its gradient and the optimizer states on the host, "
-            + (
-                "the gradient partition there too"
-                if par.zero == 3
-                else "with a copy of the partition in the weights' dtype, and a buffer the size of the largest "
-                "tensor on each side"
-            )
-            if par.offload == "optimizer"
-            else ""
+        notes.append(_deepspeed_note(job))
+    return notes
+
+
+def _deepspeed_note(job: Job) -> str:
+    """DeepSpeed's ZeRO as the tracer configures it: its bucket, ZeRO-3's prefetch, ZeRO-Offload's host copies."""
+    par = job.parallel
+    offload = (
+        "; ZeRO-Offload keeps the fp32 partition, its gradient and the optimizer states on the host, "
+        + (
+            "the gradient partition there too"
+            if par.zero == 3
+            else "with a copy of the partition in the weights' dtype, and a buffer the size of the largest "
+            "tensor on each side"
         )
-        notes.append(
-            f"DeepSpeed's ZeRO-{par.zero} as toolkit.trace.zero.deepspeed_config(job) sets it up: reduce "
-            f"bucket {job.training.bucket_cap_mb:g} MB (training.bucket_cap_mb; DeepSpeed's own default is "
-            f"1 GB in 16-bit)" + (", one block gathered and one prefetched" if par.zero == 3 else "") + offload
+        if par.offload == "optimizer"
+        else ""
+    )
+    return (
+        f"DeepSpeed's ZeRO-{par.zero} as toolkit.trace.zero.deepspeed_config(job) sets it up: reduce "
+        f"bucket {job.training.bucket_cap_mb:g} MB (training.bucket_cap_mb; DeepSpeed's own default is "
+        f"1 GB in 16-bit)" + (", one block gathered and one prefetched" if par.zero == 3 else "") + offload
+    )
+
+
+def _grad_buffer_notes(job: Job) -> list[str]:
+    """Megatron-style fp32 main gradients, and whether a trace checks them for this layout."""
+    if job.precision.grad_dtype != "fp32":
+        return []
+    par = job.parallel
+    return [
+        "fp32 main gradients as Megatron keeps them: one fp32 buffer from start-up, each 16-bit "
+        "gradient added in and dropped"
+        + (
+            " (checked against a trace)"
+            if par.zero == 0 and par.pp == 1 and par.tp == 1
+            else "; with ZeRO, tp or pp not yet checked against a trace"
         )
-    if job.precision.grad_dtype == "fp32":
-        notes.append(
-            "fp32 main gradients as Megatron keeps them: one fp32 buffer from start-up, each 16-bit "
-            "gradient added in and dropped"
-            + (
-                " (checked against a trace)"
-                if par.zero == 0 and par.pp == 1 and par.tp == 1
-                else "; with ZeRO, tp or pp not yet checked against a trace"
-            )
-        )
-    if par.pp > 1 and par.schedule != "gpipe" and job.precision.mode in TORCH_SEMANTICS:
-        m = job.grad_accum or 1
-        stream = (
-            job.batch.micro_batch
-            * job.model.seq_len
-            * job.model.hidden
-            / (par.tp if par.sp else 1)
-            * job.precision.plan.weight_bytes
-        )
-        per_stage = m * stream * (2 * par.vpp - 1 if par.pp == 2 else 2 * par.vpp)
-        kept = " and keeps every tensor it sent until the step ends (as much again)" if par.vpp > 1 else ""
-        notes.append(
-            f"pipeline stages follow torch.distributed.pipelining, which allocates a receive buffer for "
-            f"each of the step's {m} micro-batches, per chunk and direction{kept}: "
-            f"{per_stage * (2 if par.vpp > 1 else 1) / 2**30:.2f} GiB on the busiest stage here "
-            f"(Megatron reuses a few); fewer, larger micro-batches shrink it"
-        )
+    ]
+
+
+def _pipeline_buffer_notes(job: Job) -> list[str]:
+    """torch.distributed.pipelining's receive buffers, one per micro-batch, with their size on the busiest stage."""
+    par = job.parallel
+    if not (par.pp > 1 and par.schedule != "gpipe" and job.precision.mode in TORCH_SEMANTICS):
+        return []
+    m = job.grad_accum or 1
+    stream_bytes = (
+        job.batch.micro_batch
+        * job.model.seq_len
+        * job.model.hidden
+        / (par.tp if par.sp else 1)
+        * job.precision.plan.weight_bytes
+    )
+    per_stage_bytes = m * stream_bytes * (2 * par.vpp - 1 if par.pp == 2 else 2 * par.vpp)
+    kept = " and keeps every tensor it sent until the step ends (as much again)" if par.vpp > 1 else ""
+    return [
+        f"pipeline stages follow torch.distributed.pipelining, which allocates a receive buffer for "
+        f"each of the step's {m} micro-batches, per chunk and direction{kept}: "
+        f"{per_stage_bytes * (2 if par.vpp > 1 else 1) / 2**30:.2f} GiB on the busiest stage here "
+        f"(Megatron reuses a few); fewer, larger micro-batches shrink it"
+    ]
+
+
+def _compression_notes(job: Job) -> list[str]:
+    """Compressed weights (QLoRA's NF4) and activations (int8): how they are counted and where they may miss."""
+    notes = []
     if job.finetune.method == "qlora":
         notes.append(
             "QLoRA as toolkit.program.qlora runs it: NF4 with double quantization (bitsandbytes' layout, "

@@ -20,6 +20,7 @@ import numpy as np
 
 from ..specs.model import ModelSpec
 from ..specs.params import ParamCount, count_params, mlp_params, moe_params
+from .collectives import placement
 
 __all__ = [
     "AUX_LOSS_IMBALANCE",
@@ -168,8 +169,6 @@ def all_to_all_s(size_bytes, n, stride, hw, a):
     issue 267), both at once; plus a hop's latency per peer. Across nodes this is nccl-tests' alltoall bus
     bandwidth of about one NIC's rate (twice it on two nodes: NCCL issue 130), within one node the link's (DeepEP,
     H800: 153-158 GB/s of NVLink's ~160, and 43-58 GB/s over a 50 GB/s NIC)."""
-    from .comm import placement
-
     n = np.asarray(n, dtype=float)
     per_node, nodes = placement(n, stride, hw.gpus_per_node)
     inside = size_bytes * (per_node - 1) / np.maximum(n, 1) / (hw.intra_bw_bytes_per_s * a.link_efficiency)

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..specs.backends import job_deepspeed_fp32
+from ..specs.backends import bf16_optimizer, job_deepspeed_fp32
 from ..specs.job import Job
 from .comm import is_megatron
 from .moe import down_params
 from .stage_terms import StageTerms, ddp_buckets, degrees, optimizer_impl, stage_terms, trainable_per_device
-from .states import bf16_optimizer, vocab_per_rank
+from .states import vocab_per_rank
 from .zero_buffers import accumulated_grad_bytes, largest_matrix, pipelined_fsdp
 
 __all__ = ["StageTerms", "stage_terms", "stage_phases", "optimizer_impl", "ddp_buckets", "BACKWARD_LAYERS"]

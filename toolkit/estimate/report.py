@@ -9,19 +9,19 @@ from __future__ import annotations
 import numpy as np
 
 from ..specs.catalog import Catalog, load_catalog
+from ..specs.errors import SpecError
 from ..specs.job import Job, compute_dtype
 from .band import regime_of, step_range
 from .cost import offer_cost, train_seconds
 from .device import device_memory
 from .flops import PF_DAY_FLOPS, flops_per_token, training_flops
+from .hardware import ASSUMED_NETWORK_BITS_PER_DEVICE, hardware_for, network_figure
 from .memory import memory_estimate, memory_notes
 from .params import count_params
 from .result import ComputePart, CostPart, Estimate, MemoryPart, ModelPart, TimePart
-from .states import job_params_per_device, model_state_bytes
 from .serving import serving_estimate
 from .spot import spot_run
-from ..specs.errors import SpecError
-from .hardware import ASSUMED_NETWORK_BITS_PER_DEVICE, hardware_for, network_figure
+from .states import job_params_per_device, model_state_bytes
 from .steptime import overlap_settings, step_time
 
 __all__ = ["estimate", "estimate_result"]

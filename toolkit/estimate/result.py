@@ -118,7 +118,7 @@ class Estimate:
         return _plain(dataclasses.asdict(self))
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Estimate":
+    def from_dict(cls, data: dict) -> Estimate:
         """Parts from the JSON contract; keys a part does not know are left out, missing ones are None."""
         parts = {f.name: f.type for f in dataclasses.fields(cls)}
         kwargs = {"job": data.get("job") or {}, "notes": list(data.get("notes") or [])}

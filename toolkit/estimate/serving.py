@@ -146,9 +146,8 @@ def serving_estimate(job: Job, catalog: Catalog, notes: list[str]) -> dict:
 
 def prices_by_offer(job: Job, catalog: Catalog) -> list[dict]:
     """Price per million output tokens of a serving job on every offer of its accelerator, on demand and spot:
-    [{"offer", "on_demand", "spot"}] (None where the offer has no such price)."""
-    from .report import estimate  # (report imports this module)
-
+    [{"offer", "on_demand", "spot"}] (None where the offer has no such price). Each priced copy is resolved and
+    costed as toolkit.estimate.report.estimate does for a serving job, here without it (report imports this module)."""
     accelerator = catalog.accelerator(job.cluster.accelerator).name
     rows = []
     for offer in catalog.offers.values():
@@ -157,7 +156,9 @@ def prices_by_offer(job: Job, catalog: Catalog) -> list[dict]:
         row = {"offer": offer.name}
         for key, spot in (("on_demand", False), ("spot", True)):
             priced = job.replace(cost=dataclasses.replace(job.cost, offer=offer.name, spot=spot))
-            row[key] = estimate(priced, catalog)["cost"]["usd_per_million_output_tokens"]
+            resolved, _notes = priced.resolve(catalog)
+            _memory, point, clock = serving_point(resolved, catalog)
+            row[key] = serving_cost(resolved, catalog, point, clock)["usd_per_million_output_tokens"]
         rows.append(row)
     return rows
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..specs.job import Job
 from ..specs.serving import KV_BYTES
-from .comm import bus_bw_bytes_per_s, latency_s, ring_s
+from .collectives import bus_bw_bytes_per_s, latency_s, ring_s
 from .hardware import Assumptions, Hardware, hardware_for
 from .kernels import attention_fraction, attention_kernel_of
 from .kv_cache import cached_tokens, kv_width

@@ -23,17 +23,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..specs.backends import job_deepspeed_fp32
+from ..specs.backends import bf16_optimizer, job_deepspeed_fp32
 from ..specs.job import TORCH_SEMANTICS, Job
 from ..specs.model import ModelSpec
-from ..specs.stages import stage_layer_counts
 from ..specs.params import count_params, moe_params, projection_shapes, replicated_per_layer, vocab_per_rank
+from ..specs.stages import stage_layer_counts
 from .moe import dense_block_params, routed_per_device
 
 __all__ = [
     "StateBytes",
     "adapter_params_per_layer",
-    "bf16_optimizer",
     "by_stage",
     "job_stage_layers",
     "bytes_per_param",
@@ -195,21 +194,6 @@ def qlora_block_bytes(job: Job) -> tuple[int, float, int]:
     nf4 = sum(nf4_matrix_bytes(shapes[n][0] * shapes[n][1]) for n in names)
     biased = {"all": names, "qkv": ["q", "k", "v"]}.get(m.bias, [])
     return matrices, nf4, sum(shapes[n][1] for n in biased)
-
-
-def bf16_optimizer(job: Job):
-    """Where DeepSpeed runs its BF16 optimizer: mixed-bf16 with fp32 gradient accumulation (precision.grad_dtype
-    fp32, DeepSpeed's data_types.grad_accum_dtype) at ZeRO 0 or 1 under DeepSpeed's engine, named as
-    parallel.backend deepspeed (with or without its pipeline; unnamed, fp32 gradients read as Megatron's main
-    gradients). It keeps an fp32 gradient buffer of the whole stage, not sharded, beside the bf16 gradients
-    ("4 bytes x params and it's not sharded", BigScience's BLOOM chronicles, 2022-02-28). Arrays in, arrays out."""
-    par = job.parallel
-    return (
-        (job.precision.mode == "mixed-bf16")
-        & (job.precision.grad_dtype == "fp32")
-        & (par.backend == "deepspeed")
-        & (np.asarray(par.zero) <= 1)
-    )
 
 
 def nf4_matrix_bytes(numel: int) -> float:

@@ -60,9 +60,9 @@ from .comm import (
 from .elementwise import loss_bytes_per_token, memory_bound_bytes_per_token
 from .flops import flops_per_token
 from .hardware import Assumptions, Hardware
+from .kernels import FA_BACKWARD_FACTOR, KernelProfile, attention_fraction, attention_kernel_of, gemm_s
 from .mla import projection_shapes
 from .moe import GROUPED_GEMM_HALF_ROWS, all_to_all_s, expert_load, expert_rows
-from .kernels import FA_BACKWARD_FACTOR, KernelProfile, attention_fraction, attention_kernel_of, gemm_s
 from .overhead import fixed_costs_s, host_s, op_units
 from .phases import optimizer_impl
 from .states import (
@@ -316,86 +316,25 @@ def step_time(job: Job, hw: Hardware, a: Assumptions | None = None) -> StepTime:
     no datasheet gives; default the device's measured ones (hw.assumptions), else Assumptions()."""
     a = a or hw.assumptions or Assumptions()
     m, par = job.model, job.parallel
-    dp, tp, pp, vpp, cp = (np.asarray(x) for x in (par.dp, par.tp, par.pp, par.vpp, par.cp))
+    dp, tp, pp, cp = (np.asarray(x) for x in (par.dp, par.tp, par.pp, par.cp))
     micro = np.asarray(job.batch.micro_batch)
-    devices = job.cluster.count
     accum = np.maximum(job.batch.global_batch // (micro * dp), 1)  # invalid layouts (0) are filtered by the grid
     tokens_step = job.batch.global_batch * m.seq_len
     per_token = flops_per_token(job)
     eff = _gemm_efficiency(job, hw, a)
     micro_tokens = micro * m.seq_len
 
-    # ---- where groups sit: tp innermost, then cp, dp, pp (Megatron's order) -----------------------------
-    g = hw.gpus_per_node
-
-    def p2p_bw(inside):
-        return np.where(
-            inside, hw.intra_bw_bytes_per_s * a.link_efficiency, hw.inter_bw_bytes_per_s * a.network_efficiency
-        )
-
-    tp_bus = bus_bw_bytes_per_s(tp, 1, hw, a)
-    cp_inside, pp_inside = tp * cp <= g, devices <= g
-
-    # ---- one micro-batch on each pipeline rank: first, middle, last (without pipelining all three are one) ----
-    # tensor parallel: all-reduces of this rank's tokens' activation, per block as the backend runs them
-    # (toolkit.estimate.comm.tp_collectives_per_block), one more where the embedding and the head sit, and the
-    # vocabulary-parallel loss's three one-float-per-token reductions
-    act_elem = job.precision.plan.compute_bytes
-    block_act = micro_tokens / cp * m.hidden * act_elem
-    tp_fixed_s = latency_s(tp, 1, g, a) if a.tp_collective_s is None else np.where(tp > 1, a.tp_collective_s, 0.0)
-    tp_allreduce_s = ring_s(2.0, block_act, tp, tp_bus) + tp_fixed_s
-    tp_layer_s = tp_allreduce_s * tp_collectives_per_block(job)
-    tp_loss_s = TP_LOSS_COLLECTIVES * (ring_s(2.0, micro_tokens / cp * 4, tp, tp_bus) + tp_fixed_s)
-    eager = (hw.kernels is not None) & ~is_megatron(job) & ~backends(job)[1]
-    bytes_layer = memory_bound_bytes_per_token(job, eager) * micro_tokens / cp
-    loss_s = loss_bytes_per_token(job) * micro_tokens / cp / hw.memory_bw_bytes_per_s
-    single = pp == 1
-
-    block_s, head_s, attention_s = _compute_s(job, hw, a, micro_tokens / cp, eff)
-    cp_ring_s = ring_attention_s(job, a, micro_tokens, attention_s, p2p_bw(cp_inside))
-
-    ep_layer_s = _all_to_all_per_block_s(job, hw, a, micro_tokens / cp)
-
-    overlap_tp = overlap_settings(job)["tp_comm"]
-    sustained = hw.kernels.sustained_fraction if hw.kernels is not None else 1.0
-
-    def stage(layers, owns_embedding, owns_head):
-        owns_embedding, owns_head = owns_embedding | single, owns_head | single
-        matmuls_s = block_s * layers + np.where(owns_head, head_s, 0.0)
-        tp_all_s = (
-            tp_layer_s * layers
-            + np.where(owns_embedding, tp_embedding_collectives(job) * tp_allreduce_s, 0.0)
-            + np.where(owns_head, TP_HEAD_COLLECTIVES * tp_allreduce_s + tp_loss_s, 0.0)
-        )
-        tp_s = np.where(overlap_tp, np.maximum(tp_all_s - matmuls_s, 0.0), tp_all_s)
-        memory_s = bytes_layer * layers / hw.memory_bw_bytes_per_s + np.where(owns_head, loss_s, 0.0)
-        return matmuls_s / sustained, memory_s / sustained, tp_s, cp_ring_s * layers, ep_layer_s * layers
-
     first, middle, last = job_stage_layers(job)
-    parts = [stage(first, True, False), stage(middle, False, False), stage(last, False, True)]
+    parts = _stage_micro_s(job, hw, a, eff, micro_tokens, (first, middle, last))
     totals = [sum(p) for p in parts]
-    busiest = np.where(
-        totals[2] >= np.maximum(totals[0], np.where(pp > 2, totals[1], 0)),
-        2,
-        np.where((pp > 2) & (totals[1] > totals[0]), 1, 0),
-    )
+    busiest = _busiest_stage(totals, pp)
     pick = lambda i: np.choose(busiest, [p[i] for p in parts])  # noqa: E731
     compute_s, memory_s, tp_s, cp_s, ep_s = (pick(i) * accum for i in range(5))
     pick_layers = np.choose(busiest, [first, middle, last])
     per_micro_s = np.choose(busiest, totals)
-
-    # ---- the pipeline: the busiest rank runs every micro-batch; the others' times fill and drain it ------
-    # (1F1B and GPipe: (p − 1) stage times when the stages are equal; interleaved: 1/v of that)
-    all_ranks = totals[0] + np.maximum(pp - 2, 0) * totals[1] + totals[2]
-    bubble_s = np.where(pp > 1, (all_ranks - per_micro_s) / vpp, 0.0)
-    # each tensor-parallel rank sends its 1/tp share of the boundary activation (Megatron's scatter-gather)
-    pp_latency = np.where(pp_inside, a.latency_intra_s, a.latency_inter_s)
-    pp_s = np.where(pp > 1, 2 * accum * vpp * (block_act / tp / p2p_bw(pp_inside) + pp_latency), 0.0)
-
-    overhead_s = fixed_costs_s(job, a, pick_layers, accum, single | (busiest == 2))
-    if hw.kernels is not None:  # the host launches asynchronously: its time shows only past the device's
-        host_busy_s = host_s(job, hw.kernels, pick_layers, accum, single | (busiest == 2))
-        overhead_s = np.maximum(host_busy_s - (compute_s + memory_s + tp_s), 0.0)
+    bubble_s, pp_s = _pipeline_s(job, hw, a, totals, per_micro_s, accum, micro_tokens)
+    owns_head = (pp == 1) | (busiest == 2)
+    overhead_s = _overhead_s(job, hw, a, pick_layers, accum, owns_head, compute_s + memory_s + tp_s)
 
     # ---- data parallel / ZeRO: over dp × cp (context-parallel ranks hold the same weights) ----------------
     trainable = _trainable(job)
@@ -416,13 +355,107 @@ def step_time(job: Job, hw: Hardware, a: Assumptions | None = None) -> StepTime:
         optimizer_s=optimizer_s,
         model_flops=per_token.model * tokens_step,
         tokens=tokens_step,
-        devices=devices,
+        devices=job.cluster.count,
         peak_flops=hw.peak_flops,
         gemm_efficiency=eff,
         dp_comm_s=dp_s,
         stage_micro_s=tuple(totals),
         ep_comm_s=ep_s,
     )
+
+
+def _p2p_bw_bytes_per_s(hw: Hardware, a: Assumptions, inside):
+    """A point-to-point send's bandwidth: the node's links inside a node, the network across nodes."""
+    return np.where(inside, hw.intra_bw_bytes_per_s * a.link_efficiency, hw.inter_bw_bytes_per_s * a.network_efficiency)
+
+
+def _block_activation_bytes(job: Job, micro_tokens):
+    """One block's activation of this rank's tokens: what a tp all-reduce and a pipeline send carry."""
+    cp = np.asarray(job.parallel.cp)
+    return micro_tokens / cp * job.model.hidden * job.precision.plan.compute_bytes
+
+
+def _tp_collectives_s(job: Job, hw: Hardware, a: Assumptions, micro_tokens):
+    """Tensor parallel, one micro-batch: an all-reduce of the block's activation, a block's all-reduces as the
+    backend runs them (toolkit.estimate.comm.tp_collectives_per_block), and the vocabulary-parallel loss's three
+    one-float-per-token reductions."""
+    tp, cp = np.asarray(job.parallel.tp), np.asarray(job.parallel.cp)
+    tp_bus = bus_bw_bytes_per_s(tp, 1, hw, a)
+    fixed_s = (
+        latency_s(tp, 1, hw.gpus_per_node, a) if a.tp_collective_s is None else np.where(tp > 1, a.tp_collective_s, 0.0)
+    )
+    allreduce_s = ring_s(2.0, _block_activation_bytes(job, micro_tokens), tp, tp_bus) + fixed_s
+    block_s = allreduce_s * tp_collectives_per_block(job)
+    loss_s = TP_LOSS_COLLECTIVES * (ring_s(2.0, micro_tokens / cp * 4, tp, tp_bus) + fixed_s)
+    return allreduce_s, block_s, loss_s
+
+
+def _stage_micro_s(job: Job, hw: Hardware, a: Assumptions, eff, micro_tokens, layers: tuple) -> list[tuple]:
+    """One micro-batch on the first, middle and last pipeline ranks (without pipelining all three are one): each
+    rank's (matmuls, memory-bound, exposed tp, cp ring, ep all-to-all) seconds. Groups sit tp innermost, then cp,
+    dp, pp (Megatron's order); the embedding's and the head's extra work goes to the ranks that hold them."""
+    tp, pp, cp = (np.asarray(x) for x in (job.parallel.tp, job.parallel.pp, job.parallel.cp))
+    tp_allreduce_s, tp_layer_s, tp_loss_s = _tp_collectives_s(job, hw, a, micro_tokens)
+    eager = (hw.kernels is not None) & ~is_megatron(job) & ~backends(job)[1]
+    bytes_layer = memory_bound_bytes_per_token(job, eager) * micro_tokens / cp
+    loss_s = loss_bytes_per_token(job) * micro_tokens / cp / hw.memory_bw_bytes_per_s
+    single = pp == 1
+    block_s, head_s, attention_s = _compute_s(job, hw, a, micro_tokens / cp, eff)
+    cp_inside = tp * cp <= hw.gpus_per_node
+    cp_ring_s = ring_attention_s(job, a, micro_tokens, attention_s, _p2p_bw_bytes_per_s(hw, a, cp_inside))
+    ep_layer_s = _all_to_all_per_block_s(job, hw, a, micro_tokens / cp)
+    overlap_tp = overlap_settings(job)["tp_comm"]
+    sustained = hw.kernels.sustained_fraction if hw.kernels is not None else 1.0
+
+    def stage(layers, owns_embedding, owns_head):
+        owns_embedding, owns_head = owns_embedding | single, owns_head | single
+        matmuls_s = block_s * layers + np.where(owns_head, head_s, 0.0)
+        tp_all_s = (
+            tp_layer_s * layers
+            + np.where(owns_embedding, tp_embedding_collectives(job) * tp_allreduce_s, 0.0)
+            + np.where(owns_head, TP_HEAD_COLLECTIVES * tp_allreduce_s + tp_loss_s, 0.0)
+        )
+        tp_s = np.where(overlap_tp, np.maximum(tp_all_s - matmuls_s, 0.0), tp_all_s)
+        memory_s = bytes_layer * layers / hw.memory_bw_bytes_per_s + np.where(owns_head, loss_s, 0.0)
+        return matmuls_s / sustained, memory_s / sustained, tp_s, cp_ring_s * layers, ep_layer_s * layers
+
+    first, middle, last = layers
+    return [stage(first, True, False), stage(middle, False, False), stage(last, False, True)]
+
+
+def _busiest_stage(totals: list, pp):
+    """Which rank (0 first, 1 middle, 2 last) takes longest per micro-batch: it sets the pace of the pipeline.
+    Middle ranks exist only with more than two stages; ties go to the last, then the first."""
+    return np.where(
+        totals[2] >= np.maximum(totals[0], np.where(pp > 2, totals[1], 0)),
+        2,
+        np.where((pp > 2) & (totals[1] > totals[0]), 1, 0),
+    )
+
+
+def _pipeline_s(job: Job, hw: Hardware, a: Assumptions, totals: list, per_micro_s, accum, micro_tokens):
+    """The pipeline's bubble and sends. The busiest rank runs every micro-batch; the others' times fill and drain
+    it ((p − 1) stage times for 1F1B and GPipe when the stages are equal; interleaved: 1/v of that). Each
+    tensor-parallel rank sends its 1/tp share of the boundary activation (Megatron's scatter-gather)."""
+    tp, pp, vpp = (np.asarray(x) for x in (job.parallel.tp, job.parallel.pp, job.parallel.vpp))
+    all_ranks_s = totals[0] + np.maximum(pp - 2, 0) * totals[1] + totals[2]
+    bubble_s = np.where(pp > 1, (all_ranks_s - per_micro_s) / vpp, 0.0)
+    pp_inside = job.cluster.count <= hw.gpus_per_node
+    send_bw = _p2p_bw_bytes_per_s(hw, a, pp_inside)
+    pp_latency_s = np.where(pp_inside, a.latency_intra_s, a.latency_inter_s)
+    block_act = _block_activation_bytes(job, micro_tokens)
+    pp_s = np.where(pp > 1, 2 * accum * vpp * (block_act / tp / send_bw + pp_latency_s), 0.0)
+    return bubble_s, pp_s
+
+
+def _overhead_s(job: Job, hw: Hardware, a: Assumptions, layers, accum, owns_head, device_busy_s):
+    """Per-op fixed costs of the busiest rank. With a measured kernel profile the host launches asynchronously, so
+    its time shows only past what keeps the device busy."""
+    overhead_s = fixed_costs_s(job, a, layers, accum, owns_head)
+    if hw.kernels is not None:
+        host_busy_s = host_s(job, hw.kernels, layers, accum, owns_head)
+        overhead_s = np.maximum(host_busy_s - device_busy_s, 0.0)
+    return overhead_s
 
 
 def _all_to_all_per_block_s(job: Job, hw: Hardware, a: Assumptions, tokens):

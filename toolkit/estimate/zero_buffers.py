@@ -9,10 +9,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..specs.backends import job_deepspeed_fp32
+from ..specs.backends import bf16_optimizer, job_deepspeed_fp32
 from ..specs.job import TORCH_SEMANTICS, Job
 from .params import linear_params_per_layer
-from .states import bf16_optimizer, zero_partition_params
+from .states import zero_partition_params
 
 __all__ = ["Gathered", "Reduce", "deepspeed_reduce", "gathered_block_bytes", "gathered_params", "largest_matrix"]
 

@@ -13,11 +13,12 @@ import torch
 
 from ..specs import Job
 from ..specs.job import compute_dtype
+from .layout import Layout
 from .lora import apply_lora
 from .model import GPT
+from .moe import aux_loss_scale, expert_parallel
 from .optim import build_optimizer
 from .parallel import tensor_parallel
-from .moe import aux_loss_scale, expert_parallel
 from .parallelize import (
     all_reduce_mean,
     apply_fsdp,
@@ -29,7 +30,6 @@ from .parallelize import (
 )
 from .precision import MasterWeights, use_fp32_norms
 from .qlora import apply_qlora
-from .layout import Layout
 
 __all__ = [
     "Program",

@@ -7,7 +7,7 @@
 DeepSpeed owns what happens between the forward and the update: 16-bit weights with fp32 master partitions
 (ZeRO-1), partitioned gradients (2), partitioned weights (3), the optimizer states on the host with
 ZeRO-Offload, gradient accumulation (it divides each micro-batch's loss) and clipping. Its checkpoints are its
-own (toolkit.train.checkpoint.deepspeed).
+own (toolkit.checkpoint.deepspeed).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import warnings
 
 import torch
 
+from ..export.deepspeed import deepspeed_config
 from ..specs.errors import SpecError
 from ..specs.job import Job
-from ..export.deepspeed import deepspeed_config
 
 __all__ = ["import_deepspeed", "deepspeed_engine"]
 

@@ -1,5 +1,5 @@
 """How a rank's program holds its model and optimizer: what a checkpoint needs to know to gather it into one
-layout-free form and cut it back (toolkit.train.checkpoint.state)."""
+layout-free form and cut it back (toolkit.checkpoint.state)."""
 
 from __future__ import annotations
 

@@ -97,8 +97,8 @@ def all_reduce_mean(tensors, group=None, flatten: bool = True) -> None:
     them. `flatten`: one all-reduce per dtype over a flat copy, as DDP's buckets do (many small gradients);
     without it one per tensor (fp32 main gradients already live in one buffer: no copy of it). A DTensor
     gradient is reduced through its local shard."""
-    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
     import torch.distributed as dist
+    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
     size = dist.get_world_size(group)
     locals_ = [t.to_local() if hasattr(t, "to_local") else t for t in tensors if t is not None]

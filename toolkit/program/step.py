@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import contextlib
 import math
-from pathlib import Path
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 
-from ..runs.folder import write_stage_timeline
 from ..specs import Job
-from .parallel import loss_parallel
+from .build import Program, backward_micro_batch, step_optimizer
 from .optim import clip_grad_norm
-from .build import backward_micro_batch, step_optimizer, Program
+from .parallel import loss_parallel
 
 __all__ = [
     "forward_backward",
@@ -50,13 +49,13 @@ def forward_backward(
     int8=None,
     micro_batches: int | None = None,
     timeline: dict | None = None,
-    out: Path | None = None,
+    on_timeline: Callable[[dict], None] | None = None,
 ) -> torch.Tensor:
     """One step's micro-batches, forward and backward (through the pipeline schedule when there is one); the sum
     of their losses on this rank. `micro_batches` defaults to the job's accumulation (the tracer runs fewer)."""
     if prog.schedule is not None:
         recorder.micro_batch(True)
-        loss_sum = pipeline_micro_batches(prog, job, plan, batches, device, timeline, out)
+        loss_sum = pipeline_micro_batches(prog, job, plan, batches, device, timeline, on_timeline)
         recorder.backward_done()
         return loss_sum
     accum = micro_batches or job.grad_accum
@@ -103,11 +102,12 @@ def apply_update(prog: Program, scaler, scale_before: float | None, recorder, st
 
 
 def pipeline_micro_batches(
-    prog: Program, job: Job, plan, batches, device, timeline: dict | None = None, out: Path | None = None
+    prog: Program, job: Job, plan, batches, device, timeline: dict | None = None, on_timeline=None
 ) -> torch.Tensor:
     """One step's micro-batches through the schedule; the sum of their losses on the last stage, 0 elsewhere.
     With `timeline` (the step's identity), the stage's chunks are timed from a barrier of the pipeline's ranks
-    and written to OUT/pipeline/rank{stage}.json (toolkit.runs.folder), for `toolkit pipeline --run`."""
+    and handed to `on_timeline` (the runner writes OUT/pipeline/rank{stage}.json for `toolkit pipeline --run`:
+    the program reads and writes no files)."""
     from .pipeline import run_schedule
 
     pairs = [next(batches) for _ in range(job.grad_accum)]
@@ -121,7 +121,8 @@ def pipeline_micro_batches(
         run_schedule(prog.schedule, job, prog.pp_rank, tokens, targets, losses)
     if timeline is not None:
         spans, step_s = prog.clock.stop()
-        write_stage_timeline(out, dict(timeline, stage=prog.pp_rank, step_s=step_s, spans=spans))
+        if on_timeline is not None:
+            on_timeline(dict(timeline, stage=prog.pp_rank, step_s=step_s, spans=spans))
     return sum((loss.detach().float() for loss in losses), torch.zeros((), device=device))
 
 

@@ -3,7 +3,7 @@
     OUT/job.yaml                  the job as trained (resolved layout: dp, tp, zero, ...)
     OUT/catalogs/NN-*.yaml        copies of the catalog files the run was started with (--catalog), if any
     OUT/metrics.jsonl             one line per optimizer step (METRICS_KEYS; written by toolkit.train.metrics)
-    OUT/checkpoints/step_*.pt     (toolkit.train.checkpoint)
+    OUT/checkpoints/step_*.pt     (toolkit.checkpoint)
     OUT/memory/rank{r}.json       each rank's measured tensor memory over its first two steps
     OUT/pipeline/rank{r}.json     a pipelined run: when each of this stage's chunks ran in one step
 

@@ -1,7 +1,8 @@
 """Specs: the Job and its parts, the catalogs, and the checks that keep them consistent.
 
 Imports no torch: the planner and widgets build thousands of Jobs a second from here.
-"""
+
+Imports: nothing of ours."""
 
 from .catalog import Accelerator, Catalog, Offer, Preset, load_catalog
 from .errors import SpecError

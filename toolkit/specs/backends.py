@@ -7,7 +7,7 @@ import numpy as np
 
 from .precision import TORCH_SEMANTICS
 
-__all__ = ["backend_masks", "infer_backend", "deepspeed_fp32", "job_deepspeed_fp32"]
+__all__ = ["backend_masks", "infer_backend", "deepspeed_fp32", "job_deepspeed_fp32", "bf16_optimizer"]
 
 
 def backend_masks(mode: str, zero, tp, pp):
@@ -42,3 +42,18 @@ def job_deepspeed_fp32(job):
     """`deepspeed_fp32` of a resolved job (its layout fields may be arrays: the planner's grid)."""
     par = job.parallel
     return deepspeed_fp32(par.backend, job.precision.mode, par.zero, par.tp, par.pp)
+
+
+def bf16_optimizer(job):
+    """Where DeepSpeed runs its BF16 optimizer: mixed-bf16 with fp32 gradient accumulation (precision.grad_dtype
+    fp32, DeepSpeed's data_types.grad_accum_dtype) at ZeRO 0 or 1 under DeepSpeed's engine, named as
+    parallel.backend deepspeed (with or without its pipeline; unnamed, fp32 gradients read as Megatron's main
+    gradients). It keeps an fp32 gradient buffer of the whole stage, not sharded, beside the bf16 gradients
+    ("4 bytes x params and it's not sharded", BigScience's BLOOM chronicles, 2022-02-28). Arrays in, arrays out."""
+    par = job.parallel
+    return (
+        (job.precision.mode == "mixed-bf16")
+        & (job.precision.grad_dtype == "fp32")
+        & (par.backend == "deepspeed")
+        & (np.asarray(par.zero) <= 1)
+    )

@@ -266,7 +266,7 @@ class Catalog:
         return [n for a in self.accelerators.values() for n in (a.name, *a.aliases)]
 
     # ---- building ------------------------------------------------------------------------
-    def merged_with(self, path: str | Path) -> "Catalog":
+    def merged_with(self, path: str | Path) -> Catalog:
         """A new catalog with the rows of a user file added, or merged over rows of the same name."""
         data = read_yaml(path, what="catalog file")
         label = Path(path).name
@@ -317,7 +317,7 @@ def _as_row(kind: str, item) -> dict:
     return row
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _builtin() -> Catalog:
     tables = {}
     for kind, make in _KINDS.items():

@@ -40,8 +40,6 @@ class ParallelDims:
         for name in ("dp", "tp", "pp", "cp", "ep", "dp_replicate"):
             if getattr(self, name) < 1:
                 raise SpecError(f"parallel.{name}", getattr(self, name), "must be 1 or more")
-        if self.dp % self.ep or self.dp % self.dp_replicate:
-            raise SpecError("parallel.dp", self.dp, f"must be a multiple of ep ({self.ep}) and of HSDP's copies")
 
     @classmethod
     def from_job(cls, job) -> ParallelDims:

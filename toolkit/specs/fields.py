@@ -67,7 +67,7 @@ def _is_optional(tp: Any) -> tuple[bool, Any]:
     if get_origin(tp) in (Union, types.UnionType):
         args = [a for a in get_args(tp) if a is not type(None)]
         if len(args) < len(get_args(tp)):
-            return True, args[0] if len(args) == 1 else Union[tuple(args)]
+            return True, args[0] if len(args) == 1 else Union[tuple(args)]  # noqa: UP007 - a Union built at run time
     return False, tp
 
 
@@ -144,7 +144,7 @@ def _convert(tp: Any, value: Any, field: str) -> Any:
     raise TypeError(f"fields.py cannot convert to {tp!r} (field {field})")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _schema(cls: type) -> tuple[dict, dict]:
     """Type hints and init fields of a dataclass, computed once per class (resolving hints is slow)."""
     return get_type_hints(cls), {f.name: f for f in dataclasses.fields(cls) if f.init}

@@ -332,13 +332,13 @@ class Job:
             return None
         return self.batch.global_batch // (self.batch.micro_batch * self.parallel.dp)
 
-    def replace(self, **changes) -> "Job":
+    def replace(self, **changes) -> Job:
         """A copy with whole sections or top-level fields replaced."""
         return dataclasses.replace(self, **changes)
 
     # ---- (de)serialisation -------------------------------------------------------------
     @classmethod
-    def from_dict(cls, data: dict, catalog: Catalog | None = None) -> "Job":
+    def from_dict(cls, data: dict, catalog: Catalog | None = None) -> Job:
         """Build from plain data; `model` may be `{preset: NAME, ...overrides}` or `{hf_config: PATH}`."""
         if not isinstance(data, dict):
             raise SpecError("job", data, "expected a mapping with sections model, batch, precision, ...")
@@ -348,7 +348,7 @@ class Job:
         return from_dict(cls, data)
 
     @classmethod
-    def from_yaml(cls, path: str | Path, catalog: Catalog | None = None) -> "Job":
+    def from_yaml(cls, path: str | Path, catalog: Catalog | None = None) -> Job:
         data = read_yaml(path, what="job file")
         if data is None:
             raise SpecError("job file", str(path), "is empty; write at least a `model:` section")
@@ -364,7 +364,7 @@ class Job:
         return text
 
     # ---- checks and defaults --------------------------------------------------------------
-    def resolve(self, catalog: Catalog | None = None) -> tuple["Job", list[str]]:
+    def resolve(self, catalog: Catalog | None = None) -> tuple[Job, list[str]]:
         """Check every field, fill the defaults, and return (resolved job, notes on what was chosen)."""
         return resolve_job(self, catalog or load_catalog())
 

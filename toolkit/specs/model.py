@@ -157,7 +157,7 @@ class ModelSpec:
     def max_positions_(self) -> int:
         return self.max_positions if self.max_positions is not None else self.seq_len
 
-    def replace(self, **changes) -> "ModelSpec":
+    def replace(self, **changes) -> ModelSpec:
         return dataclasses.replace(self, **changes)
 
     # ---- checks --------------------------------------------------------------------
@@ -264,7 +264,7 @@ class ModelSpec:
             )
 
 
-def nf4_shapes_ok(model: "ModelSpec") -> str | None:
+def nf4_shapes_ok(model: ModelSpec) -> str | None:
     """The first block projection whose size is not a multiple of 64 × 256 weights (NF4 with double
     quantization packs those), or None when all fit."""
     h, q, kv, f = model.hidden, model.heads * model.head_dim_, model.kv_heads_ * model.head_dim_, model.ffn_

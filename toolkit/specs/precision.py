@@ -65,7 +65,7 @@ class PrecisionPlan:
         return DTYPE_BYTES[self.compute]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def precision_plan(mode: str) -> PrecisionPlan:
     """Decode a precision mode (one of PRECISIONS)."""
     if mode not in PRECISIONS:

@@ -9,28 +9,29 @@ planner's layout grid applies to arrays of layouts.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import Any
 
 from .axes import model_parallel
 from .backends import deepspeed_fp32, infer_backend
+from .catalog import Catalog
 from .errors import SpecError
 from .fields import check_positive, check_range
 from .model import LORA_TARGETS, nf4_shapes_ok
 from .precision import TORCH_SEMANTICS, compute_dtype
+from .resolve_layout import check_interleaved_rounds, divisors, resolve_layout
 from .rules import (
+    adapters_fit,
     batch_split,
-    optimizer_offload_fits,
     named_backend_fits,
+    optimizer_offload_fits,
     params_offload_fits,
     per_op_recompute_fits,
-    adapters_fit,
 )
-from .resolve_layout import check_interleaved_rounds, divisors, resolve_layout
 from .serving import resolve_serving
 
-if TYPE_CHECKING:  # (job.py imports this module: the Job type is for annotations only)
-    from .catalog import Catalog
-    from .job import Job
+Job = Any
+"""A toolkit.specs.job.Job, which calls this module (Job.resolve -> resolve_job): named here, not imported, so that
+the dependency runs one way, job -> resolve."""
 
 __all__ = ["resolve_job", "divisors"]
 

@@ -4,10 +4,11 @@ layers and sequence, pipeline stages and their partition (toolkit.specs.resolve 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import Any
 
 from .axes import model_parallel
 from .errors import SpecError
+from .partition import partition_blocks
 from .precision import TORCH_SEMANTICS
 from .rules import (
     devices_split,
@@ -17,11 +18,11 @@ from .rules import (
     sp_has_tp,
     vpp_has_pp,
 )
-from .partition import partition_blocks
 from .stages import check_stage_layers, rank_layers
 
-if TYPE_CHECKING:  # (job.py imports this module: the Job type is for annotations only)
-    from .job import Job
+Job = Any
+"""A toolkit.specs.job.Job, which calls this module (Job.resolve -> resolve_job -> resolve_layout): named here, not
+imported, so that the dependency runs one way, job -> resolve -> resolve_layout."""
 
 __all__ = ["resolve_layout", "divisors", "listing", "check_interleaved_rounds"]
 

@@ -28,60 +28,34 @@ import contextlib
 import dataclasses
 import sys
 import warnings
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..capability import check_traceable, trace_path
+from ..estimate.phases import ddp_buckets
+from ..program.build import Program, steppers
 from ..program.compat import FakeStore, FakeTensorMode, MemTracker, require_internals
 from ..program.compat import sharding_prop as _sharding_prop
-
-from ..estimate.phases import ddp_buckets
-from ..specs.errors import SpecError
-from ..specs.dims import ParallelDims
-from ..specs.job import Job
+from ..program.instrument import DeviceTracker, FSDPDeviceTracker, fsdp_host_bytes, snapshot
+from ..program.layout import Layout
 from ..program.lora import apply_lora
-from ..program.qlora import apply_qlora
-from ..program.model import GPT
-from ..program.parallel import loss_parallel, shard_embedding_grad, tensor_parallel
-from ..program.moe import expert_parallel
 from ..program.mesh import build_mesh, fsdp_mesh
+from ..program.model import GPT
+from ..program.moe import expert_parallel
+from ..program.parallel import loss_parallel, shard_embedding_grad, tensor_parallel
 from ..program.parallelize import apply_fsdp, is_sharded
 from ..program.precision import TORCH_DTYPES, torch_precision
-from ..program.build import Program, steppers
-from ..program.layout import Layout
-from .steps import TraceHooks, random_batches, two_steps
-from ..program.instrument import DeviceTracker, FSDPDeviceTracker, fsdp_host_bytes, snapshot
+from ..program.qlora import apply_qlora
+from ..specs.dims import ParallelDims
+from ..specs.errors import SpecError
+from ..specs.job import Job
 from .ddp import DDPBuckets
+from .result import MAX_TRACED_MICRO_BATCHES, TraceResult
+from .steps import TraceHooks, random_batches, two_steps
 
 __all__ = ["TraceResult", "trace_memory", "MAX_TRACED_MICRO_BATCHES"]
-
-MAX_TRACED_MICRO_BATCHES = 2
-"""Micro-batches traced per step: from the second on, every one repeats the same memory pattern."""
-
-
-@dataclass(frozen=True)
-class TraceResult:
-    params_bytes: int
-    grads_bytes: int
-    optimizer_bytes: int
-    activations_bytes: int
-    peak_bytes: int
-    peak_breakdown: dict[str, int]
-    """MemTracker's categories at the moment of the peak."""
-    boundary_breakdown: dict[str, int]
-    """MemTracker's categories at the forward/backward boundary of the last micro-batch."""
-    flops_per_token: float = 0.0
-    """FlopCounterMode's count for one micro-batch (forward, backward, recompute), per token. It counts every
-    matmul, eager attention over the full score matrix, and the CPU flash kernel as 0."""
-    program: str = "cpu"
-    host_bytes: int = 0
-    """Offload: what stays in host memory (sharded parameters, gradients, optimizer states); the fields above
-    and the peak are then the device's."""
-    stage_peaks_bytes: tuple[int, ...] = ()
-    """Pipeline traces: every stage's peak (the fields above are the busiest stage's)."""
 
 
 def _compute_dtype(job: Job) -> torch.dtype:
@@ -226,7 +200,7 @@ def _traced_program(job: Job, model: torch.nn.Module) -> Program:
     return Program(model, model, optimizer, master, params, Layout(sharded=is_sharded(job), zero1=zero1))
 
 
-def _run_steps(job: Job, tracker: MemTracker, prog: Program, buckets: "DDPBuckets | None" = None) -> dict[str, dict]:
+def _run_steps(job: Job, tracker: MemTracker, prog: Program, buckets: DDPBuckets | None = None) -> dict[str, dict]:
     """The runner's two steps under the tracker (toolkit.trace.steps); snapshots at the boundary, once the
     gradients are made, after the update, and the peak; and the FLOPs of one more micro-batch."""
     hooks, batches = TraceHooks(tracker, buckets), random_batches(job)

@@ -14,16 +14,16 @@ import dataclasses
 
 import torch
 
-from ..estimate.memory import memory_estimate
-from ..specs.errors import SpecError
-from ..program.compat import require_internals
-from ..specs.job import Job
 from ..capability import check_traceable
+from ..estimate.memory import memory_estimate
+from ..program.compat import require_internals
 from ..program.instrument import StageTracker, offloaded_shard_bytes, snapshot
-from .memory import TraceResult
-from .steps import TraceHooks, two_steps
 from ..program.precision import torch_precision
+from ..specs.errors import SpecError
+from ..specs.job import Job
 from .ranks import trace_on_ranks
+from .result import TraceResult
+from .steps import TraceHooks, two_steps
 
 __all__ = ["trace_pipeline", "trace_pipeline_stages", "MAX_PIPELINE_TRACE_BYTES", "MAX_PIPELINE_MICRO_BATCHES"]
 
@@ -92,8 +92,8 @@ def _trace_stage(job: Job, rank: int, world: int) -> TraceResult:  # noqa: ARG00
     FSDP2 or ZeroRedundancyOptimizer over dp, schedule and optimizer) and step (toolkit.program.step), over the
     traced dp ranks: its stage, or under interleaving (vpp > 1) its chunks rank, rank + pp, ...; under tensor
     parallelism its shard of them."""
-    from ..program.mesh import device_mesh
     from ..program.build import build_pipeline
+    from ..program.mesh import device_mesh
 
     par, dp = job.parallel, _dp_traced(job)
     batch = dataclasses.replace(job.batch, global_batch=job.batch.micro_batch * dp * job.grad_accum)  # (same m)

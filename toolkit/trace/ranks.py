@@ -26,7 +26,7 @@ import torch.multiprocessing as mp
 
 from ..specs.errors import MeasurementFailed
 from ..specs.job import Job
-from .memory import TraceResult
+from .result import TraceResult
 
 __all__ = ["trace_on_ranks", "quiet_output"]
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..program.compat import version_note
 from ..estimate import estimate
 from ..estimate.flops import flops_per_token
+from ..program.compat import version_note
 from ..specs.catalog import Catalog, load_catalog
 from ..specs.job import Job
 from .memory import trace_memory
@@ -117,9 +117,8 @@ def compare_run(out_dir, catalog_files=(), trace: bool = True) -> dict:
     from pathlib import Path
 
     from ..estimate.memory import stage_memory_estimate
-    from ..runs.folder import read_rank_memory
+    from ..runs.folder import read_metrics, read_rank_memory
     from ..specs.errors import SpecError
-    from ..runs.folder import read_metrics
 
     out = Path(out_dir)
     if not (out / "job.yaml").is_file():

@@ -16,12 +16,12 @@ import contextlib
 
 import torch
 
-from ..specs.job import Job
-from ..program.precision import torch_precision
 from ..program.build import Program
-from ..program.step import apply_update, forward_backward, reduce_and_clip
 from ..program.instrument import snapshot
+from ..program.precision import torch_precision
+from ..program.step import apply_update, forward_backward, reduce_and_clip
 from ..program.techniques import Int8Activations
+from ..specs.job import Job
 
 __all__ = ["random_batches", "TraceHooks", "two_steps"]
 

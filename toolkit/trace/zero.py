@@ -19,18 +19,18 @@ import gc
 
 import torch
 
-from ..estimate.memory import memory_estimate
-from ..specs.errors import SpecError
 from ..capability import check_traceable
-from ..program.compat import require_internals
-from ..specs.backends import job_deepspeed_fp32
-from ..specs.job import TORCH_SEMANTICS, Job
-from ..program.precision import torch_precision
-from ..program.instrument import DeviceTracker, offload_host_tensors, optimizer_states, snapshot, storage_bytes
-from .memory import MAX_TRACED_MICRO_BATCHES, TraceResult
-from .steps import two_steps
-from .ranks import trace_on_ranks
+from ..estimate.memory import memory_estimate
 from ..export.deepspeed import deepspeed_config  # (re-exported: the runner and the tracer share it)
+from ..program.compat import require_internals
+from ..program.instrument import DeviceTracker, offload_host_tensors, optimizer_states, snapshot, storage_bytes
+from ..program.precision import torch_precision
+from ..specs.backends import job_deepspeed_fp32
+from ..specs.errors import SpecError
+from ..specs.job import TORCH_SEMANTICS, Job
+from .ranks import trace_on_ranks
+from .result import MAX_TRACED_MICRO_BATCHES, TraceResult
+from .steps import two_steps
 
 __all__ = ["MAX_ZERO_TRACE_BYTES", "deepspeed_config", "trace_zero", "trace_zero_ranks"]
 
@@ -95,8 +95,8 @@ def trace_zero_ranks(job: Job) -> list[TraceResult]:
 def _trace_rank(job: Job, rank: int, world: int) -> TraceResult:
     """Two of the runner's steps (toolkit.program.step) of its DeepSpeed program (toolkit.program.build), the engine
     built inside the tracker, over at most MAX_TRACED_MICRO_BATCHES micro-batches a step."""
-    from ..program.deepspeed import import_deepspeed
     from ..program.build import build_model, deepspeed_program
+    from ..program.deepspeed import import_deepspeed
 
     deepspeed = import_deepspeed()
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
