@@ -17,13 +17,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from toolkit.program.model import GPT  # noqa: E402
+from toolkit.program.techniques import Int8Activations  # noqa: E402
+from toolkit.runs.folder import read_metrics  # noqa: E402
 from toolkit.specs import Job, ModelSpec  # noqa: E402
 from toolkit.train.data import ensure_demo_corpus  # noqa: E402
 from toolkit.train.launch import prepare_run  # noqa: E402
 from toolkit.train.loop import run_training  # noqa: E402
-from toolkit.runs.folder import read_metrics  # noqa: E402
-from toolkit.program.model import GPT  # noqa: E402
-from toolkit.program.techniques import Int8Activations  # noqa: E402
 
 MODEL = {"layers": 4, "hidden": 128, "heads": 4, "vocab": 256, "seq_len": 128}
 

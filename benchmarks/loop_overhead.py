@@ -21,12 +21,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from toolkit.program.model import GPT  # noqa: E402
+from toolkit.runs.folder import read_metrics  # noqa: E402
 from toolkit.specs import Job  # noqa: E402
 from toolkit.train.data import StepSampler, TokenShards, ensure_demo_corpus, make_loader  # noqa: E402
 from toolkit.train.launch import prepare_run  # noqa: E402
 from toolkit.train.loop import lr_at, run_training  # noqa: E402
-from toolkit.runs.folder import read_metrics  # noqa: E402
-from toolkit.program.model import GPT  # noqa: E402
 
 WARMUP = 5
 

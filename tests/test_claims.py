@@ -2,8 +2,8 @@
 
 import json
 
-from toolkit.plan.claims import check_claims
 from toolkit.cli import main
+from toolkit.plan.claims import check_claims
 
 VERDICTS = {"true", "partly true", "misleading", "false", "unverified"}
 

@@ -3,8 +3,8 @@
 import itertools
 
 from toolkit.estimate import estimate
-from toolkit.views.text import render_estimate
 from toolkit.specs import Job, SpecError, load_catalog
+from toolkit.views.text import render_estimate
 
 
 def test_no_combination_crashes():

@@ -1,1 +1,3 @@
-"""ipywidgets panels over toolkit (planner, launcher): views of a Job, no maths here."""
+"""ipywidgets panels over toolkit (planner, launcher): views of a Job, no maths here.
+
+Imports: specs, estimate, runs, plan, views, train."""

@@ -28,12 +28,11 @@ import ipywidgets as W
 import traitlets
 
 from toolkit.estimate import Estimate, estimate_result
-from toolkit.views.figures import metrics_figure
-from toolkit.runs.folder import read_rank_memory
+from toolkit.runs.folder import MetricsTail, read_rank_memory
 from toolkit.specs import Job, SpecError
 from toolkit.specs.dims import ParallelDims
-from toolkit.runs.folder import MetricsTail
 from toolkit.train.launch import STARTER_ENV
+from toolkit.views.figures import metrics_figure
 from widgets.fallback import PanelText
 from widgets.live_figure import LiveFigure
 

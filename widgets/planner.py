@@ -22,11 +22,11 @@ from pathlib import Path
 import ipywidgets as W
 
 from toolkit.estimate import Estimate, estimate_result
-from toolkit.views.text import layout_text
-from toolkit.views.figures import copy_into, memory_figure, pareto_figure, step_figure
 from toolkit.runs.proxy import RunPlan, local_devices, run_plan
 from toolkit.specs import PRECISIONS, Job, SpecError, load_catalog
 from toolkit.specs.axes import AXES
+from toolkit.views.figures import copy_into, memory_figure, pareto_figure, step_figure
+from toolkit.views.text import layout_text
 from widgets.fallback import PanelText
 from widgets.live_figure import LiveFigure
 
@@ -83,6 +83,9 @@ def axis_control(axis, style: dict) -> W.Widget:
 
 
 class PlannerPanel(PanelText, W.VBox):
+    """Controls that describe a Job, the views of its estimate, and buttons that act on it. Building the controls
+    and the rows the buttons show is done by the module's functions; the class keeps the state and the wiring."""
+
     panel_name = "the planner"
 
     def __init__(
@@ -105,20 +108,34 @@ class PlannerPanel(PanelText, W.VBox):
         self.last_update_s = 0.0
         self._quiet = False
         self._fixes_for: dict | None = None  # the job the fix list was made for
-        c = self.controls = self._make_controls(preset, accelerator, count, tokens)
+        offers = _offers_for(self.catalog, accelerator)
+        c = self.controls = _make_controls(self.catalog, preset, accelerator, count, tokens, offers)
         for name, value in layout.items():
             c[name].value = value
+        self._make_views()
+        self._make_buttons()
+        self._connect()
+        super().__init__(self._children())
+        self.refresh()
+
+    # ---- building --------------------------------------------------------------------------------
+    def _make_views(self) -> None:
+        """What shows the estimate: the two figures, the summary, the error line and the boxes buttons fill."""
         self.memory_fig = LiveFigure(memory_figure(_EMPTY))
         self.step_fig = LiveFigure(step_figure(_EMPTY))
         self.summary = W.HTML()
         self.error = W.HTML()
+        self.fixes_box = W.VBox()
+        self.best_box = W.VBox()
+        self.run_note = W.HTML()
+        self.run_area = W.VBox()
+
+    def _make_buttons(self) -> None:
+        """Export, suggest fixes, best layouts and Run (with its step count)."""
         self.export_path = W.Text(value="job.yaml", description="file", layout=W.Layout(width="240px"))
         self.export_button = W.Button(description="export job.yaml", icon="download")
         self.suggest_button = W.Button(description="suggest fixes", icon="medkit")
         self.best_button = W.Button(description="best layouts", icon="search")
-        self.fixes_box = W.VBox()
-        self.best_box = W.VBox()
-        self.run_note = W.HTML()
         self.run_steps = W.BoundedIntText(
             value=30,
             min=1,
@@ -128,94 +145,46 @@ class PlannerPanel(PanelText, W.VBox):
             style={"description_width": "40px"},
         )
         self.run_button = W.Button(description="Run", icon="play", button_style="success")
+
+    def _connect(self) -> None:
+        """Buttons to their actions; every control to a redraw, the accelerator first (it narrows the offers)."""
         self.run_button.on_click(lambda _b: self.run())
         self.run_steps.observe(lambda _c: self._show_run_plan(self.run_plan), names="value")
-        self.run_area = W.VBox()
         self.export_button.on_click(lambda _b: self.export())
         self.suggest_button.on_click(lambda _b: self.suggest())
         self.best_button.on_click(lambda _b: self.best_layouts())
-        c["accelerator"].observe(self._accelerator_changed, names="value")
-        for control in c.values():
+        self.controls["accelerator"].observe(self._accelerator_changed, names="value")
+        for control in self.controls.values():
             control.observe(self._changed, names="value")
-        grid = W.GridBox(list(c.values()), layout=W.Layout(grid_template_columns="repeat(3, 300px)"))
+
+    def _children(self) -> list[W.Widget]:
+        """The panel top to bottom: controls, the estimate's views, the buttons and what they show."""
+        grid = W.GridBox(list(self.controls.values()), layout=W.Layout(grid_template_columns="repeat(3, 300px)"))
         buttons = W.HBox([self.export_path, self.export_button, self.suggest_button, self.best_button])
         defaults = W.HTML(
             "<small>* 0 means the preset's own: its sequence length, its published global batch "
             "and token budget</small>"
         )
         run_row = W.HBox([self.run_button, self.run_steps])
-        super().__init__(
-            [
-                grid,
-                defaults,
-                self.error,
-                self.memory_fig,
-                self.step_fig,
-                self.summary,
-                buttons,
-                self.fixes_box,
-                self.best_box,
-                run_row,
-                self.run_note,
-                self.run_area,
-            ]
-        )
-        self.refresh()
+        return [
+            grid,
+            defaults,
+            self.error,
+            self.memory_fig,
+            self.step_fig,
+            self.summary,
+            buttons,
+            self.fixes_box,
+            self.best_box,
+            run_row,
+            self.run_note,
+            self.run_area,
+        ]
 
     # ---- controls --------------------------------------------------------------------------------
-    def _make_controls(self, preset, accelerator, count, tokens) -> dict:
-        cat = self.catalog
-        style = {"description_width": "110px"}
-        offers = self._offers_for(accelerator)
-        return {
-            "preset": W.Dropdown(
-                options=sorted(p.name for p in cat.presets.values() if _estimated(p.model)),
-                value=preset,
-                description="model",
-                style=style,
-            ),
-            "seq_len": W.IntText(value=0, description="sequence *", style=style),
-            "global_batch": W.IntText(value=0, description="global batch *", style=style),
-            "precision": W.Dropdown(options=["auto", *PRECISIONS], value="auto", description="precision", style=style),
-            "optimizer": W.Dropdown(
-                options=["adamw", "adam", "sgd", "adamw-8bit"], description="optimizer", style=style
-            ),
-            **{axis.name: axis_control(axis, style) for axis in AXES},
-            "accelerator": W.Dropdown(
-                options=[a.name for a in cat.accelerators.values()],
-                value=accelerator,
-                description="accelerator",
-                style=style,
-            ),
-            "count": W.IntText(value=count, description="devices", style=style),
-            "tokens_b": W.FloatText(
-                value=0.0 if tokens is None else tokens / 1e9, description="tokens, B *", style=style
-            ),
-            "offer": W.Dropdown(options=offers, value="none", description="cloud offer", style=style),
-            "spot": W.Checkbox(value=False, description="spot prices"),
-        }
-
     def job_data(self) -> dict:
         """The Job the controls describe, as the plain dict `Job.from_dict` reads."""
-        v = {name: control.value for name, control in self.controls.items()}
-        model = {"preset": v["preset"]}
-        if v["seq_len"]:
-            model["seq_len"] = v["seq_len"]
-        data = {
-            "model": model,
-            "batch": {"global_batch": v["global_batch"]} if v["global_batch"] else {},
-            "precision": {"mode": None if v["precision"] == "auto" else v["precision"]},
-            "optimizer": {"name": v["optimizer"]},
-            "parallel": {},
-            "memory": {},
-            "cluster": {"accelerator": v["accelerator"], "count": v["count"]},
-            "cost": {"offer": None if v["offer"] == "none" else v["offer"], "spot": v["spot"]},
-        }
-        for axis in AXES:
-            data[axis.section][axis.name] = v[axis.name]
-        if v["tokens_b"]:
-            data["tokens"] = v["tokens_b"] * 1e9
-        return data
+        return _job_data({name: control.value for name, control in self.controls.items()})
 
     def set_job(self, data: dict) -> None:
         """Set the controls from a job dict (e.g. a doctor's fix), then re-estimate once."""
@@ -231,19 +200,12 @@ class PlannerPanel(PanelText, W.VBox):
         self.refresh()
 
     # ---- updating ------------------------------------------------------------------------------------
-    def _offers_for(self, accelerator: str) -> list[str]:
-        """The offers that carry the chosen accelerator (a job on one device cannot be priced on another's)."""
-        name = self.catalog.accelerator(accelerator).name
-        return ["none"] + sorted(
-            o.name for o in self.catalog.offers.values() if self.catalog.accelerator(o.accelerator).name == name
-        )
-
     def _accelerator_changed(self, change) -> None:
         offer = self.controls["offer"]
         quiet, self._quiet = self._quiet, True  # (one redraw, by the accelerator's own observer)
         try:
             kept = offer.value
-            offer.options = self._offers_for(change["new"])
+            offer.options = _offers_for(self.catalog, change["new"])
             offer.value = kept if kept in offer.options else "none"
         finally:
             self._quiet = quiet
@@ -272,10 +234,7 @@ class PlannerPanel(PanelText, W.VBox):
         copy_into(self.step_fig, step_figure(result))
         self.summary.value = _summary_html(result)
         peak = result.memory.device_peak_bytes or result.memory.peak_bytes  # (estimated once, above)
-        unfit = None
-        if result.memory.fits is not None and not result.memory.fits and result.memory.usable_bytes:
-            unfit = f"{peak / 2**30:,.1f} GiB a device, more than its {result.memory.usable_bytes / 2**30:,.1f} GiB"
-        self._show_run_plan(run_plan(job, self.here, device_peak_bytes=peak, unfit=unfit))
+        self._show_run_plan(run_plan(job, self.here, device_peak_bytes=peak, unfit=_unfit_text(result, peak)))
         self.last_update_s = time.perf_counter() - began
 
     def _show_run_plan(self, plan: RunPlan | None) -> None:
@@ -293,15 +252,7 @@ class PlannerPanel(PanelText, W.VBox):
             self.controls[name].layout.border = "2px solid #d62728"
         where = f" (control: {', '.join(names)})" if names else ""
         self.error.value = f"<div style='color:#d62728'><b>not valid{where}:</b> {html.escape(str(err))}</div>"
-        for fig in (self.memory_fig, self.step_fig):  # the last valid view stays, marked as such
-            title = fig.layout.title.text or ""
-            if not title.startswith(STALE):
-                fig.layout.title = STALE + title
-        self.summary.value = (
-            f"<div style='opacity:0.5'>{self.summary.value}</div>"
-            if not self.summary.value.startswith("<div style='opacity:0.5'>")
-            else self.summary.value
-        )
+        _mark_stale(self.memory_fig, self.step_fig, self.summary)  # the last valid view stays, marked as such
         self._show_run_plan(None)
 
     # ---- buttons -------------------------------------------------------------------------------------
@@ -341,30 +292,8 @@ class PlannerPanel(PanelText, W.VBox):
         if self.job is None:
             return []
         report = diagnose_job(self.job, self.catalog)
-        rows: list[W.Widget] = [W.HTML("<b>" + html.escape(f) + "</b>") for f in report["findings"]]
-        for fix in report["fixes"][:8]:
-            change = "" if fix["step_change"] is None else f", step {fix['step_change']:+.0%}"
-            label = f"{fix['change']}: {fix['device_peak_bytes'] / 2**30:.1f} GiB{change}" + (
-                "" if fix["fits"] else " (still over)"
-            )
-            button = W.Button(
-                description=label, layout=W.Layout(width="auto"), button_style="success" if fix["fits"] else ""
-            )
-            button.on_click(lambda _b, job=fix["job"]: self.apply_fix(job))
-            rows.append(button)
-        if report.get("combined") and report["combined"]["fits"]:
-            combined = report["combined"]
-            button = W.Button(
-                description="together: " + " + ".join(combined["changes"]),
-                layout=W.Layout(width="auto"),
-                button_style="success",
-            )
-            button.on_click(lambda _b, job=combined["job"]: self.apply_fix(job))
-            rows.append(button)
-        if not report["fixes"]:
-            fits = self.result is not None and self.result.memory.fits
-            rows.append(W.HTML("fits: no change needed for memory" if fits else "no single change helps"))
-        self.fixes_box.children = rows
+        fits = self.result is not None and self.result.memory.fits
+        self.fixes_box.children = _fix_rows(report, fits, self.apply_fix)
         self._fixes_for = self.job.to_dict()
         return report["fixes"]
 
@@ -384,66 +313,175 @@ class PlannerPanel(PanelText, W.VBox):
 
     def apply_fix(self, fixed: dict) -> None:
         """Apply what a fix changes (only that: fixes compose), then list the fixes for the job it leaves."""
-        base = self._fixes_for or {}
-        changed = {
-            section: {k: v for k, v in (fixed.get(section) or {}).items() if (base.get(section) or {}).get(k) != v}
-            for section in ("parallel", "memory", "batch", "optimizer")
-        }
-        self.set_job(changed)
+        self.set_job(_changes(fixed, self._fixes_for or {}))
         self.suggest()
 
     def best_layouts(self, top: int = 8) -> dict | None:
         """The planner's best layouts on this cluster (or on the chosen offer): a table and the Pareto plot."""
-        from toolkit.plan import search
-
         if self.job is None:
             return None
         v = self.controls
-        offers = [v["offer"].value] if v["offer"].value != "none" else None
-        gpus = None if offers else (v["count"].value, v["accelerator"].value)
-        result = search(
-            self.job,
-            self.catalog,
-            gpus=gpus,
-            offers=offers,
-            max_gpus=v["count"].value,
-            objective="cost" if offers else "time",
-            top=top,
-        )
-        rows = []
-        for plan in result["plans"]:
-            apply = W.Button(description="apply", icon="check", layout=W.Layout(width="80px"))
-            apply.on_click(lambda _b, plan=plan: self.apply_plan(plan))
-            rows.append(
-                W.HBox(
-                    [
-                        apply,
-                        W.HTML(
-                            f"{plan['devices']}x{plan['accelerator']} · {html.escape(layout_text(plan['layout']))} · "
-                            f"{plan['device_peak_bytes'] / 2**30:.1f} GiB · step {plan['step_s']:.3g} s "
-                            f"({plan['step_s_range'][0]:.3g}–{plan['step_s_range'][1]:.3g}) · MFU {plan['mfu']:.0%} · "
-                            f"{plan['train_days']:,.1f} days {_money(plan['cost'], plan['currency'])}"
-                            + (
-                                " · <i>within the model's error of the best</i>"
-                                if plan.get("within_error") and plan is not result["plans"][0]
-                                else ""
-                            )
-                        ),
-                    ]
-                )
-            )
-        table = W.VBox(
-            [
-                W.HTML(_fit_count_html(result, f"{v['count'].value} × {v['accelerator'].value}")),
-                *rows,
-            ]
-        )
+        result = _search_here(self.job, self.catalog, v, top)
+        cluster = f"{v['count'].value} × {v['accelerator'].value}"
+        table = W.VBox([W.HTML(_fit_count_html(result, cluster)), *_plan_rows(result["plans"], self.apply_plan)])
         self._plans = result["plans"]
         children = [table]
         if result["pareto"]:
             children.append(LiveFigure(pareto_figure(result)))
         self.best_box.children = children
         return result
+
+
+# ---- controls ----------------------------------------------------------------------------------------
+def _offers_for(catalog, accelerator: str) -> list[str]:
+    """The offers that carry the chosen accelerator (a job on one device cannot be priced on another's)."""
+    name = catalog.accelerator(accelerator).name
+    return ["none"] + sorted(o.name for o in catalog.offers.values() if catalog.accelerator(o.accelerator).name == name)
+
+
+def _make_controls(catalog, preset, accelerator, count, tokens, offers: list[str]) -> dict:
+    """One control per Job field the panel sets, named as _job_data reads them; layout axes from the registry."""
+    style = {"description_width": "110px"}
+    return {
+        "preset": W.Dropdown(
+            options=sorted(p.name for p in catalog.presets.values() if _estimated(p.model)),
+            value=preset,
+            description="model",
+            style=style,
+        ),
+        "seq_len": W.IntText(value=0, description="sequence *", style=style),
+        "global_batch": W.IntText(value=0, description="global batch *", style=style),
+        "precision": W.Dropdown(options=["auto", *PRECISIONS], value="auto", description="precision", style=style),
+        "optimizer": W.Dropdown(options=["adamw", "adam", "sgd", "adamw-8bit"], description="optimizer", style=style),
+        **{axis.name: axis_control(axis, style) for axis in AXES},
+        "accelerator": W.Dropdown(
+            options=[a.name for a in catalog.accelerators.values()],
+            value=accelerator,
+            description="accelerator",
+            style=style,
+        ),
+        "count": W.IntText(value=count, description="devices", style=style),
+        "tokens_b": W.FloatText(value=0.0 if tokens is None else tokens / 1e9, description="tokens, B *", style=style),
+        "offer": W.Dropdown(options=offers, value="none", description="cloud offer", style=style),
+        "spot": W.Checkbox(value=False, description="spot prices"),
+    }
+
+
+def _job_data(v: dict) -> dict:
+    """The controls' values as the plain dict `Job.from_dict` reads; 0 (and "auto", "none") leave a field unset."""
+    model = {"preset": v["preset"]}
+    if v["seq_len"]:
+        model["seq_len"] = v["seq_len"]
+    data = {
+        "model": model,
+        "batch": {"global_batch": v["global_batch"]} if v["global_batch"] else {},
+        "precision": {"mode": None if v["precision"] == "auto" else v["precision"]},
+        "optimizer": {"name": v["optimizer"]},
+        "parallel": {},
+        "memory": {},
+        "cluster": {"accelerator": v["accelerator"], "count": v["count"]},
+        "cost": {"offer": None if v["offer"] == "none" else v["offer"], "spot": v["spot"]},
+    }
+    for axis in AXES:
+        data[axis.section][axis.name] = v[axis.name]
+    if v["tokens_b"]:
+        data["tokens"] = v["tokens_b"] * 1e9
+    return data
+
+
+def _changes(fixed: dict, base: dict) -> dict:
+    """What a fix changes against the job the fixes were made for, so that applying one keeps earlier ones."""
+    return {
+        section: {k: v for k, v in (fixed.get(section) or {}).items() if (base.get(section) or {}).get(k) != v}
+        for section in ("parallel", "memory", "batch", "optimizer")
+    }
+
+
+def _search_here(job: Job, catalog, controls: dict, top: int) -> dict:
+    """The planner's search on the controls' cluster, or on whole instances of the chosen offer ranked by cost."""
+    from toolkit.plan import search
+
+    offers = [controls["offer"].value] if controls["offer"].value != "none" else None
+    gpus = None if offers else (controls["count"].value, controls["accelerator"].value)
+    return search(
+        job,
+        catalog,
+        gpus=gpus,
+        offers=offers,
+        max_gpus=controls["count"].value,
+        objective="cost" if offers else "time",
+        top=top,
+    )
+
+
+# ---- rendering ---------------------------------------------------------------------------------------
+def _unfit_text(result: Estimate, peak_bytes: float | None) -> str | None:
+    """Why the job cannot run here as estimated, in the words Run's note uses; None when it fits or nobody knows."""
+    mem = result.memory
+    if mem.fits is not None and not mem.fits and mem.usable_bytes:
+        return f"{peak_bytes / 2**30:,.1f} GiB a device, more than its {mem.usable_bytes / 2**30:,.1f} GiB"
+    return None
+
+
+def _mark_stale(memory_fig, step_fig, summary: W.HTML) -> None:
+    """Keep the last valid view up, its figures' titles and the summary marked as out of date (once)."""
+    for fig in (memory_fig, step_fig):
+        title = fig.layout.title.text or ""
+        if not title.startswith(STALE):
+            fig.layout.title = STALE + title
+    summary.value = (
+        f"<div style='opacity:0.5'>{summary.value}</div>"
+        if not summary.value.startswith("<div style='opacity:0.5'>")
+        else summary.value
+    )
+
+
+def _fix_rows(report: dict, fits: bool, apply_fix) -> list[W.Widget]:
+    """The doctor's findings, then one button per fix (green where it fits) and one for the fixes together."""
+    rows: list[W.Widget] = [W.HTML("<b>" + html.escape(f) + "</b>") for f in report["findings"]]
+    for fix in report["fixes"][:8]:
+        change = "" if fix["step_change"] is None else f", step {fix['step_change']:+.0%}"
+        label = f"{fix['change']}: {fix['device_peak_bytes'] / 2**30:.1f} GiB{change}" + (
+            "" if fix["fits"] else " (still over)"
+        )
+        button = W.Button(
+            description=label, layout=W.Layout(width="auto"), button_style="success" if fix["fits"] else ""
+        )
+        button.on_click(lambda _b, job=fix["job"]: apply_fix(job))
+        rows.append(button)
+    if report.get("combined") and report["combined"]["fits"]:
+        combined = report["combined"]
+        button = W.Button(
+            description="together: " + " + ".join(combined["changes"]),
+            layout=W.Layout(width="auto"),
+            button_style="success",
+        )
+        button.on_click(lambda _b, job=combined["job"]: apply_fix(job))
+        rows.append(button)
+    if not report["fixes"]:
+        rows.append(W.HTML("fits: no change needed for memory" if fits else "no single change helps"))
+    return rows
+
+
+def _plan_rows(plans: list[dict], apply_plan) -> list[W.Widget]:
+    """One row per plan: an apply button and the plan in one line, near-ties of the best marked."""
+    rows = []
+    for plan in plans:
+        apply = W.Button(description="apply", icon="check", layout=W.Layout(width="80px"))
+        apply.on_click(lambda _b, plan=plan: apply_plan(plan))
+        rows.append(W.HBox([apply, W.HTML(_plan_html(plan, best=plan is plans[0]))]))
+    return rows
+
+
+def _plan_html(plan: dict, best: bool) -> str:
+    """Where, which layout, device memory, step (and its likely range), MFU, days and cost of one plan."""
+    return (
+        f"{plan['devices']}x{plan['accelerator']} · {html.escape(layout_text(plan['layout']))} · "
+        f"{plan['device_peak_bytes'] / 2**30:.1f} GiB · step {plan['step_s']:.3g} s "
+        f"({plan['step_s_range'][0]:.3g}–{plan['step_s_range'][1]:.3g}) · MFU {plan['mfu']:.0%} · "
+        f"{plan['train_days']:,.1f} days {_money(plan['cost'], plan['currency'])}"
+        + (" · <i>within the model's error of the best</i>" if plan.get("within_error") and not best else "")
+    )
 
 
 def _money(amount: float | None, currency: str | None) -> str:

@@ -17,8 +17,8 @@ import ipywidgets as W
 
 from toolkit.estimate import estimate
 from toolkit.estimate.serving import prices_by_offer
-from toolkit.views.figures_serving import serving_cost_figure, serving_curve_figure, serving_memory_figure
 from toolkit.specs import Job, SpecError, load_catalog
+from toolkit.views.figures_serving import serving_cost_figure, serving_curve_figure, serving_memory_figure
 from widgets.fallback import PanelText
 from widgets.live_figure import LiveFigure
 

@@ -14,8 +14,8 @@ from playwright.sync_api import sync_playwright
 from tests.browser.jupyter_lab import (
     REPO,
     jupyter_lab,
-    launch_chromium,
     kill_processes_under,
+    launch_chromium,
     open_notebook,
     processes_under,
     run_through,

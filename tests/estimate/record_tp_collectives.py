@@ -15,9 +15,9 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.profiler import ProfilerActivity, profile
 
-from toolkit.specs.job import ModelSpec
 from toolkit.program.model import GPT
 from toolkit.program.parallel import loss_parallel, tensor_parallel
+from toolkit.specs.job import ModelSpec
 
 CASES = {
     "gelu": ({"mlp": "gelu"}, False, "none"),

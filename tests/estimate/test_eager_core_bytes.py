@@ -9,8 +9,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from toolkit.estimate.elementwise import memory_bound_bytes_per_token
-from toolkit.specs import Job
 from toolkit.program.model import Attention
+from toolkit.specs import Job
 
 PRODUCTS = {torch.ops.aten.bmm.default, torch.ops.aten.mm.default, torch.ops.aten.matmul.default}
 NO_TRAFFIC = {torch.ops.aten.empty_like.default, torch.ops.aten._unsafe_view.default}  # no bytes move

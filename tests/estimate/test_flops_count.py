@@ -5,8 +5,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from toolkit.estimate.flops import flops_per_token
-from toolkit.specs import Job
 from toolkit.program.model import GPT
+from toolkit.specs import Job
 
 LLAMA = {
     "layers": 2,

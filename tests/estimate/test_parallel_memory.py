@@ -110,9 +110,9 @@ def test_fp8_all_gather_gathers_the_blocks_linear_weights_in_one_byte():
     (norms, the root) in bf16. The linear weights are counted on the runner's own block, not by formula."""
     import torch
 
-    from toolkit.specs.job import ModelSpec
     from toolkit.program.model import Block
     from toolkit.specs import SpecError
+    from toolkit.specs.job import ModelSpec
 
     shape = {
         "layers": 8,

@@ -7,8 +7,8 @@ import pytest
 
 from toolkit.estimate import estimate
 from toolkit.estimate.grid import layout_grid
-from toolkit.estimate.pipeline import simulate
 from toolkit.estimate.hardware import Assumptions, hardware_for
+from toolkit.estimate.pipeline import simulate
 from toolkit.estimate.steptime import step_time
 from toolkit.specs import Job, SpecError
 from toolkit.specs.stages import chunk_layers

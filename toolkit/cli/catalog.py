@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 
-from ..views.text import count
 from ..estimate.params import count_params
 from ..specs import SpecError, load_catalog
 from ..specs.errors import did_you_mean
 from ..specs.fields import to_dict
+from ..views.text import count
 
 __all__ = ["cmd_catalog"]
 

@@ -80,8 +80,8 @@ def cmd_pipeline(args) -> int:
 def _pipeline_run(args) -> int:
     """A run's measured pipeline step against the same schedule simulated from the run's own chunk times."""
     from ..estimate.pipeline import replay
-    from ..views.text import render_pipeline
     from ..runs.folder import read_pipeline_timeline
+    from ..views.text import render_pipeline
 
     measured = read_pipeline_timeline(args.run)
     if measured is None:

@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from ..estimate.device import device_memory
-from ..estimate.memory import memory_estimate
 from ..estimate.hardware import hardware_for
+from ..estimate.memory import memory_estimate
 from ..estimate.steptime import step_time
 from ..specs import Job, SpecError
 from ..specs.catalog import Catalog

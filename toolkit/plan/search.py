@@ -23,17 +23,17 @@ import numpy as np
 from ..capability import runnable_mask
 from ..estimate.band import band, regime_of
 from ..estimate.device import device_memory
-from ..estimate.grid import layout_grid
+from ..estimate.grid import LayoutGrid, layout_grid
+from ..estimate.hardware import Hardware, hardware_for, network_figure
 from ..estimate.memory import memory_estimate
 from ..estimate.pipeline import simulate
 from ..estimate.spot import spot_run
 from ..estimate.states import model_state_bytes
-from ..estimate.hardware import hardware_for, network_figure
-from ..estimate.steptime import step_time
-from ..specs.dims import reset_layout
+from ..estimate.steptime import StepTime, step_time
 from ..specs import Job, SpecError
 from ..specs.axes import AXES, AXIS
-from ..specs.catalog import Catalog
+from ..specs.catalog import Catalog, Offer
+from ..specs.dims import reset_layout
 from ..specs.stages import chunk_layers, uneven_fits
 
 __all__ = ["search", "AXIS_VALUES", "pareto_front", "plan_job"]
@@ -135,21 +135,11 @@ def search(
 ) -> dict:
     """Evaluate every (cluster, layout), keep those that fit (and with `runnable`, those `toolkit train` can train:
     toolkit.capability), and return the best `top` and the Pareto front."""
-    if objective not in ("time", "cost"):
-        raise SpecError("--objective", objective, "allowed: time, cost")
-    if gpus is None and not offers:
-        raise SpecError("plan", None, "give the hardware: --gpus COUNTxNAME, or --offers A,B,... to compare offers")
-    if objective == "cost" and not offers and not job.cost.offer:
-        raise SpecError("--objective", "cost", "needs prices: give --offers (or --offer) as well")
+    _check_request(job, gpus, offers, objective)
     evaluated, refusals, blocks, per_billion = 0, [], [], False
     for accelerator, count, offer_name in _clusters(catalog, gpus, offers, max_gpus):
-        base = job.replace(
-            cluster=dataclasses.replace(job.cluster, accelerator=accelerator, count=count),
-            parallel=reset_layout(job.parallel),  # every axis, ep included: the grid tries each
-            cost=dataclasses.replace(job.cost, offer=offer_name or job.cost.offer),
-        )
         try:
-            resolved = _resolve_base(base, catalog)
+            resolved = _resolve_base(_cluster_base(job, accelerator, count, offer_name), catalog)
         except SpecError as err:
             refusals.append(f"{count}x{accelerator}: {err}")
             continue
@@ -164,62 +154,108 @@ def search(
             continue
         grid = layout_grid(resolved, **_axes(job, count, fixed))
         evaluated += len(grid)
-        mem = memory_estimate(grid.job)
-        acc = catalog.accelerator(accelerator)
-        usable = acc.memory_bytes * (1 - resolved.memory.headroom_fraction)
-        peak = np.broadcast_to(np.asarray(mem.peak_bytes, dtype=float), (len(grid),))
-        held = device_memory(grid.job, peak, acc)  # what the device really holds decides the fit
-        device_peak = np.broadcast_to(np.asarray(held.device_bytes, dtype=float), (len(grid),))
-        reserved_peak = np.broadcast_to(np.asarray(held.reserved_bytes, dtype=float), (len(grid),))
-        st = step_time(grid.job, hw)
-        train_s = resolved.tokens / np.broadcast_to(np.asarray(st.tokens_per_s, dtype=float), (len(grid),))
-        offer = catalog.offer(resolved.cost.offer) if resolved.cost.offer else None
-        price = (
-            None if offer is None else (offer.spot_per_hour_high if resolved.cost.spot else offer.on_demand_per_hour)
-        )
-        instances = math.ceil(count / offer.count) if offer is not None else None
-        if price is not None and resolved.cost.spot:  # interruptions cost wall time (Young/Daly checkpoints)
-            states = model_state_bytes(grid.job)
-            train_s = spot_run(
-                train_s,
-                instances,
-                resolved.cost.interruptions_per_month,
-                states.params_bytes + states.optimizer_bytes + states.host_bytes,
-                resolved.cost.checkpoint_write_bytes_per_s,
-                resolved.cost.restart_s,
-            ).wall_s
-        cost = train_s / 3600 * instances * price if price is not None else np.full(len(grid), np.nan)
-        cost_usd = catalog.to_usd(cost, offer.currency) if offer is not None else cost
-        ok = grid.valid & (device_peak <= usable)
+        block = _evaluate_cluster(grid, resolved, hw, catalog, accelerator, count)
         if runnable:
-            ok &= np.broadcast_to(runnable_mask(grid.job), ok.shape)
+            block["ok"] &= np.broadcast_to(runnable_mask(grid.job), block["ok"].shape)
         if deadline_days is not None:
-            ok &= train_s <= deadline_days * 86400
-        blocks.append(
-            {
-                "grid": grid,
-                "mem": peak,
-                "reserved": reserved_peak,
-                "device": device_peak,
-                "st": st,
-                "band": band(regime_of(hw)),
-                "network": _network(resolved, catalog),
-                "train_s": train_s,
-                "cost": cost,
-                "cost_usd": cost_usd,
-                "ok": ok,
-                "accelerator": accelerator,
-                "devices": count,
-                "offer": resolved.cost.offer,
-                "instances": instances,
-                "usable": usable,
-                "currency": offer.currency if offer else None,
-                "global_batch": resolved.batch.global_batch,
-                "tokens": resolved.tokens,
-            }
-        )
+            block["ok"] &= block["train_s"] <= deadline_days * 86400
+        blocks.append(block)
+    plans, pareto, fitting = _rank(blocks, job, objective, top)
+    return {
+        "evaluated": evaluated,
+        "fitting": fitting,
+        "objective": objective,
+        "runnable_only": runnable,
+        "per_billion_tokens": per_billion,
+        "plans": plans,
+        "pareto": pareto,
+        "refused_clusters": refusals,
+    }
 
-    # rank all fitting layouts of all clusters together, then describe only the ones shown
+
+def _check_request(job: Job, gpus: tuple[int, str] | None, offers: list[str] | None, objective: str) -> None:
+    """Refuse a search that cannot rank anything before any cluster is evaluated."""
+    if objective not in ("time", "cost"):
+        raise SpecError("--objective", objective, "allowed: time, cost")
+    if gpus is None and not offers:
+        raise SpecError("plan", None, "give the hardware: --gpus COUNTxNAME, or --offers A,B,... to compare offers")
+    if objective == "cost" and not offers and not job.cost.offer:
+        raise SpecError("--objective", "cost", "needs prices: give --offers (or --offer) as well")
+
+
+def _cluster_base(job: Job, accelerator: str, count: int, offer_name: str | None) -> Job:
+    """The job moved onto one cluster with its layout reset, so the grid varies every axis the user left free."""
+    return job.replace(
+        cluster=dataclasses.replace(job.cluster, accelerator=accelerator, count=count),
+        parallel=reset_layout(job.parallel),  # every axis, ep included: the grid tries each
+        cost=dataclasses.replace(job.cost, offer=offer_name or job.cost.offer),
+    )
+
+
+def _evaluate_cluster(
+    grid: LayoutGrid, resolved: Job, hw: Hardware, catalog: Catalog, accelerator: str, count: int
+) -> dict:
+    """Every layout of one cluster at once: what the device holds against what it can, the step time, and the run's
+    time and cost. `ok` marks the layouts that are valid and fit."""
+    mem = memory_estimate(grid.job)
+    acc = catalog.accelerator(accelerator)
+    usable_bytes = acc.memory_bytes * (1 - resolved.memory.headroom_fraction)
+    peak_bytes = np.broadcast_to(np.asarray(mem.peak_bytes, dtype=float), (len(grid),))
+    held = device_memory(grid.job, peak_bytes, acc)  # what the device really holds decides the fit
+    device_peak_bytes = np.broadcast_to(np.asarray(held.device_bytes, dtype=float), (len(grid),))
+    reserved_peak_bytes = np.broadcast_to(np.asarray(held.reserved_bytes, dtype=float), (len(grid),))
+    st = step_time(grid.job, hw)
+    offer = catalog.offer(resolved.cost.offer) if resolved.cost.offer else None
+    instances = math.ceil(count / offer.count) if offer is not None else None
+    train_s, cost = _run_time_and_cost(grid, resolved, st, offer, instances)
+    return {
+        "grid": grid,
+        "mem": peak_bytes,
+        "reserved": reserved_peak_bytes,
+        "device": device_peak_bytes,
+        "st": st,
+        "band": band(regime_of(hw)),
+        "network": _network(resolved, catalog),
+        "train_s": train_s,
+        "cost": cost,
+        "cost_usd": catalog.to_usd(cost, offer.currency) if offer is not None else cost,
+        "ok": grid.valid & (device_peak_bytes <= usable_bytes),
+        "accelerator": accelerator,
+        "devices": count,
+        "offer": resolved.cost.offer,
+        "instances": instances,
+        "usable": usable_bytes,
+        "currency": offer.currency if offer else None,
+        "global_batch": resolved.batch.global_batch,
+        "tokens": resolved.tokens,
+    }
+
+
+def _run_time_and_cost(
+    grid: LayoutGrid, resolved: Job, st: StepTime, offer: Offer | None, instances: int | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each layout's time to train its token budget, lengthened by spot interruptions (Young/Daly checkpoints) when
+    priced on spot, and its cost in the offer's currency (NaN without a price)."""
+    train_s = resolved.tokens / np.broadcast_to(np.asarray(st.tokens_per_s, dtype=float), (len(grid),))
+    price = None if offer is None else (offer.spot_per_hour_high if resolved.cost.spot else offer.on_demand_per_hour)
+    if price is not None and resolved.cost.spot:  # interruptions cost wall time (Young/Daly checkpoints)
+        states = model_state_bytes(grid.job)
+        train_s = spot_run(
+            train_s,
+            instances,
+            resolved.cost.interruptions_per_month,
+            states.params_bytes + states.optimizer_bytes + states.host_bytes,
+            resolved.cost.checkpoint_write_bytes_per_s,
+            resolved.cost.restart_s,
+        ).wall_s
+    cost = train_s / 3600 * instances * price if price is not None else np.full(len(grid), np.nan)
+    return train_s, cost
+
+
+def _rank(blocks: list[dict], job: Job, objective: str, top: int) -> tuple[list[dict], list[dict], int]:
+    """Rank all fitting layouts of all clusters together (costs in US dollars, so offers in other currencies
+    compare), then describe only the ones shown: the best `top`, pipelines simulated and near-ties marked, and the
+    Pareto front when every plan has a price. Also returns how many layouts fit."""
     which = [(b, i) for b in blocks for i in np.flatnonzero(b["ok"])]
     times = np.array([b["train_s"][i] for b, i in which]) if which else np.zeros(0)
     costs = np.array([b["cost_usd"][i] for b, i in which]) if which else np.zeros(0)  # one currency to rank
@@ -232,16 +268,7 @@ def search(
         _simulate_pipeline(plan, job, budget)
     _mark_within_error(plans, objective)
     pareto = [_describe(*which[i]) for i in pareto_front(times, costs)] if priced else []
-    return {
-        "evaluated": evaluated,
-        "fitting": len(which),
-        "objective": objective,
-        "runnable_only": runnable,
-        "per_billion_tokens": per_billion,
-        "plans": plans,
-        "pareto": pareto,
-        "refused_clusters": refusals,
-    }
+    return plans, pareto, len(which)
 
 
 def _describe(block: dict, i: int) -> dict:

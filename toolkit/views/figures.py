@@ -150,17 +150,29 @@ def metrics_figure(records: list[dict], est: Estimate | dict | None = None, rank
     (toolkit.runs.folder.read_rank_memory: each rank's tensor peak over its first steps, the estimate's own measure) adds one
     marker per rank beside the estimated peak, on the right axis: on a CPU the process holds 10-100x the tensors, and
     one axis would flatten the comparison that matters onto zero."""
+    use_mfu = any(r.get("mfu") is not None for r in records)
     fig = make_subplots(
         rows=2,
         cols=2,
-        subplot_titles=(
-            "loss",
-            "tokens/s",
-            "MFU" if any(r.get("mfu") is not None for r in records) else "TFLOP/s per device",
-            "memory",
-        ),
+        subplot_titles=("loss", "tokens/s", "MFU" if use_mfu else "TFLOP/s per device", "memory"),
         specs=[[{}, {}], [{}, {"secondary_y": True}]],
     )
+    kind = records[-1].get("mem_kind", "memory") if records else "memory"
+    _add_measured(fig, records, use_mfu, kind)
+    if rank_memory:
+        _add_rank_memory(fig, rank_memory)
+    steps = [r["step"] for r in records]
+    if est is not None and steps:
+        _add_estimated(fig, as_estimate(est), [min(steps), max(steps)], use_mfu)
+    fig.update_yaxes(title_text=f"process, GiB ({kind})", rangemode="tozero", row=2, col=2, secondary_y=False)
+    fig.update_yaxes(title_text="tensors, GiB", rangemode="tozero", row=2, col=2, secondary_y=True)
+    fig.update_xaxes(title_text="step", row=2)
+    fig.update_layout(height=480, margin=dict(l=10, r=10, t=40, b=30), legend=dict(orientation="h", y=-0.15))
+    return fig
+
+
+def _add_measured(fig: go.Figure, records: list[dict], use_mfu: bool, kind: str) -> None:
+    """The run's own lines, one panel each: loss (and held-out loss), tokens/s, MFU or TFLOP/s, process memory."""
     steps = [r["step"] for r in records]
     fig.add_trace(go.Scatter(x=steps, y=[r.get("loss") for r in records], name="loss", mode="lines"), 1, 1)
     evals = [r for r in records if r.get("eval_loss") is not None]
@@ -172,7 +184,6 @@ def metrics_figure(records: list[dict], est: Estimate | dict | None = None, rank
         1,
     )
     fig.add_trace(go.Scatter(x=steps, y=[r.get("tokens_per_s") for r in records], name="tokens/s", mode="lines"), 1, 2)
-    use_mfu = any(r.get("mfu") is not None for r in records)
     fig.add_trace(
         go.Scatter(
             x=steps,
@@ -183,7 +194,6 @@ def metrics_figure(records: list[dict], est: Estimate | dict | None = None, rank
         2,
         1,
     )
-    kind = records[-1].get("mem_kind", "memory") if records else "memory"
     fig.add_trace(
         go.Scatter(
             x=steps, y=[(r.get("mem_bytes") or 0) / GIB for r in records], name=f"measured ({kind})", mode="lines"
@@ -191,76 +201,81 @@ def metrics_figure(records: list[dict], est: Estimate | dict | None = None, rank
         2,
         2,
     )
-    if rank_memory:
+
+
+def _add_rank_memory(fig: go.Figure, rank_memory: list[dict]) -> None:
+    """One marker per rank's tensor peak, on the memory panel's right axis (the estimate's own measure)."""
+    fig.add_trace(
+        go.Scatter(
+            x=[max(r["steps"]) for r in rank_memory],
+            y=[r["peak_bytes"] / GIB for r in rank_memory],
+            text=[f"rank {r['rank']} (stage {r['stage']})" for r in rank_memory],
+            mode="markers",
+            name=f"tensor peak per rank ({rank_memory[0]['instrument']})",
+        ),
+        2,
+        2,
+        secondary_y=True,
+    )
+
+
+def _add_estimated(fig: go.Figure, est: Estimate, span: list[int], use_mfu: bool) -> None:
+    """The estimate as dashed lines across the run's steps: tokens/s (with its likely range), MFU, tensor peak."""
+    if est.time.tokens_per_s:
         fig.add_trace(
             go.Scatter(
-                x=[max(r["steps"]) for r in rank_memory],
-                y=[r["peak_bytes"] / GIB for r in rank_memory],
-                text=[f"rank {r['rank']} (stage {r['stage']})" for r in rank_memory],
-                mode="markers",
-                name=f"tensor peak per rank ({rank_memory[0]['instrument']})",
+                x=span, y=[est.time.tokens_per_s] * 2, name="estimated tokens/s", mode="lines", line_dash="dash"
+            ),
+            1,
+            2,
+        )
+        if est.time.step_s_range:
+            _add_rate_range(fig, est, span)
+    if use_mfu and est.time.mfu_modelled:
+        fig.add_trace(
+            go.Scatter(x=span, y=[est.time.mfu_modelled] * 2, name="estimated MFU", mode="lines", line_dash="dash"),
+            2,
+            1,
+        )
+    if est.memory.peak_bytes:
+        fig.add_trace(
+            go.Scatter(
+                x=span,
+                y=[est.memory.peak_bytes / GIB] * 2,
+                name="estimated peak (tensors)",
+                mode="lines",
+                line_dash="dash",
             ),
             2,
             2,
             secondary_y=True,
         )
-    if est is not None and steps:
-        span, est = [min(steps), max(steps)], as_estimate(est)
-        if est.time.tokens_per_s:
-            fig.add_trace(
-                go.Scatter(
-                    x=span, y=[est.time.tokens_per_s] * 2, name="estimated tokens/s", mode="lines", line_dash="dash"
-                ),
-                1,
-                2,
-            )
-            if est.time.step_s_range:  # the model's held-out spread, as a shaded band
-                low_s, high_s = est.time.step_s_range
-                rate = est.time.tokens_per_s * est.time.step_s
-                fig.add_trace(
-                    go.Scatter(
-                        x=span, y=[rate / high_s] * 2, mode="lines", line_width=0, showlegend=False, hoverinfo="skip"
-                    ),
-                    1,
-                    2,
-                )
-                fig.add_trace(
-                    go.Scatter(
-                        x=span,
-                        y=[rate / low_s] * 2,
-                        mode="lines",
-                        line_width=0,
-                        fill="tonexty",
-                        fillcolor="rgba(99,110,250,0.15)",
-                        name="estimated range",
-                    ),
-                    1,
-                    2,
-                )
-        if use_mfu and est.time.mfu_modelled:
-            fig.add_trace(
-                go.Scatter(x=span, y=[est.time.mfu_modelled] * 2, name="estimated MFU", mode="lines", line_dash="dash"),
-                2,
-                1,
-            )
-        if est.memory.peak_bytes:
-            fig.add_trace(
-                go.Scatter(
-                    x=span,
-                    y=[est.memory.peak_bytes / GIB] * 2,
-                    name="estimated peak (tensors)",
-                    mode="lines",
-                    line_dash="dash",
-                ),
-                2,
-                2,
-                secondary_y=True,
-            )
-    fig.update_yaxes(title_text=f"process, GiB ({kind})", rangemode="tozero", row=2, col=2, secondary_y=False)
-    fig.update_yaxes(title_text="tensors, GiB", rangemode="tozero", row=2, col=2, secondary_y=True)
-    fig.update_xaxes(title_text="step", row=2)
-    fig.update_layout(height=480, margin=dict(l=10, r=10, t=40, b=30), legend=dict(orientation="h", y=-0.15))
-    return fig
+
+
+def _add_rate_range(fig: go.Figure, est: Estimate, span: list[int]) -> None:
+    """The model's held-out spread of tokens/s as a shaded band: an invisible lower line, the upper filled to it."""
+    low_s, high_s = est.time.step_s_range
+    tokens_per_step = est.time.tokens_per_s * est.time.step_s
+    fig.add_trace(
+        go.Scatter(
+            x=span, y=[tokens_per_step / high_s] * 2, mode="lines", line_width=0, showlegend=False, hoverinfo="skip"
+        ),
+        1,
+        2,
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=span,
+            y=[tokens_per_step / low_s] * 2,
+            mode="lines",
+            line_width=0,
+            fill="tonexty",
+            fillcolor="rgba(99,110,250,0.15)",
+            name="estimated range",
+        ),
+        1,
+        2,
+    )
 
 
 def pareto_figure(result: dict) -> go.Figure:

@@ -53,133 +53,155 @@ _PART_NAMES = {
 
 
 def render_estimate(est: dict) -> str:
+    """The CLI's report of one estimate: one block per section, each built by its own helper."""
     if est.get("workload") == "inference":
         from .text_serving import render_serving
 
         return render_serving(est)
-    job, mem, comp, time, cost = est["job"], est["memory"], est["compute"], est["time"], est["cost"]
-    par, cl, model = job["parallel"], job["cluster"], est["model"]
-    batch, seq = job["batch"], job["model"]["seq_len"]
-    device = f"{cl['count']} × {cl['accelerator']}" if cl["accelerator"] else f"{cl['count']} device(s), no accelerator"
-    layout = (
+    out = _header_lines(est)
+    out += ["", "memory per device (busiest)"] + _memory_lines(est["memory"])
+    out += ["", "compute"] + _compute_lines(est["compute"])
+    out += _time_lines(est["time"])
+    out += _cost_lines(est["cost"])
+    out += _energy_lines(est["cost"])
+    if est["notes"]:
+        out += ["", "notes"] + [f"  - {n}" for n in est["notes"]]
+    return "\n".join(out)
+
+
+def _layout_line(par: dict) -> str:
+    """The parallel layout in one line; axes left at 1 are not named."""
+    return (
         f"dp {par['dp']} · tp {par['tp']} · pp {par['pp']}"
         + (f" · vpp {par['vpp']}" if par["vpp"] > 1 else "")
         + (f" · cp {par['cp']}" if par.get("cp", 1) > 1 else "")
         + (f" · ep {par['ep']}" if par.get("ep", 1) > 1 else "")
         + (" · sp" if par["sp"] else "")
     )
+
+
+def _header_lines(est: dict) -> list[str]:
+    """What was estimated: the model, the devices and their layout, the batch."""
+    job, model = est["job"], est["model"]
+    par, cl = job["parallel"], job["cluster"]
+    batch, seq = job["batch"], job["model"]["seq_len"]
+    device = f"{cl['count']} × {cl['accelerator']}" if cl["accelerator"] else f"{cl['count']} device(s), no accelerator"
     active = model.get("active_params")
     accum = batch["global_batch"] // (batch["micro_batch"] * par["dp"])
-    out = [
+    return [
         f"{model['name'] or 'model'}: {count(model['params'])} parameters ({model['params']:,})"
         + (f", {count(active)} active per token" if active and active != model["params"] else ""),
-        f"  {device}  [{layout}]  {job['precision']['mode']} · {job['optimizer']['name']} · ZeRO-{par['zero']}"
+        f"  {device}  [{_layout_line(par)}]  {job['precision']['mode']} · {job['optimizer']['name']} · ZeRO-{par['zero']}"
         + (f" · offload {par['offload']}" if par["offload"] != "none" else ""),
         f"  batch {batch['global_batch']} sequences × {seq} tokens = {count(batch['global_batch'] * seq)} tokens/step "
         f"(micro-batch {batch['micro_batch']}, {accum} accumulation step{'s' if accum > 1 else ''})",
-        "",
-        "memory per device (busiest)",
     ]
+
+
+def _device_term_rows(mem: dict) -> list[tuple[str, str]]:
+    """Allocator and device-level terms above the tensors, when the estimate has them."""
+    t = mem.get("device_terms")
+    if not t:
+        return []
+    return [
+        (
+            "reserved (allocator)",
+            f"{gib(mem['reserved_peak_bytes'])} (+{gib(t['fragmentation_bytes'])} "
+            f"fragmentation{', expandable segments' if mem.get('expandable_segments') else ''}, "
+            f"+{gib(t['workspace_bytes'])} workspaces)",
+        ),
+        (
+            "on the device",
+            f"{gib(mem['device_peak_bytes'])} (+{gib(t['context_bytes'])} CUDA context, "
+            f"+{gib(t['comm_bytes'])} communication buffers): what nvidia-smi shows",
+        ),
+    ]
+
+
+def _memory_lines(mem: dict) -> list[str]:
+    """Memory per device: the model states, activations, the peak and whether it fits."""
     fits = {True: "fits", False: "does NOT fit", None: "fit unknown: activations need the model's shape"}[mem["fits"]]
-    out += _rows(
+    peak = (
+        "—"
+        if mem["peak_bytes"] is None
+        else f"{gib(mem['peak_bytes'])}" + (f" (at {mem['peak_phase']})" if mem.get("peak_phase") else "")
+    )
+    capacity = f"{gib(mem['device_bytes'])} ({gib(mem['usable_bytes'])} usable): {fits}" if mem["device_bytes"] else "—"
+    return _rows(
         [
             ("parameters", gib(mem["params_bytes"])),
             ("gradients", gib(mem["grads_bytes"])),
             ("optimizer states", gib(mem["optimizer_bytes"])),
             ("model states", gib(mem["states_bytes"])),
             ("activations", "not modelled yet" if mem["activations_bytes"] is None else gib(mem["activations_bytes"])),
-            (
-                "peak in a step",
-                "—"
-                if mem["peak_bytes"] is None
-                else f"{gib(mem['peak_bytes'])}" + (f" (at {mem['peak_phase']})" if mem.get("peak_phase") else ""),
-            ),
-            *(
-                [
-                    (
-                        "reserved (allocator)",
-                        f"{gib(mem['reserved_peak_bytes'])} (+{gib(t['fragmentation_bytes'])} "
-                        f"fragmentation{', expandable segments' if mem.get('expandable_segments') else ''}, "
-                        f"+{gib(t['workspace_bytes'])} workspaces)",
-                    ),
-                    (
-                        "on the device",
-                        f"{gib(mem['device_peak_bytes'])} (+{gib(t['context_bytes'])} CUDA context, "
-                        f"+{gib(t['comm_bytes'])} communication buffers): what nvidia-smi shows",
-                    ),
-                ]
-                if (t := mem.get("device_terms"))
-                else []
-            ),
+            ("peak in a step", peak),
+            *_device_term_rows(mem),
             ("offloaded to host", gib(mem["host_bytes"])),
-            (
-                "device capacity",
-                f"{gib(mem['device_bytes'])} ({gib(mem['usable_bytes'])} usable): {fits}"
-                if mem["device_bytes"]
-                else "—",
-            ),
+            ("device capacity", capacity),
         ]
     )
-    out += ["", "compute"]
+
+
+def _compute_lines(comp: dict) -> list[str]:
+    """Training FLOPs: 6·N·D, attention, every matmul, and with recompute when it differs."""
     if comp["flops_6nd"] is None:
-        out += ["  no token budget (--tokens)"]
-    else:
-        rows = [
-            ("6·N·D", f"{sci(comp['flops_6nd'])} FLOPs = {comp['pf_days_6nd']:,.0f} PF-days"),
-            ("attention", f"{sci(comp['attention_flops'])} FLOPs ({comp['attention_convention']})"),
-            (
-                "model FLOPs",
-                f"{sci(comp['total_flops'])} = "
-                + ("—" if comp["pf_days"] is None else f"{comp['pf_days']:,.0f} PF-days")
-                + (" (every matmul, attention included)" if comp.get("model_flops_per_token") else ""),
-            ),
-        ]
-        if comp.get("hardware_flops") and comp["hardware_flops"] != comp["total_flops"]:
-            rows.append(("with recompute", f"{sci(comp['hardware_flops'])} (what HFU counts)"))
-        out += _rows(rows)
-    out += [
-        "",
-        f"time ({time['dtype']} peak "
-        + (
-            "unknown"
-            if time["peak_flops_per_device"] is None
-            else f"{time['peak_flops_per_device'] / 1e12:,.1f} TFLOP/s"
-        )
-        + (
-            f", MFU {time['mfu']:.3g} {'given' if time['mfu_source'] == 'given' else 'modelled'})"
-            if time["mfu"] is not None
-            else ", no MFU given)"
+        return ["  no token budget (--tokens)"]
+    rows = [
+        ("6·N·D", f"{sci(comp['flops_6nd'])} FLOPs = {comp['pf_days_6nd']:,.0f} PF-days"),
+        ("attention", f"{sci(comp['attention_flops'])} FLOPs ({comp['attention_convention']})"),
+        (
+            "model FLOPs",
+            f"{sci(comp['total_flops'])} = "
+            + ("—" if comp["pf_days"] is None else f"{comp['pf_days']:,.0f} PF-days")
+            + (" (every matmul, attention included)" if comp.get("model_flops_per_token") else ""),
         ),
     ]
+    if comp.get("hardware_flops") and comp["hardware_flops"] != comp["total_flops"]:
+        rows.append(("with recompute", f"{sci(comp['hardware_flops'])} (what HFU counts)"))
+    return _rows(rows)
+
+
+def _time_heading(time: dict) -> str:
+    """The time section's title: the peak it is measured against and where the MFU came from."""
+    peak = (
+        "unknown" if time["peak_flops_per_device"] is None else f"{time['peak_flops_per_device'] / 1e12:,.1f} TFLOP/s"
+    )
+    mfu = (
+        f", MFU {time['mfu']:.3g} {'given' if time['mfu_source'] == 'given' else 'modelled'})"
+        if time["mfu"] is not None
+        else ", no MFU given)"
+    )
+    return f"time ({time['dtype']} peak " + peak + mfu
+
+
+def _step_rows(time: dict) -> list[tuple[str, str]]:
+    """The modelled step, its parts, its likely range and the throughput it gives."""
+    parts = ", ".join(f"{_PART_NAMES[k]} {v:.3g}" for k, v in time["breakdown"].items() if v > 0)
+    low, high = time.get("step_s_range") or (time["step_s"], time["step_s"])
+    return [
+        ("step (modelled)", f"{time['step_s']:.3g} s = {parts} (s)"),
+        (
+            "likely range",
+            f"{low:.3g}–{high:.3g} s (where measured steps fell on held-out runs, {time.get('step_s_regime')} regime)",
+        ),
+        (
+            "throughput",
+            f"{time['tokens_per_s']:,.0f} tokens/s, MFU {time['mfu_modelled']:.1%}, "
+            f"HFU {time['hfu_modelled']:.1%}, matmul efficiency "
+            f"{time['gemm_efficiency']:.0%} of peak",
+        ),
+    ]
+
+
+def _time_lines(time: dict) -> list[str]:
+    """Step time, then time to train (or per 1B tokens when there is no budget)."""
+    out = ["", _time_heading(time)]
     if time["step_s"] is not None:
-        parts = ", ".join(f"{_PART_NAMES[k]} {v:.3g}" for k, v in time["breakdown"].items() if v > 0)
-        low, high = time.get("step_s_range") or (time["step_s"], time["step_s"])
-        out += _rows(
-            [
-                ("step (modelled)", f"{time['step_s']:.3g} s = {parts} (s)"),
-                (
-                    "likely range",
-                    f"{low:.3g}–{high:.3g} s (where measured steps fell on held-out runs, "
-                    f"{time.get('step_s_regime')} regime)",
-                ),
-                (
-                    "throughput",
-                    f"{time['tokens_per_s']:,.0f} tokens/s, MFU {time['mfu_modelled']:.1%}, "
-                    f"HFU {time['hfu_modelled']:.1%}, matmul efficiency "
-                    f"{time['gemm_efficiency']:.0%} of peak",
-                ),
-            ]
-        )
+        out += _rows(_step_rows(time))
     if time["train_s"] is None and time.get("tokens_per_s"):
-        out += _rows(
-            [
-                (
-                    "per 1B tokens",
-                    f"{1e9 / time['tokens_per_s'] / 3600:,.1f} h "
-                    "(no token budget given: --tokens, or --dataset-tokens for a fine-tune)",
-                )
-            ]
-        )
+        per_billion_h = 1e9 / time["tokens_per_s"] / 3600
+        note = "(no token budget given: --tokens, or --dataset-tokens for a fine-tune)"
+        out += _rows([("per 1B tokens", f"{per_billion_h:,.1f} h " + note)])
     elif time["train_s"] is None:
         out += ["  —"]
     else:
@@ -189,34 +211,41 @@ def render_estimate(est: dict) -> str:
                 ("device-hours", f"{time['device_hours']:,.0f}"),
             ]
         )
-    if cost["offer"]:
-        kind = "spot (high end of range)" if cost["spot"] else "on-demand"
-        price = (
-            "price unknown" if cost["price_per_hour"] is None else f"{cost['price_per_hour']:,} {cost['currency']}/h"
-        )
-        out += ["", f"cost on {cost['offer']} ({cost['instances']} instance(s) × {price}, {kind})"]
-        line = money(cost["amount"], cost["currency"])
-        if cost["amount_spot_low"] is not None:
-            line += f" (low end of the spot range: {money(cost['amount_spot_low'], cost['currency'])})"
-        out += [f"  {line}"]
-        run = cost.get("spot_run")
-        if run:
-            out += [
-                f"  with interruptions: {money(run['amount'], cost['currency'])} — about {run['interruptions']:.1f} "
-                f"interruptions, +{run['overhead_fraction']:.1%} wall time, a checkpoint every "
-                f"{run['interval_s'] / 60:,.0f} min ({run['checkpoint_write_s']:.0f} s to write; Young/Daly)"
-            ]
+    return out
+
+
+def _cost_lines(cost: dict) -> list[str]:
+    """The price of the run on the chosen offer, with spot interruptions when modelled."""
+    if not cost["offer"]:
+        return []
+    kind = "spot (high end of range)" if cost["spot"] else "on-demand"
+    price = "price unknown" if cost["price_per_hour"] is None else f"{cost['price_per_hour']:,} {cost['currency']}/h"
+    out = ["", f"cost on {cost['offer']} ({cost['instances']} instance(s) × {price}, {kind})"]
+    line = money(cost["amount"], cost["currency"])
+    if cost["amount_spot_low"] is not None:
+        line += f" (low end of the spot range: {money(cost['amount_spot_low'], cost['currency'])})"
+    out += [f"  {line}"]
+    run = cost.get("spot_run")
+    if run:
+        out += [
+            f"  with interruptions: {money(run['amount'], cost['currency'])} — about {run['interruptions']:.1f} "
+            f"interruptions, +{run['overhead_fraction']:.1%} wall time, a checkpoint every "
+            f"{run['interval_s'] / 60:,.0f} min ({run['checkpoint_write_s']:.0f} s to write; Young/Daly)"
+        ]
+    return out
+
+
+def _energy_lines(cost: dict) -> list[str]:
+    """Energy of the run, its price and CO2 when given."""
     energy = cost.get("energy")
-    if energy:
-        line = f"  energy {energy['kwh']:,.0f} kWh (accelerators at TDP × PUE {energy['pue']:g})"
-        if energy["amount"] is not None:
-            line += f", {energy['amount']:,.0f} at your price"
-        if energy["co2_kg"] is not None:
-            line += f", {energy['co2_kg'] / 1000:,.1f} t CO2"
-        out += ["", line]
-    if est["notes"]:
-        out += ["", "notes"] + [f"  - {n}" for n in est["notes"]]
-    return "\n".join(out)
+    if not energy:
+        return []
+    line = f"  energy {energy['kwh']:,.0f} kWh (accelerators at TDP × PUE {energy['pue']:g})"
+    if energy["amount"] is not None:
+        line += f", {energy['amount']:,.0f} at your price"
+    if energy["co2_kg"] is not None:
+        line += f", {energy['co2_kg'] / 1000:,.1f} t CO2"
+    return ["", line]
 
 
 def render_comparison(cmp: dict) -> str:
