@@ -101,7 +101,7 @@ def _read_records(folder: Path, keys: tuple[str, ...], what: str, fix: str) -> l
         try:
             record = json.loads(path.read_text())
         except (OSError, ValueError) as err:
-            raise SpecError(str(path), type(err).__name__, f"is not a readable {what}; {fix}")
+            raise SpecError(str(path), type(err).__name__, f"is not a readable {what}; {fix}") from err
         if not isinstance(record, dict) or any(k not in record for k in keys):
             raise SpecError(str(path), "keys", f"a {what} needs {', '.join(keys)}; delete it")
         records.append(record)

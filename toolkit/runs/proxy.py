@@ -71,7 +71,7 @@ class RunPlan:
     def text(self) -> str:
         return " ".join(self.lines())
 
-    def with_steps(self, steps: int) -> "RunPlan":
+    def with_steps(self, steps: int) -> RunPlan:
         """The same proxy trained for `steps` steps (the job itself keeps its own)."""
         if self.job is None or not self.proxy:
             return self
