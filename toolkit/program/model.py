@@ -129,14 +129,13 @@ class Block(nn.Module):
         self.index = index
         """The block's layer in the whole model (its slot in a KV cache, on whichever pipeline stage it runs)."""
 
+    def _attention(self, x: torch.Tensor, cos, sin, cache) -> torch.Tensor:
+        """Three inputs without a cache: the sequence-parallel plan prepares exactly those. (A method, not a local:
+        a local would keep the branch's output alive through the MLP.)"""
+        return self.attn(x, cos, sin) if cache is None else self.attn(x, cos, sin, cache, self.index)
+
     def forward(self, x: torch.Tensor, cos=None, sin=None, cache=None) -> torch.Tensor:
-        # (three inputs without a cache: the sequence-parallel plan prepares exactly those)
-        attended = (
-            self.attn(self.norm1(x), cos, sin)
-            if cache is None
-            else self.attn(self.norm1(x), cos, sin, cache, self.index)
-        )
-        x = x + _dropped(self.dropout, attended)
+        x = x + _dropped(self.dropout, self._attention(self.norm1(x), cos, sin, cache))
         x = x + _dropped(self.dropout, self.mlp(self.norm2(x)))
         if isinstance(self.mlp, MoE):  # its balancing loss trains through the block's own backward
             x = attach_aux_loss(x, self.mlp.aux, self.mlp.spec.balance_loss)
