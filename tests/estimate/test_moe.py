@@ -89,10 +89,10 @@ def test_one_rank_holding_every_expert_takes_exactly_its_tokens():
 
 def test_the_planner_searches_expert_parallelism():
     """Mixtral on 64 H100s: the planner tries ep with the other axes, and its fastest layout shares the experts out
-    (a replica of every expert on each rank does not fit: 47 B parameters)."""
+    (a replica of every expert on each rank does not fit: 47 B parameters), over ep or expert tensor parallelism."""
     from toolkit.plan import search
 
     job = Job.from_dict({"model": {"preset": "mixtral-8x7b", "seq_len": 4096}, "tokens": 1e12}, CATALOG)
     result = search(job, CATALOG, gpus=(64, "H100-SXM"), top=5)
-    assert result["plans"] and all(p["layout"]["ep"] > 1 for p in result["plans"])
-    assert {p["layout"]["ep"] for p in result["plans"]} <= {2, 4, 8}
+    assert result["plans"] and all(p["layout"]["ep"] * p["layout"]["etp"] > 1 for p in result["plans"])
+    assert {p["layout"]["ep"] for p in result["plans"]} <= {1, 2, 4, 8}

@@ -25,12 +25,13 @@ NON_DEFAULT = {
     "zero": 3,
     "dp_replicate": 2,
     "ep": 2,
+    "etp": 2,
     "offload": "params",
     "micro_batch": 2,
     "recompute": "full",
 }
 """A value other than the default for each axis, one that a 64-GPU Llama-2-7B job allows (ep: Mixtral-8x7B's)."""
-MODEL_FOR = {"ep": "mixtral-8x7b"}
+MODEL_FOR = {"ep": "mixtral-8x7b", "etp": "mixtral-8x7b"}
 """An axis that needs another model than BASE's: expert parallelism needs experts."""
 
 

@@ -72,6 +72,13 @@ def _split(job: Job):
     return split | _backend_is(job, "deepspeed")
 
 
+def _experts_folded(job: Job):
+    """The experts' own grid (Megatron-Core's folding): etp, or ep beyond dp's shard group (arrays allowed)."""
+    par = job.parallel
+    shard = _arr(1 if par.dp is None else par.dp) // _arr(par.dp_replicate)
+    return (_arr(par.etp) > 1) | ((_arr(par.ep) > 1) & (shard % _arr(par.ep) != 0))
+
+
 def _replicas(job: Job):
     par = job.parallel
     return (_arr(par.zero) == 0) & (_arr(par.tp) == 1) & (_arr(par.pp) == 1) & (_arr(par.ep) == 1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..specs.rules import interleaved_rounds_fit, named_backend_fits
 from ..specs.stages import uneven_fits
-from .rule import Rule, _accum, _arr, _backend_is, _experts, _piped, _replicas, _split, _tp_or_pp
+from .rule import Rule, _accum, _arr, _backend_is, _experts, _experts_folded, _piped, _replicas, _split, _tp_or_pp
 
 __all__ = ["RUN"]
 
@@ -71,6 +71,14 @@ RUN = (
         "torch's ZeRO-1 (ZeroRedundancyOptimizer) broadcasts each parameter from one rank, but expert-parallel "
         "ranks hold different experts; use zero 0, 2 or 3 with ep",
         value=lambda j: 1,
+    ),
+    Rule(
+        "run",
+        "parallel.ep",
+        "the experts' own grid (ep over tensor-parallel ranks, or etp)",
+        _experts_folded,
+        "Megatron-Core's MoE parallel folding (ep over tensor- or context-parallel ranks, expert tensor parallelism) "
+        "is estimated, not run yet; train ep inside dp (ep dividing dp) with etp 1",
     ),
     Rule(
         "run",

@@ -4,7 +4,7 @@ in the same form as the runner's."""
 from __future__ import annotations
 
 from ..specs.precision import TORCH_SEMANTICS
-from .rule import Rule, _arr, _bf16_optimizer, _piped, _torch_zero
+from .rule import Rule, _arr, _bf16_optimizer, _experts_folded, _piped, _torch_zero
 
 __all__ = ["TRACE"]
 
@@ -16,6 +16,14 @@ TRACE = (
         lambda j: bool(j.precision.fp8_all_gather),
         "float8 needs CUDA's FP8 matmuls: estimated, not traced; trace without it (the gathered blocks in bf16)",
         value=lambda j: True,
+    ),
+    Rule(
+        "trace",
+        "parallel.ep",
+        "the experts' own grid (ep over tensor-parallel ranks, or etp)",
+        _experts_folded,
+        "the tracer runs the runner's program, whose experts sit inside dp: a folded expert grid is estimated, not "
+        "traced yet; trace ep dividing dp with etp 1",
     ),
     Rule(
         "trace",

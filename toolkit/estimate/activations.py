@@ -42,7 +42,7 @@ from .activation_terms import (
 )
 from .lora_activations import lora_activations
 from .mla import is_mla, projection_params
-from .moe import expert_load, is_moe
+from .moe import expert_grid, expert_load, is_moe
 from .states import by_stage, job_stage_layers, vocab_per_rank
 
 __all__ = ["ActivationBytes", "activation_bytes", "element_bytes", "fsdp_gathers_16bit", "pick", "pipeline_in_flight"]
@@ -145,7 +145,7 @@ def _block(job: Job) -> _Block:
     weights = amp * half_b * (projection_params(m) / tp + mlp_weights)
     common = norm1 + rope_casts + norm2 + mlp + 2 * branch_mask + weights
     if is_moe(m):
-        common = common + _moe_saved(job, tokens)
+        common = common + _moe_saved(job, tokens / expert_grid(job).token_split)  # (its tp share on a grid)
     if is_mla(m):  # the query's and the key-value latents, and their norms' outputs (modelled, not traced)
         latents = (m.q_lora_rank or 0) + m.kv_lora_rank + m.rope_head_dim
         common = common + 2 * tokens * latents * act_b
@@ -198,7 +198,7 @@ def _moe_weights(job: Job) -> float:
     routed experts' (one grouped cast each)."""
     m = job.model
     mats = 3 if m.mlp == "swiglu" else 2
-    routed = m.experts / np.asarray(job.parallel.ep) * mats * m.hidden * m.expert_ffn_
+    routed = m.experts / (np.asarray(job.parallel.ep) * job.parallel.etp) * mats * m.hidden * m.expert_ffn_
     return m.hidden * m.experts + mats * m.hidden * m.shared_experts * m.shared_expert_ffn_ + routed
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..specs.job import Job, backend_masks
+from ..specs.backends import backends, is_megatron  # noqa: F401 - (re-exported: the estimate reads them here)
+from ..specs.job import Job
 from .collectives import bus_bw_bytes_per_s, latency_s, placement, ring_s
 from .params import count_params, linear_params_per_layer
 from .states import bytes_per_param
@@ -84,21 +85,6 @@ def ring_attention_s(job: Job, a, micro_tokens, attention_s, bw):
     kv_bytes = 2 * micro_tokens / cp * m.kv_heads_ * m.head_dim_ / np.asarray(job.parallel.tp) * elem
     ring_s = 3 * (cp - 1) * kv_bytes / bw
     return np.where(cp > 1, np.maximum(ring_s - attention_s, 0.0) + 3 * (cp - 1) * a.latency_intra_s, 0.0)
-
-
-def backends(job: Job):
-    """(megatron, deepspeed, torch) over a layout grid: which program each layout follows (Job.backend)."""
-    par = job.parallel
-    if par.backend is not None:
-        megatron, deepspeed = np.asarray(par.backend == "megatron"), np.asarray(par.backend == "deepspeed")
-    else:
-        megatron, deepspeed = backend_masks(job.precision.mode, par.zero, par.tp, par.pp)
-    return megatron, deepspeed, ~megatron & ~deepspeed
-
-
-def is_megatron(job: Job):
-    """Job.backend == "megatron", for layouts whose tp and pp may be arrays (the planner's grid)."""
-    return backends(job)[0]
 
 
 def overlap_settings(job: Job) -> dict:

@@ -18,11 +18,14 @@ import dataclasses
 
 import numpy as np
 
+from ..specs.backends import is_megatron
 from ..specs.model import ModelSpec
 from ..specs.params import ParamCount, count_params, mlp_params, moe_params
 from .collectives import placement
 
 __all__ = [
+    "ExpertGrid",
+    "expert_grid",
     "AUX_LOSS_IMBALANCE",
     "LOSS_FREE_IMBALANCE",
     "GROUPED_GEMM_HALF_ROWS",
@@ -67,6 +70,43 @@ def imbalance(model: ModelSpec) -> float:
     return LOSS_FREE_IMBALANCE if model.router == "sigmoid" else AUX_LOSS_IMBALANCE
 
 
+@dataclasses.dataclass(frozen=True)
+class ExpertGrid:
+    """Where a layout's routed experts live and which tokens each rank sends them (arrays over layouts allowed).
+
+    Plain (the runner's program: ep inside dp's shard group, etp 1, torch's backend): the experts are whole on
+    every tensor-parallel rank, each of which routes all of its replica's tokens; ep ranks are tp · cp apart.
+    Grid (Megatron-Core always, and any layout whose ep spans tensor- or context-parallel ranks or splits the
+    experts, etp > 1: its MoE parallel folding): the stage's tp · cp · dp ranks hold etp × ep × edp, each rank
+    sends its tensor-parallel share of the tokens (sequence parallelism), ep ranks are etp apart, and each
+    expert's matrices split over etp ranks that gather their tokens (same FLOPs a rank, rows × etp)."""
+
+    folded: object
+    """The grid's program (bool array)."""
+    token_split: object
+    """How many ways a rank's tokens split before dispatch: tp on the grid, 1 plain."""
+    experts_split: object
+    """How many ways a block's routed experts split over ranks: ep · etp."""
+    edp: object
+    """Ranks holding the same experts: ZeRO's shard group for them and their gradient reduction."""
+    stride: object
+    """Global ranks between two ep ranks: tp · cp plain, etp on the grid."""
+
+
+def expert_grid(job) -> ExpertGrid:
+    par = job.parallel
+    tp, cp, ep, etp = (np.asarray(v) for v in (par.tp, par.cp, par.ep, par.etp))
+    shard = np.maximum(np.asarray(1 if par.dp is None else par.dp) * cp // np.asarray(par.dp_replicate), 1)
+    folded = is_megatron(job) | (etp > 1) | ((shard // cp) % ep != 0)
+    return ExpertGrid(
+        folded=folded,
+        token_split=np.where(folded, tp, 1),
+        experts_split=ep * etp,
+        edp=np.where(folded, np.maximum(shard * tp // (ep * etp), 1), np.maximum(shard // ep, 1)),
+        stride=np.where(folded, etp, tp * cp),
+    )
+
+
 def expert_load(model: ModelSpec, ep=1, *, for_memory: bool = False):
     """The busiest rank's expert rows over an even share (tokens · k / ep each). One rank holding every expert
     takes exactly its tokens' k slots (1); one expert a rank takes the busiest expert's load (`imbalance`); in
@@ -106,11 +146,12 @@ def activation_width(model: ModelSpec, load: float = 1.0) -> float:
 
 def mlp_width(job, load: float = 1.0):
     """A block's MLP width per token on one tensor-parallel rank: ffn / tp, or an MoE block's activation_width at
-    `load` (its experts are whole on every tensor-parallel rank)."""
+    `load` (whole on every tensor-parallel rank plain; over the rank's tp share of the tokens on the experts' own
+    grid, which the width carries: expert_grid)."""
     m = job.model
     if not is_moe(m):
         return m.ffn_ / np.asarray(job.parallel.tp)
-    return activation_width(m, load)
+    return activation_width(m, load) / expert_grid(job).token_split
 
 
 def moe_temp_width(model: ModelSpec, load=1.0):
@@ -124,7 +165,7 @@ def down_params(job):
     m = job.model
     if not is_moe(m):
         return m.hidden * m.ffn_ / np.asarray(job.parallel.tp)
-    routed = m.experts / np.asarray(job.parallel.ep) * m.expert_ffn_
+    routed = m.experts / (np.asarray(job.parallel.ep) * job.parallel.etp) * m.expert_ffn_
     return m.hidden * (routed + m.shared_experts * m.shared_expert_ffn_)
 
 

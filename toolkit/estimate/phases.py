@@ -326,7 +326,7 @@ def _experts_largest(job: Job, largest_param) -> bool:
     m = job.model
     if not (m.has_shape and m.experts):
         return np.False_
-    experts = m.experts / np.asarray(job.parallel.ep) * m.hidden * m.expert_ffn_
+    experts = m.experts / (np.asarray(job.parallel.ep) * job.parallel.etp) * m.hidden * m.expert_ffn_
     return experts >= np.asarray(largest_param) * np.asarray(job.parallel.tp)
 
 

@@ -324,7 +324,7 @@ def stage_terms(job: Job, stage, stages_after=None) -> StageTerms:
     is the whole model)."""
     states = model_state_bytes(job, stage)
     acts = activation_bytes(job, stage, stages_after)
-    counts = device_counts(job.model, job.parallel.ep)  # (a Mixture of Experts: 1 / ep of the routed experts)
+    counts = device_counts(job.model, np.asarray(job.parallel.ep) * job.parallel.etp)  # (1 / (ep · etp) of the experts)
     where = _position(job, stage, acts)
     gathered = gathered_params(job, counts, acts.stage_layers, where.owns_embedding, where.owns_head)
     held = _held(job, stage, states, counts, where)

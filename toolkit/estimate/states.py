@@ -28,7 +28,7 @@ from ..specs.job import TORCH_SEMANTICS, Job
 from ..specs.model import ModelSpec
 from ..specs.params import count_params, moe_params, projection_shapes, replicated_per_layer, vocab_per_rank
 from ..specs.stages import stage_layer_counts
-from .moe import dense_block_params, routed_per_device
+from .moe import dense_block_params, expert_grid, routed_per_device
 
 __all__ = [
     "StateBytes",
@@ -145,11 +145,11 @@ def params_per_device(model: ModelSpec, tp=1, pp=1, stage: str | None = None, la
 def job_params_per_device(job: Job, stage: str | None = None):
     """params_per_device of a resolved job's layout (the busiest stage, or `stage`)."""
     par = job.parallel
-    return params_per_device(job.model, par.tp, par.pp, stage, job_stage_layers(job), par.ep)
+    return params_per_device(job.model, par.tp, par.pp, stage, job_stage_layers(job), np.asarray(par.ep) * par.etp)
 
 
 def experts_on_stage(job: Job, stage: str | None = None):
-    """Routed-expert parameters one rank of a stage holds (toolkit.estimate.moe: 1 / ep of each MoE block's),
+    """Routed-expert parameters one rank of a stage holds (toolkit.estimate.moe: 1 / (ep · etp) of each MoE block's),
     which ZeRO shards over the experts' data-parallel group rather than over dp; 0 for a dense model."""
     m = job.model
     if not m.has_shape or not m.experts:
@@ -158,7 +158,7 @@ def experts_on_stage(job: Job, stage: str | None = None):
     pp = np.asarray(job.parallel.pp)
     blocks = by_stage("first" if stage is None else stage, first - np.minimum(m.dense_layers, first), middle, last)
     blocks = np.where(pp == 1, m.moe_layers, blocks)
-    return routed_per_device(m, job.parallel.ep, blocks)
+    return routed_per_device(m, np.asarray(job.parallel.ep) * job.parallel.etp, blocks)
 
 
 def by_stage(stage, first, second, last):
@@ -220,10 +220,11 @@ def model_state_bytes(job: Job, stage: str | None = None) -> StateBytes:
     ds32 = job_deepspeed_fp32(job)  # DeepSpeed's program in fp32: its ZeRO-2 keeps whole weights
     torch_semantics = (job.precision.mode in TORCH_SEMANTICS) & ~ds32
     shard_weights = np.where((zero == 3) | ((zero == 2) & torch_semantics), dp, 1)
-    experts = experts_on_stage(job, stage)  # (sharded over dp / ep ranks, the experts' data-parallel group)
+    experts = experts_on_stage(job, stage)  # (sharded over the experts' data-parallel group: moe.expert_grid)
+    edp = expert_grid(job).edp
 
     def sharded(count, shard, experts=experts):
-        return (count - experts) / shard + experts / np.where(shard > 1, np.maximum(shard / par.ep, 1), 1)
+        return (count - experts) / shard + experts / np.where(shard > 1, edp, 1)
 
     trained_experts = 0.0 if job.finetune.adapters else experts
 

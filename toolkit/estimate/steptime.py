@@ -62,7 +62,7 @@ from .flops import flops_per_token
 from .hardware import Assumptions, Hardware
 from .kernels import FA_BACKWARD_FACTOR, KernelProfile, attention_fraction, attention_kernel_of, gemm_s
 from .mla import projection_shapes
-from .moe import GROUPED_GEMM_HALF_ROWS, all_to_all_s, expert_load, expert_rows
+from .moe import GROUPED_GEMM_HALF_ROWS, all_to_all_s, expert_grid, expert_load, expert_rows
 from .overhead import fixed_costs_s, host_s, op_units
 from .phases import optimizer_impl
 from .states import (
@@ -220,10 +220,12 @@ def _expert_efficiency(job: Job, hw: Hardware, a: Assumptions, tokens):
     """Share of peak one MoE block's routed experts reach: each local expert's product of its rows (tokens · k · ep
     / experts, thin) by its matrices, as a kernel profile prices those shapes, or on the roofline slowed by the
     rows as a grouped GEMM is (toolkit.estimate.moe.GROUPED_GEMM_HALF_ROWS)."""
-    m = job.model
-    rows = expert_rows(m, tokens, job.parallel.ep)
-    mats = [(rows, m.hidden, m.expert_ffn_), (rows, m.expert_ffn_, m.hidden)]
-    mats += [(rows, m.hidden, m.expert_ffn_)] if m.mlp == "swiglu" else []
+    m, grid = job.model, expert_grid(job)
+    etp = np.asarray(job.parallel.etp)
+    rows = expert_rows(m, tokens / grid.token_split * etp, job.parallel.ep)  # an etp group gathers its tokens
+    width = m.expert_ffn_ / etp
+    mats = [(rows, m.hidden, width), (rows, width, m.hidden)]
+    mats += [(rows, m.hidden, width)] if m.mlp == "swiglu" else []
     eff = _gemm_efficiency(job, hw, a, mats)
     return eff if hw.kernels is not None else eff * rows / (rows + GROUPED_GEMM_HALF_ROWS)
 
@@ -297,15 +299,17 @@ def _compute_s(job: Job, hw: Hardware, a: Assumptions, tokens, eff):
     # frozen weights (LoRA, QLoRA) need no weight gradient: forward and input gradient only (the adapters' own
     # products are a rank-r sliver, left out)
     passes_w = 2 if job.finetune.adapters else 3
-    # a Mixture of Experts' routed experts: at their own (thin) shapes, on the busiest rank's load, whole on every
-    # tensor-parallel rank; recompute repeats them in the share they have of the block's products
+    # a Mixture of Experts' routed experts: at their own (thin) shapes, on the busiest rank's load, on the tokens
+    # this rank sends (all of them where the experts are whole on every tensor-parallel rank, its tp share on the
+    # experts' own grid: toolkit.estimate.moe.expert_grid); recompute repeats them in the share they have
     expert_share = tf.experts / tf.layer_matmuls
     dense = (passes_w * tf.layer_matmuls + proj_recompute) * (1 - expert_share)
     block_s = scale * dense / job.model.layers / eff + attention_s * (1 + attn_recompute / (passes * tf.attention))
     if tf.experts:
         load = expert_load(job.model, job.parallel.ep)
         expert_work = (passes_w * tf.layer_matmuls + proj_recompute) * expert_share * load
-        block_s = block_s + tokens / hw.gemm_peak * expert_work / job.model.layers / _expert_efficiency(
+        sent = tokens / expert_grid(job).token_split
+        block_s = block_s + sent / hw.gemm_peak * expert_work / job.model.layers / _expert_efficiency(
             job, hw, a, tokens
         )
     return block_s, scale * passes_w * tf.head / eff, attention_s
@@ -462,16 +466,23 @@ def _all_to_all_per_block_s(job: Job, hw: Hardware, a: Assumptions, tokens):
     """Expert parallelism's all-to-alls of one block (the mean over blocks, the dense ones included), one
     micro-batch: dispatch and combine forward, and both again for their gradients (and once more where recompute
     reruns the forward), each of this rank's tokens · k hidden vectors in the compute dtype at the busiest rank's
-    load, over the ep ranks tp · cp apart (inside dp: neighbouring replicas). Not overlapped with compute (the
+    load, over the ep ranks where the expert grid puts them (tp · cp apart inside dp; etp apart on a folded grid, each
+    rank sending its tensor-parallel share). Not overlapped with compute (the
     runner's program, and Megatron's default)."""
     m = job.model
     if not m.has_shape or not m.experts:
         return 0.0
-    size = tokens * m.experts_per_token * m.hidden * job.precision.plan.compute_bytes * expert_load(m, job.parallel.ep)
+    grid = expert_grid(job)
+    sent = tokens / grid.token_split
+    size = sent * m.experts_per_token * m.hidden * job.precision.plan.compute_bytes * expert_load(m, job.parallel.ep)
     again = np.isin(job.memory.recompute, ("full", "selective-op"))
     count = 4 + 2 * again
-    stride = np.asarray(job.parallel.tp) * np.asarray(job.parallel.cp)
-    return count * all_to_all_s(size, job.parallel.ep, stride, hw, a) * m.moe_layers / m.layers
+    etp = np.asarray(job.parallel.etp)
+    # expert tensor parallelism: the etp ranks (neighbours) gather what arrived before their slice of each expert
+    # runs and reduce-scatter its output, forward and again for the gradients
+    gathers_s = ring_s(1.0, size * etp, etp, bus_bw_bytes_per_s(etp, 1, hw, a)) + latency_s(etp, 1, hw.gpus_per_node, a)
+    etp_s = np.where(etp > 1, count * gathers_s, 0.0)
+    return (count * all_to_all_s(size, job.parallel.ep, grid.stride, hw, a) + etp_s) * m.moe_layers / m.layers
 
 
 def _optimizer_s(job: Job, hw: Hardware, a: Assumptions, trainable, replicas):

@@ -183,5 +183,7 @@ def largest_matrix(job: Job) -> int:
     m = job.model
     largest = max(m.hidden * m.heads * m.head_dim_, m.hidden * m.ffn_)
     if m.has_shape and m.experts:  # the runner keeps a block's experts in one (experts / ep, h, f) tensor each
-        largest = np.maximum(largest, m.experts / np.asarray(job.parallel.ep) * m.hidden * m.expert_ffn_)
+        largest = np.maximum(
+            largest, m.experts / (np.asarray(job.parallel.ep) * job.parallel.etp) * m.hidden * m.expert_ffn_
+        )
     return largest

@@ -85,6 +85,8 @@ def _axes(job: Job, devices: int, fixed: set[str]) -> dict:
             values = [p for p in values if uneven_fits(m.layers, p) and devices % p == 0]  # uneven stages too
         if name == "ep":  # experts share out evenly (dp dividing it is the layout rule's: layout_valid)
             values = [e for e in values if m.experts and m.experts % e == 0 and devices % e == 0] or [1]
+        if name == "etp":  # an expert's matrices split evenly (the grid fitting the ranks is layout_valid's)
+            values = [e for e in values if m.experts and m.expert_ffn_ % e == 0 and devices % e == 0] or [1]
         if name == "dp_replicate" and devices > job.cluster.gpus_per_node:  # HSDP as torchtitan runs it: shard
             values = [1, devices // job.cluster.gpus_per_node]  # within a node, a copy per node
         axes[name] = list(values)

@@ -111,6 +111,18 @@ AXES = (
         _shown_above(1, "ep {}"),
         proxy_max=2,
     ),
+    # expert tensor parallelism: with ep, the experts' own grid etp × ep × edp over a stage's tp × cp × dp ranks
+    # (Megatron-Core's MoE parallel folding); the runner has none, so a proxy runs without it and says so
+    Axis(
+        "etp",
+        "parallel",
+        "expert tensor parallel",
+        (1, 2, 4, 8),
+        (1, 2, 4, 8),
+        1,
+        _shown_above(1, "etp {}"),
+        proxy_max=1,
+    ),
     Axis("zero", "parallel", "ZeRO", (0, 1, 2, 3), (0, 1, 2, 3), 0, "ZeRO-{}".format, control="toggle"),
     # HSDP as torchtitan runs it: the search tries one copy per node besides 1 (toolkit.plan.search)
     Axis(

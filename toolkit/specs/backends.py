@@ -7,7 +7,15 @@ import numpy as np
 
 from .precision import TORCH_SEMANTICS
 
-__all__ = ["backend_masks", "infer_backend", "deepspeed_fp32", "job_deepspeed_fp32", "bf16_optimizer"]
+__all__ = [
+    "backend_masks",
+    "infer_backend",
+    "deepspeed_fp32",
+    "job_deepspeed_fp32",
+    "bf16_optimizer",
+    "backends",
+    "is_megatron",
+]
 
 
 def backend_masks(mode: str, zero, tp, pp):
@@ -57,3 +65,18 @@ def bf16_optimizer(job):
         & (par.backend == "deepspeed")
         & (np.asarray(par.zero) <= 1)
     )
+
+
+def backends(job):
+    """(megatron, deepspeed, torch) over a layout grid: which program each layout follows (Job.backend)."""
+    par = job.parallel
+    if par.backend is not None:
+        megatron, deepspeed = np.asarray(par.backend == "megatron"), np.asarray(par.backend == "deepspeed")
+    else:
+        megatron, deepspeed = backend_masks(job.precision.mode, par.zero, par.tp, par.pp)
+    return megatron, deepspeed, ~megatron & ~deepspeed
+
+
+def is_megatron(job):
+    """Job.backend == "megatron", for layouts whose tp and pp may be arrays (the planner's grid)."""
+    return backends(job)[0]

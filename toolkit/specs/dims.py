@@ -35,9 +35,11 @@ class ParallelDims:
     """HSDP: copies of a shard group over dp."""
     zero: int = 0
     backend: str = "torch"
+    etp: int = 1
+    """Expert tensor parallelism: with ep, the experts' grid etp × ep × edp over a stage's tp × cp × dp ranks."""
 
     def __post_init__(self):
-        for name in ("dp", "tp", "pp", "cp", "ep", "dp_replicate"):
+        for name in ("dp", "tp", "pp", "cp", "ep", "dp_replicate", "etp"):
             if getattr(self, name) < 1:
                 raise SpecError(f"parallel.{name}", getattr(self, name), "must be 1 or more")
 
@@ -45,7 +47,7 @@ class ParallelDims:
     def from_job(cls, job) -> ParallelDims:
         """The dims of a resolved job (a job whose dp is not set yet counts one replica)."""
         par = job.parallel
-        return cls(par.dp or 1, par.tp, par.pp, par.cp, par.ep, par.dp_replicate, par.zero, job.backend)
+        return cls(par.dp or 1, par.tp, par.pp, par.cp, par.ep, par.dp_replicate, par.zero, job.backend, par.etp)
 
     @classmethod
     def for_world(cls, job, world: int, flag: str = "--nproc") -> ParallelDims:
@@ -83,9 +85,28 @@ class ParallelDims:
         return self.dp // self.dp_replicate
 
     @property
+    def experts_folded(self) -> bool:
+        """The experts have a grid of their own (Megatron-Core's MoE parallel folding): ep spans tensor- or
+        context-parallel ranks, or splits each expert (etp), instead of sitting inside dp's shard group."""
+        return (
+            self.etp > 1
+            or (self.ep > 1 and self.dp_shard % self.ep != 0)
+            or (self.ep > 1 and self.backend == "megatron")
+        )
+
+    @property
     def edp(self) -> int:
-        """The experts' data-parallel group: replicas holding the same experts."""
+        """The experts' data-parallel group: ranks holding the same experts (dp / ep inside dp; tp · cp · dp /
+        (ep · etp) on a folded grid)."""
+        if self.experts_folded:
+            return self.tp * self.cp * self.dp // (self.ep * self.etp)
         return self.dp // self.ep
+
+    def expert_mesh_shape(self) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        """(names, sizes) of a folded expert grid's own mesh over the same ranks, outermost first: pp, then edp, ep
+        and etp (etp innermost: its ranks are neighbours, then ep's, as Megatron-Core orders them)."""
+        names = ("pp", "edp", "ep", "etp")
+        return names, (self.pp, self.edp, self.ep, self.etp)
 
     @property
     def fsdp(self) -> bool:
@@ -96,7 +117,7 @@ class ParallelDims:
     def sharded(self) -> bool:
         """Parameters are DTensors (FSDP2, tensor or expert parallelism): their state goes through DCP's
         state-dict API."""
-        return self.zero >= 2 or self.tp > 1 or self.ep > 1
+        return self.zero >= 2 or self.tp > 1 or self.ep > 1 or self.etp > 1
 
     @property
     def ddp(self) -> bool:
@@ -121,7 +142,7 @@ class ParallelDims:
         slices them by name); cp only where it splits the devices."""
         dims = {"pp": self.pp, "cp": self.cp, "tp": self.tp}
         flattened = {}
-        if self.ep > 1:
+        if self.ep > 1 and not self.experts_folded:  # (a folded grid is a mesh of its own: expert_mesh_shape)
             dims.update(edp=self.edp, ep=self.ep)
             flattened["dp"] = ("edp", "ep")
         elif self.dp_replicate > 1:

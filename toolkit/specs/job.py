@@ -118,7 +118,15 @@ class Parallel:
     data-parallel group, tokens sent to their experts' ranks by all-to-all (dispatch) and back (combine). The
     experts' weights are then replicated over dp / ep ranks (the experts' own data-parallel group, as
     Megatron-Core and torchtitan arrange it), over which their gradients are reduced and ZeRO shards their
-    states; attention and the other weights stay replicated over all of dp. Experts are not split by tp."""
+    states; attention and the other weights stay replicated over all of dp. Experts are not split by tp.
+    Megatron-Core's parallel folding is accepted too: ep may span tensor- and context-parallel ranks, the experts
+    then laid out on their own grid etp × ep × edp over the tp × cp × dp ranks of a stage (see `etp`)."""
+    etp: int = 1
+    """Expert tensor parallelism (Megatron-Core's --expert-tensor-parallel-size): each routed expert's matrices
+    split over etp ranks. With ep it forms the experts' grid etp × ep × edp = tp × cp × dp (MoE parallel
+    folding): tokens leave a rank as its tensor-parallel share (sequence parallelism), ep ranks are etp apart,
+    and edp = tp · cp · dp / (ep · etp) ranks hold the same experts. 1 with ep inside dp is the runner's plain
+    program (experts whole on every tensor-parallel rank)."""
     dp_replicate: int = 1
     """HSDP (torchtitan's dp_replicate × dp_shard, FSDP2 on a 2-D mesh): ZeRO-2/3 shards over dp / dp_replicate
     ranks (a node, typically) and keeps dp_replicate copies of each shard, whose gradients are all-reduced across

@@ -4,6 +4,7 @@ layers and sequence, pipeline stages and their partition (toolkit.specs.resolve 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from .axes import model_parallel
@@ -122,22 +123,37 @@ def _partition_stages(job: Job, notes: list[str]):
 
 
 def _check_experts(model, par) -> None:
-    """Expert parallelism needs experts to share out, and ranks of dp (one shard group under HSDP) to share them."""
-    if par.ep < 1:
-        raise SpecError("parallel.ep", par.ep, "must be 1 or more")
-    if par.ep == 1:
+    """Expert parallelism needs experts to share out, and ranks to share them: dp's (one shard group under HSDP),
+    or, folded as Megatron-Core folds it, the stage's tp · cp · dp ranks as the experts' grid etp × ep × edp."""
+    for name in ("ep", "etp"):
+        if getattr(par, name) < 1:
+            raise SpecError(f"parallel.{name}", getattr(par, name), "must be 1 or more")
+    if par.ep == 1 and par.etp == 1:
         return
+    name = "ep" if par.ep > 1 else "etp"
     if not model.experts:
-        raise SpecError("parallel.ep", par.ep, "splits a Mixture of Experts' experts: this model has none; set it to 1")
+        raise SpecError(
+            f"parallel.{name}",
+            getattr(par, name),
+            "splits a Mixture of Experts' experts: this model has none; set it to 1",
+        )
+    if model.expert_ffn_ % par.etp:
+        raise SpecError("parallel.etp", par.etp, f"must divide an expert's width ({model.expert_ffn_})")
     shard = par.dp // par.dp_replicate
-    if model.experts % par.ep or shard % par.ep:
-        fits = [d for d in divisors(shard) if model.experts % d == 0]
+    ranks = shard * par.tp * par.cp
+    if model.experts % par.ep or ranks % (par.ep * par.etp):
+        fits = [
+            d
+            for d in divisors(ranks // math.gcd(ranks, par.etp))
+            if model.experts % d == 0 and ranks % (d * par.etp) == 0
+        ]
         raise SpecError(
             "parallel.ep",
             par.ep,
-            f"must divide model.experts = {model.experts} and dp = {shard}"
+            f"must divide model.experts = {model.experts}, and ep × etp = {par.ep * par.etp} the tp × cp × dp = "
+            f"{ranks} ranks of a stage"
             + (" (one HSDP shard group)" if par.dp_replicate > 1 else "")
-            + f"; allowed: {listing(fits)}",
+            + f" (Megatron-Core's folding); allowed: {listing(fits)}",
         )
 
 

@@ -111,13 +111,18 @@ def replicas_fit(dp_replicate, dp, zero, torch_semantics: bool):
     return (np.asarray(dp) % replicate == 0) & ((replicate == 1) | (torch_semantics & (np.asarray(zero) >= 2)))
 
 
-def experts_split(model, ep, dp, dp_replicate=1):
-    """Expert parallelism shares out a Mixture of Experts' routed experts: ep divides them and the shard group of dp
-    (dp / dp_replicate); a dense model takes ep 1 only."""
-    ep = np.asarray(ep)
+def experts_split(model, ep, dp, dp_replicate=1, tp=1, cp=1, etp=1):
+    """Expert parallelism shares out a Mixture of Experts' routed experts: ep divides them, and either the shard
+    group of dp (dp / dp_replicate, etp 1: the plain layout) or, folded as Megatron-Core folds it, the stage's
+    tp · cp · dp ranks hold the experts' grid etp × ep × edp (etp also divides an expert's width). A dense model
+    takes ep 1 and etp 1 only."""
+    ep, etp = np.asarray(ep), np.asarray(etp)
     experts = model.experts if model.has_shape else 0
+    width = model.expert_ffn_ if experts else 1
     shard = np.asarray(dp) // np.asarray(dp_replicate)
-    return np.where(experts > 0, (experts % ep == 0) & (shard % ep == 0), ep == 1)
+    plain = (etp == 1) & (shard % ep == 0)
+    folded = (shard * np.asarray(tp) * np.asarray(cp) % (ep * etp) == 0) & (width % etp == 0)
+    return np.where(experts > 0, (experts % ep == 0) & (plain | folded), (ep == 1) & (etp == 1))
 
 
 def layout_valid(job, devices: int):
@@ -140,7 +145,7 @@ def layout_valid(job, devices: int):
         params_offload_fits(par.offload, par.zero, torch_semantics),
         named_backend_fits(par.backend, job.precision.mode, par.zero, par.tp, par.pp),
         replicas_fit(par.dp_replicate, par.dp, par.zero, torch_semantics),
-        experts_split(m, par.ep, par.dp, par.dp_replicate),
+        experts_split(m, par.ep, par.dp, par.dp_replicate, par.tp, par.cp, par.etp),
         per_op_recompute_fits(
             job.memory.recompute,
             par.backend,
