@@ -40,7 +40,7 @@ def test_grid_counts_equal_the_listed_split():
             ["--pp", "4", "--stage-layers", "3,4,4"],
             "needs pp × vpp = 4 entries of at least 1 layer summing to model.layers = 12; for example [3, 3, 3, 3]",
         ),
-        (["--pp", "8"], "12 layers on pp × vpp = 8 chunks leave the first or last chunk empty; use pp 7 or 12"),
+        (["--pp", "16"], "12 layers on pp × vpp = 16 chunks leave a chunk without a layer, even with the embedding"),
         (["--cp", "5"], "2 × cp must divide model.seq_len = 1024"),
         (["--cp", "16"], "tp × pp × cp = 16 does not divide cluster.count = 8"),
     ],
@@ -83,3 +83,31 @@ def test_the_planner_uses_cp_where_sequences_are_long():
     for plan in plans:  # its top plans' pipelines are run through the schedule simulator too
         pipe = plan["pipeline"]
         assert pipe["simulated_s"] == pytest.approx(pipe["closed_form_s"], rel=0.03) and 0 < pipe["bubble_fraction"] < 1
+
+
+def test_deepseek_v3s_61_layers_take_megatrons_layout_on_32_chunks():
+    """pp 8 × vpp 4 over 61 layers: the embedding and the loss count as a layer each (Megatron-Core's accounting),
+    the last chunk holds the loss alone, every rank holds at least one layer, and the string Megatron would be
+    given for it parses back to the same chunks."""
+    from toolkit.specs.pipeline_layout import layout_string, parse_layout
+    from toolkit.specs.stages import chunk_layers, rank_layers
+
+    chunks = chunk_layers(61, 8, 4)
+    assert chunks == [1] + [2] * 30 + [0] and sum(chunks) == 61
+    assert min(rank_layers(61, 8, 4)) >= 1
+    assert layout_string(chunks) == "Et|(tt|)*30,L"
+    assert parse_layout("Et|(tt|)*30,L", 61, 32) == (chunks, 0)
+
+
+def test_megatrons_layout_string_is_read_and_bad_ones_refused_in_one_line(capsys):
+    """A layout as Megatron-Core's docs write them (DeepSeek-V3's with its MTP layer), and what is wrong with a
+    bad one named."""
+    from toolkit.specs.pipeline_layout import parse_layout
+
+    counts, mtp = parse_layout("Et*3|(tt|)*29,m|L", 61, 32)
+    assert (counts[0], counts[1], counts[-2], counts[-1], mtp) == (3, 2, 0, 0, 1)
+    argv = ["estimate", "--model", "gpt2", "--gpus", "8xA100-80GB", "--pp", "4"]
+    assert main([*argv, "--pipeline-model-parallel-layout", "Ett|ttt|ttt|ttttL"]) == 0
+    assert "pipeline ranks hold 2, 3, 3, 4 layers" in capsys.readouterr().out
+    assert main([*argv, "--pipeline-layout", "Ett|ttt|ttt|tttL"]) == 2
+    assert "holds 11 transformer layers; the model has 12" in capsys.readouterr().err

@@ -97,8 +97,8 @@ CASES = [
     ),
     (
         "pp-not-dividing-layers",
-        ["--model", "gpt2", "--gpus", "8xA100-80GB", "--pp", "8"],
-        "parallel.pp = 8: 12 layers on pp × vpp = 8 chunks leave the first or last chunk empty",
+        ["--model", "gpt2", "--gpus", "16xA100-80GB", "--pp", "16"],
+        "parallel.pp = 16: 12 layers on pp × vpp = 16 chunks leave a chunk without a layer",
     ),
     ("vpp-without-pp", ["--model", "gpt2", "--vpp", "2"], "parallel.vpp = 2: interleaved stages need parallel.pp > 1"),
     ("sp-without-tp", ["--model", "gpt2", "--sp"], "parallel.sp = True: sequence parallelism"),

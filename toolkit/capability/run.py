@@ -3,10 +3,21 @@
 from __future__ import annotations
 
 from ..specs.rules import interleaved_rounds_fit, named_backend_fits
-from ..specs.stages import uneven_fits
+from ..specs.stages import empty_chunk, uneven_fits
 from .rule import Rule, _accum, _arr, _backend_is, _experts, _experts_folded, _piped, _replicas, _split, _tp_or_pp
 
 __all__ = ["RUN"]
+
+
+def _empty_chunk(job):
+    """A chunk of no layers, from the job's stage_layers or its split rule (arrays over layouts allowed)."""
+    par = job.parallel
+    if not job.model.has_shape:
+        return _arr(False)
+    if par.stage_layers:
+        return _arr(min(par.stage_layers) < 1)
+    return empty_chunk(job.model.layers, par.pp, par.vpp)
+
 
 RUN = (
     Rule(
@@ -149,6 +160,14 @@ RUN = (
         "stages the layers do not fill",
         lambda j: _piped(j) & ~uneven_fits(j.model.layers, j.parallel.pp, j.parallel.vpp),
         "the layers do not fill pp × vpp stages; lower pp or vpp",
+    ),
+    Rule(
+        "run",
+        "parallel.pp",
+        "a pipeline chunk holding no layer (the embedding or the loss alone)",
+        lambda j: _piped(j) & _empty_chunk(j),
+        "Megatron's layouts that leave a chunk the embedding or the loss alone are estimated, not run; lower pp or "
+        "vpp, or list chunks of at least one layer in parallel.stage_layers",
     ),
     Rule(
         "run",

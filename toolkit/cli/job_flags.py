@@ -81,6 +81,7 @@ OVERRIDES = {
     "dp": ("parallel", "dp", Parallel),
     **{axis.name: (axis.section, axis.name, _SECTIONS[axis.section]) for axis in AXES},  # the layout axes' flags
     "stage_layers": ("parallel", "stage_layers", Parallel),
+    "pipeline_layout": ("parallel", "pipeline_layout", Parallel),
     "partition": ("parallel", "partition", Parallel),
     "schedule": ("parallel", "schedule", Parallel),
     "backend": ("parallel", "backend", Parallel),
@@ -172,6 +173,20 @@ def _allowed(cls, name) -> str:
     return "{" + ",".join(str(v) for v in values) + "}" if values and not isinstance(values[0], type) else ""
 
 
+ALIASES = {
+    "tp": ("--tensor-model-parallel-size",),
+    "pp": ("--pipeline-model-parallel-size",),
+    "vpp": ("--virtual-pipeline-model-parallel-size",),
+    "cp": ("--context-parallel-size",),
+    "ep": ("--expert-model-parallel-size",),
+    "etp": ("--expert-tensor-parallel-size",),
+    "pipeline_layout": ("--pipeline-model-parallel-layout",),
+    "micro_batch": ("--micro-batch-size",),
+    "global_batch": ("--global-batch-size",),
+}
+"""Megatron-Core's names of our flags, accepted as they are (a Megatron command line's layout pastes in)."""
+
+
 def add_job_args(est: argparse.ArgumentParser, extra: dict | None = None) -> None:
     src = est.add_argument_group("model (one of)")
     src.add_argument("--model", metavar="PRESET", help="catalog preset, e.g. gpt3-175b, llama2-7b")
@@ -179,12 +194,12 @@ def add_job_args(est: argparse.ArgumentParser, extra: dict | None = None) -> Non
     src.add_argument("--params", metavar="N", help="a size-only model of N parameters")
     est.add_argument("--config", metavar="JOB.yaml", help="start from a job file; flags override it")
     for flag, (sec, fld, cls) in {**OVERRIDES, **(extra or {})}.items():
-        option = "--" + flag.replace("_", "-")
+        options = ("--" + flag.replace("_", "-"), *ALIASES.get(flag, ()))
         where = f"{sec}.{fld}" if sec else fld
         if flag in _BOOLEAN:
-            est.add_argument(option, action=argparse.BooleanOptionalAction, default=None, help=where)
+            est.add_argument(*options, action=argparse.BooleanOptionalAction, default=None, help=where)
         else:
-            est.add_argument(option, metavar=_allowed(cls, fld) or "X", default=None, help=where)
+            est.add_argument(*options, metavar=_allowed(cls, fld) or "X", default=None, help=where)
     est.add_argument("--gpus", metavar="COUNTxNAME", help="accelerators, e.g. 8xA100-80GB or 1024xH100-SXM")
     est.add_argument(
         "--catalog",

@@ -101,6 +101,9 @@ class Parallel:
     stage_layers: tuple[int, ...] | None = None
     """Layers of each of the pp × vpp pipeline chunks, in model order; None = equal chunks, or when they do not
     divide the layers the first and last chunk hold fewer (toolkit.specs.stages)."""
+    pipeline_layout: str | None = None
+    """Megatron-Core's --pipeline-model-parallel-layout string (e.g. "Et|(tt|)*30,L": chunks split by "|", E the
+    embedding, t a layer, L the loss; toolkit.specs.pipeline_layout), written into stage_layers."""
     partition: str | None = None
     """DeepSpeed's pipeline `partition_method` (uniform | parameters | type:REGEX): the blocks of each stage as its
     PipelineModule splits Megatron-DeepSpeed's GPT (toolkit.specs.partition), written into stage_layers."""

@@ -10,6 +10,7 @@ from typing import Any
 from .axes import model_parallel
 from .errors import SpecError
 from .partition import partition_blocks
+from .pipeline_layout import layout_string, parse_layout
 from .precision import TORCH_SEMANTICS
 from .rules import (
     devices_split,
@@ -19,7 +20,7 @@ from .rules import (
     sp_has_tp,
     vpp_has_pp,
 )
-from .stages import check_stage_layers, rank_layers
+from .stages import accounted_split, check_stage_layers, chunk_layers, rank_layers
 
 Job = Any
 """A toolkit.specs.job.Job, which calls this module (Job.resolve -> resolve_job -> resolve_layout): named here, not
@@ -49,6 +50,21 @@ def check_interleaved_rounds(micro_batches: int, pp: int, vpp: int, per_step: in
             f"ScheduleInterleaved1F1B); use batch.global_batch = {lower * per_step} or "
             f"{upper * per_step} (micro-batches a multiple of pp = {pp}), or vpp = 1",
         )
+
+
+def _layout_stages(job: Job, notes: list[str]):
+    """The parallel section with Megatron's layout string turned into the chunks' stage_layers."""
+    par, model = job.parallel, job.model
+    counts, mtp = parse_layout(par.pipeline_layout, model.layers, par.pp * par.vpp)
+    if par.stage_layers and list(par.stage_layers) != counts:
+        raise SpecError(
+            "parallel.pipeline_layout",
+            par.pipeline_layout,
+            f"gives chunks {counts} but parallel.stage_layers lists {list(par.stage_layers)}; keep one",
+        )
+    if mtp:
+        notes.append(f"the layout's {mtp} multi-token-prediction layer(s) are not modelled (the model has none)")
+    return dataclasses.replace(par, stage_layers=tuple(counts))
 
 
 def _check_model_split(job: Job, notes: list[str]) -> None:
@@ -81,7 +97,12 @@ def _check_model_split(job: Job, notes: list[str]) -> None:
                 ""
                 if par.stage_layers
                 else f" ({par.pp * par.vpp} equal chunks do not divide {model.layers} layers: "
-                "the first and last hold fewer, as Llama 3 405B ran)"
+                + (
+                    "the embedding and the loss count as a layer each, as Megatron-Core splits them: its layout "
+                    f"{layout_string(chunk_layers(model.layers, par.pp, par.vpp))})"
+                    if accounted_split(model.layers, par.pp, par.vpp)
+                    else "the first and last hold fewer, as Llama 3 405B ran)"
+                )
             )
         )
     if par.cp > 1:
@@ -160,6 +181,9 @@ def _check_experts(model, par) -> None:
 def resolve_layout(job: Job, cluster, notes: list[str]):
     """The parallel section with dp filled in from the devices."""
     par, count = job.parallel, cluster.count
+    if par.pipeline_layout is not None and job.model.has_shape:
+        par = _layout_stages(job, notes)
+        job = dataclasses.replace(job, parallel=par)
     if par.partition is not None:
         par = _partition_stages(job, notes)
         job = dataclasses.replace(job, parallel=par)

@@ -9,7 +9,11 @@ c = ceil(layers / (pp·vpp)) except the model's first and last, which give up th
 last one the larger half): the first chunk also runs the embedding, the last one the output projection and the
 loss, so they have time to spare. This is how Llama 3 405B ran 126 layers on 16 stages (Dubey et al. 2024, §3.3.2:
 "one Transformer layer fewer on the first and the last stage") and BLOOM-176B 70 blocks on 12 (its embedding
-counted as a layer at either end). `parallel.stage_layers` gives the chunks' sizes outright instead.
+counted as a layer at either end). Where that rule would leave the first or last chunk empty (DeepSeek-V3's 61
+layers on pp 8 × vpp 4 = 32 chunks), the embedding and the loss each count as a layer, as Megatron-Core's
+account_for_embedding/loss_in_pipeline_split do, and a chunk may hold them alone: 61 layers on 32 chunks become
+Megatron's layout "Et|(tt|)*30,L" (its last chunk the loss only). `parallel.stage_layers` or Megatron's
+`parallel.pipeline_layout` string give the chunks' sizes outright instead.
 """
 
 from __future__ import annotations
@@ -18,22 +22,52 @@ import numpy as np
 
 from .errors import SpecError
 
-__all__ = ["chunk_layers", "rank_layers", "stage_layer_counts", "uneven_fits", "check_stage_layers"]
+__all__ = [
+    "chunk_layers",
+    "rank_layers",
+    "stage_layer_counts",
+    "uneven_fits",
+    "check_stage_layers",
+    "accounted_split",
+    "empty_chunk",
+]
 
 
-def _split(layers, chunks):
-    """(c, the first chunk's, the last chunk's) layers under the rule; arrays in, arrays out."""
+def _even_split(layers, chunks):
     layers, chunks = np.asarray(layers), np.asarray(chunks)
     c = -(-layers // chunks)
     short = chunks * c - layers
     return c, c - short // 2, c - (short - short // 2)
 
 
-def uneven_fits(layers, pp, vpp=1):
-    """Whether the rule leaves every chunk at least one layer (arrays welcome)."""
+def _split(layers, chunks):
+    """(c, the first chunk's, the last chunk's) layers under the rule; arrays in, arrays out. Where the first or
+    last chunk would be empty, the embedding and the loss count as a layer each (Megatron's accounting)."""
+    c, first, last = _even_split(layers, chunks)
+    c2, first2, last2 = _even_split(np.asarray(layers) + 2, chunks)
+    accounted = np.minimum(first, last) < 1
+    return np.where(accounted, c2, c), np.where(accounted, first2 - 1, first), np.where(accounted, last2 - 1, last)
+
+
+def accounted_split(layers: int, pp: int, vpp: int = 1) -> bool:
+    """Whether the chunks follow Megatron's accounting (the embedding and the loss as a layer each)."""
+    _c, first, last = _even_split(layers, pp * vpp)
+    return pp * vpp > 1 and min(int(first), int(last)) < 1
+
+
+def empty_chunk(layers, pp, vpp=1):
+    """Whether the rule leaves the first or last chunk its embedding or loss alone (arrays welcome)."""
     chunks = np.asarray(pp) * np.asarray(vpp)
     _c, first, last = _split(layers, chunks)
-    return (np.minimum(first, last) >= 1) | (chunks == 1)
+    return (np.minimum(first, last) < 1) & (chunks > 1)
+
+
+def uneven_fits(layers, pp, vpp=1):
+    """Whether the rule gives every chunk a layer, the first and last at least their embedding or loss (arrays
+    welcome)."""
+    chunks = np.asarray(pp) * np.asarray(vpp)
+    c, first, last = _split(layers, chunks)
+    return ((np.minimum(first, last) >= 0) & (c >= 1) & (c <= layers)) | (chunks == 1)
 
 
 def chunk_layers(layers: int, pp: int, vpp: int = 1, stage_layers: tuple[int, ...] | None = None) -> list[int]:
@@ -77,12 +111,19 @@ def check_stage_layers(layers: int, pp: int, vpp: int, stage_layers: tuple[int, 
     """Refuse a split that leaves a chunk empty or does not add up, naming the fix."""
     chunks = pp * vpp
     if stage_layers:
-        if len(stage_layers) != chunks or any(n < 1 for n in stage_layers) or sum(stage_layers) != layers:
+        inner = stage_layers[1:-1]
+        if (
+            len(stage_layers) != chunks
+            or min(stage_layers) < 0
+            or any(n < 1 for n in inner)
+            or sum(stage_layers) != layers
+        ):
             raise SpecError(
                 "parallel.stage_layers",
                 list(stage_layers),
-                f"needs pp × vpp = {chunks} entries of at least 1 layer summing to model.layers = "
-                f"{layers}; for example {chunk_layers(layers, pp, vpp) if uneven_fits(layers, pp, vpp) else '(none: lower pp)'}",
+                f"needs pp × vpp = {chunks} entries of at least 1 layer summing to model.layers = {layers}; for "
+                f"example {chunk_layers(layers, pp, vpp) if uneven_fits(layers, pp, vpp) else '(none: lower pp)'} "
+                "(the first and last may hold none: the embedding or the loss alone, as Megatron's layouts do)",
             )
         return
     if not uneven_fits(layers, pp, vpp):
@@ -92,6 +133,7 @@ def check_stage_layers(layers: int, pp: int, vpp: int, stage_layers: tuple[int, 
         raise SpecError(
             "parallel.pp",
             pp,
-            f"{layers} layers on pp × vpp = {chunks} chunks leave the first or last chunk empty; "
+            f"{layers} layers on pp × vpp = {chunks} chunks leave a chunk without a layer, even with the embedding and "
+            "the loss counted as one each; "
             f"use pp {nearest} or list the chunks in parallel.stage_layers",
         )
