@@ -96,3 +96,21 @@ def test_the_planner_searches_expert_parallelism():
     result = search(job, CATALOG, gpus=(64, "H100-SXM"), top=5)
     assert result["plans"] and all(p["layout"]["ep"] * p["layout"]["etp"] > 1 for p in result["plans"])
     assert {p["layout"]["ep"] for p in result["plans"]} <= {1, 2, 4, 8}
+
+
+@pytest.mark.parametrize("ep, dispatch, combine", DEEPEP[1:], ids=[f"ep{e}" for e, *_ in DEEPEP[1:]])
+def test_deepep_sends_a_token_once_per_node_at_its_measured_rdma_bandwidth(ep, dispatch, combine):
+    """DeepEP's internode kernels as DeepEP counts them: the bytes that leave a node (each token once per other
+    node holding its experts: top-4 groups, top-8 experts, its benchmark's routing) over the time, within 25 % of
+    its measured RDMA bandwidth; and fewer bytes leave than NCCL's all-to-all sends (one copy per expert)."""
+    import dataclasses
+
+    from toolkit.estimate.moe import deepep_s, remote_nodes
+
+    model = dataclasses.replace(model_from_hf_config(HF / "deepseek-v3"), max_nodes_per_token=4)
+    token_bytes = 4096 * 7168 * 1  # FP8 dispatch
+    seconds = float(deepep_s(token_bytes * 8, ep, 1, H800, Assumptions(), model))
+    leaving = token_bytes * float(remote_nodes(model, ep // 8))
+    for measured in (dispatch, combine):
+        assert leaving / seconds / 1e9 == pytest.approx(measured, rel=0.25)
+    assert seconds < float(all_to_all_s(token_bytes * 8, ep, 1, H800, Assumptions()))

@@ -16,6 +16,7 @@ from ..specs.job import (
     Cost,
     Finetune,
     MemoryOptions,
+    Moe,
     Optimizer,
     Overlap,
     Parallel,
@@ -87,6 +88,10 @@ OVERRIDES = {
     "backend": ("parallel", "backend", Parallel),
     "overlap_grad_reduce": ("overlap", "grad_reduce", Overlap),
     "overlap_param_gather": ("overlap", "param_gather", Overlap),
+    "overlap_ep_comm": ("overlap", "ep_comm", Overlap),
+    "dispatcher": ("moe", "dispatcher", Moe),
+    "fp8_dispatch": ("moe", "fp8_dispatch", Moe),
+    "max_nodes_per_token": ("model", "max_nodes_per_token", ModelSpec),
     "overlap_tp_comm": ("overlap", "tp_comm", Overlap),
     "act_compress": ("memory", "act_compress", MemoryOptions),
     "attention": ("memory", "attention", MemoryOptions),
@@ -129,6 +134,8 @@ TRAIN_OVERRIDES = {
     "compile": ("training", "compile", Training),
 }
 _BOOLEAN = {
+    "overlap_ep_comm",
+    "fp8_dispatch",
     "tie_embeddings",
     "sp",
     "spot",
@@ -181,6 +188,8 @@ ALIASES = {
     "ep": ("--expert-model-parallel-size",),
     "etp": ("--expert-tensor-parallel-size",),
     "pipeline_layout": ("--pipeline-model-parallel-layout",),
+    "overlap_ep_comm": ("--overlap-moe-expert-parallel-comm",),
+    "dispatcher": ("--moe-token-dispatcher-type",),
     "micro_batch": ("--micro-batch-size",),
     "global_batch": ("--global-batch-size",),
 }

@@ -62,7 +62,16 @@ from .flops import flops_per_token
 from .hardware import Assumptions, Hardware
 from .kernels import FA_BACKWARD_FACTOR, KernelProfile, attention_fraction, attention_kernel_of, gemm_s
 from .mla import projection_shapes
-from .moe import GROUPED_GEMM_HALF_ROWS, all_to_all_s, expert_grid, expert_load, expert_rows
+from .moe import (
+    FP8_DISPATCH_BYTES,
+    GROUPED_GEMM_HALF_ROWS,
+    all_to_all_s,
+    allgather_dispatch_s,
+    deepep_s,
+    expert_grid,
+    expert_load,
+    expert_rows,
+)
 from .overhead import fixed_costs_s, host_s, op_units
 from .phases import optimizer_impl
 from .states import (
@@ -409,6 +418,7 @@ def _stage_micro_s(job: Job, hw: Hardware, a: Assumptions, eff, micro_tokens, la
     cp_ring_s = ring_attention_s(job, a, micro_tokens, attention_s, _p2p_bw_bytes_per_s(hw, a, cp_inside))
     ep_layer_s = _all_to_all_per_block_s(job, hw, a, micro_tokens / cp)
     overlap_tp = overlap_settings(job)["tp_comm"]
+    overlap_ep = np.asarray(job.overlap.ep_comm)
     sustained = hw.kernels.sustained_fraction if hw.kernels is not None else 1.0
 
     def stage(layers, owns_embedding, owns_head):
@@ -421,7 +431,9 @@ def _stage_micro_s(job: Job, hw: Hardware, a: Assumptions, eff, micro_tokens, la
         )
         tp_s = np.where(overlap_tp, np.maximum(tp_all_s - matmuls_s, 0.0), tp_all_s)
         memory_s = bytes_layer * layers / hw.memory_bw_bytes_per_s + np.where(owns_head, loss_s, 0.0)
-        return matmuls_s / sustained, memory_s / sustained, tp_s, cp_ring_s * layers, ep_layer_s * layers
+        # overlapped, a micro-batch's dispatches and combines run beside another's compute; what exceeds it shows
+        ep_s = np.where(overlap_ep, np.maximum(ep_layer_s * layers - matmuls_s, 0.0), ep_layer_s * layers)
+        return matmuls_s / sustained, memory_s / sustained, tp_s, cp_ring_s * layers, ep_s
 
     first, middle, last = layers
     return [stage(first, True, False), stage(middle, False, False), stage(last, False, True)]
@@ -482,7 +494,24 @@ def _all_to_all_per_block_s(job: Job, hw: Hardware, a: Assumptions, tokens):
     # runs and reduce-scatter its output, forward and again for the gradients
     gathers_s = ring_s(1.0, size * etp, etp, bus_bw_bytes_per_s(etp, 1, hw, a)) + latency_s(etp, 1, hw.gpus_per_node, a)
     etp_s = np.where(etp > 1, count * gathers_s, 0.0)
-    return (count * all_to_all_s(size, job.parallel.ep, grid.stride, hw, a) + etp_s) * m.moe_layers / m.layers
+    return (_dispatch_combine_s(job, hw, a, sent, size, count) + etp_s) * m.moe_layers / m.layers
+
+
+def _dispatch_combine_s(job: Job, hw: Hardware, a: Assumptions, sent, size, count):
+    """`count` dispatches and combines of one block (half of each kind) as the job's dispatcher moves them: NCCL's
+    all-to-all, DeepEP's node-deduplicated kernels (the dispatches in FP8 where asked: forward, and the gradient's
+    before the down projections, DeepSeek-V3 §3.3), or Megatron's allgather and reduce-scatter."""
+    m, grid, ep = job.model, expert_grid(job), job.parallel.ep
+    dispatcher = job.moe.dispatcher
+    if dispatcher == "allgather":
+        token_bytes = sent * m.hidden * job.precision.plan.compute_bytes
+        return count * allgather_dispatch_s(token_bytes, ep, grid.stride, hw, a)
+    if dispatcher in ("deepep", "flex"):
+        fp8 = job.precision.fp8 if job.moe.fp8_dispatch is None else job.moe.fp8_dispatch
+        dispatch_size = size * (FP8_DISPATCH_BYTES / job.precision.plan.compute_bytes if fp8 else 1.0)
+        one = deepep_s(dispatch_size, ep, grid.stride, hw, a, m) + deepep_s(size, ep, grid.stride, hw, a, m)
+        return count / 2 * one
+    return count * all_to_all_s(size, ep, grid.stride, hw, a)
 
 
 def _optimizer_s(job: Job, hw: Hardware, a: Assumptions, trainable, replicas):

@@ -159,6 +159,23 @@ class Overlap:
     tp_comm: bool = False
     """Tensor-parallel collectives overlapped with the matmuls (Megatron's --tp-comm-overlap, Transformer Engine's
     userbuffers); off by default everywhere (torch's DTensor plan runs them in turn)."""
+    ep_comm: bool = False
+    """A Mixture of Experts' dispatch and combine overlapped with another micro-batch's compute (Megatron-Core's
+    --overlap-moe-expert-parallel-comm, DeepSeek-V3's DualPipe); off by default (the runner's program, Megatron's)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Moe:
+    """How a Mixture of Experts' tokens travel to their experts: a setting of the framework, not of the model."""
+
+    dispatcher: Literal["alltoall", "deepep", "flex", "allgather"] = "alltoall"
+    """alltoall: NCCL's all-to-all, every (token, expert) copy sent on its own (Megatron's alltoall, the runner's);
+    deepep: DeepEP's kernels (Megatron's flex dispatcher; "flex" says the same), a token sent once to each node
+    holding its experts and forwarded there over NVLink; allgather: every rank gathers the group's tokens and keeps
+    its experts' (Megatron's allgather dispatcher, its default)."""
+    fp8_dispatch: bool | None = None
+    """Dispatch in FP8 (1 byte and a scale per 128 values; the combines stay 16-bit, as DeepSeek-V3 §3.3 runs
+    them); None = with DeepEP when the job trains in FP8."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -308,6 +325,7 @@ class Job:
     parallel: Parallel = field(default_factory=Parallel)
     memory: MemoryOptions = field(default_factory=MemoryOptions)
     overlap: Overlap = field(default_factory=Overlap)
+    moe: Moe = field(default_factory=Moe)
     cluster: Cluster = field(default_factory=Cluster)
     cost: Cost = field(default_factory=Cost)
     finetune: Finetune = field(default_factory=Finetune)

@@ -90,6 +90,9 @@ class ModelSpec:
     """A sigmoid gate (hidden -> 1) scales the shared expert's output (Qwen2-MoE)."""
     capacity_factor: float | None = None
     """Tokens an expert takes at most, as a multiple of an even share (the rest are dropped); None = dropless."""
+    max_nodes_per_token: int | None = None
+    """Node-limited routing: a token's experts lie on at most this many nodes (DeepSeek-V3: 4; HF configs'
+    topk_group where n_group groups the experts by node); None = no limit."""
     expert_imbalance: float | None = None
     """The busiest expert's tokens over the mean (MaxVio + 1) that memory and step time are sized for; None = the
     sourced figure for the router (toolkit.estimate.moe: 1.52 with a balancing loss, 1.04 loss-free)."""
