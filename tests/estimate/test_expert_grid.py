@@ -59,3 +59,25 @@ def test_the_grid_spreads_the_expert_work_over_the_tensor_parallel_ranks():
     plain = estimate(_job(64, precision="amp-bf16", tp=2, pp=1, ep=8), CATALOG)["time"]
     assert folded["breakdown"]["compute_s"] < plain["breakdown"]["compute_s"]
     assert folded["breakdown"]["ep_comm_s"] < plain["breakdown"]["ep_comm_s"] / 2
+
+
+def test_megatrons_recipe_memory_options():
+    """The precision-aware optimizer's bf16 moments take 2 + 2 bytes where fp32 moments take 4 + 4 (the fp32
+    master copy stays: 8 of 12 bytes a parameter), and each module Megatron recomputes saves less, never more."""
+    base = dict(tp=2, pp=1, ep=8, zero=1)
+    plain = estimate(_job(64, **base), CATALOG)["memory"]
+    narrow = Job.from_dict(_job(64, **base).to_dict() | {"optimizer": {"moment_dtype": "bf16"}}, CATALOG)
+    assert estimate(narrow, CATALOG)["memory"]["optimizer_bytes"] == pytest.approx(plain["optimizer_bytes"] * 8 / 12)
+
+    def activations(modules):
+        data = _job(64, **base).to_dict()
+        data["memory"] |= {"recompute": "selective", "recompute_modules": modules}
+        return estimate(Job.from_dict(data, CATALOG), CATALOG)["memory"]["activations_bytes"]
+
+    steps = [["core_attn"], ["core_attn", "layernorm"], ["core_attn", "layernorm", "moe_act"], ["core_attn", "moe"]]
+    sizes = [activations(m) for m in steps]
+    assert sizes[0] > sizes[1] > sizes[2] > 0 and sizes[3] < sizes[2]
+    with pytest.raises(SpecError, match="allowed: core_attn, layernorm"):
+        Job.from_dict(
+            _job(64, **base).to_dict() | {"memory": {"recompute": "selective", "recompute_modules": ["mlpp"]}}, CATALOG
+        ).resolve(CATALOG)

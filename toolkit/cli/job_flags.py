@@ -79,9 +79,11 @@ OVERRIDES = {
     "optimizer": ("optimizer", "name", Optimizer),
     "momentum": ("optimizer", "momentum", Optimizer),
     "optimizer_impl": ("optimizer", "impl", Optimizer),
+    "moment_dtype": ("optimizer", "moment_dtype", Optimizer),
     "dp": ("parallel", "dp", Parallel),
     **{axis.name: (axis.section, axis.name, _SECTIONS[axis.section]) for axis in AXES},  # the layout axes' flags
     "stage_layers": ("parallel", "stage_layers", Parallel),
+    "recompute_modules": ("memory", "recompute_modules", MemoryOptions),
     "pipeline_layout": ("parallel", "pipeline_layout", Parallel),
     "partition": ("parallel", "partition", Parallel),
     "schedule": ("parallel", "schedule", Parallel),
@@ -190,6 +192,7 @@ ALIASES = {
     "pipeline_layout": ("--pipeline-model-parallel-layout",),
     "overlap_ep_comm": ("--overlap-moe-expert-parallel-comm",),
     "dispatcher": ("--moe-token-dispatcher-type",),
+    "moment_dtype": ("--exp-avg-dtype",),
     "micro_batch": ("--micro-batch-size",),
     "global_batch": ("--global-batch-size",),
 }
@@ -251,7 +254,7 @@ def job_from_args(args, catalog) -> Job:
         value = getattr(args, flag, None)
         if value is None:
             continue
-        if flag in ("lora_targets", "stage_layers"):  # comma-separated lists
+        if flag in ("lora_targets", "stage_layers", "recompute_modules"):  # comma-separated lists
             value = [t.strip() for t in str(value).split(",") if t.strip()]
         if sec:
             section = data.setdefault(sec, {})

@@ -42,7 +42,7 @@ from .activation_terms import (
 )
 from .lora_activations import lora_activations
 from .mla import is_mla, projection_params
-from .moe import expert_grid, expert_load, is_moe
+from .moe import activation_width, expert_grid, expert_load, is_moe
 from .states import by_stage, job_stage_layers, vocab_per_rank
 
 __all__ = ["ActivationBytes", "activation_bytes", "element_bytes", "fsdp_gathers_16bit", "pick", "pipeline_in_flight"]
@@ -153,15 +153,18 @@ def _block(job: Job) -> _Block:
     recompute = np.asarray(job.memory.recompute)
     full, per_op = recompute == "full", recompute == "selective-op"
     stream = tokens_h * h * residual
+    # the checkpointed core keeps its inputs (q after rope, k and v before the GQA repeat); o keeps the core output
+    # (a view of it, or its copy)
+    core_inputs = tokens * (q + 2 * kv) * act_b
+    selective = common + core_inputs + o_input
+    if job.memory.recompute_modules is not None:  # Megatron's --recompute-modules: each part keeps its input only
+        parts = {"layernorm": norm1 + norm2 - 2 * stream, "mla_up_proj": core_inputs if is_mla(m) else 0.0}
+        parts |= _mlp_parts(job, mlp, tokens / expert_grid(job).token_split)
+        modules = set(job.memory.recompute_modules)
+        selective = (selective if "core_attn" in modules else none) - sum(parts.get(k, 0.0) for k in modules)
     per_layer = np.select(
         [full, recompute == "selective", per_op],
-        [
-            stream,  # checkpoint keeps the block input only
-            # the checkpointed core keeps its inputs (q after rope, k and v before the GQA repeat);
-            # o keeps the core output (a view of it, or its copy)
-            common + tokens * (q + 2 * kv) * act_b + o_input,
-            stream + _kept_by_op_policy(job, tokens, b),
-        ],
+        [stream, selective, stream + _kept_by_op_policy(job, tokens, b)],  # (full: the block input only)
         none,
     )
     # the recomputed block re-creates all it saves but what the checkpoint already holds
@@ -173,6 +176,22 @@ def _block(job: Job) -> _Block:
         stream=stream,
         tokens=tokens,
     )
+
+
+def _mlp_parts(job: Job, mlp, moe_tokens) -> dict:
+    """What the MLP's recomputable parts save: its activation function's outputs (half of a SwiGLU's four
+    f-wide tensors, GELU's one of two), the shared experts' share, the whole MLP (dense) or MoE block."""
+    m = job.model
+    act_share = 0.5
+    if not is_moe(m):
+        return {"mlp": mlp, "moe_act": 0.0, "moe": 0.0, "shared_experts": 0.0}
+    shared = m.shared_experts * m.shared_expert_ffn_ / activation_width(m, expert_load(m, job.parallel.ep))
+    return {
+        "mlp": 0.0,
+        "moe_act": mlp * act_share,
+        "moe": mlp + _moe_saved(job, moe_tokens),
+        "shared_experts": mlp * shared,
+    }
 
 
 def _moe_saved(job: Job, tokens) -> float:

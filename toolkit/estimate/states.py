@@ -73,6 +73,10 @@ class StateBytes:
         return self.params_bytes + self.grads_bytes + self.optimizer_bytes
 
 
+MOMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+"""Bytes an Adam moment takes in each dtype Megatron-Core's precision-aware optimizer offers."""
+
+
 def bytes_per_param(job: Job) -> tuple[float, float, float]:
     """(weights, gradients, optimizer incl. any fp32 master copy) in bytes per parameter, unsharded."""
     plan = job.precision.plan
@@ -80,8 +84,9 @@ def bytes_per_param(job: Job) -> tuple[float, float, float]:
     grad = 4 if plan.master_weights and job.precision.grad_dtype == "fp32" else weight
     state = plan.state_bytes
     name = job.optimizer.name
-    if name in ("adam", "adamw"):
-        optimizer = 2 * state
+    if name in ("adam", "adamw"):  # (Megatron's precision-aware optimizer stores the moments narrower)
+        moments = job.optimizer.moment_dtype
+        optimizer = 2 * (state if moments is None else MOMENT_BYTES[moments])
     elif name == "adamw-8bit":
         optimizer = ADAM8BIT_BYTES_PER_PARAM
     else:  # sgd: one momentum buffer, or none

@@ -86,6 +86,9 @@ class Optimizer:
     """SGD momentum; 0 means plain SGD with no optimizer state."""
     impl: Literal["for-loop", "foreach", "fused"] | None = None
     """torch's implementation; None = torch's default (foreach on CUDA, for-loop on CPU). Their temporaries differ."""
+    moment_dtype: Literal["fp32", "bf16", "fp16", "fp8"] | None = None
+    """Adam's two moments stored in this dtype (Megatron-Core's --use-precision-aware-optimizer with
+    --exp-avg-dtype / --exp-avg-sq-dtype); None = the precision mode's state dtype. The fp32 master copy stays."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -184,6 +187,10 @@ class MemoryOptions:
     """Activation checkpointing: selective recomputes the attention core; selective-op (torchtitan's per-op
     policy) keeps each block's input, every other matmul's output and the fused attention's output, and recomputes
     the rest; full keeps only layer inputs."""
+    recompute_modules: tuple[str, ...] | None = None
+    """Megatron-Core's --recompute-modules under selective recompute: which parts of a block save only their inputs
+    and run again in backward: core_attn, layernorm, mla_up_proj, mlp, moe, moe_act, shared_experts. None =
+    core_attn (the selective default)."""
     attention: Literal["flash", "eager"] = "flash"
     """flash: fused attention (SDPA) that stores no score matrix; eager: explicit ops that store scores,
     softmax and its dropout mask (the Megatron-style block)."""

@@ -237,6 +237,28 @@ def _check_sizes(job: Job) -> None:
     check_range(job.cost.pue, "cost.pue", 1.0, 3.0)
     check_positive(job.cost.energy_price_per_kwh, "cost.energy_price_per_kwh", allow_zero=True)
     check_positive(job.cost.grid_kg_co2_per_kwh, "cost.grid_kg_co2_per_kwh", allow_zero=True)
+    _check_recompute_modules(job.memory)
+
+
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe", "moe_act", "shared_experts")
+"""Megatron-Core's --recompute-modules names (toolkit.estimate.activations prices each)."""
+
+
+def _check_recompute_modules(memory) -> None:
+    """Megatron's module list is a refinement of selective recompute: known names, and recompute selective."""
+    modules = memory.recompute_modules
+    if modules is None:
+        return
+    unknown = [m for m in modules if m not in RECOMPUTE_MODULES]
+    if unknown or not modules:
+        raise SpecError("memory.recompute_modules", list(modules), f"allowed: {', '.join(RECOMPUTE_MODULES)}")
+    if memory.recompute != "selective":
+        raise SpecError(
+            "memory.recompute_modules",
+            list(modules),
+            f"refines selective recompute (Megatron's --recompute-granularity selective); memory.recompute is "
+            f"{memory.recompute!r}: set it to selective",
+        )
 
 
 def _resolve_cluster(job: Job, catalog: Catalog, notes: list[str]):
