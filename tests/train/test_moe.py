@@ -72,3 +72,18 @@ def test_what_the_runner_does_not_train_is_refused_in_one_line(tmp_path, corpus)
     ]:
         result = train_here(tmp_path / "_".join(extra), *MOE, *STEPS, *extra, "--nproc", "2", "--data", str(corpus))
         assert result.returncode != 0 and says in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+def test_ep_folded_over_tensor_parallel_ranks_trains_as_one_process(tmp_path, corpus, one_moe_process):
+    """Megatron-Core's folding on 4 gloo ranks: tp 2 × dp 2 for attention, ep 4 over the same ranks for the
+    experts, each tp rank routing its own sequences: every step's loss and gradient norm are one process's, and
+    its checkpoint goes on in one process."""
+    result = toolkit_train(tmp_path, *MOE, *STEPS, "--tp", "2", "--ep", "4", "--nproc", "4", "--data", str(corpus))
+    assert result.returncode == 0, result.stderr
+    _assert_close(_records(tmp_path), one_moe_process)
+    moved = tmp_path.parent / (tmp_path.name + "-moved")
+    shutil.copytree(tmp_path, moved)
+    _drop_checkpoint(moved, 20)
+    again = train_here(moved, *MOE, *STEPS, "--data", str(corpus))
+    assert again.returncode == 0 and "resumed from step_00000010.pt" in again.stdout + again.stderr
+    _assert_close(_records(moved), one_moe_process)

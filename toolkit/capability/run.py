@@ -9,6 +9,21 @@ from .rule import Rule, _accum, _arr, _backend_is, _experts, _experts_folded, _p
 __all__ = ["RUN"]
 
 
+def _folded_runs(job):
+    """What the runner's folded experts take: ep over tp × dp ranks, etp 1, one stage, replicas averaged by hand,
+    whole sequences per tp rank (arrays allowed)."""
+    par = job.parallel
+    tp = _arr(par.tp)
+    return (
+        (_arr(par.etp) == 1)
+        & (_arr(par.pp) == 1)
+        & (_arr(par.zero) == 0)
+        & ~_arr(par.sp)
+        & (_arr(par.cp) == 1)
+        & (_arr(job.batch.micro_batch) % tp == 0)
+    )
+
+
 def _empty_chunk(job):
     """A chunk of no layers, from the job's stage_layers or its split rule (arrays over layouts allowed)."""
     par = job.parallel
@@ -86,10 +101,10 @@ RUN = (
     Rule(
         "run",
         "parallel.ep",
-        "the experts' own grid (ep over tensor-parallel ranks, or etp)",
-        _experts_folded,
-        "Megatron-Core's MoE parallel folding (ep over tensor- or context-parallel ranks, expert tensor parallelism) "
-        "is estimated, not run yet; train ep inside dp (ep dividing dp) with etp 1",
+        "the experts' own grid beyond ep over tp × dp (etp, pipelines, ZeRO, sp, or uneven sequences)",
+        lambda j: _experts_folded(j) & ~_folded_runs(j),
+        "the runner folds ep over tensor-parallel ranks (Megatron-Core's folding) with etp 1, pp 1, zero 0, no sp "
+        "and a micro-batch each tp rank can share by sequences; the rest of the expert grid is estimated, not run",
     ),
     Rule(
         "run",

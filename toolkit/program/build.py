@@ -175,7 +175,7 @@ def build_pipeline(job: Job, plan, device: torch.device, mesh, load_weights: Loa
         for stage in stages:
             tensor_parallel(stage, tp_mesh, sequence_parallel=job.parallel.sp, local_logits=True)
     if job.parallel.ep > 1:
-        expert_parallel(stages, mesh["ep"])
+        expert_parallel(stages, mesh["ep"], edp_mesh=mesh["edp"])
     fsdp = job.parallel.zero >= 2
     edp_mesh = mesh["edp"] if job.parallel.ep > 1 else None
     if fsdp:  # each chunk its own FSDP2 root over dp (torch's schedule drives it)

@@ -12,7 +12,14 @@ import warnings
 from ..specs.dims import ParallelDims
 from ..specs.job import Job
 
-__all__ = ["build_mesh", "device_mesh", "fsdp_mesh", "join_one_process_group", "leave_one_process_group"]
+__all__ = [
+    "build_mesh",
+    "device_mesh",
+    "expert_mesh",
+    "fsdp_mesh",
+    "join_one_process_group",
+    "leave_one_process_group",
+]
 
 
 def build_mesh(dims: ParallelDims, device_type: str):
@@ -29,6 +36,21 @@ def build_mesh(dims: ParallelDims, device_type: str):
     for name, parts in flattened.items():
         mesh[parts]._flatten(name)
     return mesh
+
+
+def expert_mesh(job: Job, mesh, device_type: str):
+    """The mesh the routed experts live on: the job's own mesh where ep sits inside dp ("ep", "edp" dimensions),
+    else, folded as Megatron-Core folds them, a mesh of their own over the same ranks ("pp", "edp", "ep", "etp":
+    ParallelDims.expert_mesh_shape). Every rank must call it (it makes process groups); None without ep."""
+    dims = ParallelDims.from_job(job)
+    if mesh is None or dims.ep * dims.etp == 1:
+        return None
+    if not dims.experts_folded:
+        return mesh
+    from torch.distributed.device_mesh import init_device_mesh
+
+    names, sizes = dims.expert_mesh_shape()
+    return init_device_mesh(device_type, sizes, mesh_dim_names=names)
 
 
 def device_mesh(job: Job, device_type: str):

@@ -157,16 +157,30 @@ class MoE(nn.Module):
             self.shared = _SharedMLP(spec.hidden, width, spec.mlp == "swiglu")
         self.shared_gate = nn.Linear(spec.hidden, 1, bias=False) if spec.shared_expert_gate else None
         self.ep_group, self.ep_size, self.ep_rank = None, 1, 0
+        self.tp_group, self.tp_size, self.tp_rank = None, 1, 0
+        self.edp_group = None
+        """The experts' data-parallel group (ranks holding the same experts), set with expert parallelism."""
+        """Set where ep spans tensor-parallel ranks (Megatron-Core's folding): each tp rank routes its share of the
+        sequences and the outputs are gathered back (toolkit.program.moe.expert_parallel)."""
         self.aux = None
         self.loads: list[float] = []
         """Rows this rank's experts took per call over the mean share (tokens · k): what the runner records as the
         routing's load on this rank (1 without expert parallelism)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp_size > 1:  # folded over tp: this rank's sequences only, gathered back after
+            mine = _SplitRows.apply(x, self.tp_group, self.tp_rank, self.tp_size)
+            return _GatherRows.apply(self._tokens(mine), self.tp_group, self.tp_rank, self.tp_size)
+        return self._tokens(x)
+
+    def _tokens(self, x: torch.Tensor) -> torch.Tensor:
         batch, seq, hidden = x.shape
         flat = x.reshape(-1, hidden)
         weights, chosen, scores = self.router(flat)
+        # (folded over tp, this rank's sequences' share of the micro-batch's mean: the tp ranks' gradients add up)
         self.aux = balance_loss(scores, chosen, batch, seq) if self.training else None
+        if self.aux is not None and self.tp_size > 1:
+            self.aux = self.aux / self.tp_size
         out = self._routed(flat, weights, chosen)
         if self.shared is not None:
             shared = self.shared(flat)
@@ -291,17 +305,58 @@ def _dispatch_run_combine(moe: MoE, rows: torch.Tensor, counts: list[int]) -> to
     return _AllToAll.apply(outputs[index.argsort()], send, arrive, moe.ep_group, 1.0 / ranks)
 
 
+class _SplitRows(torch.autograd.Function):
+    """This tensor-parallel rank's share of the sequences (dimension 0) of x, which every tp rank holds whole; its
+    gradient is every rank's share gathered (Megatron's scatter-to-model-parallel-region)."""
+
+    @staticmethod
+    def forward(ctx, x, group, rank: int, size: int):
+        ctx.group, ctx.size = group, size
+        return x.chunk(size, dim=0)[rank].contiguous()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _all_gather_rows(grad, ctx.group, ctx.size), None, None, None
+
+
+class _GatherRows(torch.autograd.Function):
+    """Every tensor-parallel rank's sequences gathered (dimension 0); the gradient keeps this rank's share, as every
+    rank goes on with the same whole tensor (Megatron's gather-from-model-parallel-region)."""
+
+    @staticmethod
+    def forward(ctx, x, group, rank: int, size: int):
+        ctx.rank, ctx.size = rank, size
+        return _all_gather_rows(x, group, size)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.chunk(ctx.size, dim=0)[ctx.rank].contiguous(), None, None, None
+
+
+def _all_gather_rows(x: torch.Tensor, group, size: int) -> torch.Tensor:
+    import torch.distributed as dist
+
+    parts = [torch.empty_like(x) for _ in range(size)]
+    dist.all_gather(parts, x.contiguous(), group=group)
+    return torch.cat(parts, dim=0)
+
+
 def moe_modules(model: nn.Module) -> list[MoE]:
     return [m for m in model.modules() if isinstance(m, MoE)]
 
 
-def expert_parallel(model: nn.Module, ep_mesh) -> None:
+def expert_parallel(model: nn.Module, ep_mesh, tp_mesh=None, edp_mesh=None) -> None:
     """Keep this rank's experts / ep of every block's routed experts, as DTensors sharded by expert over `ep_mesh`
-    (the whole model was built first with the run's seed: each rank's slice is one process's)."""
+    (the whole model was built first with the run's seed: each rank's slice is one process's). `tp_mesh`: ep spans
+    these tensor-parallel ranks (Megatron-Core's folding), so each routes its share of the sequences. `edp_mesh`:
+    the ranks holding the same experts, over which the runner averages their gradients."""
     from torch.distributed.tensor import Shard, distribute_tensor
 
     for moe in moe_modules(model):
         moe.ep_group, moe.ep_size, moe.ep_rank = ep_mesh.get_group(), ep_mesh.size(), ep_mesh.get_local_rank()
+        moe.edp_group = edp_mesh.get_group() if edp_mesh is not None else None
+        if tp_mesh is not None and tp_mesh.size() > 1:
+            moe.tp_group, moe.tp_size, moe.tp_rank = tp_mesh.get_group(), tp_mesh.size(), tp_mesh.get_local_rank()
         for name, param in list(moe.experts.named_parameters(recurse=False)):
             sharded = distribute_tensor(param.detach(), ep_mesh, [Shard(0)])
             setattr(moe.experts, name, nn.Parameter(sharded, requires_grad=param.requires_grad))

@@ -23,7 +23,7 @@ from torch import nn
 
 from ..specs.dims import ParallelDims
 from ..specs.job import Job
-from .mesh import fsdp_mesh
+from .mesh import expert_mesh, fsdp_mesh
 from .moe import expert_parallel, moe_modules
 from .parallel import tensor_parallel
 from .precision import TORCH_DTYPES
@@ -60,11 +60,13 @@ def parallelize(model: nn.Module, job: Job, mesh, device: torch.device | None = 
     par = job.parallel
     if par.tp > 1:
         tensor_parallel(model, mesh["tp"], sequence_parallel=par.sp)
+    experts = expert_mesh(job, mesh, device.type if device is not None else "cpu")
     if par.ep > 1:
-        expert_parallel(model, mesh["ep"])
+        folded = experts is not mesh  # (ep over tensor-parallel ranks: each routes its share of the sequences)
+        expert_parallel(model, experts["ep"], mesh["tp"] if folded else None, experts["edp"])
     if par.zero >= 2:  # pinned host memory needs an accelerator
         pin = device is not None and device.type == "cuda"
-        return apply_fsdp(model, job, fsdp_mesh(mesh, job), pin, mesh["edp"] if par.ep > 1 else None)
+        return apply_fsdp(model, job, fsdp_mesh(mesh, job), pin, experts["edp"] if par.ep > 1 else None)
     if ParallelDims.from_job(job).ddp:
         return apply_ddp(model, job, mesh["dp"], device)
     return model  # dp x tp at ZeRO-0/1: the runner calls all_reduce_mean after the last backward
@@ -80,14 +82,31 @@ def reduce_replicas(model: nn.Module, mesh) -> Callable[[list], None]:
     """Averages gradients over the data-parallel replicas by hand (see needs_grad_all_reduce). Under expert
     parallelism a routed expert's gradient is already the mean over its ep ranks (toolkit.program.moe): it is
     averaged over the experts' own data-parallel group, which holds its copies."""
-    experts = {id(p) for moe in moe_modules(model) if moe.ep_size > 1 for p in moe.experts.parameters()}
+    moes = [moe for moe in moe_modules(model) if moe.ep_size > 1]
+    experts = {id(p) for moe in moes for p in moe.experts.parameters()}
     dp_group = mesh["dp"].get_group()
-    edp_group = mesh["edp"].get_group() if experts else None
+    edp_group = moes[0].edp_group if moes else None
+    # folded over tp (Megatron-Core's folding), each tp rank routed its own sequences: the router's and the shared
+    # experts' gradients are its share (summed over tp), and an expert's, the mean over ep of every rank's tokens,
+    # holds 1 / tp of each replica's: the edp mean times tp is the replicas' mean
+    tp = moes[0].tp_size if moes else 1
+    partial = (
+        {id(p) for moe in moes for n, p in moe.named_parameters() if not n.startswith("experts.")} if tp > 1 else set()
+    )
 
     def reduce(params) -> None:
+        if partial:
+            all_reduce_mean([p.grad for p in params if id(p) in partial], moes[0].tp_group)
+            for p in params:
+                if id(p) in partial and p.grad is not None:
+                    p.grad.mul_(tp)
         all_reduce_mean([p.grad for p in params if id(p) not in experts], dp_group)
         if experts:
             all_reduce_mean([p.grad for p in params if id(p) in experts], edp_group)
+            if tp > 1:
+                for p in params:
+                    if id(p) in experts and p.grad is not None:
+                        p.grad.mul_(tp)
 
     return reduce
 

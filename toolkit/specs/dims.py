@@ -128,7 +128,7 @@ class ParallelDims:
     def hand_reduce(self) -> bool:
         """dp × tp (or ep) below ZeRO-2: DDP (torch 2.13) refuses modules that mix DTensor and plain parameters,
         so these replicas average their gradients by hand, once a step."""
-        return (self.tp > 1 or self.ep > 1) and self.zero < 2 and self.dp > 1
+        return (self.tp > 1 or self.ep > 1) and self.zero < 2 and (self.dp > 1 or self.experts_folded)
 
     @property
     def needs_mesh(self) -> bool:
