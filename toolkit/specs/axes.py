@@ -117,7 +117,7 @@ AXES = (
         "etp",
         "parallel",
         "expert tensor parallel",
-        (1, 2, 4, 8),
+        (1, 2),  # (wider etp splits thin experts thinner: practitioners fold ep instead; the panel offers more)
         (1, 2, 4, 8),
         1,
         _shown_above(1, "etp {}"),
