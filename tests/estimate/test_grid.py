@@ -132,7 +132,7 @@ def test_grid_and_resolve_agree_on_every_layout_rule(mode, finetune, backend):
     batch, offload, adapters, a named backend that another layout's program is not): valid in the grid exactly when
     Job.resolve accepts it."""
     model = {
-        "layers": 6,
+        "layers": 5,  # (on pp 4 × vpp 2 even Megatron's accounting leaves a chunk without a layer)
         "hidden": 96,
         "heads": 6,
         "kv_heads": 2,

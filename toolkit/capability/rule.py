@@ -11,6 +11,7 @@ import numpy as np
 from ..specs.backends import backend_masks, bf16_optimizer, deepspeed_fp32
 from ..specs.job import Job
 from ..specs.precision import TORCH_SEMANTICS
+from ..specs.stages import empty_chunk
 
 __all__ = ["Rule"]
 
@@ -77,6 +78,16 @@ def _experts_folded(job: Job):
     par = job.parallel
     shard = _arr(1 if par.dp is None else par.dp) // _arr(par.dp_replicate)
     return (_arr(par.etp) > 1) | ((_arr(par.ep) > 1) & (shard % _arr(par.ep) != 0))
+
+
+def _empty_chunk(job):
+    """A chunk of no layers, from the job's stage_layers or its split rule (arrays over layouts allowed)."""
+    par = job.parallel
+    if not job.model.has_shape:
+        return _arr(False)
+    if par.stage_layers:
+        return _arr(min(par.stage_layers) < 1)
+    return empty_chunk(job.model.layers, par.pp, par.vpp)
 
 
 def _replicas(job: Job):

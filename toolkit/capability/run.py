@@ -3,8 +3,20 @@
 from __future__ import annotations
 
 from ..specs.rules import interleaved_rounds_fit, named_backend_fits
-from ..specs.stages import empty_chunk, uneven_fits
-from .rule import Rule, _accum, _arr, _backend_is, _experts, _experts_folded, _piped, _replicas, _split, _tp_or_pp
+from ..specs.stages import uneven_fits
+from .rule import (
+    Rule,
+    _accum,
+    _arr,
+    _backend_is,
+    _empty_chunk,
+    _experts,
+    _experts_folded,
+    _piped,
+    _replicas,
+    _split,
+    _tp_or_pp,
+)
 
 __all__ = ["RUN"]
 
@@ -22,16 +34,6 @@ def _folded_runs(job):
         & (_arr(par.cp) == 1)
         & (_arr(job.batch.micro_batch) % tp == 0)
     )
-
-
-def _empty_chunk(job):
-    """A chunk of no layers, from the job's stage_layers or its split rule (arrays over layouts allowed)."""
-    par = job.parallel
-    if not job.model.has_shape:
-        return _arr(False)
-    if par.stage_layers:
-        return _arr(min(par.stage_layers) < 1)
-    return empty_chunk(job.model.layers, par.pp, par.vpp)
 
 
 RUN = (

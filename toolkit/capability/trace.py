@@ -4,7 +4,7 @@ in the same form as the runner's."""
 from __future__ import annotations
 
 from ..specs.precision import TORCH_SEMANTICS
-from .rule import Rule, _arr, _bf16_optimizer, _experts_folded, _piped, _torch_zero
+from .rule import Rule, _arr, _bf16_optimizer, _empty_chunk, _experts_folded, _piped, _torch_zero
 
 __all__ = ["TRACE"]
 
@@ -16,6 +16,14 @@ TRACE = (
         lambda j: bool(j.precision.fp8_all_gather),
         "float8 needs CUDA's FP8 matmuls: estimated, not traced; trace without it (the gathered blocks in bf16)",
         value=lambda j: True,
+    ),
+    Rule(
+        "trace",
+        "parallel.pp",
+        "a pipeline chunk holding no layer (the embedding or the loss alone)",
+        lambda j: _piped(j) & _empty_chunk(j),
+        "the pipeline tracer runs the runner's stages, each of at least one layer: Megatron's layouts that leave a "
+        "chunk the embedding or the loss alone are estimated, not traced; lower pp or vpp",
     ),
     Rule(
         "trace",

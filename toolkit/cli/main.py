@@ -305,7 +305,6 @@ def _cpu_precision(args, job: Job) -> Job:
     print(
         f"toolkit {args.command}: no GPU here: precision fp32 (this CPU's bf16 autocast runs 20-30x slower); "
         f"--precision {job.precision.mode or 'amp-bf16'} to run that mode anyway",
-        file=sys.stderr,
     )
     return job.replace(precision=dataclasses.replace(job.precision, mode="fp32"))
 

@@ -116,7 +116,7 @@ AXES = (
     Axis(
         "etp",
         "parallel",
-        "expert tensor parallel",
+        "expert tp",
         (1, 2),  # (wider etp splits thin experts thinner: practitioners fold ep instead; the panel offers more)
         (1, 2, 4, 8),
         1,
