@@ -15,10 +15,11 @@ NO_PRECISION = [f for i, f in enumerate(FLAGS) if f != "--precision" and (i == 0
 
 
 def _train(out, *extra) -> tuple[int, str]:
-    err = io.StringIO()
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+    """(exit code, what it printed): the note goes to stdout, so that a refusal stays one line on stderr."""
+    said = io.StringIO()
+    with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
         code = main(["train", *NO_PRECISION, "--steps", "2", "--out", str(out), *extra])
-    return code, err.getvalue()
+    return code, said.getvalue()
 
 
 def test_a_cpu_run_defaults_to_fp32_and_says_so(tmp_path):

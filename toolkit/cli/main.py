@@ -295,12 +295,12 @@ def cmd_estimate(args) -> int:
 def _cpu_precision(args, job: Job) -> Job:
     """Without a GPU, a run whose precision nobody chose trains in fp32: this CPU's bf16 autocast runs 20-30x
     slower (the README's example: 124 tokens/s against 2,370 in fp32). Said in one line; --precision overrides."""
-    import torch
+    from ..launch.device import has_gpu
 
     given = getattr(args, "precision", None) is not None
     if args.config and not given:
         given = "precision" in (read_yaml(args.config, "--config") or {})
-    if given or torch.cuda.is_available() or job.precision.mode == "fp32":
+    if given or has_gpu() or job.precision.mode == "fp32":
         return job
     print(
         f"toolkit {args.command}: no GPU here: precision fp32 (this CPU's bf16 autocast runs 20-30x slower); "

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from ..launch.device import device_type, rank_device
 from ..program.generate import KVCache, greedy, plain_greedy
 from ..program.instrument import StageTracker, snapshot
 from ..program.mesh import build_mesh
@@ -117,8 +118,7 @@ def generate_rank(out: Path, verify: bool = False) -> dict:
     under); returns its record (rank 0 writes the run's)."""
     from ..launch.determinism import pinned, rank_threads
 
-    device_type = "cuda" if torch.cuda.is_available() else "cpu"
-    with pinned(rank_threads(int(os.environ.get("LOCAL_WORLD_SIZE", "1"))), device_type):
+    with pinned(rank_threads(int(os.environ.get("LOCAL_WORLD_SIZE", "1"))), device_type()):
         return _generate_rank(out, verify)
 
 
@@ -127,11 +127,7 @@ def _generate_rank(out: Path, verify: bool) -> dict:
     job, _notes = Job.from_yaml(out / "job.yaml", catalog).resolve(catalog)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
-    device = (
-        torch.device("cuda", rank % max(torch.cuda.device_count(), 1))
-        if torch.cuda.is_available()
-        else (torch.device("cpu"))
-    )
+    device = rank_device(int(os.environ.get("LOCAL_RANK", rank)))
     torch.manual_seed(job.training.seed)
     mesh = build_mesh(ParallelDims(tp=world), device.type) if world > 1 else None
     model = _build(job, device, mesh)

@@ -38,6 +38,7 @@ from ..checkpoint.run_state import checkpoint_state, first_error, load_checkpoin
 from ..checkpoint.sharded import save_sharded, uses_sharded_checkpoint
 from ..estimate.flops import flops_per_token
 from ..launch.determinism import pinned, rank_threads, threads_note
+from ..launch.device import device_type, has_gpu
 from ..program.build import build_program, compile_blocks
 from ..program.mesh import device_mesh, leave_one_process_group
 from ..program.parallelize import dp_rank_and_size
@@ -166,7 +167,7 @@ def run_training(
     """Train `job` (already validated or not) and write checkpoints and metrics under `out_dir`, with this rank's
     threads pinned and deterministic CPU kernels (toolkit.launch.determinism)."""
     threads = rank_threads(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    with pinned(threads, "cuda" if torch.cuda.is_available() else "cpu"):
+    with pinned(threads, device_type()):
         return Trainer(job, out_dir, threads, peak_tflops=peak_tflops, cache_dir=cache_dir, progress=progress).fit()
 
 
@@ -200,7 +201,7 @@ class Trainer:
         tracker_kwargs = tracker_setup(self.t.trackers, out)  # (before accelerate imports the trackers)
         # precision and layout are the job's: accelerate starts the processes and the trackers, nothing more
         self.accelerator = Accelerator(
-            cpu=not torch.cuda.is_available(),
+            cpu=not has_gpu(),
             mixed_precision="no",
             dynamo_backend="no",
             log_with=list(self.t.trackers) or None,
