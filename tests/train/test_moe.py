@@ -28,6 +28,16 @@ def _assert_close(run, ref, rel=1e-4):
         assert s1 == s2 and l1 == pytest.approx(l2, rel=rel) and g1 == pytest.approx(g2, rel=10 * rel)
 
 
+def _resumes_in_one_process(run, corpus, one_moe_process):
+    """The run's step-10 checkpoint (experts sharded by rank, DCP) goes on in one process as one process did."""
+    moved = run.parent / (run.name + "-moved")
+    shutil.copytree(run, moved)
+    _drop_checkpoint(moved, 20)
+    again = train_here(moved, *MOE, *STEPS, "--data", str(corpus))
+    assert again.returncode == 0 and "resumed from step_00000010.pt" in again.stdout + again.stderr
+    _assert_close(_records(moved), one_moe_process)
+
+
 @pytest.fixture(scope="module")
 def one_moe_process(tmp_path_factory, corpus):
     out = tmp_path_factory.mktemp("moe-one")
@@ -56,12 +66,7 @@ def test_an_expert_parallel_layout_trains_as_one_process(tmp_path, corpus, one_m
         peak = rank["peak_bytes"]
         assert -0.03 - send_buffer / peak["measured"] < peak["error"] < 0.03
     if layout == ("--ep", "2"):  # its checkpoint (experts sharded by rank, DCP) goes on in one process
-        moved = tmp_path.parent / (tmp_path.name + "-moved")
-        shutil.copytree(tmp_path, moved)
-        _drop_checkpoint(moved, 20)
-        again = train_here(moved, *MOE, *STEPS, "--data", str(corpus))
-        assert again.returncode == 0 and "resumed from step_00000010.pt" in again.stdout + again.stderr
-        _assert_close(_records(moved), one_moe_process)
+        _resumes_in_one_process(tmp_path, corpus, one_moe_process)
 
 
 def test_what_the_runner_does_not_train_is_refused_in_one_line(tmp_path, corpus):
@@ -89,9 +94,4 @@ def test_ep_folded_over_tensor_parallel_ranks_trains_as_one_process(tmp_path, co
         assert params["estimate"] == pytest.approx(params["measured"], rel=0.005)
         peak = rank["peak_bytes"]
         assert -0.03 - send_buffer / peak["measured"] < peak["error"] < 0.03
-    moved = tmp_path.parent / (tmp_path.name + "-moved")
-    shutil.copytree(tmp_path, moved)
-    _drop_checkpoint(moved, 20)
-    again = train_here(moved, *MOE, *STEPS, "--data", str(corpus))
-    assert again.returncode == 0 and "resumed from step_00000010.pt" in again.stdout + again.stderr
-    _assert_close(_records(moved), one_moe_process)
+    _resumes_in_one_process(tmp_path, corpus, one_moe_process)
