@@ -20,6 +20,7 @@ import numpy as np
 from ..specs.backends import deepspeed_fp32
 from ..specs.job import Job
 from ..specs.precision import TORCH_SEMANTICS
+from .generate import GENERATE
 from .rule import Rule, _arr
 from .run import RUN
 from .trace import TRACE
@@ -32,11 +33,12 @@ __all__ = [
     "trace_path",
     "trace_refusal",
     "check_traceable",
+    "generate_refusal",
     "capability_markdown",
 ]
 
-RULES = RUN + TRACE
-"""Every rule, the runner's first: what runs, then what each tracer measures."""
+RULES = RUN + TRACE + GENERATE
+"""Every rule, the runner's first: what runs, then what each tracer measures, then what generate serves."""
 
 
 def run_refusal(job: Job) -> tuple[str, object, str] | None:
@@ -83,6 +85,14 @@ def trace_refusal(job: Job) -> tuple[str, object, str] | None:
     return None
 
 
+def generate_refusal(job: Job) -> tuple[str, object, str] | None:
+    """Why `toolkit generate` cannot run this resolved serving job: the first of its rules that refuses."""
+    for rule in GENERATE:
+        if bool(rule.refuses(job)):
+            return rule.refusal(job)
+    return None
+
+
 def check_traceable(job: Job) -> None:
     """Raise the tracer's refusal as a SpecError (one line naming the field and the way out)."""
     from ..specs.errors import SpecError
@@ -97,6 +107,8 @@ def capability_markdown() -> str:
     lines = ["| refused by | field | when | why |", "|---|---|---|---|"]
     for rule in RULES:
         reason = rule.reason if isinstance(rule.reason, str) else "(the reason names the job's figures)"
-        who = {"run": "the runner", "trace": "every tracer"}.get(rule.who, f"the {rule.who[6:]} tracer")
+        who = {"run": "the runner", "trace": "every tracer", "generate": "`toolkit generate`"}.get(
+            rule.who, f"the {rule.who[6:]} tracer"
+        )
         lines.append(f"| {who} | `{rule.field}` | {rule.when} | {reason} |")
     return "\n".join(lines)

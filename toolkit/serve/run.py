@@ -12,11 +12,11 @@ import dataclasses
 import sys
 from pathlib import Path
 
+from ..capability import generate_refusal
 from ..launch.ranks import start_ranks, supervise
 from ..runs.folder import write_run_catalog
 from ..specs import Job, SpecError, load_catalog
 from ..specs.errors import MeasurementFailed
-from ..specs.job import compute_dtype
 from ..specs.yamlio import check_output_folder
 
 __all__ = ["generate"]
@@ -41,28 +41,11 @@ def _check(job: Job, nproc: int) -> Job:
     return job
 
 
-def _check_runnable(job: Job, nproc: int) -> None:
-    """What the runner's generation cannot do, in one line: it keeps weights and cache in the compute dtype, its
-    position table bounds the context, and tensor parallelism splits the kv heads."""
-    m, s = job.model, job.serving
-    compute = compute_dtype(job.precision.mode)
-    if not m.has_shape or m.experts and nproc > 1 or m.attention_kind == "mla":
-        raise SpecError("model", m.name, "generate runs dense models with a shape (an MoE on one rank; no MLA)")
-    for field, value in (("weights", s.weights), ("kv_dtype", s.kv_dtype)):
-        if value != compute:
-            raise SpecError(
-                f"serving.{field}",
-                value,
-                f"generate keeps weights and cache in the compute dtype ({compute}); the estimate prices the others",
-            )
-    if m.position == "learned" and s.context > m.max_positions_:
-        raise SpecError(
-            "serving.max_context",
-            s.context,
-            f"is beyond the model's {m.max_positions_} learned positions; shorten the requests or raise --seq",
-        )
-    if m.kv_heads_ % nproc:
-        raise SpecError("--nproc", nproc, f"must divide the model's {m.kv_heads_} kv heads (the runner splits them)")
+def _check_runnable(job: Job) -> None:
+    """What the runner's generation cannot do, in one line: toolkit.capability's generate rules."""
+    refusal = generate_refusal(job)
+    if refusal is not None:
+        raise SpecError(*refusal)
 
 
 def generate(job: Job, out_dir: str | Path, nproc: int = 1, catalog_files=(), verify: bool = False) -> Path:
@@ -70,7 +53,7 @@ def generate(job: Job, out_dir: str | Path, nproc: int = 1, catalog_files=(), ve
     job = _check(job, nproc)
     catalog = load_catalog(*catalog_files)
     resolved, _notes = job.resolve(catalog)
-    _check_runnable(resolved, nproc)
+    _check_runnable(resolved)
     out = Path(out_dir)
     check_output_folder("--out", str(out))
     out.mkdir(parents=True, exist_ok=True)
