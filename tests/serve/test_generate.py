@@ -163,3 +163,19 @@ def test_hugging_face_weights_generate_what_transformers_generates(cli, tmp_path
         theirs = model.generate(prompts, max_new_tokens=12, do_sample=False, min_new_tokens=12, pad_token_id=0)
     assert theirs[:, 16:].tolist() == ours
     assert len(set(ours[0])) > 3
+
+
+def test_what_generate_cannot_run_is_refused_in_one_line(cli, tmp_path):
+    """toolkit.capability's generate rules, as the command says them: another KV dtype, a context past the
+    learned positions, ranks that do not divide the kv heads."""
+    base = ["generate", "--layers", "2", "--hidden", "64", "--heads", "4", "--vocab", "256", "--seq", "64"]
+    for extra, says in [
+        (("--kv-dtype", "fp8"), "keeps weights and cache in the compute dtype"),
+        (("--input-tokens", "60", "--output-tokens", "16", "--concurrency", "1"), "learned positions"),
+        (
+            ("--kv-heads", "2", "--nproc", "4", "--concurrency", "1", "--input-tokens", "8", "--output-tokens", "8"),
+            "must divide the model's 2 kv heads",
+        ),
+    ]:
+        code, _out, err = cli(*base, "--out", str(tmp_path / "x"), *extra)
+        assert code != 0 and says in err and len(err.strip().splitlines()) == 1, err
