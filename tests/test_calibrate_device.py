@@ -26,8 +26,10 @@ MIB = 2**20
         ("Tesla V100-SXM2-32GB", 32768, "V100-32GB"),
         ("NVIDIA GeForce RTX 4090", 24564, "RTX-4090"),
         ("AMD Instinct MI300X", 196592, "MI300X"),
-        ("NVIDIA H100 PCIe", 81559, None),  # not its SXM sibling
-        ("NVIDIA A10G", 23028, None),  # not in the catalog
+        ("NVIDIA H100 PCIe", 81559, "H100-PCIe"),  # not its SXM sibling
+        ("NVIDIA A10G", 23028, "A10G"),
+        ("NVIDIA RTX A6000", 49140, None),  # not in the catalog (nor its RTX sibling, the 4090)
+        ("NVIDIA L4", 23034, "L4"),
     ],
 )
 def test_a_gpu_is_its_catalog_row_by_the_name_and_capacity_nvidia_smi_reports(name, total_mib, row):

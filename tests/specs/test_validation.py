@@ -250,7 +250,7 @@ def test_bad_catalog_file(cli, tmp_path, text, expect):
 def test_catalog_command_bad_kind_and_name(cli):
     code, _out, err = cli("catalog", "acelerators")
     assert code == 2 and "did you mean accelerators" in err
-    code, _out, err = cli("catalog", "accelerators", "H100-PCIE")
+    code, _out, err = cli("catalog", "accelerators", "H100-PCIX")
     assert code == 2 and "unknown accelerator" in err
 
 

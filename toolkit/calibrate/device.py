@@ -91,6 +91,14 @@ def gpu_row(job: Job, catalog: Catalog, out_dir: str | Path) -> dict:
     return row
 
 
+def _model_part(row_name: str) -> str:
+    """A row name's model: its first part where that holds a number ("a100", "l4"), else its first two ("rtx4090",
+    not "rtx", which every RTX card's name holds)."""
+    parts = [re.sub(r"[^a-z0-9]", "", p) for p in row_name.lower().split("-")]
+    model = parts[0] if any(c.isdigit() for c in parts[0]) else "".join(parts[:2])
+    return model if any(c.isdigit() for c in model) else ""
+
+
 def catalog_row_for(device_name: str, total_bytes: float, catalog: Catalog) -> str | None:
     """The catalog accelerator a GPU is, from its name as torch or nvidia-smi gives it ("NVIDIA H100 80GB HBM3",
     "NVIDIA A100-SXM4-40GB"): the rows whose model (a name's or alias's first part, e.g. "a100") the name contains,
@@ -99,8 +107,8 @@ def catalog_row_for(device_name: str, total_bytes: float, catalog: Catalog) -> s
     name = re.sub(r"[^a-z0-9]", "", device_name.lower())
     candidates = []
     for acc in catalog.accelerators.values():
-        models = {re.sub(r"[^a-z0-9]", "", n.lower().split("-")[0]) for n in (acc.name, *acc.aliases)}
-        if any(len(m) >= 3 and m in name for m in models) and acc.memory_bytes:
+        models = {_model_part(n) for n in (acc.name, *acc.aliases)}
+        if any(len(m) >= 2 and m in name for m in models) and acc.memory_bytes:
             candidates.append(acc)
     if "pcie" in name:
         candidates = [a for a in candidates if any("pcie" in n.lower() for n in (a.name, *a.aliases))]

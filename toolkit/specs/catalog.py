@@ -53,6 +53,9 @@ class Accelerator:
     allreduce_bus_bw_bytes_per_s: float | None = None
     """Measured all-reduce bus bandwidth inside one node where the switch reduces (NVLink SHARP on HGX H100/H200),
     above what the link alone gives a ring; None = the ring's."""
+    nvlink_domain: int | None = None
+    """GPUs that share one NVLink domain where it is wider than a node (72 in a GB200/GB300 NVL72 rack): a job that
+    keeps the default 8 GPUs a node gets the domain instead (toolkit.specs.resolve)."""
     host_link_bytes_per_s: float | None = None
     """The device's link to its host (PCIe), one way, nominal: what offloaded states cross each step."""
     host_link_source: str | None = None

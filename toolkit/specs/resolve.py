@@ -261,6 +261,23 @@ def _check_recompute_modules(memory) -> None:
         )
 
 
+def _nvlink_domain(cluster, accelerator, notes: list[str]):
+    """A rack-scale NVLink domain (NVL72) in place of the default 8 GPUs a node: the largest power of two up to the
+    domain that divides the devices (256 GB200 as 4 racks of 64), said in a note; a job's own gpus_per_node stays."""
+    domain = accelerator.nvlink_domain if accelerator is not None else None
+    if not domain or cluster.gpus_per_node != 8 or cluster.count is None or cluster.count <= 8:
+        return cluster
+    size = next(s for s in (64, 32, 16, 8) if s <= domain and cluster.count % s == 0) if cluster.count % 8 == 0 else 8
+    size = cluster.count if cluster.count <= domain else size
+    if size == 8:
+        return cluster
+    notes.append(
+        f"{accelerator.name}: one NVLink domain spans {domain} GPUs; {size} GPUs a domain here "
+        f"(cluster.gpus_per_node = {size}; give --gpus-per-node to set it)"
+    )
+    return dataclasses.replace(cluster, gpus_per_node=size)
+
+
 def _resolve_cluster(job: Job, catalog: Catalog, notes: list[str]):
     """(cluster with its accelerator and device count filled in, the accelerator's catalog row or None)."""
     cluster, par = job.cluster, job.parallel
@@ -283,6 +300,7 @@ def _resolve_cluster(job: Job, catalog: Catalog, notes: list[str]):
     elif accelerator is not None:
         cluster = dataclasses.replace(cluster, accelerator=accelerator.name)
 
+    cluster = _nvlink_domain(cluster, accelerator, notes)
     count = cluster.count
     if count is None:
         if par.dp is not None:
