@@ -40,7 +40,7 @@ LAYOUTS = (
     {"zero": 3, "offload": "optimizer"},
 )
 MOE_LAYOUTS = ({"ep": 8}, {"tp": 2, "ep": 8}, {"tp": 2, "pp": 4, "ep": 8, "etp": 2})
-RECIPES = ({}, {"memory": {"recompute": "full"}}, {"batch": {"micro_batch": 2}})
+RECIPES = ({}, {"memory": {"recompute": "full"}, "batch": {"micro_batch": 2}})
 
 
 def accelerators(catalog) -> list[str]:

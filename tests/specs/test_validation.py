@@ -233,7 +233,7 @@ def test_bad_hf_config(cli, tmp_path, text, expect):
     [
         ("offers:\n  - {name: p4d.24xlarge, on_demand_per_hour: 19.0}\n", "offers[0].source = None: is required"),
         (
-            "offers:\n  - {name: my-box, provider: me, region: here, accelerator: B300, count: 8, currency: USD,\n"
+            "offers:\n  - {name: my-box, provider: me, region: here, accelerator: Z900, count: 8, currency: USD,\n"
             "     on_demand_per_hour: 1, spot_per_hour_low: unknown, spot_per_hour_high: unknown,\n"
             "     network_bw_bytes_per_s: unknown, source: quote, as_of: 2026-11-01}\n",
             "unknown accelerator",
