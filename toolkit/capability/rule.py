@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..specs.backends import backend_masks, bf16_optimizer, deepspeed_fp32
+from ..specs.dims import experts_folded
 from ..specs.job import Job
 from ..specs.precision import TORCH_SEMANTICS
 from ..specs.stages import empty_chunk
@@ -74,10 +75,8 @@ def _split(job: Job):
 
 
 def _experts_folded(job: Job):
-    """The experts' own grid (Megatron-Core's folding): etp, or ep beyond dp's shard group (arrays allowed)."""
-    par = job.parallel
-    shard = _arr(1 if par.dp is None else par.dp) // _arr(par.dp_replicate)
-    return (_arr(par.etp) > 1) | ((_arr(par.ep) > 1) & (shard % _arr(par.ep) != 0))
+    """The experts' own grid in the runner's program (Megatron's is refused on its own: toolkit.specs.dims)."""
+    return experts_folded(job.parallel)
 
 
 def _empty_chunk(job):

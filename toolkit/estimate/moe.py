@@ -19,6 +19,7 @@ import dataclasses
 import numpy as np
 
 from ..specs.backends import is_megatron
+from ..specs.dims import experts_folded
 from ..specs.model import ModelSpec
 from ..specs.params import ParamCount, count_params, mlp_params, moe_params
 from .collectives import bus_bw_bytes_per_s, placement, ring_s
@@ -101,7 +102,7 @@ def expert_grid(job) -> ExpertGrid:
     par = job.parallel
     tp, cp, ep, etp = (np.asarray(v) for v in (par.tp, par.cp, par.ep, par.etp))
     shard = np.maximum(np.asarray(1 if par.dp is None else par.dp) * cp // np.asarray(par.dp_replicate), 1)
-    folded = is_megatron(job) | (etp > 1) | ((shard // cp) % ep != 0)
+    folded = experts_folded(par, is_megatron(job))
     return ExpertGrid(
         folded=folded,
         token_split=np.where(folded, tp, 1),

@@ -16,10 +16,21 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+import numpy as np
+
 from .axes import AXES, MESH_ORDER
 from .errors import SpecError
 
-__all__ = ["ParallelDims", "reset_layout"]
+__all__ = ["ParallelDims", "reset_layout", "experts_folded"]
+
+
+def experts_folded(parallel, megatron=False):
+    """The experts have a grid of their own (Megatron-Core's MoE parallel folding): they split each expert (etp),
+    or ep does not divide dp's shard group, or Megatron's program runs them (which always folds). Arrays over a
+    layout grid allowed; ParallelDims, the capability rules and the estimate's expert grid all ask this."""
+    ep, etp = np.asarray(parallel.ep), np.asarray(parallel.etp)
+    shard = np.asarray(1 if parallel.dp is None else parallel.dp) // np.asarray(parallel.dp_replicate)
+    return (etp > 1) | np.asarray(megatron) | ((ep > 1) & (shard % ep != 0))
 
 
 @dataclass(frozen=True)
@@ -88,11 +99,7 @@ class ParallelDims:
     def experts_folded(self) -> bool:
         """The experts have a grid of their own (Megatron-Core's MoE parallel folding): ep spans tensor- or
         context-parallel ranks, or splits each expert (etp), instead of sitting inside dp's shard group."""
-        return (
-            self.etp > 1
-            or (self.ep > 1 and self.dp_shard % self.ep != 0)
-            or (self.ep > 1 and self.backend == "megatron")
-        )
+        return bool(experts_folded(self, self.backend == "megatron"))
 
     @property
     def edp(self) -> int:

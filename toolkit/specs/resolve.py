@@ -267,8 +267,10 @@ def _nvlink_domain(cluster, accelerator, notes: list[str]):
     domain = accelerator.nvlink_domain if accelerator is not None else None
     if not domain or cluster.gpus_per_node != 8 or cluster.count is None or cluster.count <= 8:
         return cluster
-    size = next(s for s in (64, 32, 16, 8) if s <= domain and cluster.count % s == 0) if cluster.count % 8 == 0 else 8
-    size = cluster.count if cluster.count <= domain else size
+    if cluster.count <= domain:
+        size = cluster.count
+    else:
+        size = next((s for s in (64, 32, 16) if s <= domain and cluster.count % s == 0), 8)
     if size == 8:
         return cluster
     notes.append(
