@@ -286,7 +286,15 @@ def flag_hint(err: SpecError) -> str:
 def fixed_axes(args) -> set[str]:
     """Layout axes the user fixed on the command line or in the job file: the search leaves them alone."""
     fixed = {axis.name for axis in AXES if getattr(args, axis.name, None) is not None}
+    # an MoE's dispatcher and overlap are searched too (toolkit.plan.moe_options) unless given
+    options = {"dispatcher": ("moe", "dispatcher"), "ep_comm": ("overlap", "ep_comm")}
+    fixed |= {name for name, (_, key) in options.items() if getattr(args, OPTION_FLAGS[name], None) is not None}
     if args.config:
         data = read_yaml(args.config, what="job file") or {}
         fixed |= {axis.name for axis in AXES if axis.name in (data.get(axis.section) or {})}
+        fixed |= {name for name, (section, key) in options.items() if key in (data.get(section) or {})}
     return fixed
+
+
+OPTION_FLAGS = {"dispatcher": "dispatcher", "ep_comm": "overlap_ep_comm"}
+"""The argparse names of the searched MoE options."""

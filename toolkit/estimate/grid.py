@@ -46,6 +46,19 @@ class LayoutGrid:
             out[name] = np.asarray(value)[i].item() if np.ndim(value) else value
         return out
 
+    def take(self, index: np.ndarray) -> LayoutGrid:
+        """The layouts at `index` only: a search keeps the valid ones before pricing them (a fifth of DeepSeek-V3's
+        430,080 on 1024 GPUs), which keeps the arrays small enough to plan in seconds."""
+        sections = {}
+        for name, section in {**AXES, "dp": "parallel"}.items():
+            value = getattr(getattr(self.job, section), name)
+            if np.ndim(value):
+                sections.setdefault(section, {})[name] = np.asarray(value)[index]
+        job = dataclasses.replace(
+            self.job, **{sec: dataclasses.replace(getattr(self.job, sec), **f) for sec, f in sections.items()}
+        )
+        return LayoutGrid(job=job, valid=self.valid[index])
+
 
 def layout_grid(job: Job, **axes) -> LayoutGrid:
     """The cartesian product of `axes` (e.g. tp=[1, 2, 8]) applied to a resolved job of fixed devices and batch."""

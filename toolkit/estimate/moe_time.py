@@ -44,13 +44,14 @@ def _dispatch_combine_s(job: Job, hw: Hardware, a: Assumptions, sent, size, coun
     all-to-all, DeepEP's node-deduplicated kernels (the dispatches in FP8 where asked: forward, and the gradient's
     before the down projections, DeepSeek-V3 §3.3), or Megatron's allgather and reduce-scatter."""
     m, grid, ep = job.model, expert_grid(job), job.parallel.ep
-    dispatcher = job.moe.dispatcher
-    if dispatcher == "allgather":
-        token_bytes = sent * m.hidden * job.precision.plan.compute_bytes
-        return count * allgather_dispatch_s(token_bytes, ep, grid.stride, hw, a)
-    if dispatcher in ("deepep", "flex"):
-        fp8 = job.precision.fp8 if job.moe.fp8_dispatch is None else job.moe.fp8_dispatch
-        dispatch_size = size * (FP8_DISPATCH_BYTES / job.precision.plan.compute_bytes if fp8 else 1.0)
-        one = deepep_s(dispatch_size, ep, grid.stride, hw, a, m) + deepep_s(size, ep, grid.stride, hw, a, m)
-        return count / 2 * one
-    return count * all_to_all_s(size, ep, grid.stride, hw, a)
+    dispatcher = np.asarray(job.moe.dispatcher)  # one name, or one a layout when a search tries each
+    token_bytes = sent * m.hidden * job.precision.plan.compute_bytes
+    allgather = count * allgather_dispatch_s(token_bytes, ep, grid.stride, hw, a)
+    fp8 = job.precision.fp8 if job.moe.fp8_dispatch is None else job.moe.fp8_dispatch
+    dispatch_size = size * (FP8_DISPATCH_BYTES / job.precision.plan.compute_bytes if fp8 else 1.0)
+    one = deepep_s(dispatch_size, ep, grid.stride, hw, a, m) + deepep_s(size, ep, grid.stride, hw, a, m)
+    deepep = count / 2 * one
+    alltoall = count * all_to_all_s(size, ep, grid.stride, hw, a)
+    return np.select(
+        [dispatcher == "allgather", np.isin(dispatcher, ("deepep", "flex"))], [allgather, deepep], default=alltoall
+    )

@@ -29,12 +29,13 @@ from ..estimate.memory import memory_estimate
 from ..estimate.pipeline import simulate
 from ..estimate.spot import spot_run
 from ..estimate.states import model_state_bytes
-from ..estimate.steptime import StepTime, step_time
+from ..estimate.steptime import StepTime
 from ..specs import Job, SpecError
 from ..specs.axes import AXES, AXIS
 from ..specs.catalog import Catalog, Offer
 from ..specs.dims import reset_layout
 from ..specs.stages import chunk_layers, uneven_fits
+from .moe_options import fastest_moe_options
 
 __all__ = ["search", "AXIS_VALUES", "pareto_front", "plan_job"]
 
@@ -156,7 +157,8 @@ def search(
             continue
         grid = layout_grid(resolved, **_axes(job, count, fixed))
         evaluated += len(grid)
-        block = _evaluate_cluster(grid, resolved, hw, catalog, accelerator, count)
+        grid = grid.take(np.flatnonzero(grid.valid))  # only the layouts the rules allow are priced
+        block = _evaluate_cluster(grid, resolved, hw, catalog, accelerator, count, fixed)
         if runnable:
             block["ok"] &= np.broadcast_to(runnable_mask(grid.job), block["ok"].shape)
         if deadline_days is not None:
@@ -195,10 +197,11 @@ def _cluster_base(job: Job, accelerator: str, count: int, offer_name: str | None
 
 
 def _evaluate_cluster(
-    grid: LayoutGrid, resolved: Job, hw: Hardware, catalog: Catalog, accelerator: str, count: int
+    grid: LayoutGrid, resolved: Job, hw: Hardware, catalog: Catalog, accelerator: str, count: int, fixed: set[str]
 ) -> dict:
-    """Every layout of one cluster at once: what the device holds against what it can, the step time, and the run's
-    time and cost. `ok` marks the layouts that are valid and fit."""
+    """Every layout of one cluster at once: what the device holds against what it can, the step time (an MoE's at its
+    fastest dispatcher and overlap, unless fixed), and the run's time and cost. `ok` marks the layouts that are valid
+    and fit."""
     mem = memory_estimate(grid.job)
     acc = catalog.accelerator(accelerator)
     usable_bytes = acc.memory_bytes * (1 - resolved.memory.headroom_fraction)
@@ -206,7 +209,7 @@ def _evaluate_cluster(
     held = device_memory(grid.job, peak_bytes, acc)  # what the device really holds decides the fit
     device_peak_bytes = np.broadcast_to(np.asarray(held.device_bytes, dtype=float), (len(grid),))
     reserved_peak_bytes = np.broadcast_to(np.asarray(held.reserved_bytes, dtype=float), (len(grid),))
-    st = step_time(grid.job, hw)
+    st, moe_options = fastest_moe_options(grid.job, hw, vendor=acc.vendor, fixed=fixed)
     offer = catalog.offer(resolved.cost.offer) if resolved.cost.offer else None
     instances = math.ceil(count / offer.count) if offer is not None else None
     train_s, cost = _run_time_and_cost(grid, resolved, st, offer, instances)
@@ -216,6 +219,7 @@ def _evaluate_cluster(
         "reserved": reserved_peak_bytes,
         "device": device_peak_bytes,
         "st": st,
+        "moe_options": moe_options,
         "band": band(regime_of(hw)),
         "network": _network(resolved, catalog),
         "train_s": train_s,
@@ -303,7 +307,15 @@ def _describe(block: dict, i: int) -> dict:
         "cost_usd": None if np.isnan(block["cost_usd"][i]) else float(block["cost_usd"][i]),
         "breakdown": {k: pick(v) for k, v in st.breakdown().items()},
         "stage_micro_s": [pick(v) for v in st.stage_micro_s],
+        "moe": _moe_choice(block["moe_options"], i),
     }
+
+
+def _moe_choice(options: dict | None, i: int) -> dict | None:
+    """The dispatcher and overlap a plan was priced with (toolkit.plan.moe_options), or None where not searched."""
+    if options is None:
+        return None
+    return {"dispatcher": str(options["dispatcher"][i]), "overlap_ep_comm": bool(options["ep_comm"][i])}
 
 
 def _network(job: Job, catalog: Catalog) -> dict:
@@ -376,15 +388,24 @@ def _simulated(plan: dict, job: Job, p: int, v: int, m: int) -> dict:
 def plan_job(job: Job, plan: dict) -> Job:
     """The job a plan describes (its devices, layout, micro-batch and recompute), e.g. to write with --write-job."""
     lay = plan["layout"]
-    return job.replace(
+    out = job.replace(
         cluster=dataclasses.replace(job.cluster, accelerator=plan["accelerator"], count=plan["devices"]),
         parallel=dataclasses.replace(
             job.parallel,
             stage_layers=None,
             partition=None,  # (the plan's split rule)
-            **{k: lay[k] for k in ("dp", "tp", "pp", "vpp", "cp", "sp", "zero", "dp_replicate", "ep", "offload")},
+            **{
+                k: lay[k] for k in ("dp", "tp", "pp", "vpp", "cp", "sp", "zero", "dp_replicate", "ep", "etp", "offload")
+            },
         ),
         batch=dataclasses.replace(job.batch, micro_batch=lay["micro_batch"]),
         memory=dataclasses.replace(job.memory, recompute=lay["recompute"]),
         cost=dataclasses.replace(job.cost, offer=plan["offer"] or job.cost.offer),
     )
+    moe = plan.get("moe")
+    if moe:  # the dispatcher and overlap the plan was priced with
+        out = out.replace(
+            moe=dataclasses.replace(job.moe, dispatcher=moe["dispatcher"]),
+            overlap=dataclasses.replace(job.overlap, ep_comm=moe["overlap_ep_comm"]),
+        )
+    return out

@@ -304,6 +304,14 @@ def layout_text(layout: dict) -> str:
     return " · ".join(parts)
 
 
+def plan_layout_text(plan: dict) -> str:
+    """A plan's layout, with the MoE dispatcher and overlap the search chose where experts are spread (ep > 1)."""
+    text, moe = layout_text(plan["layout"]), plan.get("moe")
+    if moe and plan["layout"].get("ep", 1) > 1:
+        text += f" · {moe['dispatcher']}" + (" · ep overlap" if moe["overlap_ep_comm"] else "")
+    return text
+
+
 def duration_text(seconds: float) -> str:
     """A step or a run in the unit that reads: ms below a second, minutes below an hour, hours below two days."""
     if seconds < 1:
@@ -366,7 +374,7 @@ def render_plan(result: dict) -> str:
             (
                 f"{i}{mark}",
                 where,
-                layout_text(p["layout"]),
+                plan_layout_text(p),
                 f"{gib(p['device_peak_bytes'])}/{gib(p['usable_bytes'])}",
                 duration_text(p["step_s"]),
                 f"{p['mfu']:.0%}",
@@ -396,7 +404,7 @@ def render_plan(result: dict) -> str:
         out += ["", "Pareto front (no plan is both faster and cheaper):"]
         out += [
             f"  {p['train_days']:,.1f} days, {money(p['cost'], p['currency'])}: {p['devices']}x{p['accelerator']}, "
-            f"{layout_text(p['layout'])}"
+            f"{plan_layout_text(p)}"
             for p in result["pareto"]
         ]
     if result["refused_clusters"]:
