@@ -63,3 +63,39 @@ def test_close_to_six_n_plus_attention_for_gpt3(catalog):
     exact = flops_per_token(job).model
     six_n = 6 * 174_604_259_328 + 6 * 96 * 2048 * 12288
     assert exact == pytest.approx(six_n, rel=0.002)
+
+
+MOE = {
+    **LLAMA,
+    "experts": 8,
+    "experts_per_token": 2,
+    "expert_ffn": 48,
+    "shared_experts": 1,
+    "shared_expert_ffn": 40,
+    "dense_layers": 1,
+    "layers": 3,
+}
+
+
+@pytest.mark.parametrize("modules", [["moe"], ["shared_experts"], ["mlp"]])
+def test_recompute_modules_rerun_what_the_module_forward_counts(modules):
+    """Megatron's --recompute-modules reruns the listed modules' forward: the FLOPs priced for them equal what
+    FlopCounterMode counts for those modules of the runner's GPT, run once forward."""
+    from toolkit.estimate.flops import module_recompute_flops
+    from toolkit.program.moe import MoE
+
+    job = Job.from_dict({"model": MOE, "memory": {"recompute": "selective", "recompute_modules": modules}}).resolve()[0]
+    model = GPT(job.model, attention="eager")
+    tokens = 3 * job.model.seq_len
+    x = torch.randn(3, job.model.seq_len, job.model.hidden)
+    with FlopCounterMode(display=False) as counter:
+        for block in model.blocks:
+            mlp = block.mlp
+            if "moe" in modules and isinstance(mlp, MoE):
+                mlp(x)
+            elif "shared_experts" in modules and isinstance(mlp, MoE):
+                mlp.shared(x)
+            elif "mlp" in modules and not isinstance(mlp, MoE):
+                mlp(x)
+    dense, experts = module_recompute_flops(job)
+    assert (dense + experts) * tokens == pytest.approx(counter.get_total_flops(), rel=0.01)

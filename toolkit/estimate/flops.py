@@ -120,6 +120,9 @@ def flops_per_token(job: Job, causal: bool = True) -> TokenFlops:
     fused = job.memory.attention == "flash"
     mlp_again = h * f if m.mlp == "swiglu" or m.dropout > 0 else 0
     per_op = 2 * (h * kv + q * h + mlp_again) * m.layers + (0 if fused else attention)
+    if job.memory.recompute_modules is not None:  # Megatron's --recompute-modules: the listed parts only
+        dense_again, experts_again = module_recompute_flops(job)
+        selective = (selective if "core_attn" in job.memory.recompute_modules else 0.0) + dense_again + experts_again
     recompute = np.select(
         [mode == "full", mode == "selective", mode == "selective-op"],
         [layer_matmuls - (m.dropout == 0) * 2 * h * f * m.layers + attention, selective, per_op],
@@ -128,3 +131,28 @@ def flops_per_token(job: Job, causal: bool = True) -> TokenFlops:
     recompute = recompute.item() if recompute.ndim == 0 else recompute
     experts = 2 * mlp_matrices * h * m.experts_per_token * m.expert_ffn_ * m.moe_layers if m.experts else 0.0
     return TokenFlops(layer_matmuls=layer_matmuls, attention=attention, head=head, recompute=recompute, experts=experts)
+
+
+def module_recompute_flops(job: Job) -> tuple[float, float]:
+    """FLOPs per token that Megatron's `--recompute-modules` reruns beyond the attention core, as (dense, routed
+    experts): mla_up_proj the latent attention's up-projections, mlp a dense block's MLP, shared_experts theirs, moe
+    the whole MoE block (router, shared and routed experts; the routed share at the experts' own shapes).
+    layernorm and moe_act rerun element-wise kernels only (no matmul). Zero without a module list."""
+    m, modules = job.model, set(job.memory.recompute_modules or ())
+    if not modules:
+        return 0.0, 0.0
+    h, mats = m.hidden, 3 if m.mlp == "swiglu" else 2
+    dense = 0.0
+    if "mla_up_proj" in modules and m.attention_kind == "mla":
+        q_up = (m.q_lora_rank or 0) * m.heads * (m.head_dim_ + m.rope_head_dim)
+        dense += 2 * (q_up + m.kv_lora_rank * m.heads * (m.head_dim_ + m.v_head_dim_)) * m.layers
+    if "mlp" in modules:
+        dense += 2 * mats * h * m.ffn_ * (m.dense_layers if m.experts else m.layers)
+    shared = 2 * mats * h * m.shared_experts * m.shared_expert_ffn_ * m.moe_layers if m.experts else 0.0
+    experts = 0.0
+    if "moe" in modules and m.experts:
+        dense += shared + 2 * h * m.experts * m.moe_layers  # and the router's scores
+        experts = 2 * mats * h * m.experts_per_token * m.expert_ffn_ * m.moe_layers
+    elif "shared_experts" in modules:
+        dense += shared
+    return dense, experts

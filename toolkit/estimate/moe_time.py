@@ -13,7 +13,12 @@ from .collectives import bus_bw_bytes_per_s, latency_s, ring_s
 from .hardware import Assumptions, Hardware
 from .moe import FP8_DISPATCH_BYTES, all_to_all_s, allgather_dispatch_s, deepep_s, expert_grid, expert_load
 
-__all__ = ["all_to_all_per_block_s"]
+__all__ = ["all_to_all_per_block_s", "exposed_ep_s", "OVERLAP_SM_SHARE"]
+
+OVERLAP_SM_SHARE = 24 / 132
+"""The share of a GPU's SMs the dispatch and combine kernels hold while they overlap compute: DeepEP's normal
+kernels default to 24 SMs (`Buffer.set_num_sms`, its README) of an H100's 132; assumed the same share on other parts
+and for NCCL's all-to-all, whose channels also run on SMs."""
 
 
 def all_to_all_per_block_s(job: Job, hw: Hardware, a: Assumptions, tokens):
@@ -55,3 +60,18 @@ def _dispatch_combine_s(job: Job, hw: Hardware, a: Assumptions, sent, size, coun
     return np.select(
         [dispatcher == "allgather", np.isin(dispatcher, ("deepep", "flex"))], [allgather, deepep], default=alltoall
     )
+
+
+def exposed_ep_s(ep_s, matmuls_s, job: Job, accum=1):
+    """What shows of a micro-batch's dispatches and combines (`ep_s`) when Megatron-Core overlaps them with the
+    adjacent micro-batch's compute (`--overlap-moe-expert-parallel-comm`, combined 1F1B): only micro-batches in the
+    schedule's steady state have a neighbour to hide behind (not the warm-up and cool-down of an interleaved
+    pipeline, Megatron's count: 2·(pp − 1) + (vpp − 1)·pp chunks, nor the first forward and last backward), what is
+    hidden cannot exceed the compute, and the compute beside it runs on the SMs the communication leaves
+    (OVERLAP_SM_SHARE)."""
+    pp, vpp = np.asarray(job.parallel.pp), np.asarray(job.parallel.vpp)
+    chunks = np.maximum(np.asarray(accum) * vpp, 1)
+    warmup = np.where(pp > 1, 2 * (pp - 1) + (vpp - 1) * pp, 0) + 1
+    steady = np.clip(1 - warmup / chunks, 0.0, 1.0)
+    hidden = np.minimum(ep_s * steady, matmuls_s)
+    return ep_s - hidden + hidden * OVERLAP_SM_SHARE / (1 - OVERLAP_SM_SHARE)

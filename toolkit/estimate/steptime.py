@@ -58,7 +58,7 @@ from .comm import (
     tp_embedding_collectives,
 )
 from .elementwise import loss_bytes_per_token, memory_bound_bytes_per_token
-from .flops import flops_per_token
+from .flops import flops_per_token, module_recompute_flops
 from .hardware import Assumptions, Hardware
 from .kernels import FA_BACKWARD_FACTOR, KernelProfile, attention_fraction, attention_kernel_of, gemm_s
 from .mla import projection_shapes
@@ -68,7 +68,7 @@ from .moe import (
     expert_load,
     expert_rows,
 )
-from .moe_time import all_to_all_per_block_s
+from .moe_time import all_to_all_per_block_s, exposed_ep_s
 from .overhead import fixed_costs_s, host_s, op_units
 from .phases import optimizer_impl
 from .states import (
@@ -279,11 +279,16 @@ def _compute_s(job: Job, hw: Hardware, a: Assumptions, tokens, eff):
     core_again = np.where(megatron, tf.attention, tf.attention / 2 if eager else tf.attention)  # nothing saved
     # per-op recompute reruns an eager core whole (o needs its output); a fused kernel's output is saved
     op_core = 0.0 if job.memory.attention == "flash" else tf.attention
+    modules = job.memory.recompute_modules
+    if modules is not None and "core_attn" not in modules:  # Megatron's module list without the attention core
+        core_again = 0.0
     attn_recompute = np.select(
         [recompute == "full", recompute == "selective", recompute == "selective-op"],
         [tf.attention, core_again, op_core],
         0.0,
     )
+    # the other modules' matmuls (toolkit.estimate.flops.module_recompute_flops), once more forward
+    dense_again, experts_again = (np.where(recompute == "selective", x, 0.0) for x in module_recompute_flops(job))
     proj_recompute = np.select(
         [recompute == "full", recompute == "selective-op"],
         [np.where(megatron, tf.layer_matmuls, tf.recompute - tf.attention), tf.recompute - op_core],
@@ -309,11 +314,11 @@ def _compute_s(job: Job, hw: Hardware, a: Assumptions, tokens, eff):
     # this rank sends (all of them where the experts are whole on every tensor-parallel rank, its tp share on the
     # experts' own grid: toolkit.estimate.moe.expert_grid); recompute repeats them in the share they have
     expert_share = tf.experts / tf.layer_matmuls
-    dense = (passes_w * tf.layer_matmuls + proj_recompute) * (1 - expert_share)
+    dense = (passes_w * tf.layer_matmuls + proj_recompute) * (1 - expert_share) + dense_again
     block_s = scale * dense / job.model.layers / eff + attention_s * (1 + attn_recompute / (passes * tf.attention))
     if tf.experts:
         load = expert_load(job.model, job.parallel.ep)
-        expert_work = (passes_w * tf.layer_matmuls + proj_recompute) * expert_share * load
+        expert_work = ((passes_w * tf.layer_matmuls + proj_recompute) * expert_share + experts_again) * load
         sent = tokens / expert_grid(job).token_split
         block_s = block_s + sent / hw.gemm_peak * expert_work / job.model.layers / _expert_efficiency(
             job, hw, a, tokens
@@ -335,7 +340,7 @@ def step_time(job: Job, hw: Hardware, a: Assumptions | None = None) -> StepTime:
     micro_tokens = micro * m.seq_len
 
     first, middle, last = job_stage_layers(job)
-    parts = _stage_micro_s(job, hw, a, eff, micro_tokens, (first, middle, last))
+    parts = _stage_micro_s(job, hw, a, eff, micro_tokens, (first, middle, last), accum)
     totals = [sum(p) for p in parts]
     busiest = _busiest_stage(totals, pp)
     pick = lambda i: np.choose(busiest, [p[i] for p in parts])  # noqa: E731
@@ -400,7 +405,7 @@ def _tp_collectives_s(job: Job, hw: Hardware, a: Assumptions, micro_tokens):
     return allreduce_s, block_s, loss_s
 
 
-def _stage_micro_s(job: Job, hw: Hardware, a: Assumptions, eff, micro_tokens, layers: tuple) -> list[tuple]:
+def _stage_micro_s(job: Job, hw: Hardware, a: Assumptions, eff, micro_tokens, layers: tuple, accum=1) -> list[tuple]:
     """One micro-batch on the first, middle and last pipeline ranks (without pipelining all three are one): each
     rank's (matmuls, memory-bound, exposed tp, cp ring, ep all-to-all) seconds. Groups sit tp innermost, then cp,
     dp, pp (Megatron's order); the embedding's and the head's extra work goes to the ranks that hold them."""
@@ -428,8 +433,7 @@ def _stage_micro_s(job: Job, hw: Hardware, a: Assumptions, eff, micro_tokens, la
         )
         tp_s = np.where(overlap_tp, np.maximum(tp_all_s - matmuls_s, 0.0), tp_all_s)
         memory_s = bytes_layer * layers / hw.memory_bw_bytes_per_s + np.where(owns_head, loss_s, 0.0)
-        # overlapped, a micro-batch's dispatches and combines run beside another's compute; what exceeds it shows
-        ep_s = np.where(overlap_ep, np.maximum(ep_layer_s * layers - matmuls_s, 0.0), ep_layer_s * layers)
+        ep_s = np.where(overlap_ep, exposed_ep_s(ep_layer_s * layers, matmuls_s, job, accum), ep_layer_s * layers)
         return matmuls_s / sustained, memory_s / sustained, tp_s, cp_ring_s * layers, ep_s
 
     first, middle, last = layers

@@ -20,29 +20,31 @@ from ..specs.job import Job
 
 __all__ = ["DISPATCHERS", "fastest_moe_options", "overlap_allowed"]
 
-DISPATCHERS = ("alltoall", "deepep")
-"""What a search tries: Megatron's allgather dispatcher is never faster with ep > 1 in this model, so it is left out.
-DeepEP runs on NVIDIA parts only (its README); elsewhere the search keeps the all-to-all."""
+DISPATCHERS = ("alltoall", "deepep", "allgather")
+"""What a search tries: NCCL's all-to-all, DeepEP's kernels (NVIDIA parts only, its README) and Megatron's allgather
+dispatcher (cheapest for a small ep group inside one node)."""
 
 
 def overlap_allowed(job: Job) -> np.ndarray:
     """Where Megatron-Core accepts `--overlap-moe-expert-parallel-comm` (its MoE A2A-overlap guide, 2026): expert
-    parallelism, an interleaved schedule when pipelined, and no full recompute. Layout fields may be arrays."""
+    parallelism, an interleaved schedule when pipelined, no full recompute, and the all-to-all or flex (DeepEP)
+    dispatcher. Layout fields may be arrays."""
     par = job.parallel
     ep, pp, vpp = (np.asarray(x) for x in (par.ep, par.pp, par.vpp))
-    return (ep > 1) & ((pp == 1) | (vpp > 1)) & (np.asarray(job.memory.recompute) != "full")
+    dispatcher_ok = np.asarray(job.moe.dispatcher) != "allgather"
+    return (ep > 1) & ((pp == 1) | (vpp > 1)) & (np.asarray(job.memory.recompute) != "full") & dispatcher_ok
 
 
 def fastest_moe_options(job: Job, hw: Hardware, *, vendor: str, fixed: set[str]) -> tuple[StepTime, dict | None]:
     """The step time of each layout of `job` (array-valued) at its fastest dispatcher and overlap, and which those
     are (None for a dense model, or when the user fixed both)."""
-    free_dispatcher = "dispatcher" not in fixed and vendor == "NVIDIA"
+    free_dispatcher = "dispatcher" not in fixed
     free_overlap = "ep_comm" not in fixed
     if not job.model.experts or not (free_dispatcher or free_overlap):
         return step_time(job, hw), None
-    dispatchers = DISPATCHERS if free_dispatcher else (job.moe.dispatcher,)
+    dispatchers = (DISPATCHERS if vendor == "NVIDIA" else ("alltoall", "allgather")) if free_dispatcher else None
+    dispatchers = dispatchers or (job.moe.dispatcher,)
     overlaps = (False, True) if free_overlap else (job.overlap.ep_comm,)
-    allowed = overlap_allowed(job)
     best, best_s, options = None, None, None
     for dispatcher in dispatchers:
         for overlap in overlaps:
@@ -53,7 +55,7 @@ def fastest_moe_options(job: Job, hw: Hardware, *, vendor: str, fixed: set[str])
             st = step_time(trial, hw)
             step_s = np.asarray(st.step_s, dtype=float)
             if overlap and free_overlap:
-                step_s = np.where(allowed, step_s, np.inf)
+                step_s = np.where(overlap_allowed(trial), step_s, np.inf)
             if best is None:
                 best, best_s = st, step_s
                 n = np.shape(step_s)
