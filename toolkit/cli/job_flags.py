@@ -44,6 +44,12 @@ SERVING_FLAGS = (
     "max_batched_tokens",
     "target_tokens_per_s",
     "target_requests_per_s",
+    "engine",
+    "max_num_seqs",
+    "rate",
+    "requests",
+    "max_ttft_s",
+    "host_s_per_step",
 )
 """The serving section's flags (`--workload inference`), each named as its field."""
 
@@ -183,6 +189,11 @@ def _allowed(cls, name) -> str:
 
 
 ALIASES = {
+    # the serving engines' and their benchmarks' names (vLLM, SGLang, TensorRT-LLM)
+    "max_num_seqs": ("--max-running-requests", "--max-batch-size"),
+    "max_batched_tokens": ("--max-num-batched-tokens", "--chunked-prefill-size", "--max-num-tokens"),
+    "rate": ("--request-rate",),
+    "requests": ("--num-prompts",),
     "tp": ("--tensor-model-parallel-size",),
     "pp": ("--pipeline-model-parallel-size",),
     "vpp": ("--virtual-pipeline-model-parallel-size",),

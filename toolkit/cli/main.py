@@ -24,12 +24,14 @@ import json
 import os
 import re
 import sys
+from pathlib import Path
 
 from ..estimate import estimate
 from ..specs import Job, SpecError, load_catalog
 from ..specs.errors import MeasurementFailed
 from ..specs.yamlio import check_output_folder, read_yaml
 from ..views.text import render_comparison, render_doctor, render_estimate, render_plan
+from .bench import add_bench_parser, cmd_bench
 from .calibrate import add_calibrate_parser, cmd_calibrate
 from .catalog import cmd_catalog
 from .job_flags import TRAIN_OVERRIDES, add_job_args, fixed_axes, flag_hint, job_from_args, parse_gpus
@@ -64,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_calibrate_parser(sub)
     _add_train_parser(sub)
     _add_generate_parser(sub)
+    add_bench_parser(sub)
     _add_data_parser(sub)
     _add_export_parser(sub)
     _add_claims_parser(sub)
@@ -190,7 +193,10 @@ def _add_generate_parser(sub) -> None:
         "tensor-parallel ranks; writes job.yaml and generate.json under --out for `toolkit compare --run`.",
     )
     add_job_args(gen, TRAIN_OVERRIDES)
-    gen.add_argument("--out", metavar="DIR", required=True, help="run folder: job.yaml, generate.json")
+    gen.add_argument("--out", metavar="DIR", help="run folder: job.yaml, generate.json (with --serve: job.yaml)")
+    gen.add_argument("--serve", action="store_true", help="serve an OpenAI-compatible API (/v1) until stopped")
+    gen.add_argument("--port", type=int, default=8000, help="with --serve: the port (0 picks a free one)")
+    gen.add_argument("--host", default="127.0.0.1", help="with --serve: the address to listen on")
     gen.add_argument("--nproc", metavar="N", type=int, default=1, help="tensor-parallel ranks (gloo on CPU)")
     gen.add_argument(
         "--verify", action="store_true", help="also generate without a cache and record whether the tokens match"
@@ -346,6 +352,12 @@ def cmd_compare(args) -> int:
             result = compare_generate(args.run, args.catalog)
             print(json.dumps(result, indent=2) if args.json else render_generate_comparison(result))
             return 0
+        from ..serve.bench_compare import compare_bench, is_bench_run
+
+        if is_bench_run(args.run):
+            result = compare_bench(args.run, args.catalog)
+            print(json.dumps(result, indent=2) if args.json else render_generate_comparison(result))
+            return 0
 
         result = compare_run(args.run, args.catalog, trace=not args.no_trace)
         print(json.dumps(result, indent=2, ensure_ascii=False) if args.json else render_run_comparison(result))
@@ -440,10 +452,26 @@ def cmd_generate(args) -> int:
     catalog = load_catalog(*args.catalog)
     if args.workload is None:
         args.workload = "inference"
+    if args.serve:
+        return _serve(args, catalog)
+    if not args.out:
+        raise SpecError("--out", None, "give the run folder (or --serve to serve an API)")
     out = generate(_cpu_precision(args, job_from_args(args, catalog)), args.out, args.nproc, args.catalog, args.verify)
     record = json.loads((out / "generate.json").read_text())
     print(json.dumps(record, indent=2) if args.json else render_generate(record, out))
     return 0
+
+
+def _serve(args, catalog) -> int:
+    from ..serve.http import serve
+
+    job = _cpu_precision(args, job_from_args(args, catalog))
+    resolved, _notes = job.resolve(catalog)
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        job.to_yaml(Path(args.out) / "job.yaml")
+        print(f"wrote {Path(args.out) / 'job.yaml'} (for `toolkit bench --job`)", flush=True)
+    return serve(resolved, args.port, args.host)
 
 
 def cmd_data(args) -> int:
@@ -512,6 +540,7 @@ def main(argv: list[str] | None = None) -> int:
             "train": cmd_train,
             "data": cmd_data,
             "generate": cmd_generate,
+            "bench": cmd_bench,
             "plan": cmd_plan,
             "doctor": cmd_doctor,
             "pipeline": cmd_pipeline,

@@ -16,6 +16,7 @@ import dataclasses
 from ..specs.catalog import Catalog
 from ..specs.job import Job
 from ..specs.params import count_params
+from .serving_load import serving_load
 from .serving_memory import ServingMemory, matrix_bits, serving_memory
 from .serving_time import ServingClock, serving_hardware
 
@@ -100,6 +101,7 @@ def serving_estimate(job: Job, catalog: Catalog, notes: list[str]) -> dict:
         notes.insert(0, why)
     _serving_notes(job, notes)
     curve = clock.curve(mem.max_concurrency) if clock is not None else []
+    load = serving_load(job, clock, mem.kv_blocks * s.block_size, mem.concurrency) if clock is not None else None
     serving = {
         "concurrency": mem.concurrency,
         "max_concurrency": mem.max_concurrency,
@@ -115,9 +117,11 @@ def serving_estimate(job: Job, catalog: Catalog, notes: list[str]) -> dict:
         "kv_blocks": mem.kv_blocks,
         "block_size": s.block_size,
         "replicas": job.parallel.dp or 1,
-        **{key: (point or {}).get(key) for key in ("ttft_s", "tpot_s", "output_tokens_per_s", "requests_per_s")},
+        **_headline(point, load),
         "prefill_s": clock.prefill_s(s.input_tokens) if clock else None,
         "curve": curve,
+        "steady": point,
+        "load": load,
     }
     if point is not None and (job.parallel.dp or 1) > 1:
         serving["output_tokens_per_s_total"] = point["output_tokens_per_s"] * job.parallel.dp
@@ -140,8 +144,26 @@ def serving_estimate(job: Job, catalog: Catalog, notes: list[str]) -> dict:
         "model": {"name": model.name, "params": params.total, "active_params": params.active},
         "serving": serving,
         "memory": memory,
-        "cost": serving_cost(job, catalog, point, clock),
+        "cost": serving_cost(job, catalog, _loaded(point, load), clock),
     }
+
+
+def _loaded(point: dict | None, load: dict | None) -> dict | None:
+    """The steady point with the simulation's throughput and time per output token, which the price divides by."""
+    if point is None or load is None:
+        return point
+    return point | {"output_tokens_per_s": load["output_tokens_per_s"], "tpot_s": load["tpot_s"]["mean"]}
+
+
+def _headline(point: dict | None, load: dict | None) -> dict:
+    """The serving figures the contract names: the load simulation's means and percentiles where the device's speed
+    is known (time to first token counts the prefills queued ahead), else None."""
+    if load is None:
+        return {key: None for key in ("ttft_s", "tpot_s", "output_tokens_per_s", "requests_per_s")}
+    out = {"ttft_s": load["ttft_s"]["mean"], "tpot_s": load["tpot_s"]["mean"]}
+    for key in ("ttft_s", "tpot_s", "e2e_s"):
+        out |= {f"{key}_{p}": load[key][p] for p in ("p50", "p90", "p99")}
+    return out | {"output_tokens_per_s": load["output_tokens_per_s"], "requests_per_s": load["requests_per_s"]}
 
 
 def prices_by_offer(job: Job, catalog: Catalog) -> list[dict]:

@@ -45,6 +45,13 @@ def rope_tables(seq_len: int, head_dim: int, base: float = 10000.0) -> tuple[tor
     return angles.cos(), angles.sin()
 
 
+def positions(start, seq: int, device) -> torch.Tensor:
+    """Positions start .. start + seq: one row, or a row each where `start` is a tensor of starts (a serving
+    engine's batch of requests at different lengths)."""
+    steps = torch.arange(seq, device=device)
+    return start.to(device)[:, None] + steps if torch.is_tensor(start) else steps + start
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate pairs (x1, x2) of the last dimension; x is (batch, heads, seq, head_dim)."""
     x1, x2 = x.chunk(2, dim=-1)
@@ -245,7 +252,7 @@ class GPT(nn.Module):
             seq = self.spec.seq_len
         x = self.tok(tokens) if self.tok is not None else tokens
         if self.pos is not None and self.tok is not None:
-            x = x + self.pos(torch.arange(start, start + seq, device=tokens.device))
+            x = x + self.pos(positions(start, seq, tokens.device))
         if self.drop is not None and self.tok is not None and cache is None:  # (its call carries sp's re-layout)
             x = self.drop(x)
         cos, sin = self._rope(start, seq, cache)
@@ -266,4 +273,7 @@ class GPT(nn.Module):
         cos, sin = cache.rope if cache is not None and cache.rope is not None else (self.cos, self.sin)
         if cos is None:
             return None, None
+        if torch.is_tensor(start):  # one start a row (a server's batch): (batch, 1, seq, ·) tables
+            at = positions(start, seq, cos.device)
+            return cos[at].unsqueeze(1), sin[at].unsqueeze(1)
         return cos[start : start + seq], sin[start : start + seq]

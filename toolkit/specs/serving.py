@@ -13,6 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
+from .engines import engine_defaults
 from .errors import SpecError
 from .fields import check_positive, check_range
 
@@ -44,19 +45,36 @@ class Serving:
     """KV-cache dtype (vLLM's kv_cache_dtype); auto = the compute dtype."""
     sparsity: Literal["none", "2:4"] = "none"
     """2:4: the blocks' matrices keep 2 of every 4 weights (NVIDIA's sparse tensor cores, cuSPARSELt)."""
-    memory_fraction: float = 0.9
-    """Share of each device the engine may use (vLLM's gpu_memory_utilization, default 0.9)."""
-    block_size: int = 16
-    """Tokens per KV-cache block in a paged engine (vLLM's default 16)."""
-    max_batched_tokens: int = 2048
+    memory_fraction: float | None = None
+    """Share of each device the engine may use (vLLM's gpu_memory_utilization, SGLang's mem_fraction_static);
+    None = the engine's default (vLLM 0.9)."""
+    block_size: int | None = None
+    """Tokens per KV-cache block in a paged engine (vLLM's 16, SGLang's page 1); None = the engine's."""
+    max_batched_tokens: int | None = None
     """Tokens one engine step processes at most (vLLM's max_num_batched_tokens with chunked prefill): a prompt
-    longer than this is prefilled in chunks, and the step's activations are sized by it."""
+    longer than this is prefilled in chunks, and the step's activations are sized by it. None = the engine's."""
     target_tokens_per_s: float | None = None
     """`plan --workload inference`: output tokens per second the deployment must serve."""
     target_requests_per_s: float | None = None
     """`plan --workload inference`: requests per second it must serve (instead of tokens/s)."""
     max_tpot_s: float | None = None
-    """`plan --workload inference`: the slowest time per output token a plan may have (seconds)."""
+    """`plan --workload inference`: the slowest time per output token a plan may have (seconds); with a load, the
+    goodput's bound too."""
+    max_ttft_s: float | None = None
+    """The slowest time to first token a request may have (seconds): the goodput's other bound."""
+    engine: Literal["vllm", "sglang", "trtllm"] = "vllm"
+    """The serving engine whose scheduler defaults (max_num_seqs, the step's token budget, host time per step)
+    the simulation takes for what the job leaves unset (toolkit/data/engines.yaml, sourced and dated)."""
+    max_num_seqs: int | None = None
+    """Requests an engine step runs at most (vLLM's max_num_seqs, SGLang's max_running_requests, TensorRT-LLM's
+    max_batch_size); None = the engine's default."""
+    rate: float | None = None
+    """Requests arriving a second, Poisson (vLLM's benchmark --request-rate): the load the simulation runs
+    instead of a fixed concurrency."""
+    requests: int = 1000
+    """Requests the load simulation runs (vLLM's benchmark --num-prompts)."""
+    host_s_per_step: float | None = None
+    """The engine's CPU time per step on the critical path (s); None = the engine's (engines.yaml)."""
 
     @property
     def context(self) -> int:
@@ -66,13 +84,27 @@ class Serving:
 
 def resolve_serving(serving: Serving, compute_dtype: str, seq_limit: int | None, notes: list[str]) -> Serving:
     """Check the section and fill its defaults: the weight and KV dtypes from the compute dtype, the context."""
-    for name in ("input_tokens", "output_tokens", "block_size", "max_batched_tokens"):
+    engine = engine_defaults(serving.engine)
+    serving = dataclasses.replace(
+        serving,
+        max_batched_tokens=engine.max_batched_tokens
+        if serving.max_batched_tokens is None
+        else serving.max_batched_tokens,
+        max_num_seqs=engine.max_num_seqs if serving.max_num_seqs is None else serving.max_num_seqs,
+        memory_fraction=engine.memory_fraction if serving.memory_fraction is None else serving.memory_fraction,
+        block_size=engine.block_size if serving.block_size is None else serving.block_size,
+    )
+    for name in ("input_tokens", "output_tokens", "block_size", "max_batched_tokens", "requests"):
         check_positive(getattr(serving, name), f"serving.{name}")
+    check_positive(serving.max_num_seqs, "serving.max_num_seqs")
+    for name in ("host_s_per_step",):
+        if getattr(serving, name) is not None:
+            check_positive(getattr(serving, name), f"serving.{name}", allow_zero=name == "host_s_per_step")
     check_positive(serving.group_size, "serving.group_size", allow_zero=True)
     check_range(serving.memory_fraction, "serving.memory_fraction", 0.0, 1.0, low_open=True)
     if serving.concurrency != "max":
         check_positive(serving.concurrency, "serving.concurrency")
-    for name in ("target_tokens_per_s", "target_requests_per_s", "max_tpot_s"):
+    for name in ("target_tokens_per_s", "target_requests_per_s", "max_tpot_s", "max_ttft_s", "rate"):
         if getattr(serving, name) is not None:
             check_positive(getattr(serving, name), f"serving.{name}")
     context = serving.context

@@ -1,0 +1,243 @@
+"""Load over time: a discrete-event simulation of an engine's continuous batching with chunked prefill, giving each
+request's time to first token, time per output token and end-to-end latency, and their percentiles.
+
+    table = StepTable.of(clock, engine)              # the clock's step times, tabulated once (fast to look up)
+    sim = simulate(table, arrivals(rate=8, requests=1000, input_tokens=467, output_tokens=256), engine, kv_tokens)
+    sim["ttft_s"]["p99"], sim["tpot_s"]["p50"], sim["goodput_requests_per_s"]
+
+Each step the scheduler (vLLM V1's order) gives one token to every running request past its prompt, then spends
+what is left of the step's token budget on prompts: the running ones still being prefilled first, then waiting
+requests, admitted while fewer than max_num_seqs run and the KV cache holds their whole context (no preemption:
+a request is admitted only with room for all its tokens). A prompt's last chunk samples its first token. The step's
+time is the clock's (toolkit.estimate.serving_time) plus the engine's host time per step. Runs of decode-only steps
+between two events (an arrival that could start, a request finishing) are advanced at once, so 10,000 requests take
+well under a second.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["StepTable", "Load", "arrivals", "simulate", "stats"]
+
+
+@dataclass(frozen=True)
+class StepTable:
+    """An engine step's seconds as a few numbers: a decode-only step's base time by running requests, a step with
+    prompt tokens by its rows, the KV read per cached token of a decoding request, the attention work per prompt
+    token per earlier token, and the host time a step adds. Taken from the clock itself (ServingClock.step_s)."""
+
+    rows: np.ndarray
+    decode_s: np.ndarray
+    mixed_s: np.ndarray
+    kv_s_per_token: float
+    attention_s_per_pair: float
+    host_s: float
+    window: tuple = ()
+    """(contexts, what a decoding row reads at each): a sliding window caps the cache a row reads."""
+    fused: bool = True
+    """One forward carries the decodes and the prompt chunk (vLLM, SGLang, TensorRT-LLM); False: two forwards
+    (the toolkit's own CPU server)."""
+
+    @classmethod
+    def of(cls, clock, max_rows: int, host_s: float = 0.0, fused: bool = True) -> StepTable:
+        rows = np.unique(np.geomspace(1, max(max_rows, 2), 24).round().astype(int))
+        decode = np.array([clock.token_s(clock.step_s(r, 0.0)) for r in rows])
+        mixed = np.array([clock.token_s(clock.step_s(0.0, 0.0, r, 0.0, sampled=1)) for r in rows])
+        long = 256.0  # (below any sliding window)
+        kv = (clock.token_s(clock.step_s(1, long)) - clock.token_s(clock.step_s(1, 0.0))) / clock._windowed(long)
+        contexts = np.unique(np.geomspace(1, 2**20, 64).round())
+        window = (contexts, np.array([clock._windowed(c) for c in contexts]))
+        pairs = (clock.token_s(clock.step_s(0, 0, 64, long, 1)) - clock.token_s(clock.step_s(0, 0, 64, 0.0, 1))) / (
+            64 * long
+        )
+        return cls(rows, decode, mixed, max(kv, 0.0), max(pairs, 0.0), host_s, window, fused)
+
+    def read(self, contexts) -> np.ndarray:
+        """The cached tokens decoding rows at `contexts` read (all of them, or a sliding window's)."""
+        return np.interp(contexts, *self.window) if self.window else np.asarray(contexts, dtype=float)
+
+    def step_s(self, decodes: int, context_tokens: float, prompt_tokens: int, prompt_pairs: float) -> float:
+        """One step: `decodes` requests reading `context_tokens` cached tokens in all, plus `prompt_tokens` prompt
+        tokens whose attention spans `prompt_pairs` (token, earlier token) pairs."""
+        kv = self.kv_s_per_token * context_tokens + self.attention_s_per_pair * prompt_pairs
+        if not prompt_tokens:
+            return float(np.interp(decodes, self.rows, self.decode_s)) + kv + self.host_s
+        if self.fused:
+            return float(np.interp(decodes + prompt_tokens, self.rows, self.mixed_s)) + kv + self.host_s
+        decode = float(np.interp(decodes, self.rows, self.decode_s)) if decodes else 0.0
+        return decode + float(np.interp(prompt_tokens, self.rows, self.mixed_s)) + kv + self.host_s
+
+
+@dataclass(frozen=True)
+class Load:
+    """The requests: their prompt and output tokens, and either arrival times (open loop: a rate or a trace) or a
+    number kept in flight (closed loop: a new request the moment one finishes, as a benchmark at fixed
+    concurrency sends them)."""
+
+    input_tokens: np.ndarray
+    output_tokens: np.ndarray
+    arrival_s: np.ndarray | None = None
+    concurrency: int | None = None
+
+
+def arrivals(
+    *,
+    requests: int,
+    input_tokens: int,
+    output_tokens: int,
+    rate: float | None = None,
+    concurrency: int | None = None,
+    seed: int = 0,
+) -> Load:
+    """`requests` of fixed lengths, Poisson at `rate` a second (seeded) or `concurrency` in flight."""
+    ins = np.full(requests, input_tokens, dtype=np.int64)
+    outs = np.full(requests, output_tokens, dtype=np.int64)
+    if rate is not None:
+        gaps = np.random.default_rng(seed).exponential(1.0 / rate, requests)
+        return Load(ins, outs, arrival_s=np.cumsum(gaps) - gaps[0])
+    return Load(ins, outs, concurrency=concurrency or 1)
+
+
+class _Sim:
+    """Every request's progress as arrays indexed by request, the queue, the running batch and the clock."""
+
+    def __init__(self, table: StepTable, load: Load, max_num_seqs: int, max_batched_tokens: int, kv_tokens: float):
+        self.table, self.load = table, load
+        self.max_seqs, self.budget, self.kv_tokens = max_num_seqs, max_batched_tokens, kv_tokens
+        n = self.n = len(load.input_tokens)
+        self.prompt_left = load.input_tokens.astype(np.int64).copy()
+        self.out_left = load.output_tokens.astype(np.int64).copy()
+        self.context = np.zeros(n, dtype=np.int64)
+        self.need = load.input_tokens + load.output_tokens
+        self.arrive = np.full(n, np.nan) if load.arrival_s is None else load.arrival_s.astype(float).copy()
+        self.first, self.done = np.full(n, np.nan), np.full(n, np.nan)
+        self.order = np.argsort(self.arrive, kind="stable") if load.arrival_s is not None else np.arange(n)
+        self.waiting, self.running = deque(), []
+        self.t, self.sent, self.kv_used = 0.0, 0, 0
+
+    def run(self) -> None:
+        finished = 0
+        if self.load.concurrency is not None:  # closed loop: the first ones all at once
+            for _ in range(min(self.load.concurrency, self.n)):
+                self._send(0.0)
+        while finished < self.n:
+            self._arrive()
+            if not self.running and not self.waiting:
+                self.t = float(self.arrive[self.order[self.sent]])
+                continue
+            self._admit()
+            if not self.running:
+                raise ValueError("a request needs more KV cache than the engine holds")
+            for i in self._step():
+                self.running.remove(i)
+                self.kv_used -= self.need[i]
+                finished += 1
+                if self.load.concurrency is not None and self.sent < self.n:
+                    self._send(self.t)
+
+    def _send(self, at: float) -> None:
+        self.arrive[self.sent] = at
+        self.waiting.append(self.sent)
+        self.sent += 1
+
+    def _arrive(self) -> None:
+        """Open loop: every request whose arrival time has come joins the queue."""
+        while self.load.arrival_s is not None and self.sent < self.n and self.arrive[self.order[self.sent]] <= self.t:
+            self.waiting.append(int(self.order[self.sent]))
+            self.sent += 1
+
+    def _fits_next(self) -> bool:
+        w = self.waiting
+        return bool(w) and len(self.running) < self.max_seqs and self.kv_used + self.need[w[0]] <= self.kv_tokens
+
+    def _admit(self) -> None:
+        while self._fits_next():
+            i = self.waiting.popleft()
+            self.running.append(i)
+            self.kv_used += self.need[i]
+
+    def _step(self) -> list[int]:
+        """One step, or a run of decode-only steps up to the next event; returns the requests that finished."""
+        idx = np.array(self.running)
+        decoding = idx[self.prompt_left[idx] == 0]
+        if len(decoding) == len(idx):
+            return self._decode_run(decoding)
+        room, chunks, pairs = self.budget - len(decoding), [], 0.0
+        for i in idx[self.prompt_left[idx] > 0]:
+            if room <= 0:
+                break
+            c = int(min(self.prompt_left[i], room))
+            pairs += c * (self.context[i] + c / 2)
+            chunks.append((i, c))
+            room -= c
+        prompt = sum(c for _, c in chunks)
+        cached = float(self.table.read(self.context[decoding]).sum())
+        self.t += self.table.step_s(len(decoding), cached, prompt, pairs)
+        self._emit(decoding, 1, self.t)
+        for i, c in chunks:
+            self.prompt_left[i] -= c
+            self.context[i] += c
+            if self.prompt_left[i] == 0:  # the last chunk samples the first token
+                self.first[i] = self.t
+                self.out_left[i] -= 1
+                if self.out_left[i] == 0:
+                    self.done[i] = self.t
+        return [int(i) for i in idx if self.out_left[i] == 0]
+
+    def _decode_run(self, decoding: np.ndarray) -> list[int]:
+        """Decode-only steps until a request finishes, or one waiting or arriving could start."""
+        k = 1 if self._fits_next() else int(self.out_left[decoding].min())
+        b = len(decoding)
+        cached = self.table.read(self.context[decoding][:, None] + np.arange(k)[None, :]).sum(axis=0)
+        ends = self.t + np.cumsum(self.table.step_s(b, 0.0, 0, 0.0) + self.table.kv_s_per_token * cached)
+        if b < self.max_seqs and self.load.arrival_s is not None and self.sent < self.n:
+            k = min(k, int(np.searchsorted(ends, self.arrive[self.order[self.sent]])) + 1)
+        self.t = float(ends[k - 1])
+        self._emit(decoding, k, self.t)
+        return [int(i) for i in decoding if self.out_left[i] == 0]
+
+    def _emit(self, ids: np.ndarray, k: int, end: float) -> None:
+        """`k` tokens to each of `ids`, the last at `end`; a request whose count runs out is done then."""
+        self.out_left[ids] -= k
+        self.context[ids] += k
+        self.done[ids[self.out_left[ids] == 0]] = end
+
+
+def simulate(table: StepTable, load: Load, *, max_num_seqs: int, max_batched_tokens: int, kv_tokens: float) -> dict:
+    """Run `load` through the engine; per-request latencies and their statistics (see `stats`)."""
+    sim = _Sim(table, load, max_num_seqs, max_batched_tokens, kv_tokens)
+    sim.run()
+    return _result(sim, load)
+
+
+def _result(st: _Sim, load: Load) -> dict:
+    ttft = st.first - st.arrive
+    outs = load.output_tokens
+    tpot = np.where(outs > 1, (st.done - st.first) / np.maximum(outs - 1, 1), 0.0)
+    e2e = st.done - st.arrive
+    span = float(np.nanmax(st.done) - np.nanmin(st.arrive))
+    return {
+        "requests": int(len(outs)),
+        "duration_s": span,
+        "ttft_s": stats(ttft),
+        "tpot_s": stats(tpot),
+        "e2e_s": stats(e2e),
+        "output_tokens_per_s": float(outs.sum() / span) if span > 0 else math.inf,
+        "requests_per_s": float(len(outs) / span) if span > 0 else math.inf,
+        "per_request": {"ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e},
+    }
+
+
+def stats(values: np.ndarray) -> dict:
+    """mean, p50, p90, p99 (linear interpolation, as numpy's and vLLM's benchmark's percentiles)."""
+    v = np.asarray(values, dtype=float)
+    v = v[~np.isnan(v)]
+    if not len(v):
+        return {"mean": None, "p50": None, "p90": None, "p99": None}
+    p50, p90, p99 = np.percentile(v, [50, 90, 99])
+    return {"mean": float(v.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
