@@ -58,6 +58,7 @@ from .kernels import (
     selective_op_overhead_s,
     thin_shapes,
 )
+from .serve_host import serve_host
 
 __all__ = ["calibrate", "measure_rank", "profile_row", "in_model_rates", "kernel_totals", "job_shapes"]
 
@@ -91,6 +92,7 @@ def _measure_rank(job: Job, rank: int, world: int) -> dict:
         # a serving job's decode figures (a training job's calibration does not need them)
         "inference_op_overhead_s": inference_op_overhead_s(job) if serving else None,
         "decode_bw_bytes_per_s": decode_bw_bytes_per_s(job, dtype) if shaped and serving else None,
+        "serve_host": serve_host(job.model.vocab) if shaped and serving and rank == 0 else None,
         "checkpoint_overhead_s": checkpoint_overhead_s(job) if shaped else None,
         "ops_per_unit": ops_per_unit(job) if shaped and not job.model.encoder else None,
         "selective_op_overhead_s": selective_op_overhead_s(job) if shaped and not job.model.encoder else None,
@@ -220,6 +222,8 @@ def profile_row(ranks: list[dict], world: int) -> dict:
         assumptions["latency_intra_s"] = ranks[0]["latency_s"]
     if ranks[0].get("decode_bw_bytes_per_s") is not None:
         assumptions["decode_bw_bytes_per_s"] = min(r["decode_bw_bytes_per_s"] for r in ranks)
+    if ranks[0].get("serve_host") is not None:  # `toolkit generate --serve`'s own loop and streaming
+        assumptions.update(ranks[0]["serve_host"])
     if ranks[0].get("inference_op_overhead_s") is not None:
         assumptions["inference_op_overhead_s"] = max(r["inference_op_overhead_s"] for r in ranks)
     for key in ("reduce_scatter_bw_bytes_per_s", "gather_bw_bytes_per_s"):

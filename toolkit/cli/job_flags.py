@@ -50,6 +50,12 @@ SERVING_FLAGS = (
     "requests",
     "max_ttft_s",
     "host_s_per_step",
+    "prefix_cache_hit",
+    "prefill_workers",
+    "decode_workers",
+    "spec_tokens",
+    "acceptance",
+    "draft_cost",
 )
 """The serving section's flags (`--workload inference`), each named as its field."""
 
@@ -193,6 +199,7 @@ ALIASES = {
     "max_num_seqs": ("--max-running-requests", "--max-batch-size"),
     "max_batched_tokens": ("--max-num-batched-tokens", "--chunked-prefill-size", "--max-num-tokens"),
     "rate": ("--request-rate",),
+    "spec_tokens": ("--num-speculative-tokens",),
     "requests": ("--num-prompts",),
     "tp": ("--tensor-model-parallel-size",),
     "pp": ("--pipeline-model-parallel-size",),

@@ -104,6 +104,13 @@ class Assumptions:
     """Weight bytes per second a decode step's products stream (few rows each, every layer's matrices in turn: on
     a CPU, what its caches keep of them decides); None = the memory bandwidth. `toolkit calibrate` measures it on
     the job's block matrices at its concurrency."""
+    serve_host_s_per_step: float | None = None
+    """`toolkit generate --serve`'s host work a step (its engine loop and queues), measured by `toolkit calibrate`
+    on a serving job with the model taken out (toolkit.calibrate.serve_host); None elsewhere."""
+    serve_host_s_per_token: float | None = None
+    """The same server's host work for each token a step streams beyond the first (a queue, a JSON line, a write)."""
+    serve_host_s_per_request: float | None = None
+    """The same server's host work before a request's first step (reading it, queueing it)."""
     ops_per_unit: float = 1.0
     """Tensor operations one op unit (`op_units`) stands for: a block's forward op and its backward run several
     (a linear's forward a transpose and a product, its backward two products, a sum and the gradient's add).

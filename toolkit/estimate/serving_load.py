@@ -11,31 +11,44 @@ import numpy as np
 
 from ..specs.engines import engine_defaults
 from ..specs.job import Job
-from .serving_sim import StepTable, arrivals, simulate
+from ..specs.serving import KV_BYTES
+from .kv_cache import kv_bytes_per_token
+from .serving_sim import Load, StepTable, arrivals, simulate, stats
 from .serving_time import ServingClock
 
-__all__ = ["serving_load"]
+__all__ = ["serving_load", "spec_tokens_per_step"]
+
+
+def spec_tokens_per_step(drafts: int, acceptance: float) -> float:
+    """Tokens a speculative decoding step makes: the accepted prefix of `drafts` draft tokens, each accepted with
+    probability `acceptance` independently, plus the target's own token: (1 − a^(k+1)) / (1 − a) (Leviathan, Kalman
+    and Matias, "Fast Inference from Transformers via Speculative Decoding", ICML 2023, eq. 1)."""
+    if drafts == 0:
+        return 1.0
+    if acceptance >= 1.0:
+        return drafts + 1.0
+    return (1 - acceptance ** (drafts + 1)) / (1 - acceptance)
 
 
 def serving_load(job: Job, clock: ServingClock, kv_tokens: float, concurrency: int | None = None) -> dict:
-    """The simulation of the job's load (its rate, else `concurrency` or its own in flight) on one replica."""
+    """The simulation of the job's load (its rate, else `concurrency` or its own in flight) on one replica, or on
+    its prefill and decode workers where disaggregated."""
     s = job.serving
     engine = engine_defaults(s.engine)
-    gpu = clock.prof is not None  # a GPU with measured kernels runs a serving engine; a CPU runs the toolkit's own
-    host_s = s.host_s_per_step if s.host_s_per_step is not None else (engine.host_s_per_step if gpu else 0.0)
-    table = StepTable.of(clock, s.max_batched_tokens + s.max_num_seqs, host_s=host_s, fused=gpu)
+    table = _table(job, clock)
+    tps = spec_tokens_per_step(s.spec_tokens, s.acceptance)
     rate = s.rate / (job.parallel.dp or 1) if s.rate else None  # replicas share the arrivals
     in_flight = concurrency or (s.concurrency if s.concurrency != "max" else s.max_num_seqs)
-    load = arrivals(
-        requests=s.requests,
-        input_tokens=s.input_tokens,
-        output_tokens=s.output_tokens,
-        rate=rate,
-        concurrency=None if rate else in_flight,
-    )
-    sim = simulate(
-        table, load, max_num_seqs=s.max_num_seqs, max_batched_tokens=s.max_batched_tokens, kv_tokens=kv_tokens
-    )
+    shape = {"requests": s.requests, "input_tokens": s.input_tokens, "output_tokens": s.output_tokens}
+    cached = round(s.input_tokens * s.prefix_cache_hit)
+    limits = {"max_num_seqs": s.max_num_seqs, "max_batched_tokens": s.max_batched_tokens, "kv_tokens": kv_tokens}
+    if s.prefill_workers:
+        sim = _disaggregated(job, table, arrivals(**shape, rate=s.rate, cached_tokens=cached, tokens_per_step=tps),
+                             limits, clock)  # fmt: skip
+    else:
+        load = arrivals(**shape, rate=rate, concurrency=None if rate else in_flight, cached_tokens=cached,
+                        tokens_per_step=tps)  # fmt: skip
+        sim = simulate(table, load, **limits)
     per = sim.pop("per_request")
     good = np.ones(s.requests, dtype=bool)
     if s.max_ttft_s is not None:
@@ -49,9 +62,84 @@ def serving_load(job: Job, clock: ServingClock, kv_tokens: float, concurrency: i
         "engine": engine.name,
         "max_num_seqs": s.max_num_seqs,
         "max_batched_tokens": s.max_batched_tokens,
-        "host_s_per_step": host_s,
+        "host_s_per_step": table.host_s,
+        "prefix_cache_hit": s.prefix_cache_hit,
+        "spec_tokens_per_step": tps,
+        "disaggregated": {"prefill_workers": s.prefill_workers, "decode_workers": s.decode_workers}
+        if s.prefill_workers
+        else None,
         **sim,
         "goodput_fraction": float(good.mean()),
         "goodput_requests_per_s": float(good.mean()) * sim["requests_per_s"],
-        "saturated": bool(rate and sim["requests_per_s"] < 0.95 * rate),
+        "saturated": bool(rate and sim["requests_per_s"] < 0.95 * (s.rate or 0) / (job.parallel.dp or 1)),
+    }
+
+
+def _table(job: Job, clock: ServingClock) -> StepTable:
+    """The job's step times, with its engine's host time (a GPU's serving engine), or the toolkit server's measured
+    loop and streaming on a CPU (toolkit.calibrate.serve_host); speculative decoding's verify rows and drafting."""
+    s = job.serving
+    gpu = clock.prof is not None  # a GPU with measured kernels runs a serving engine; a CPU runs the toolkit's own
+    host_s = engine_defaults(s.engine).host_s_per_step if gpu else clock.a.serve_host_s_per_step or 0.0
+    host = {}
+    if not gpu:
+        a = clock.a
+        host = {
+            "host_s_per_token": a.serve_host_s_per_token or 0.0,
+            "host_s_per_request": a.serve_host_s_per_request or 0.0,
+        }
+    if s.host_s_per_step is not None:
+        host_s = s.host_s_per_step
+    spec = {"rows_per_decode": s.spec_tokens + 1, "draft_share": s.spec_tokens * s.draft_cost} if s.spec_tokens else {}
+    rows = s.max_batched_tokens + s.max_num_seqs * (s.spec_tokens + 1)
+    return StepTable.of(clock, rows, host_s=host_s, fused=gpu, **host, **spec)
+
+
+def _disaggregated(job: Job, table: StepTable, load: Load, limits: dict, clock: ServingClock) -> dict:
+    """Prefill workers make each request's first token (its arrivals dealt round-robin), its KV cache moves to a
+    decode worker (kv_transfer_s), which makes the rest; latencies per request put back together."""
+    s, n = job.serving, len(load.input_tokens)
+    first, done = np.full(n, np.nan), np.full(n, np.nan)
+    for w in range(s.prefill_workers):
+        ids = np.arange(w, n, s.prefill_workers)
+        part = Load(load.input_tokens[ids], np.ones(len(ids), dtype=np.int64), load.arrival_s[ids],
+                    cached_tokens=load.cached_tokens[ids])  # fmt: skip
+        first[ids] = load.arrival_s[ids] + simulate(table, part, **limits)["per_request"]["ttft_s"]
+    done[:] = first
+    moved = first + kv_transfer_s(job, clock)
+    longer = np.flatnonzero(load.output_tokens > 1)
+    order = longer[np.argsort(moved[longer], kind="stable")]
+    for w in range(s.decode_workers):
+        ids = order[w :: s.decode_workers]
+        part = Load(load.input_tokens[ids], load.output_tokens[ids], moved[ids],
+                    tokens_per_step=load.tokens_per_step, prefilled=True)  # fmt: skip
+        done[ids] = moved[ids] + simulate(table, part, **limits)["per_request"]["e2e_s"]
+    return _combined(load, first, done)
+
+
+def kv_transfer_s(job: Job, clock: ServingClock) -> float:
+    """Moving one request's prompt keys and values from a prefill replica to a decode one: each of the tp × pp
+    devices sends its share at once, over NVLink where both replicas fit in a node, else over the network."""
+    s, par = job.serving, job.parallel
+    devices = par.tp * par.pp
+    size = s.input_tokens * kv_bytes_per_token(job.model, KV_BYTES[s.kv_dtype]) / devices
+    inside = 2 * devices <= clock.hw.gpus_per_node
+    bw = clock.hw.intra_bw_bytes_per_s if inside else clock.hw.inter_bw_bytes_per_s
+    return size / (bw * (clock.a.link_efficiency if inside else clock.a.network_efficiency)) + clock.a.latency_inter_s
+
+
+def _combined(load: Load, first: np.ndarray, done: np.ndarray) -> dict:
+    arrive, outs = load.arrival_s, load.output_tokens
+    ttft, e2e = first - arrive, done - arrive
+    tpot = np.where(outs > 1, (done - first) / np.maximum(outs - 1, 1), 0.0)
+    span = float(np.nanmax(done) - np.nanmin(arrive))
+    return {
+        "requests": int(len(outs)),
+        "duration_s": span,
+        "ttft_s": stats(ttft),
+        "tpot_s": stats(tpot),
+        "e2e_s": stats(e2e),
+        "output_tokens_per_s": float(outs.sum() / span),
+        "requests_per_s": float(len(outs) / span),
+        "per_request": {"ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e},
     }

@@ -40,12 +40,18 @@ SPARSE_INDEX_BITS = 2
 Architecture whitepaper, 'Fine-Grained Structured Sparsity': compressed values plus 2-bit metadata)."""
 
 
+FP4_SCALE_BITS = {"fp4": 8 / 32, "mxfp4": 8 / 32, "nvfp4": 8 / 16}
+"""Scale bits a 4-bit float weight carries: MXFP4 an 8-bit power-of-two scale per 32 (OCP Microscaling Formats
+v1.0), NVFP4 an FP8 (E4M3) scale per 16 (NVIDIA's NVFP4 blog, 2025; its one fp32 scale per tensor is left out)."""
+
+
 def matrix_bits(job: Job) -> float:
     """Bits one weight of the blocks' matrices takes in memory, scales and sparse indices included."""
     s = job.serving
     bits = WEIGHT_BITS[s.weights]
     if s.weights == "int4" and s.group_size:
         bits += (16 + INT4_ZERO_BITS) / s.group_size
+    bits += FP4_SCALE_BITS.get(s.weights, 0.0)
     if s.sparsity == "2:4":
         bits = 0.5 * (bits + SPARSE_INDEX_BITS)
     return bits

@@ -42,9 +42,17 @@ class StepTable:
     fused: bool = True
     """One forward carries the decodes and the prompt chunk (vLLM, SGLang, TensorRT-LLM); False: two forwards
     (the toolkit's own CPU server)."""
+    host_s_per_token: float = 0.0
+    """Host time for each token a step streams beyond the first (the toolkit's server: a queue and a write each)."""
+    host_s_per_request: float = 0.0
+    """Host time before a request reaches the scheduler: added to its time to first token and end to end."""
+    rows_per_decode: int = 1
+    """Rows a decoding request puts through the target model a step: 1, or speculative decoding's drafts + 1."""
+    draft_share: float = 0.0
+    """Speculative decoding's drafting, as a share of a plain decode step of the same requests."""
 
     @classmethod
-    def of(cls, clock, max_rows: int, host_s: float = 0.0, fused: bool = True) -> StepTable:
+    def of(cls, clock, max_rows: int, host_s: float = 0.0, fused: bool = True, **host) -> StepTable:
         rows = np.unique(np.geomspace(1, max(max_rows, 2), 24).round().astype(int))
         decode = np.array([clock.token_s(clock.step_s(r, 0.0)) for r in rows])
         mixed = np.array([clock.token_s(clock.step_s(0.0, 0.0, r, 0.0, sampled=1)) for r in rows])
@@ -55,7 +63,7 @@ class StepTable:
         pairs = (clock.token_s(clock.step_s(0, 0, 64, long, 1)) - clock.token_s(clock.step_s(0, 0, 64, 0.0, 1))) / (
             64 * long
         )
-        return cls(rows, decode, mixed, max(kv, 0.0), max(pairs, 0.0), host_s, window, fused)
+        return cls(rows, decode, mixed, max(kv, 0.0), max(pairs, 0.0), host_s, window, fused, **host)
 
     def read(self, contexts) -> np.ndarray:
         """The cached tokens decoding rows at `contexts` read (all of them, or a sliding window's)."""
@@ -65,6 +73,10 @@ class StepTable:
         """One step: `decodes` requests reading `context_tokens` cached tokens in all, plus `prompt_tokens` prompt
         tokens whose attention spans `prompt_pairs` (token, earlier token) pairs."""
         kv = self.kv_s_per_token * context_tokens + self.attention_s_per_pair * prompt_pairs
+        kv += self.host_s_per_token * max(decodes - 1, 0)
+        if self.rows_per_decode > 1 or self.draft_share:  # speculative decoding: verify the drafts, draft the next
+            kv += self.draft_share * float(np.interp(decodes, self.rows, self.decode_s)) if decodes else 0.0
+            decodes = decodes * self.rows_per_decode
         if not prompt_tokens:
             return float(np.interp(decodes, self.rows, self.decode_s)) + kv + self.host_s
         if self.fused:
@@ -83,6 +95,14 @@ class Load:
     output_tokens: np.ndarray
     arrival_s: np.ndarray | None = None
     concurrency: int | None = None
+    cached_tokens: np.ndarray | None = None
+    """Prompt tokens a prefix cache already holds (not prefilled; their keys are read)."""
+    tokens_per_step: float = 1.0
+    """Tokens a decode step makes for each request: 1, or speculative decoding's expected accepted tokens plus the
+    target's own (toolkit.estimate.serving_load.spec_tokens_per_step)."""
+    prefilled: bool = False
+    """Disaggregated serving's decode workers: each request arrives with its prompt in the cache (moved from a
+    prefill worker) and its first token made; the simulation makes the rest."""
 
 
 def arrivals(
@@ -93,14 +113,18 @@ def arrivals(
     rate: float | None = None,
     concurrency: int | None = None,
     seed: int = 0,
+    cached_tokens: int = 0,
+    tokens_per_step: float = 1.0,
 ) -> Load:
-    """`requests` of fixed lengths, Poisson at `rate` a second (seeded) or `concurrency` in flight."""
+    """`requests` of fixed lengths, Poisson at `rate` a second (seeded) or `concurrency` in flight; `cached_tokens`
+    of each prompt in a prefix cache; `tokens_per_step` made a decode step (speculative decoding)."""
     ins = np.full(requests, input_tokens, dtype=np.int64)
     outs = np.full(requests, output_tokens, dtype=np.int64)
+    extra = {"cached_tokens": np.full(requests, cached_tokens, dtype=np.int64), "tokens_per_step": tokens_per_step}
     if rate is not None:
         gaps = np.random.default_rng(seed).exponential(1.0 / rate, requests)
-        return Load(ins, outs, arrival_s=np.cumsum(gaps) - gaps[0])
-    return Load(ins, outs, concurrency=concurrency or 1)
+        return Load(ins, outs, arrival_s=np.cumsum(gaps) - gaps[0], **extra)
+    return Load(ins, outs, concurrency=concurrency or 1, **extra)
 
 
 class _Sim:
@@ -110,12 +134,22 @@ class _Sim:
         self.table, self.load = table, load
         self.max_seqs, self.budget, self.kv_tokens = max_num_seqs, max_batched_tokens, kv_tokens
         n = self.n = len(load.input_tokens)
-        self.prompt_left = load.input_tokens.astype(np.int64).copy()
-        self.out_left = load.output_tokens.astype(np.int64).copy()
-        self.context = np.zeros(n, dtype=np.int64)
+        cached = np.zeros(n, dtype=np.int64) if load.cached_tokens is None else load.cached_tokens.astype(np.int64)
+        if load.prefilled:
+            cached = load.input_tokens.astype(np.int64)
+        self.prompt_left = load.input_tokens.astype(np.int64) - cached
+        # decode steps a request needs after its first token: fewer when each step makes more than one
+        steps = np.ceil((load.output_tokens - 1) / load.tokens_per_step).astype(np.int64) + 1
+        self.out_left = np.where(load.output_tokens > 1, steps, load.output_tokens).astype(np.int64)
+        if load.prefilled:  # the first token came with the prompt
+            self.out_left = steps - 1
+        self.context = cached.astype(float)
+        self.grow = load.tokens_per_step
         self.need = load.input_tokens + load.output_tokens
         self.arrive = np.full(n, np.nan) if load.arrival_s is None else load.arrival_s.astype(float).copy()
         self.first, self.done = np.full(n, np.nan), np.full(n, np.nan)
+        if load.prefilled:
+            self.first = self.arrive.copy()
         self.order = np.argsort(self.arrive, kind="stable") if load.arrival_s is not None else np.arange(n)
         self.waiting, self.running = deque(), []
         self.t, self.sent, self.kv_used = 0.0, 0, 0
@@ -193,7 +227,7 @@ class _Sim:
         """Decode-only steps until a request finishes, or one waiting or arriving could start."""
         k = 1 if self._fits_next() else int(self.out_left[decoding].min())
         b = len(decoding)
-        cached = self.table.read(self.context[decoding][:, None] + np.arange(k)[None, :]).sum(axis=0)
+        cached = self.table.read(self.context[decoding][:, None] + self.grow * np.arange(k)[None, :]).sum(axis=0)
         ends = self.t + np.cumsum(self.table.step_s(b, 0.0, 0, 0.0) + self.table.kv_s_per_token * cached)
         if b < self.max_seqs and self.load.arrival_s is not None and self.sent < self.n:
             k = min(k, int(np.searchsorted(ends, self.arrive[self.order[self.sent]])) + 1)
@@ -204,7 +238,7 @@ class _Sim:
     def _emit(self, ids: np.ndarray, k: int, end: float) -> None:
         """`k` tokens to each of `ids`, the last at `end`; a request whose count runs out is done then."""
         self.out_left[ids] -= k
-        self.context[ids] += k
+        self.context[ids] += k * self.grow
         self.done[ids[self.out_left[ids] == 0]] = end
 
 
@@ -216,10 +250,10 @@ def simulate(table: StepTable, load: Load, *, max_num_seqs: int, max_batched_tok
 
 
 def _result(st: _Sim, load: Load) -> dict:
-    ttft = st.first - st.arrive
+    ttft = st.first - st.arrive + st.table.host_s_per_request
     outs = load.output_tokens
     tpot = np.where(outs > 1, (st.done - st.first) / np.maximum(outs - 1, 1), 0.0)
-    e2e = st.done - st.arrive
+    e2e = st.done - st.arrive + st.table.host_s_per_request
     span = float(np.nanmax(st.done) - np.nanmin(st.arrive))
     return {
         "requests": int(len(outs)),

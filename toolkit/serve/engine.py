@@ -79,9 +79,9 @@ class _Request:
 class BatchEngine:
     """The scheduler and its thread. `submit` returns an iterator of the request's tokens."""
 
-    def __init__(self, model, *, max_num_seqs: int, max_batched_tokens: int, max_len: int):
+    def __init__(self, model, *, max_num_seqs: int, max_batched_tokens: int, max_len: int, cache=None):
         self.model, self.max_seqs, self.budget, self.max_len = model, max_num_seqs, max_batched_tokens, max_len
-        self.cache = SlotCache(model, max_num_seqs, max_len)
+        self.cache = cache or SlotCache(model, max_num_seqs, max_len)  # (a stand-in when timing the host alone)
         self.inbox: queue.Queue = queue.Queue()
         self.waiting: list[_Request] = []
         self.running: list[_Request] = []

@@ -22,7 +22,7 @@ import torch
 from ..specs import Job
 from .engine import BatchEngine
 
-__all__ = ["make_server", "serve"]
+__all__ = ["make_server", "http_server", "serve"]
 
 
 def make_server(job: Job, port: int, host: str = "127.0.0.1") -> tuple[ThreadingHTTPServer, BatchEngine]:
@@ -34,12 +34,16 @@ def make_server(job: Job, port: int, host: str = "127.0.0.1") -> tuple[Threading
     s = job.serving
     max_len = max(job.model.seq_len, s.context)
     engine = BatchEngine(model, max_num_seqs=s.max_num_seqs, max_batched_tokens=s.max_batched_tokens, max_len=max_len)
+    return http_server(engine, job.model.name or "toolkit-gpt", job.model.vocab, port, host), engine
+
+
+def http_server(engine: BatchEngine, name: str, vocab: int, port: int, host: str = "127.0.0.1") -> ThreadingHTTPServer:
+    """The API over a built engine, which it starts."""
     engine.start()
-    name = job.model.name or "toolkit-gpt"
-    handler = type("Handler", (_Handler,), {"engine": engine, "model_name": name, "vocab": job.model.vocab})
+    handler = type("Handler", (_Handler,), {"engine": engine, "model_name": name, "vocab": vocab})
     server = ThreadingHTTPServer((host, port), handler)
     server.daemon_threads = True
-    return server, engine
+    return server
 
 
 def serve(job: Job, port: int, host: str = "127.0.0.1") -> int:

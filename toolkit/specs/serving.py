@@ -19,7 +19,7 @@ from .fields import check_positive, check_range
 
 __all__ = ["Serving", "resolve_serving", "WEIGHT_BITS", "KV_BYTES"]
 
-WEIGHT_BITS = {"fp32": 32, "bf16": 16, "fp16": 16, "fp8": 8, "int8": 8, "int4": 4}
+WEIGHT_BITS = {"fp32": 32, "bf16": 16, "fp16": 16, "fp8": 8, "int8": 8, "int4": 4, "fp4": 4, "mxfp4": 4, "nvfp4": 4}
 """Bits of one stored weight before its scales (toolkit.estimate.serving adds the scales of a grouped format)."""
 KV_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
 
@@ -35,9 +35,10 @@ class Serving:
     """Generated tokens per request."""
     max_context: int | None = None
     """Longest sequence a request may reach (vLLM's max_model_len); None = input_tokens + output_tokens."""
-    weights: Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4"] | None = None
+    weights: Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4", "fp4", "mxfp4", "nvfp4"] | None = None
     """How the blocks' matrices are stored: 16-bit; fp8 (W8A8 where the device has FP8 units, else weight-only);
-    int8 or int4 weight-only (GPTQ/AWQ: 16-bit matmuls on dequantized tiles). None = the compute dtype. The
+    int8 or int4 weight-only (GPTQ/AWQ, W4A16: 16-bit matmuls on dequantized tiles); fp4 = mxfp4 (OCP MX: an
+    8-bit scale per 32, gpt-oss's format) or nvfp4 (an fp8 scale per 16), weight-only. None = the compute dtype. The
     embeddings and the output head stay 16-bit, as GPTQ and AWQ leave them."""
     group_size: int = 128
     """int4: weights sharing one 16-bit scale and one 4-bit zero point (GPTQ/AWQ's usual 128); 0 = per channel."""
@@ -75,6 +76,21 @@ class Serving:
     """Requests the load simulation runs (vLLM's benchmark --num-prompts)."""
     host_s_per_step: float | None = None
     """The engine's CPU time per step on the critical path (s); None = the engine's (engines.yaml)."""
+    prefill_workers: int = 0
+    """Disaggregated serving (vLLM's and SGLang's PD disaggregation, NVIDIA Dynamo): replicas that only prefill;
+    0 = aggregated (every replica does both). Each worker is one replica of tp × pp devices."""
+    decode_workers: int = 0
+    """Disaggregated serving: replicas that only decode, each receiving a request's KV cache from a prefill one."""
+    prefix_cache_hit: float = 0.0
+    """Share of each prompt already in the KV cache from an earlier request (vLLM's automatic prefix caching,
+    SGLang's radix cache): it is not prefilled again."""
+    spec_tokens: int = 0
+    """Speculative decoding: draft tokens verified a step (MTP, EAGLE; vLLM's num_speculative_tokens)."""
+    acceptance: float = 0.7
+    """Speculative decoding: the chance each draft token is accepted, independently (Leviathan et al. 2023)."""
+    draft_cost: float = 0.1
+    """Speculative decoding: a draft token's cost as a share of a decode step of the target model (an MTP or EAGLE
+    head is about one block of the target's: 1/layers; assumed 0.1)."""
 
     @property
     def context(self) -> int:
@@ -97,6 +113,24 @@ def resolve_serving(serving: Serving, compute_dtype: str, seq_limit: int | None,
     for name in ("input_tokens", "output_tokens", "block_size", "max_batched_tokens", "requests"):
         check_positive(getattr(serving, name), f"serving.{name}")
     check_positive(serving.max_num_seqs, "serving.max_num_seqs")
+    check_range(serving.prefix_cache_hit, "serving.prefix_cache_hit", 0.0, 1.0, high_open=True)
+    check_range(serving.acceptance, "serving.acceptance", 0.0, 1.0)
+    for name in ("prefill_workers", "decode_workers"):
+        check_positive(getattr(serving, name), f"serving.{name}", allow_zero=True)
+    if bool(serving.prefill_workers) != bool(serving.decode_workers):
+        raise SpecError(
+            "serving.prefill_workers",
+            serving.prefill_workers,
+            f"disaggregated serving needs both --prefill-workers and --decode-workers (got {serving.decode_workers})",
+        )
+    if serving.prefill_workers and serving.rate is None:
+        raise SpecError(
+            "serving.prefill_workers",
+            serving.prefill_workers,
+            "disaggregated serving is simulated under a request rate: give --rate",
+        )
+    check_positive(serving.spec_tokens, "serving.spec_tokens", allow_zero=True)
+    check_positive(serving.draft_cost, "serving.draft_cost", allow_zero=True)
     for name in ("host_s_per_step",):
         if getattr(serving, name) is not None:
             check_positive(getattr(serving, name), f"serving.{name}", allow_zero=name == "host_s_per_step")
