@@ -72,6 +72,7 @@ OVERRIDES = {
     "vocab": ("model", "vocab", ModelSpec),
     "mlp": ("model", "mlp", ModelSpec),
     "norm": ("model", "norm", ModelSpec),
+    "position": ("model", "position", ModelSpec),
     "tie_embeddings": ("model", "tie_embeddings", ModelSpec),
     "dropout": ("model", "dropout", ModelSpec),
     "experts": ("model", "experts", ModelSpec),

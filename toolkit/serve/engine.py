@@ -47,19 +47,19 @@ class _SlotView:
 
     def attend(self, layer: int, q, k, v):
         keys, values = self.cache.keys[layer], self.cache.values[layer]
-        seq = q.shape[2]
         grouped = q.shape[1] != keys.shape[1]
-        starts = self.length if torch.is_tensor(self.length) else torch.tensor([self.length])
-        for j in range(seq):  # write the new positions of every row
-            keys[self.rows, :, starts + j] = k[:, :, j]
-            values[self.rows, :, starts + j] = v[:, :, j]
-        ends = starts + seq
-        width = int(ends.max())
+        if not torch.is_tensor(self.length):  # one row's prompt chunk: as a static cache does, on that row's view
+            row, start, seq = int(self.rows[0]), self.length, q.shape[2]
+            keys[row, :, start : start + seq], values[row, :, start : start + seq] = k[0], v[0]
+            ks, vs = keys[row : row + 1, :, : start + seq], values[row : row + 1, :, : start + seq]
+            mask = torch.ones(seq, start + seq, dtype=torch.bool).tril(start) if start else None
+            return F.scaled_dot_product_attention(q, ks, vs, attn_mask=mask, is_causal=not start, enable_gqa=grouped)
+        starts = self.length  # decode: one new position a row, each row at its own length
+        keys[self.rows, :, starts], values[self.rows, :, starts] = k[:, :, 0], v[:, :, 0]
+        width = int(starts.max()) + 1
         ks, vs = keys[self.rows, :, :width], values[self.rows, :, :width]
-        pos = torch.arange(width)
-        query_pos = starts[:, None] + torch.arange(seq)  # (rows, seq)
-        mask = pos[None, None, :] <= query_pos[:, :, None]  # causal over each row's own cache
-        return F.scaled_dot_product_attention(q, ks, vs, attn_mask=mask[:, None], enable_gqa=grouped)
+        mask = torch.arange(width)[None, :] <= starts[:, None]  # each row sees its own cache only
+        return F.scaled_dot_product_attention(q, ks, vs, attn_mask=mask[:, None, None], enable_gqa=grouped)
 
     def commit(self, steps: int) -> None:
         self.cache.lengths[self.rows] += steps
@@ -90,7 +90,14 @@ class BatchEngine:
         self.thread = threading.Thread(target=self._loop, daemon=True, name="toolkit-engine")
 
     def start(self) -> None:
+        """Run the scheduler on its own thread (tests, the host measurement); `serve` runs it on the main thread."""
         self.thread.start()
+
+    def run(self) -> None:
+        """Run the scheduler on this thread until stopped. torch's intra-op threads belong to the thread that made
+        them: a model stepped from a second Python thread ran 3-4x slower here (its thread pool beside the main
+        one's), so the server keeps the model on the main thread and the HTTP handlers on others."""
+        self._loop()
 
     def stop(self) -> None:
         self._stop.set()

@@ -12,6 +12,7 @@ Sampling is greedy; there is no end-of-sequence token, so every request makes ma
 from __future__ import annotations
 
 import json
+import signal
 import threading
 import time
 import uuid
@@ -25,8 +26,11 @@ from .engine import BatchEngine
 __all__ = ["make_server", "http_server", "serve"]
 
 
-def make_server(job: Job, port: int, host: str = "127.0.0.1") -> tuple[ThreadingHTTPServer, BatchEngine]:
-    """The server and its engine, built and started (port 0 picks a free one: server.server_address)."""
+def make_server(
+    job: Job, port: int, host: str = "127.0.0.1", start: bool = True
+) -> tuple[ThreadingHTTPServer, BatchEngine]:
+    """The server and its engine, built, and the engine started on its own thread unless `start` is False (port 0
+    picks a free one: server.server_address)."""
     from .worker import _build
 
     torch.manual_seed(job.training.seed)
@@ -34,12 +38,15 @@ def make_server(job: Job, port: int, host: str = "127.0.0.1") -> tuple[Threading
     s = job.serving
     max_len = max(job.model.seq_len, s.context)
     engine = BatchEngine(model, max_num_seqs=s.max_num_seqs, max_batched_tokens=s.max_batched_tokens, max_len=max_len)
-    return http_server(engine, job.model.name or "toolkit-gpt", job.model.vocab, port, host), engine
+    return http_server(engine, job.model.name or "toolkit-gpt", job.model.vocab, port, host, start), engine
 
 
-def http_server(engine: BatchEngine, name: str, vocab: int, port: int, host: str = "127.0.0.1") -> ThreadingHTTPServer:
-    """The API over a built engine, which it starts."""
-    engine.start()
+def http_server(
+    engine: BatchEngine, name: str, vocab: int, port: int, host: str = "127.0.0.1", start: bool = True
+) -> ThreadingHTTPServer:
+    """The API over a built engine (started on its own thread unless `start` is False)."""
+    if start:
+        engine.start()
     handler = type("Handler", (_Handler,), {"engine": engine, "model_name": name, "vocab": vocab})
     server = ThreadingHTTPServer((host, port), handler)
     server.daemon_threads = True
@@ -47,8 +54,9 @@ def http_server(engine: BatchEngine, name: str, vocab: int, port: int, host: str
 
 
 def serve(job: Job, port: int, host: str = "127.0.0.1") -> int:
-    """Serve until interrupted (Ctrl-C or SIGTERM), then stop cleanly."""
-    server, engine = make_server(job, port, host)
+    """Serve until interrupted (Ctrl-C or SIGTERM), then stop cleanly: the model steps on this (main) thread, the
+    HTTP handlers on others (BatchEngine.run says why)."""
+    server, engine = make_server(job, port, host, start=False)
     host, port = server.server_address[:2]
     s = job.serving
     print(
@@ -56,14 +64,20 @@ def serve(job: Job, port: int, host: str = "127.0.0.1") -> int:
         f"batching: {s.max_num_seqs} requests, {s.max_batched_tokens} tokens a step); Ctrl-C stops",
         flush=True,
     )
+    threading.Thread(target=server.serve_forever, daemon=True, name="toolkit-http").start()
+    signal.signal(signal.SIGTERM, _interrupt)  # a job manager's stop ends it as Ctrl-C does
     try:
-        server.serve_forever()
+        engine.run()
     except KeyboardInterrupt:
         pass
     finally:
+        server.shutdown()
         server.server_close()
-        engine.stop()
     return 0
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -177,6 +191,3 @@ def _id() -> str:
 
 def _kind(chat: bool, chunk: bool) -> str:
     return ("chat.completion" if chat else "text_completion") + (".chunk" if chunk and chat else "")
-
-
-_ = threading  # (the server's threads are the standard library's)
