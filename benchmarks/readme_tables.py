@@ -164,6 +164,46 @@ def serving_cpu_section(results: dict) -> list[str]:
     return lines
 
 
+def serving_accuracy_section(results: dict) -> list[str]:
+    lines = [
+        "## Serving under load against published measurements",
+        "",
+        "The load simulation (`toolkit estimate --workload inference` at each row's rate, concurrency or offline "
+        f"batch) against the visible published rows of `benchmarks/reference/serving_runs.json` "
+        f"(`benchmarks/serving_accuracy.py`) {_measured(results)}. Nothing is fitted on them, so each source is "
+        "left out by construction; mean |estimated / measured − 1| by metric and source.",
+        "",
+        "| metric | rows | mean error | by source |",
+        "|---|---:|---:|---|",
+    ]
+    for name, s in results["summary"].items():
+        by = ", ".join(f"{g} {100 * e:.0f} %" for g, e in s["by_source"].items())
+        mean = "—" if s["mean_abs_error"] is None else f"{100 * s['mean_abs_error']:.1f} %"
+        lines.append(f"| {name.replace('_', ' ')} | {s['rows']} | {mean} | {by} |")
+    return lines
+
+
+def serving_live_section(results: dict) -> list[str]:
+    lines = [
+        "## A live endpoint on this CPU against its calibrated simulation",
+        "",
+        "`toolkit generate --serve` benchmarked with `toolkit bench` under each load, beside the simulation "
+        f"calibrated here (`benchmarks/serving_live.py`) {_measured(results)}.",
+        "",
+        "| case | TTFT p50 estimated | measured | error | TPOT p50 estimated | measured | error |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for case in results["cases"]:
+        rows = {r["quantity"]: r for r in case["rows"]}
+        t, p = rows["ttft_s_p50"], rows["tpot_s_p50"]
+        lines.append(
+            f"| {case['case']} | {t['estimated'] * 1e3:.2f} ms | {t['measured'] * 1e3:.2f} ms | "
+            f"{100 * t['error']:+.1f} % | {p['estimated'] * 1e3:.2f} ms | {p['measured'] * 1e3:.2f} ms | "
+            f"{100 * p['error']:+.1f} % |"
+        )
+    return lines
+
+
 def steptime_section(results: dict) -> list[str]:
     lines = ["## Step time", "", table(results), ""]
     calibrated = results.get("one_calibration")
@@ -199,6 +239,8 @@ def accuracy_doc(results_dir: Path) -> str:
         ("layouts.json", layouts_section),
         ("moe_layouts.json", moe_layouts_section),
         ("serving_cpu.json", serving_cpu_section),
+        ("serving_live.json", serving_live_section),
+        ("serving_accuracy.json", serving_accuracy_section),
     ):
         results = read(name)
         if results is not None:
