@@ -16,9 +16,14 @@ import html
 import ipywidgets as W
 
 from toolkit.estimate import estimate
-from toolkit.estimate.serving import prices_by_offer
+from toolkit.estimate.serving import load_curve, prices_by_offer
 from toolkit.specs import Job, SpecError, load_catalog
-from toolkit.views.figures_serving import serving_cost_figure, serving_curve_figure, serving_memory_figure
+from toolkit.views.figures_serving import (
+    serving_cost_figure,
+    serving_curve_figure,
+    serving_load_figure,
+    serving_memory_figure,
+)
 from widgets.fallback import PanelText
 from widgets.live_figure import LiveFigure
 
@@ -38,10 +43,12 @@ class ServingPanel(PanelText, W.VBox):
             c[name].value = value
         self.summary, self.error = W.HTML(), W.HTML()
         self.memory_fig, self.curve_fig, self.cost_fig = LiveFigure(), LiveFigure(), LiveFigure()
+        self.load_fig = LiveFigure()
         for control in c.values():
             control.observe(lambda _change: self.update(), names="value")
         grid = W.GridBox(list(c.values()), layout=W.Layout(grid_template_columns="repeat(3, 320px)"))
-        super().__init__([grid, self.error, self.summary, self.memory_fig, self.curve_fig, self.cost_fig])
+        figures = [self.memory_fig, self.curve_fig, self.load_fig, self.cost_fig]
+        super().__init__([grid, self.error, self.summary, *figures])
         self.update()
 
     def _make_controls(self, preset: str, accelerator: str, tp: int) -> dict:
@@ -62,6 +69,11 @@ class ServingPanel(PanelText, W.VBox):
             "input_tokens": W.IntText(value=1024, description="prompt tokens", style=_STYLE),
             "output_tokens": W.IntText(value=256, description="new tokens", style=_STYLE),
             "sparsity": W.Dropdown(options=["none", "2:4"], value="none", description="sparsity", style=_STYLE),
+            "engine": W.Dropdown(
+                options=["vllm", "sglang", "trtllm"], value="vllm", description="engine", style=_STYLE
+            ),
+            "rate": W.FloatText(value=0.0, description="req/s (0: the requests)", style=_STYLE),
+            "max_tpot_ms": W.FloatText(value=0.0, description="TPOT bound ms", style=_STYLE),
         }
 
     def job(self) -> Job:
@@ -80,6 +92,10 @@ class ServingPanel(PanelText, W.VBox):
                     "weights": v["weights"],
                     "kv_dtype": v["kv_dtype"],
                     "sparsity": v["sparsity"],
+                    "engine": v["engine"],
+                    "rate": v["rate"] or None,
+                    "max_tpot_s": v["max_tpot_ms"] / 1e3 or None,
+                    "requests": 400,
                 },
             },
             self.catalog,
@@ -90,6 +106,7 @@ class ServingPanel(PanelText, W.VBox):
             job = self.job()
             result = estimate(job, self.catalog)
             costs = prices_by_offer(job, self.catalog)
+            curve = load_curve(job.resolve(self.catalog)[0], self.catalog)
         except SpecError as err:
             self.error.value = f"<p style='color:#d62728'>{html.escape(str(err))}</p>"
             return
@@ -101,14 +118,18 @@ class ServingPanel(PanelText, W.VBox):
             self.summary.value = f"<p style='color:#d62728'>{html.escape(result['memory']['why_not'])}</p>"
             _show(self.memory_fig, serving_memory_figure(result))
             return
+        load = s["load"] or {}
+        where = f"{load.get('rate')} req/s" if load.get("mode") == "rate" else f"{s['concurrency']} request(s)"
         self.summary.value = (
-            f"<p>{s['concurrency']} request(s): time to first token {_ms(s['ttft_s'])}, per output token "
-            f"{_ms(s['tpot_s'])}, {tput} output tokens/s a replica; KV cache {s['kv_bytes_per_token'] / 1024:.0f} KiB "
-            f"a token, at most {s['max_concurrency']} requests at {s['max_context']} tokens</p>"
+            f"<p>{where} on {load.get('engine', '-')}: time to first token {_ms(s['ttft_s'])} (p99 "
+            f"{_ms(s.get('ttft_s_p99'))}), per output token {_ms(s['tpot_s'])} (p99 {_ms(s.get('tpot_s_p99'))}), "
+            f"{tput} output tokens/s a replica; KV cache {s['kv_bytes_per_token'] / 1024:.0f} KiB a token, at most "
+            f"{s['max_concurrency']} requests at {s['max_context']} tokens</p>"
         )
         for widget, fig in (
             (self.memory_fig, serving_memory_figure(result)),
             (self.curve_fig, serving_curve_figure(result)),
+            (self.load_fig, serving_load_figure(curve, max_tpot_s=job.serving.max_tpot_s)),
             (self.cost_fig, serving_cost_figure(cost_rows)),
         ):
             _show(widget, fig)

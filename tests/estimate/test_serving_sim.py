@@ -85,3 +85,18 @@ def test_ten_thousand_requests_simulate_in_about_a_second(llama70b_table):
     start = time.perf_counter()
     simulate(table, load, max_num_seqs=1024, max_batched_tokens=8192, kv_tokens=7e5)
     assert time.perf_counter() - start < 2.0  # 0.5 s alone on this 2-core machine; slack for a loaded test run
+
+
+def test_the_load_curve_rises_to_saturation(catalog):
+    from toolkit.estimate.serving import load_curve
+    from toolkit.specs import Job
+
+    job = Job.from_dict(
+        {"workload": "inference", "model": {"preset": "llama2-7b"}, "cluster": {"accelerator": "A100-80GB"},
+         "serving": {"input_tokens": 512, "output_tokens": 128}},
+        catalog,
+    ).resolve(catalog)[0]  # fmt: skip
+    points = load_curve(job, catalog)
+    tpot = [p["tpot_s"]["p50"] for p in points]
+    assert tpot == sorted(tpot) and tpot[-1] > 1.5 * tpot[0]
+    assert not points[0]["saturated"] and points[-1]["saturated"]  # past the steady throughput the queue grows

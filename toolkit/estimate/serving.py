@@ -20,7 +20,29 @@ from .serving_load import serving_load
 from .serving_memory import ServingMemory, matrix_bits, serving_memory
 from .serving_time import ServingClock, serving_hardware
 
-__all__ = ["serving_estimate", "serving_cost", "serving_point", "prices_by_offer"]
+__all__ = ["serving_estimate", "serving_cost", "serving_point", "prices_by_offer", "load_curve"]
+
+LOAD_CURVE_SHARES = (0.1, 0.3, 0.5, 0.7, 0.9, 1.1, 1.3, 1.6)
+"""Arrival rates of a load curve, as shares of the largest steady throughput the KV cache allows (its requests/s)."""
+
+
+def load_curve(job: Job, catalog: Catalog, requests: int = 400) -> list[dict]:
+    """Latency percentiles as the Poisson arrival rate rises towards saturation, one replica: a point per rate
+    ({"rate", "ttft_s", "tpot_s", "e2e_s" (each mean, p50, p90, p99), "saturated"}); [] where the device's speed or
+    room is unknown."""
+    mem, _point, clock = serving_point(job, catalog)
+    if clock is None:
+        return []
+    s = job.serving
+    kv_tokens = mem.kv_blocks * s.block_size
+    fits = kv_tokens // (s.input_tokens + s.output_tokens)  # requests the cache holds at once (the simulation's rule)
+    top = clock.steady(max(min(fits, s.max_num_seqs), 1))["requests_per_s"]
+    points = []
+    for share in LOAD_CURVE_SHARES:
+        rated = job.replace(serving=dataclasses.replace(s, rate=share * top, requests=requests))
+        load = serving_load(rated, clock, kv_tokens)
+        points.append({"rate": share * top, **{k: load[k] for k in ("ttft_s", "tpot_s", "e2e_s", "saturated")}})
+    return points
 
 
 def serving_point(job: Job, catalog: Catalog) -> tuple[ServingMemory, dict | None, ServingClock | None]:

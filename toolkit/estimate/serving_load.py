@@ -50,6 +50,7 @@ def serving_load(job: Job, clock: ServingClock, kv_tokens: float, concurrency: i
                         tokens_per_step=tps)  # fmt: skip
         sim = simulate(table, load, **limits)
     per = sim.pop("per_request")
+    keeps_up = sim.pop("keeps_up", True)
     good = np.ones(s.requests, dtype=bool)
     if s.max_ttft_s is not None:
         good &= per["ttft_s"] <= s.max_ttft_s
@@ -71,7 +72,7 @@ def serving_load(job: Job, clock: ServingClock, kv_tokens: float, concurrency: i
         **sim,
         "goodput_fraction": float(good.mean()),
         "goodput_requests_per_s": float(good.mean()) * sim["requests_per_s"],
-        "saturated": bool(rate and sim["requests_per_s"] < 0.95 * (s.rate or 0) / (job.parallel.dp or 1)),
+        "saturated": bool(rate) and not keeps_up,
     }
 
 

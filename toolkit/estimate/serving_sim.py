@@ -263,8 +263,19 @@ def _result(st: _Sim, load: Load) -> dict:
         "e2e_s": stats(e2e),
         "output_tokens_per_s": float(outs.sum() / span) if span > 0 else math.inf,
         "requests_per_s": float(len(outs) / span) if span > 0 else math.inf,
+        "keeps_up": _keeps_up(st.arrive, st.done),
         "per_request": {"ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e},
     }
+
+
+def _keeps_up(arrive: np.ndarray, done: np.ndarray) -> bool:
+    """Whether requests finish as fast as they arrive (between the first and the last of each); where they do not,
+    the queue grows without end (saturated)."""
+    n = len(arrive)
+    arriving, finishing = np.ptp(arrive), np.ptp(done)
+    if n < 2 or arriving <= 0:
+        return True
+    return bool((n - 1) / max(finishing, 1e-12) >= 0.95 * (n - 1) / arriving)
 
 
 def stats(values: np.ndarray) -> dict:

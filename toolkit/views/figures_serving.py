@@ -4,13 +4,20 @@ and `toolkit estimate --workload inference --html` share them.
     serving_memory_figure(est)     # weights, KV cache, activations, runtime and free memory of a device
     serving_curve_figure(est)      # output tokens/s against time per output token as concurrency grows
     serving_cost_figure(rows)      # price per million output tokens per offer, on demand and spot
+    serving_load_figure(points)    # TTFT and TPOT percentiles as the request rate rises (toolkit.estimate.load_curve)
 """
 
 from __future__ import annotations
 
 import plotly.graph_objects as go
 
-__all__ = ["serving_memory_figure", "serving_curve_figure", "serving_cost_figure", "SERVING_MEMORY_PARTS"]
+__all__ = [
+    "serving_memory_figure",
+    "serving_curve_figure",
+    "serving_cost_figure",
+    "serving_load_figure",
+    "SERVING_MEMORY_PARTS",
+]
 
 GIB = 2**30
 SERVING_MEMORY_PARTS = (
@@ -105,4 +112,37 @@ def serving_cost_figure(rows: list[dict]) -> go.Figure:
             )
         )
     fig.update_layout(barmode="group", title="price per million output tokens", yaxis_title="USD", height=300)
+    return fig
+
+
+def serving_load_figure(points: list[dict], max_ttft_s: float | None = None, max_tpot_s: float | None = None):
+    """Time to first token and per output token (p50 solid, p99 dashed) against the request rate, with the SLO's
+    bounds marked where given; saturated rates (the queue grows without end) are marked."""
+    fig = go.Figure()
+    rates = [p["rate"] for p in points]
+    for key, label, color in (("ttft_s", "time to first token", "#4C78A8"), ("tpot_s", "per output token", "#F58518")):
+        for pct, dash in (("p50", "solid"), ("p99", "dash")):
+            fig.add_trace(
+                go.Scatter(
+                    x=rates,
+                    y=[p[key][pct] * 1e3 for p in points],
+                    mode="lines+markers",
+                    name=f"{label} {pct}",
+                    line=dict(color=color, dash=dash),
+                    hovertemplate=f"{label} {pct}: %{{y:.1f}} ms at %{{x:.2f}} req/s<extra></extra>",
+                )
+            )
+    for bound, label in ((max_ttft_s, "TTFT bound"), (max_tpot_s, "TPOT bound")):
+        if bound:
+            fig.add_hline(y=bound * 1e3, line_dash="dot", annotation_text=label)
+    saturated = [p["rate"] for p in points if p["saturated"]]
+    if saturated:
+        fig.add_vrect(x0=min(saturated), x1=max(rates), fillcolor="#d62728", opacity=0.08, annotation_text="saturated")
+    fig.update_layout(
+        title="latency under load, a replica (Poisson arrivals)",
+        xaxis_title="requests a second",
+        yaxis_title="ms",
+        yaxis_type="log",
+        height=320,
+    )
     return fig
