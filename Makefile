@@ -32,8 +32,13 @@ demo: $(STAMP)
 # TEST_WORKERS=0 runs everything in this process.
 TEST_WORKERS ?= 2
 test: $(STAMP) browser lint
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 -m "not quiet and not alone"
-	$(BIN)/python -m pytest -q -m "quiet or alone" tests
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 -m "not quiet and not alone and not slow"
+	$(BIN)/python -m pytest -q -m "(quiet or alone) and not slow" tests
+
+# Further points of test matrices whose other points make test runs (each 13-19 s here): kept out of make test's
+# 12 minutes, run before a release or when touching what they cover.
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m slow tests
 
 # ruff: pyflakes' and pycodestyle's errors, and the formatter's layout (pyproject.toml's [tool.ruff]).
 lint: $(STAMP)

@@ -168,6 +168,7 @@ def test_in_model_matmul_flops_are_the_models_linear_layers_counted_by_torch():
     assert totals["matmul_s"] > 0 and totals["attention_s"] > 0
 
 
+@pytest.mark.slow
 def test_an_encoder_job_calibrates_its_matmuls_at_its_shapes():
     """The runner's GPT builds decoders only: an encoder job's rates come from its shapes alone, not a crash."""
     from toolkit.calibrate.profile import job_shapes, measure_rank

@@ -53,7 +53,9 @@ def test_untraceable_layouts_are_refused(parallel, message):
         trace_memory(job)
 
 
-@pytest.mark.parametrize("mode, vocab", [("amp-bf16", 32000), ("fp32", 1000), ("mixed-bf16", 1000)])
+@pytest.mark.parametrize(
+    "mode, vocab", [pytest.param("amp-bf16", 32000, marks=pytest.mark.slow), ("fp32", 1000), ("mixed-bf16", 1000)]
+)
 def test_8bit_adamw_traced_on_real_tensors(mode, vocab):
     """bitsandbytes' AdamW8bit reads its states while stepping: a small model runs it for real. Its states are
     2 bytes a parameter plus a fp32 scale per 256 (4x fewer than AdamW's), and it steps them in place."""

@@ -152,7 +152,12 @@ def test_untraceable_pipelines_are_refused_before_any_process_starts():
 
 
 @pytest.mark.parametrize(
-    "mode, rec, vocab, m", [("amp-bf16", "none", 4000, 4), ("pure-bf16", "full", 1000, 4), ("fp32", "none", 4000, 8)]
+    "mode, rec, vocab, m",
+    [
+        ("amp-bf16", "none", 4000, 4),
+        ("pure-bf16", "full", 1000, 4),
+        pytest.param("fp32", "none", 4000, 8, marks=pytest.mark.slow),
+    ],
 )
 def test_interleaved_stages_match_the_model(mode, rec, vocab, m):
     """Two chunks a rank: more micro-batches in flight on the first rank, and (full recompute, small vocabulary)

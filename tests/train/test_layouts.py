@@ -147,7 +147,7 @@ def test_a_sharded_checkpoint_resumes_in_one_process(tmp_path, corpus, one_proce
     [
         ("--tp", "2", "--pp", "2", "--sp"),
         ("--dp", "2", "--pp", "2", "--zero", "1"),
-        ("--dp", "2", "--pp", "2", "--zero", "3", "--offload", "params"),
+        pytest.param(("--dp", "2", "--pp", "2", "--zero", "3", "--offload", "params"), marks=pytest.mark.slow),
     ],
     ids=["tp2xpp2-sp", "dp2xpp2-zero1", "dp2xpp2-zero3-offload"],
 )

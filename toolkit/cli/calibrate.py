@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..specs import Job, SpecError, load_catalog
 from ..specs.yamlio import check_output_folder
+from .job_flags import add_job_args, job_from_args
 
 __all__ = ["add_calibrate_parser", "cmd_calibrate"]
 
@@ -23,8 +24,18 @@ def add_calibrate_parser(sub) -> argparse.ArgumentParser:
         "their source. Then: toolkit compare --run DIR --catalog PROFILE.",
     )
     cal.add_argument("--nproc", metavar="N", type=int, default=1, help="ranks measuring at once (as in training)")
-    cal.add_argument("--config", metavar="JOB.yaml", help="a job (or a run's job.yaml): its shapes and precision")
     cal.add_argument("--out", metavar="PROFILE.yaml", required=True, help="where to write the profile")
+    cal.add_argument(
+        "--step-s",
+        metavar="S",
+        type=float,
+        help="a step you measured (seconds) of the job given by --config or its flags, on a catalog accelerator: "
+        "the profile scales every step modelled on that accelerator to your stack (no measuring here)",
+    )
+    cal.add_argument(
+        "--measured", metavar="RUN", help="as --step-s, from a `toolkit train` run folder (its job and median step)"
+    )
+    add_job_args(cal)
     cal.add_argument(
         "--gpu-only",
         action="store_true",
@@ -50,6 +61,8 @@ def cmd_calibrate(args) -> int:
             "measured on the device (--gpu-only: that row alone); NCCL collectives are not calibrated yet",
             file=sys.stderr,
         )
+    if args.step_s is not None or args.measured:
+        return _from_a_measured_step(args, out)
     job = None
     if args.config:
         job, _notes = Job.from_yaml(args.config).resolve(load_catalog())
@@ -58,6 +71,29 @@ def cmd_calibrate(args) -> int:
         print(_row_line(row))
     print(
         f"written to {out}; use it with: toolkit compare --run DIR --catalog {out}, or toolkit estimate --catalog {out}"
+    )
+    return 0
+
+
+def _from_a_measured_step(args, out: Path) -> int:
+    """`--step-s` / `--measured`: a profile row that scales the accelerator's modelled steps to the user's stack."""
+    import yaml
+
+    from ..calibrate.run_scale import measured_step_of_run, step_calibration_row
+
+    catalog = load_catalog(*args.catalog)
+    if args.measured:
+        job, step_s = measured_step_of_run(args.measured)
+    else:
+        job, step_s = job_from_args(args, catalog), args.step_s
+    resolved, _notes = job.resolve(catalog)
+    row = step_calibration_row(resolved, catalog, step_s)
+    out.write_text(f"# {row['source']}\n" + yaml.safe_dump({"accelerators": [row]}, sort_keys=False, width=120))
+    cal = row["step_calibration"]
+    print(
+        f"{row['name']}: your step {cal['measured_step_s']:.4g} s, modelled {cal['modelled_step_s']:.4g} s: every step "
+        f"modelled on {row['name']} with --catalog {out} is x{cal['scale']:.3f}, and its likely range is that of "
+        "runs calibrated on one step (docs/check.md)"
     )
     return 0
 

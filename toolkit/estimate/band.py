@@ -3,9 +3,12 @@
     low, high = step_range(step_s, regime_of(hw))
 
 benchmarks/steptime_accuracy.py --write-band scores every visible source with the fitted figure refitted without
-it (leave-one-source-out) and writes the 10th and 90th percentiles of the signed errors of each regime to
-toolkit/data/steptime_band.yaml. A modelled step s with errors between e_lo and e_hi was measured between
-s / (1 + e_hi) and s / (1 + e_lo).
+it (leave-one-source-out) and writes each regime's band to toolkit/data/steptime_band.yaml: for a catalog GPU, the
+80 % prediction interval of a row from a stack the model has not seen (the spread between the visible sources'
+biases and within them: a new user's stack is a new source; the benchmark prints how many visible rows fall in
+the band built without their source); for a run-calibrated accelerator, the spread of steps predicted from another step of the
+same stack. A modelled step s with errors between e_lo and e_hi was measured between s / (1 + e_hi) and
+s / (1 + e_lo).
 """
 
 from __future__ import annotations
@@ -31,8 +34,11 @@ def band(regime: str) -> dict:
 
 
 def regime_of(hw) -> str:
-    """kernel_profile: a catalog GPU priced from kernel measurements; calibrated: a device measured by toolkit
-    calibrate; assumed: a catalog device with neither (the model's stated assumptions)."""
+    """run_calibrated: scaled to a user's measured step (toolkit calibrate --step-s); kernel_profile: a catalog GPU
+    priced from kernel measurements; calibrated: a device measured by toolkit calibrate; assumed: a catalog device
+    with neither (the model's stated assumptions)."""
+    if getattr(hw, "step_scale", 1.0) != 1.0:
+        return "run_calibrated"
     if hw.kernels is not None:
         return "kernel_profile"
     return "calibrated" if hw.assumptions is not None else "assumed"

@@ -138,6 +138,9 @@ class Hardware:
     kernels: KernelProfile | None = None
     """What the device's kernels achieve (toolkit/data/kernels.yaml), for a catalog GPU that has a profile and no
     measured figures of its own; memory_bw_bytes_per_s is then the achieved bandwidth."""
+    step_scale: float = 1.0
+    """A measured step's ratio to the modelled one on this accelerator (its catalog row's step_calibration): every
+    modelled step is multiplied by it."""
 
     @property
     def gemm_peak(self) -> float:
@@ -207,4 +210,5 @@ def hardware_for(job: Job, catalog: Catalog) -> Hardware | None:
         kernels=kernels,
         allreduce_bus_bw_bytes_per_s=None if cl.intra_node_bw_bytes_per_s else acc.allreduce_bus_bw_bytes_per_s,
         host_bw_bytes_per_s=acc.host_link_bytes_per_s,
+        step_scale=float((acc.step_calibration or {}).get("scale", 1.0)),
     )

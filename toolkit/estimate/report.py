@@ -173,6 +173,7 @@ def _time_part(job: Job, catalog: Catalog, accelerator, compute: ComputePart, pe
             step_s=steps.step_s,
             step_s_range=[low, high],
             step_s_regime=regime_of(hw),
+            provenance=PROVENANCE[regime_of(hw)],
             tokens_per_s=steps.tokens_per_s,
             mfu_modelled=steps.mfu,
             hfu_modelled=steps.mfu * per_token.hardware / per_token.model,
@@ -182,7 +183,7 @@ def _time_part(job: Job, catalog: Catalog, accelerator, compute: ComputePart, pe
         )
         if job.devices > 1:
             notes.append(_overlap_note(job, overlap))
-        notes.extend(_regime_notes(job, hw))
+        notes.extend(_regime_notes(job, hw, accelerator))
     if work is not None and peak is not None and job.mfu is not None:
         train_s = train_seconds(work, devices, peak, job.mfu)
         if compute.total_flops is None:
@@ -203,9 +204,23 @@ def _time_part(job: Job, catalog: Catalog, accelerator, compute: ComputePart, pe
     ), steps
 
 
-def _regime_notes(job: Job, hw) -> list[str]:
-    """Where the step-time model has no measurement to stand on, said plainly."""
+PROVENANCE = {"run_calibrated": "calibrated", "calibrated": "calibrated", "kernel_profile": "modelled",
+              "assumed": "assumed"}  # fmt: skip
+"""A step's provenance by the regime of its band (toolkit.estimate.band.regime_of)."""
+
+
+def _regime_notes(job: Job, hw, accelerator) -> list[str]:
+    """Where the step-time model has no measurement to stand on, said plainly; where it was scaled to the user's
+    own measured step, by how much and why its range changed."""
     notes = []
+    if regime_of(hw) == "run_calibrated":
+        cal = accelerator.step_calibration
+        notes.append(
+            f"step time: calibrated on your run ({cal['job']}: measured {cal['measured_step_s']:.4g} s, modelled "
+            f"{cal['modelled_step_s']:.4g} s): every part of the step x{hw.step_scale:.3f}; its likely "
+            "range is that of runs predicted from one measured step of their own stack, narrower than a new "
+            "stack's (benchmarks/steptime_accuracy.py)"
+        )
     if regime_of(hw) == "assumed":
         notes.append(
             f"step time: {job.cluster.accelerator} has no kernel profile (toolkit/data/kernels.yaml): its "

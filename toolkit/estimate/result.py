@@ -79,7 +79,10 @@ class TimePart:
     step_s_range: list | None = None
     """[low, high] seconds: where measured steps fell around the model's on runs it never saw (estimate.band)."""
     step_s_regime: str | None = None
-    """Which held-out spread step_s_range comes from: kernel_profile, calibrated or assumed."""
+    """Which held-out spread step_s_range comes from: run_calibrated, kernel_profile, calibrated or assumed."""
+    provenance: str | None = None
+    """What the step stands on: calibrated (scaled to a measured step of this stack, or a device measured by
+    toolkit calibrate), modelled (kernel measurements of the part), or assumed (the model's stated assumptions)."""
     tokens_per_s: float | None = None
     mfu_modelled: float | None = None
     hfu_modelled: float | None = None

@@ -358,7 +358,7 @@ def step_time(job: Job, hw: Hardware, a: Assumptions | None = None) -> StepTime:
     )
     optimizer_s = _optimizer_s(job, hw, a, trainable, dp * cp)
 
-    return StepTime(
+    st = StepTime(
         compute_s=compute_s,
         memory_bound_s=memory_s,
         overhead_s=overhead_s,
@@ -377,6 +377,31 @@ def step_time(job: Job, hw: Hardware, a: Assumptions | None = None) -> StepTime:
         stage_micro_s=tuple(totals),
         ep_comm_s=ep_s,
     )
+    return _scaled(st, hw.step_scale)
+
+
+SCALED_FIELDS = (
+    "compute_s",
+    "memory_bound_s",
+    "overhead_s",
+    "tp_comm_s",
+    "cp_comm_s",
+    "dp_comm_exposed_s",
+    "pp_comm_s",
+    "bubble_s",
+    "optimizer_s",
+    "dp_comm_s",
+    "ep_comm_s",
+)
+
+
+def _scaled(st: StepTime, scale: float) -> StepTime:
+    """Every part of the step times `scale`: a user's measured step on this accelerator against the modelled one
+    (toolkit calibrate --step-s); one factor, since one measured layout cannot tell compute from communication."""
+    if scale == 1.0:
+        return st
+    parts = {name: getattr(st, name) * scale for name in SCALED_FIELDS}
+    return dataclasses.replace(st, **parts, stage_micro_s=tuple(t * scale for t in st.stage_micro_s))
 
 
 def _p2p_bw_bytes_per_s(hw: Hardware, a: Assumptions, inside):

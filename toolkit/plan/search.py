@@ -326,18 +326,21 @@ def _network(job: Job, catalog: Catalog) -> dict:
 
 
 def _mark_within_error(plans: list[dict], objective: str) -> None:
-    """`within_error`: the plan's likely range (its step's held-out band, toolkit.estimate.band) overlaps the best
-    plan's, so the model cannot tell which is faster (or, by cost, cheaper): not a strict order."""
+    """`within_error`: the model cannot tell the plan from the best. Two plans of one job on one stack share most
+    of their error (the stack's speed against the model's), so they are compared with the error left once that is
+    shared: the spread of steps predicted from another step of their own stack (the band's run_calibrated regime),
+    not each one's whole likely range."""
     if not plans:
         return
     key = "train_days" if objective == "time" else "cost_usd"
+    shared = band("run_calibrated")
     best = plans[0]
     for plan in plans:
         if plan[key] is None or best[key] is None:
             plan["within_error"] = None
             continue
-        low = plan[key] * plan["step_s_range"][0] / plan["step_s"]
-        best_high = best[key] * best["step_s_range"][1] / best["step_s"]
+        low = plan[key] / (1 + shared["error_high"])
+        best_high = best[key] / (1 + shared["error_low"])
         plan["within_error"] = bool(low <= best_high)
 
 

@@ -63,6 +63,10 @@ class Accelerator:
     device_memory: dict[str, Any] | None = None
     """Figures measured on this device that replace the device-memory assumptions (toolkit.estimate.device:
     context_bytes, workspace_bytes, fragmentation, comm_channels, ...)."""
+    step_calibration: dict[str, Any] | None = None
+    """A user's measured step on this accelerator (`toolkit calibrate --step-s`): {scale, measured_step_s,
+    modelled_step_s, job}. Every step modelled on it is multiplied by `scale` (their software stack's speed against
+    the model's), and its likely range is the one calibrated runs hold (toolkit.estimate.band)."""
 
     def peak_flops(self, dtype: str) -> float | None:
         """Dense peak in FLOP/s for `dtype`, or None when unknown or unsupported."""

@@ -182,7 +182,8 @@ def _step_rows(time: dict) -> list[tuple[str, str]]:
         ("step (modelled)", f"{time['step_s']:.3g} s = {parts} (s)"),
         (
             "likely range",
-            f"{low:.3g}–{high:.3g} s (where measured steps fell on held-out runs, {time.get('step_s_regime')} regime)",
+            f"{low:.3g}–{high:.3g} s ({_RANGE_WORDS.get(time.get('step_s_regime'), 'held-out runs')}, "
+            f"{time.get('step_s_regime')} regime)",
         ),
         (
             "throughput",
@@ -295,6 +296,15 @@ def render_run_comparison(cmp: dict) -> str:
         )
         out.append(f"  step time     measured {step['measured']:.3f} s (median, after the recorded steps); {modelled}")
     return "\n".join(out)
+
+
+_RANGE_WORDS = {
+    "kernel_profile": "80 % of steps on a stack the model has not seen",
+    "run_calibrated": "80 % of steps predicted from one measured step of their stack",
+    "calibrated": "where this machine's calibrated runs fell",
+    "assumed": "no measured run: ±50 %",
+}
+"""What a likely range means, by the regime of its band (toolkit.estimate.band)."""
 
 
 def layout_text(layout: dict) -> str:
