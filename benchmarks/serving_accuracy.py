@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import json
 import statistics
+import sys
 from pathlib import Path
 
+import yaml
 from provenance import provenance
 
 from toolkit.estimate import estimate
@@ -141,6 +143,31 @@ def _ttft(r):
     return None
 
 
+def write_band(results: list[dict]) -> None:
+    """Each figure's 10th and 90th percentiles of the signed errors into toolkit/data/serving_band.yaml (what
+    `toolkit estimate --workload inference` gives as serving.*_range)."""
+    from toolkit.estimate.band import SERVING_BAND_FILE
+
+    estimated = [r for r in results if "figures" in r]
+    signed = {
+        "tpot_s": [_tpot(r) for r in estimated if r["kind"] == "online" and _tpot(r) is not None],
+        "ttft_s": [_ttft(r) for r in estimated if r["kind"] == "online" and _ttft(r) is not None],
+        "output_tokens_per_s": [
+            r["figures"]["output_tokens_per_s"]["error"] for r in estimated if "output_tokens_per_s" in r["figures"]
+        ],
+    }
+    figures = {}
+    for key, errors in signed.items():
+        deciles = statistics.quantiles(errors, n=10, method="inclusive")
+        figures[key] = {"error_low": round(deciles[0], 4), "error_high": round(deciles[-1], 4), "rows": len(errors)}
+    header = (
+        "# Serving's error band (toolkit/estimate/band.py), WRITTEN BY benchmarks/serving_accuracy.py --write-band:\n"
+        "# per figure, the 10th and 90th percentiles of the signed errors (modelled - measured) / measured on the\n"
+        "# visible published serving runs (benchmarks/reference/serving_runs.json). Do not edit by hand.\n"
+    )
+    SERVING_BAND_FILE.write_text(header + yaml.safe_dump({"figures": figures, **provenance()}, sort_keys=False))
+
+
 def main() -> None:
     rows = json.loads(REFERENCE.read_text())["rows"]
     results = evaluate(rows)
@@ -151,6 +178,8 @@ def main() -> None:
         else:
             print(f"{r['id']:44s} {r.get('refused') or r.get('skipped')}")
     figures = summary(results)
+    if "--write-band" in sys.argv:
+        write_band(results)
     RESULTS.write_text(json.dumps({**provenance(), "summary": figures, "rows": results}, indent=1) + "\n")
     print()
     for name, s in figures.items():

@@ -88,6 +88,7 @@ OVERRIDES = {
     "precision": ("precision", "mode", Precision),
     "grad_dtype": ("precision", "grad_dtype", Precision),
     "fp8": ("precision", "fp8", Precision),
+    "fp8_recipe": ("precision", "fp8_recipe", Precision),
     "fp8_all_gather": ("precision", "fp8_all_gather", Precision),
     "optimizer": ("optimizer", "name", Optimizer),
     "momentum": ("optimizer", "momentum", Optimizer),
@@ -114,6 +115,7 @@ OVERRIDES = {
     "headroom": ("memory", "headroom_fraction", MemoryOptions),
     "expandable_segments": ("memory", "expandable_segments", MemoryOptions),
     "gpus_per_node": ("cluster", "gpus_per_node", Cluster),
+    "host_memory_gib": ("cluster", "host_memory_gib", Cluster),
     "offer": ("cost", "offer", Cost),
     "spot": ("cost", "spot", Cost),
     "interruptions": ("cost", "interruptions_per_month", Cost),
@@ -227,7 +229,10 @@ def add_job_args(est: argparse.ArgumentParser, extra: dict | None = None) -> Non
     for flag, (sec, fld, cls) in {**OVERRIDES, **(extra or {})}.items():
         options = ("--" + flag.replace("_", "-"), *ALIASES.get(flag, ()))
         where = f"{sec}.{fld}" if sec else fld
-        if flag in _BOOLEAN:
+        if flag == "fp8":  # --fp8, --fp8 mxfp8 (a recipe), --no-fp8
+            est.add_argument(*options, nargs="?", const=True, default=None, metavar="RECIPE", help=where)
+            est.add_argument("--no-fp8", dest="fp8", action="store_const", const=False, help="no FP8 matmuls")
+        elif flag in _BOOLEAN:
             est.add_argument(*options, action=argparse.BooleanOptionalAction, default=None, help=where)
         else:
             est.add_argument(*options, metavar=_allowed(cls, fld) or "X", default=None, help=where)
@@ -273,6 +278,9 @@ def job_from_args(args, catalog) -> Job:
         value = getattr(args, flag, None)
         if value is None:
             continue
+        if flag == "fp8" and isinstance(value, str):  # --fp8 mxfp8: FP8 with that recipe
+            data.setdefault("precision", {})["fp8_recipe"] = value
+            value = True
         if flag in ("lora_targets", "stage_layers", "recompute_modules"):  # comma-separated lists
             value = [t.strip() for t in str(value).split(",") if t.strip()]
         if sec:

@@ -18,9 +18,12 @@ from pathlib import Path
 
 import yaml
 
-__all__ = ["BAND_FILE", "regime_of", "step_range", "band"]
+__all__ = ["BAND_FILE", "SERVING_BAND_FILE", "regime_of", "step_range", "band", "serving_range"]
 
 BAND_FILE = Path(__file__).resolve().parents[1] / "data" / "steptime_band.yaml"
+SERVING_BAND_FILE = Path(__file__).resolve().parents[1] / "data" / "serving_band.yaml"
+"""Serving's band: per figure, the 10th and 90th percentiles of the signed errors on the visible published serving
+measurements (benchmarks/serving_accuracy.py --write-band; nothing fitted on them)."""
 
 
 @functools.cache
@@ -48,3 +51,17 @@ def step_range(step_s, regime: str) -> tuple[float, float]:
     """(low, high) seconds a step modelled at step_s was measured at, on the regime's held-out runs."""
     b = band(regime)
     return step_s / (1 + b["error_high"]), step_s / (1 + b["error_low"])
+
+
+@functools.cache
+def _serving_bands() -> dict:
+    return yaml.safe_load(SERVING_BAND_FILE.read_text()) if SERVING_BAND_FILE.exists() else {"figures": {}}
+
+
+def serving_range(value, figure: str) -> list | None:
+    """[low, high] a serving figure modelled at `value` (ttft_s, tpot_s, output_tokens_per_s) was measured between
+    on the visible published runs; None without a value or a band."""
+    b = _serving_bands()["figures"].get(figure)
+    if value is None or b is None:
+        return None
+    return [value / (1 + b["error_high"]), value / (1 + b["error_low"])]

@@ -16,6 +16,7 @@ from .cost import offer_cost, train_seconds
 from .device import device_memory
 from .flops import PF_DAY_FLOPS, flops_per_token, training_flops
 from .hardware import ASSUMED_NETWORK_BITS_PER_DEVICE, hardware_for, network_figure
+from .host import host_memory
 from .memory import memory_estimate, memory_notes
 from .params import count_params
 from .result import ComputePart, CostPart, Estimate, MemoryPart, ModelPart, TimePart
@@ -48,7 +49,7 @@ def estimate_result(job: Job, catalog: Catalog | None = None) -> Estimate:
     params = count_params(model)
     mem = memory_estimate(job) if model.has_shape and not model.encoder else None
     states = mem.states if mem is not None else model_state_bytes(job)
-    memory = _memory_part(job, mem, states, accelerator, notes)
+    memory = _memory_part(job, catalog, mem, states, accelerator, notes)
     compute, per_token, flops = _compute_part(job, notes)
     time, steps = _time_part(job, catalog, accelerator, compute, per_token, flops, notes)
     return Estimate(
@@ -68,8 +69,9 @@ def estimate_result(job: Job, catalog: Catalog | None = None) -> Estimate:
     )
 
 
-def _memory_part(job: Job, mem, states, accelerator, notes: list[str]) -> MemoryPart:
-    """The busiest device's memory, and whether it fits: decided on what the device holds, not the tensors."""
+def _memory_part(job: Job, catalog: Catalog, mem, states, accelerator, notes: list[str]) -> MemoryPart:
+    """The busiest device's memory, and whether it fits: decided on what the device holds, not the tensors, and
+    on what its node's host holds where states are offloaded (toolkit.estimate.host)."""
     notes.extend(memory_notes(job, mem))
     device_bytes = accelerator.memory_bytes if accelerator else None
     usable = None if device_bytes is None else device_bytes * (1 - job.memory.headroom_fraction)
@@ -89,7 +91,11 @@ def _memory_part(job: Job, mem, states, accelerator, notes: list[str]) -> Memory
             f"model states alone need {states.total_bytes / 2**30:.1f} GiB per device, more than the "
             f"{usable / 2**30:.1f} GiB usable on {accelerator.name}"
         )
+    host = _host_part(job, catalog, states, notes)
+    if host and host["host_bytes_per_node"] > host["host_usable_bytes_per_node"]:
+        fits = False
     return MemoryPart(
+        **host,
         params_bytes=states.params_bytes,
         grads_bytes=states.grads_bytes,
         optimizer_bytes=states.optimizer_bytes,
@@ -107,6 +113,36 @@ def _memory_part(job: Job, mem, states, accelerator, notes: list[str]) -> Memory
         usable_bytes=usable,
         fits=fits,
     )
+
+
+def _host_part(job: Job, catalog: Catalog, states, notes: list[str]) -> dict:
+    """Offloaded states against the node's RAM: the figures, and a note when they do not fit or the RAM is assumed."""
+    if not states.host_bytes or not job.cluster.accelerator:
+        return {}
+    need, have, source = host_memory(job, catalog, states.host_bytes)
+    need = float(need)
+    gib = 2**30
+    if need > have:
+        notes.append(
+            f"does not fit: offload puts {need / gib:,.0f} GiB of states in each node's host memory, which may use "
+            f"{have / gib:,.0f} GiB ({_HOST_SOURCE[source]}); offload less, shard over more nodes, or give "
+            "--host-memory-gib for your nodes"
+        )
+    elif source == "assumed":
+        notes.append(
+            f"host memory: {need / gib:,.0f} GiB of offloaded states a node against an assumed "
+            f"{have / gib:,.0f} GiB usable; give --host-memory-gib (or an offer that lists its RAM)"
+        )
+    return {"host_bytes_per_node": need, "host_usable_bytes_per_node": have, "host_memory_source": source}
+
+
+_HOST_SOURCE = {
+    "given": "--host-memory-gib",
+    "offer": "the offer's RAM",
+    "accelerator": "its reference system's RAM",
+    "assumed": "an assumed 128 GiB a GPU",
+}
+"""Where a node's RAM figure came from, in the words a note uses (toolkit.estimate.host)."""
 
 
 def _compute_part(job: Job, notes: list[str]):

@@ -47,6 +47,11 @@ class MemoryPart:
     expandable_segments: bool | None = None
     program: str | None = None
     host_bytes: float | None = None
+    host_bytes_per_node: float | None = None
+    """Offloaded states of one node's devices in host memory (toolkit.estimate.host)."""
+    host_usable_bytes_per_node: float | None = None
+    """The node's RAM they may use; where its figure came from is host_memory_source."""
+    host_memory_source: str | None = None
     device_bytes: float | None = None
     usable_bytes: float | None = None
     fits: bool | None = None

@@ -16,6 +16,7 @@ import dataclasses
 from ..specs.catalog import Catalog
 from ..specs.job import Job
 from ..specs.params import count_params
+from .band import serving_range
 from .serving_load import serving_load
 from .serving_memory import ServingMemory, matrix_bits, serving_memory
 from .serving_time import ServingClock, serving_hardware
@@ -181,11 +182,15 @@ def _headline(point: dict | None, load: dict | None) -> dict:
     """The serving figures the contract names: the load simulation's means and percentiles where the device's speed
     is known (time to first token counts the prefills queued ahead), else None."""
     if load is None:
-        return {key: None for key in ("ttft_s", "tpot_s", "output_tokens_per_s", "requests_per_s")}
+        return {key: None for key in ("ttft_s", "tpot_s", "output_tokens_per_s", "requests_per_s", "provenance")}
     out = {"ttft_s": load["ttft_s"]["mean"], "tpot_s": load["tpot_s"]["mean"]}
     for key in ("ttft_s", "tpot_s", "e2e_s"):
         out |= {f"{key}_{p}": load[key][p] for p in ("p50", "p90", "p99")}
-    return out | {"output_tokens_per_s": load["output_tokens_per_s"], "requests_per_s": load["requests_per_s"]}
+    out |= {"output_tokens_per_s": load["output_tokens_per_s"], "requests_per_s": load["requests_per_s"]}
+    # where published serving runs fell around such figures (toolkit.estimate.band.serving_range)
+    for key in ("ttft_s", "tpot_s", "output_tokens_per_s"):
+        out[f"{key}_range"] = serving_range(out[key], key)
+    return out | {"provenance": "modelled"}
 
 
 def prices_by_offer(job: Job, catalog: Catalog) -> list[dict]:

@@ -25,6 +25,7 @@ from ..estimate.band import band, regime_of
 from ..estimate.device import device_memory
 from ..estimate.grid import LayoutGrid, layout_grid
 from ..estimate.hardware import Hardware, hardware_for, network_figure
+from ..estimate.host import host_memory
 from ..estimate.memory import memory_estimate
 from ..estimate.pipeline import simulate
 from ..estimate.spot import spot_run
@@ -210,6 +211,9 @@ def _evaluate_cluster(
     device_peak_bytes = np.broadcast_to(np.asarray(held.device_bytes, dtype=float), (len(grid),))
     reserved_peak_bytes = np.broadcast_to(np.asarray(held.reserved_bytes, dtype=float), (len(grid),))
     st, moe_options = fastest_moe_options(grid.job, hw, vendor=acc.vendor, fixed=fixed)
+    # offloaded states must fit in the node's RAM too (toolkit.estimate.host)
+    host_need, host_usable, _source = host_memory(resolved, catalog, model_state_bytes(grid.job).host_bytes)
+    host_need = np.broadcast_to(host_need, (len(grid),))
     offer = catalog.offer(resolved.cost.offer) if resolved.cost.offer else None
     instances = math.ceil(count / offer.count) if offer is not None else None
     train_s, cost = _run_time_and_cost(grid, resolved, st, offer, instances)
@@ -225,7 +229,8 @@ def _evaluate_cluster(
         "train_s": train_s,
         "cost": cost,
         "cost_usd": catalog.to_usd(cost, offer.currency) if offer is not None else cost,
-        "ok": grid.valid & (device_peak_bytes <= usable_bytes),
+        "ok": grid.valid & (device_peak_bytes <= usable_bytes) & (host_need <= host_usable),
+        "host": host_need,
         "accelerator": accelerator,
         "devices": count,
         "offer": resolved.cost.offer,
@@ -293,6 +298,7 @@ def _describe(block: dict, i: int) -> dict:
         "peak_bytes": float(block["mem"][i]),
         "reserved_peak_bytes": float(block["reserved"][i]),
         "device_peak_bytes": float(block["device"][i]),
+        "host_bytes_per_node": float(block["host"][i]),
         "usable_bytes": block["usable"],
         "step_s": pick(st.step_s),
         "tokens_per_s": pick(st.tokens_per_s),

@@ -63,6 +63,12 @@ class Accelerator:
     device_memory: dict[str, Any] | None = None
     """Figures measured on this device that replace the device-memory assumptions (toolkit.estimate.device:
     context_bytes, workspace_bytes, fragmentation, comm_channels, ...)."""
+    microscaling: bool = False
+    """Tensor cores that scale by 32-element blocks in hardware (OCP MX formats: MXFP8, MXFP4), as Blackwell's and
+    CDNA 4's: what an mxfp8 recipe needs."""
+    host_memory_gib_per_node: float | None = None
+    """Host RAM of the device's reference system (a DGX/HGX node), GiB: offload's limit when no offer gives one."""
+    host_memory_source: str | None = None
     step_calibration: dict[str, Any] | None = None
     """A user's measured step on this accelerator (`toolkit calibrate --step-s`): {scale, measured_step_s,
     modelled_step_s, job}. Every step modelled on it is multiplied by `scale` (their software stack's speed against
@@ -91,6 +97,8 @@ class Offer:
     as_of: str
     flags: str | None = None
     notes: str | None = None
+    host_memory_gib: float | None = None
+    """The instance's RAM (GiB): what offloaded states of its devices must fit in."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -69,6 +69,10 @@ class Precision:
     """Run the matmuls in FP8 (Transformer Engine style) on devices whose catalog row has an FP8 peak;
     weights, gradients and states keep the mode's dtypes. Modelled in step time; memory counts what the linears
     save for backward in the mode's dtype (torchao's float8 recipes differ there: not modelled)."""
+    fp8_recipe: Literal["delayed", "tensorwise", "blockwise", "mxfp8"] = "delayed"
+    """Transformer Engine's FP8 scaling (Megatron-Core's --fp8-recipe): per-tensor delayed or current (tensorwise),
+    1×128/128×128 blocks (DeepSeek-V3's), or MXFP8's 32-element blocks, which need microscaling tensor cores
+    (Blackwell). Priced at the part's FP8 rate; the recipes' extra weight copies are not modelled."""
     fp8_all_gather: bool = False
     """With fp8 under FSDP2 (ZeRO-2/3, torch semantics): gather the blocks' linear weights in float8, 1 byte each
     on the wire and in the gathered block, as torchao's `enable_fsdp_float8_all_gather` (torchtitan's 405B config)."""
@@ -222,6 +226,9 @@ class Cluster:
     """Per-device intra-node bandwidth, one direction; None = half the catalog's bidirectional link figure."""
     inter_node_bw_bytes_per_s: float | None = None
     """Per-node network bandwidth; None = the offer's network figure."""
+    host_memory_gib: float | None = None
+    """Host RAM of one node (GiB), which offloaded states must fit in; None = the offer's, else the accelerator's
+    reference system's, else an assumption (toolkit.estimate.host)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -376,6 +376,13 @@ def _resolve_precision(job: Job, accelerator, notes: list[str]):
                 True,
                 f"{accelerator.name} {reason}; FP8 runs on e.g. H100-SXM, H200, MI300X (toolkit catalog accelerators)",
             )
+        if precision.fp8_recipe == "mxfp8" and accelerator is not None and not accelerator.microscaling:
+            raise SpecError(
+                "precision.fp8_recipe",
+                "mxfp8",
+                f"MXFP8 needs microscaling tensor cores (Blackwell: B200, GB200, B300, GB300; MI355X); {accelerator.name} "
+                "has none: use tensorwise, delayed or blockwise",
+            )
     return precision
 
 

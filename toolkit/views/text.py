@@ -137,9 +137,24 @@ def _memory_lines(mem: dict) -> list[str]:
             ("peak in a step", peak),
             *_device_term_rows(mem),
             ("offloaded to host", gib(mem["host_bytes"])),
+            *_host_rows(mem),
             ("device capacity", capacity),
         ]
     )
+
+
+def _host_rows(mem: dict) -> list[tuple[str, str]]:
+    """A node's offloaded states against its RAM, where states are offloaded."""
+    if not mem.get("host_bytes_per_node"):
+        return []
+    where = {"given": "given", "offer": "the offer's", "accelerator": "reference system's", "assumed": "assumed"}
+    return [
+        (
+            "host memory a node",
+            f"{gib(mem['host_bytes_per_node'])} of {gib(mem['host_usable_bytes_per_node'])} usable "
+            f"({where.get(mem.get('host_memory_source'), '')} RAM)",
+        )
+    ]
 
 
 def _compute_lines(comp: dict) -> list[str]:

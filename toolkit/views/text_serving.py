@@ -31,9 +31,11 @@ def render_serving(est: dict) -> str:
         f"  fits: {'yes' if mem['fits'] else 'NO'} — at most {s['max_concurrency']} requests at {s['max_context']} "
         "tokens",
         "",
-        "speed a replica (continuous batching, steady state)",
-        f"  time to first token    {_ms(s['ttft_s'])}  (alone: {_ms(s['prefill_s'])})",
-        f"  time per output token  {_ms(s['tpot_s'])}",
+        f"speed a replica under load ({_load_words(s.get('load'))}, modelled)",
+        f"  time to first token    {_ms(s['ttft_s'])} mean, p50 {_ms(s.get('ttft_s_p50'))}, p99 "
+        f"{_ms(s.get('ttft_s_p99'))}  (alone: {_ms(s['prefill_s'])}){_range(s.get('ttft_s_range'))}",
+        f"  time per output token  {_ms(s['tpot_s'])} mean, p50 {_ms(s.get('tpot_s_p50'))}, p99 "
+        f"{_ms(s.get('tpot_s_p99'))}{_range(s.get('tpot_s_range'))}",
     ]
     if s["output_tokens_per_s"] is not None:
         lines += [
@@ -74,3 +76,17 @@ def render_serving_plan(result: dict) -> str:
         lines.append("  none meets the target: " + "; ".join(result["why_none"]))
     lines += [f"note: {n}" for n in result["notes"]]
     return "\n".join(lines)
+
+
+def _load_words(load: dict | None) -> str:
+    """The simulated load in a few words."""
+    if not load:
+        return "no speed figures"
+    where = f"{load['rate']:g} requests/s, Poisson" if load["mode"] == "rate" else f"{load['concurrency']} in flight"
+    saturated = "; SATURATED: the queue grows" if load.get("saturated") else ""
+    return f"{where}, {load['engine']}'s scheduler, {load['requests']} requests simulated{saturated}"
+
+
+def _range(bounds: list | None) -> str:
+    """Where published runs fell around such a figure (toolkit.estimate.band.serving_range)."""
+    return "" if not bounds else f"; published runs fell {_ms(bounds[0])}–{_ms(bounds[1])}"
