@@ -54,7 +54,12 @@ def _candidate(job: Job, catalog: Catalog, offer, weights: str, tp: int) -> dict
     if mem.max_concurrency < 1 or hw is None:
         return None
     curve = ServingClock(trial, hw).curve(mem.max_concurrency)
-    meeting = [p for p in curve if s.max_tpot_s is None or p["tpot_s"] <= s.max_tpot_s]
+    meeting = [
+        p
+        for p in curve
+        if (s.max_tpot_s is None or p["tpot_s"] <= s.max_tpot_s)
+        and (s.max_ttft_s is None or p["ttft_s"] <= s.max_ttft_s)
+    ]
     if not meeting:
         return None
     best = max(meeting, key=lambda p: p["output_tokens_per_s"])
@@ -126,6 +131,7 @@ def plan_serving(job: Job, catalog: Catalog, offers: list[str], top: int = 10) -
         else "the lowest price per million output tokens"
     )
     bound = f", time per output token ≤ {s.max_tpot_s * 1e3:g} ms" if s.max_tpot_s else ""
+    bound += f", time to first token ≤ {s.max_ttft_s * 1e3:g} ms" if s.max_ttft_s else ""
     return {
         "target": target + bound,
         "evaluated": evaluated,

@@ -222,7 +222,8 @@ def resolve_layout(job: Job, cluster, notes: list[str]):
             par.dp_replicate,
             f"must divide dp = {par.dp} (shards over dp / dp_replicate ranks); allowed: {listing(divisors(par.dp))}",
         )
-    hsdp_program = par.zero >= 2 and job.precision.mode in TORCH_SEMANTICS and par.backend in (None, "torch")
+    torch_mode = job.precision.mode is None or job.precision.mode in TORCH_SEMANTICS  # (unset: amp-bf16 or -fp16)
+    hsdp_program = par.zero >= 2 and torch_mode and par.backend in (None, "torch")
     if par.dp_replicate > 1 and not hsdp_program:
         raise SpecError(
             "parallel.dp_replicate",

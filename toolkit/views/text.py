@@ -76,7 +76,9 @@ def _layout_line(par: dict) -> str:
         + (f" · vpp {par['vpp']}" if par["vpp"] > 1 else "")
         + (f" · cp {par['cp']}" if par.get("cp", 1) > 1 else "")
         + (f" · ep {par['ep']}" if par.get("ep", 1) > 1 else "")
+        + (f" · etp {par['etp']}" if par.get("etp", 1) > 1 else "")
         + (" · sp" if par["sp"] else "")
+        + (f" · HSDP ({par['dp_replicate']} copies)" if par.get("dp_replicate", 1) > 1 else "")
     )
 
 
@@ -181,8 +183,11 @@ def _time_heading(time: dict) -> str:
     peak = (
         "unknown" if time["peak_flops_per_device"] is None else f"{time['peak_flops_per_device'] / 1e12:,.1f} TFLOP/s"
     )
+    given = time["mfu_source"] == "given"
     mfu = (
-        f", MFU {time['mfu']:.3g} {'given' if time['mfu_source'] == 'given' else 'modelled'})"
+        f", time to train at the given MFU {time['mfu']:.1%}: --mfu; the step below is modelled apart)"
+        if time["mfu"] is not None and given
+        else f", MFU {time['mfu']:.1%} modelled)"
         if time["mfu"] is not None
         else ", no MFU given)"
     )
@@ -202,7 +207,7 @@ def _step_rows(time: dict) -> list[tuple[str, str]]:
         ),
         (
             "throughput",
-            f"{time['tokens_per_s']:,.0f} tokens/s, MFU {time['mfu_modelled']:.1%}, "
+            f"{time['tokens_per_s']:,.0f} tokens/s, modelled MFU {time['mfu_modelled']:.1%}, "
             f"HFU {time['hfu_modelled']:.1%}, matmul efficiency "
             f"{time['gemm_efficiency']:.0%} of peak",
         ),

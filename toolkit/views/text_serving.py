@@ -63,13 +63,14 @@ def render_serving(est: dict) -> str:
 
 def render_serving_plan(result: dict) -> str:
     target = result["target"]
-    lines = [f"serving plans for {target}, cheapest first ({result['evaluated']} evaluated)"]
-    head = f"  {'offer':<16}{'weights':<8}{'tp':>3}{'replicas':>9}{'devices':>8}{'req.':>6}{'TPOT':>10}"
+    order = "$/h for the load" if " requests/s" in target or "tokens/s" in target else "$/M output tokens"
+    lines = [f"serving plans for {target}, cheapest first by {order} ({result['evaluated']} evaluated)"]
+    head = f"  {'offer':<16}{'weights':<8}{'tp':>3}{'replicas':>9}{'devices':>8}{'req.':>6}{'TTFT':>10}{'TPOT':>10}"
     lines.append(head + f"{'tokens/s':>10}{'$/h':>9}{'$/M out':>9}")
     for p in result["plans"]:
         lines.append(
             f"  {p['offer']:<16}{p['weights']:<8}{p['tp']:>3}{p['replicas']:>9}{p['devices']:>8}{p['concurrency']:>6}"
-            f"{_ms(p['tpot_s']):>10}{p['output_tokens_per_s']:>10.0f}{p['usd_per_hour']:>9.2f}"
+            f"{_ms(p['ttft_s']):>10}{_ms(p['tpot_s']):>10}{p['output_tokens_per_s']:>10.0f}{p['usd_per_hour']:>9.2f}"
             f"{p['usd_per_million_output_tokens']:>9.3f}"
         )
     if not result["plans"]:
