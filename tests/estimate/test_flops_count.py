@@ -99,3 +99,25 @@ def test_recompute_modules_rerun_what_the_module_forward_counts(modules):
                 mlp(x)
     dense, experts = module_recompute_flops(job)
     assert (dense + experts) * tokens == pytest.approx(counter.get_total_flops(), rel=0.01)
+
+
+def test_lora_counts_no_weight_gradient_for_frozen_weights():
+    """A LoRA step runs each frozen projection's input gradient only: the model FLOPs MFU divides by equal what
+    FlopCounterMode counts in a real step of the runner's GPT with adapters (the rank-2 adapters' own products,
+    about 1 % here, left out; and the first block's q, k, v input gradients, which autograd skips as nothing before
+    them trains: 1/layers of those products), so MFU never reads above the matmul efficiency."""
+    from toolkit.program.lora import apply_lora
+
+    spec = {**LLAMA, "layers": 8, "hidden": 256, "heads": 4, "kv_heads": 2, "ffn": 640}
+    job = Job.from_dict(
+        {"model": spec, "memory": {"attention": "eager"}, "finetune": {"method": "lora", "rank": 2}}
+    ).resolve()[0]
+    model = GPT(job.model, attention="eager")
+    for p in model.parameters():
+        p.requires_grad_(False)
+    apply_lora(model, rank=2, alpha=4.0, targets=("q", "k", "v", "o"))
+    tokens = torch.randint(0, job.model.vocab, (3, job.model.seq_len))
+    with FlopCounterMode(display=False) as step:
+        model(tokens, tokens).backward()
+    per_token = flops_per_token(job, causal=False)
+    assert step.get_total_flops() == pytest.approx(per_token.model * 3 * job.model.seq_len, rel=0.03)

@@ -76,6 +76,8 @@ class TokenFlops:
     """Forward work repeated in backward by activation checkpointing (hardware FLOPs only)."""
     experts: float = 0.0
     """The part of layer_matmuls a Mixture of Experts' routed experts do (priced at their own thin shapes)."""
+    frozen: bool = False
+    """The weights are frozen (LoRA, QLoRA): backward computes the inputs' gradients only, no weight gradients."""
 
     @property
     def forward(self) -> float:
@@ -83,7 +85,11 @@ class TokenFlops:
 
     @property
     def model(self) -> float:
-        """Forward and backward (twice the forward): what MFU divides by."""
+        """Forward and backward (twice the forward): what MFU divides by. With frozen weights the projections' and
+        the head's backward is their input gradient only (once the forward); the attention products, which have no
+        weights, still take twice theirs (the adapters' own products are a rank-r sliver, left out)."""
+        if self.frozen:
+            return 2 * (self.layer_matmuls + self.head) + 3 * self.attention
         return 3 * self.forward
 
     @property
@@ -130,7 +136,14 @@ def flops_per_token(job: Job, causal: bool = True) -> TokenFlops:
     )
     recompute = recompute.item() if recompute.ndim == 0 else recompute
     experts = 2 * mlp_matrices * h * m.experts_per_token * m.expert_ffn_ * m.moe_layers if m.experts else 0.0
-    return TokenFlops(layer_matmuls=layer_matmuls, attention=attention, head=head, recompute=recompute, experts=experts)
+    return TokenFlops(
+        layer_matmuls=layer_matmuls,
+        attention=attention,
+        head=head,
+        recompute=recompute,
+        experts=experts,
+        frozen=job.finetune.adapters,
+    )
 
 
 def module_recompute_flops(job: Job) -> tuple[float, float]:
