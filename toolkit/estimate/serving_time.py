@@ -51,6 +51,12 @@ def decode_ops_per_layer(job: Job) -> int:
     return 26 + (2 if m.mlp == "swiglu" else 0) + (20 if m.position == "rope" else 0)
 
 
+DECODE_ATTENTION_FIXED_S = 18e-6
+"""A paged decode-attention kernel's own time beyond streaming its cache: FlashAttention-2's paged decode on an
+H100 SXM (Llama-3-70B's GQA-8, 64 sequences, page 256) took 21.1, 23.0, 28.8 and 43.6 µs at 32, 64, 128 and 256
+cached tokens (onnxruntime PR 21414, 2024-08-29): 17-21 µs above its bytes at 3.0 TB/s (benchmarks/reference/
+decode_kernels.md, rows A7-A10). Used on GPUs with a kernel profile, in place of the generic kernel time."""
+
 DECODE_OPS_FIXED = 7
 """Operations of a decode step outside the blocks: the embedding (and learned positions), the final norm, the last
 position's slice and the output projection (counted as decode_ops_per_layer is)."""
@@ -199,6 +205,8 @@ class ServingClock:
         decoding = not prefill_tokens
         layer = sum(self._matmul_s(rows, k, n, decoding) for k, n in self._shapes())
         layer += self._attention_s(decode_rows, context, prefill_tokens, prefill_context)
+        if decode_rows and self.prof is not None:  # the decode attention's own launch (DECODE_ATTENTION_FIXED_S)
+            layer += max(DECODE_ATTENTION_FIXED_S - self.prof.gemm_fixed_s, 0.0)
         layer += self._layer_fixed_s(rows) + self._tp_s(rows)
         moe = self._experts_s(rows) if m.experts else 0.0
         blocks = self.layers * layer + max(self.layers - math.ceil(m.dense_layers / self.job.parallel.pp), 0) * moe
