@@ -146,7 +146,7 @@ def test_a_sharded_checkpoint_resumes_in_one_process(tmp_path, corpus, one_proce
     "layout",
     [
         ("--tp", "2", "--pp", "2", "--sp"),
-        ("--dp", "2", "--pp", "2", "--zero", "1"),
+        pytest.param(("--dp", "2", "--pp", "2", "--zero", "1"), marks=pytest.mark.slow),
         pytest.param(("--dp", "2", "--pp", "2", "--zero", "3", "--offload", "params"), marks=pytest.mark.slow),
     ],
     ids=["tp2xpp2-sp", "dp2xpp2-zero1", "dp2xpp2-zero3-offload"],
@@ -174,6 +174,7 @@ def test_a_four_rank_pipeline_trains_as_one_process_and_its_checkpoint_resumes_i
     _assert_close(_records(moved), one_process, rel=1e-5)
 
 
+@pytest.mark.slow  # (resume on its own ranks: test_runner and the HSDP test cover it in make test)
 def test_a_zero1_run_resumes_on_its_own_ranks_bit_for_bit(tmp_path, corpus, one_process):
     """ZeRO-1 (ZeroRedundancyOptimizer over DDP) stopped after its step-3 checkpoint and run again on the same 2 ranks
     ends where the uninterrupted run does, to the bit. torch leaves None in the optimizer's state for each parameter

@@ -13,7 +13,7 @@ from ..specs.engines import engine_defaults
 from ..specs.job import Job
 from ..specs.serving import KV_BYTES
 from .kv_cache import kv_bytes_per_token
-from .serving_sim import Load, StepTable, arrivals, simulate, stats
+from .serving_sim import Load, StepTable, arrivals, latencies, simulate
 from .serving_time import ServingClock
 
 __all__ = ["serving_load", "spec_tokens_per_step"]
@@ -115,7 +115,7 @@ def _disaggregated(job: Job, table: StepTable, load: Load, limits: dict, clock: 
         part = Load(load.input_tokens[ids], load.output_tokens[ids], moved[ids],
                     tokens_per_step=load.tokens_per_step, prefilled=True)  # fmt: skip
         done[ids] = moved[ids] + simulate(table, part, **limits)["per_request"]["e2e_s"]
-    return _combined(load, first, done)
+    return latencies(load.arrival_s, first, done, load.output_tokens)
 
 
 def kv_transfer_s(job: Job, clock: ServingClock) -> float:
@@ -127,20 +127,3 @@ def kv_transfer_s(job: Job, clock: ServingClock) -> float:
     inside = 2 * devices <= clock.hw.gpus_per_node
     bw = clock.hw.intra_bw_bytes_per_s if inside else clock.hw.inter_bw_bytes_per_s
     return size / (bw * (clock.a.link_efficiency if inside else clock.a.network_efficiency)) + clock.a.latency_inter_s
-
-
-def _combined(load: Load, first: np.ndarray, done: np.ndarray) -> dict:
-    arrive, outs = load.arrival_s, load.output_tokens
-    ttft, e2e = first - arrive, done - arrive
-    tpot = np.where(outs > 1, (done - first) / np.maximum(outs - 1, 1), 0.0)
-    span = float(np.nanmax(done) - np.nanmin(arrive))
-    return {
-        "requests": int(len(outs)),
-        "duration_s": span,
-        "ttft_s": stats(ttft),
-        "tpot_s": stats(tpot),
-        "e2e_s": stats(e2e),
-        "output_tokens_per_s": float(outs.sum() / span),
-        "requests_per_s": float(len(outs) / span),
-        "per_request": {"ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e},
-    }

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["StepTable", "Load", "arrivals", "simulate", "stats"]
+__all__ = ["StepTable", "Load", "arrivals", "simulate", "stats", "latencies"]
 
 
 @dataclass(frozen=True)
@@ -250,11 +250,17 @@ def simulate(table: StepTable, load: Load, *, max_num_seqs: int, max_batched_tok
 
 
 def _result(st: _Sim, load: Load) -> dict:
-    ttft = st.first - st.arrive + st.table.host_s_per_request
-    outs = load.output_tokens
-    tpot = np.where(outs > 1, (st.done - st.first) / np.maximum(outs - 1, 1), 0.0)
-    e2e = st.done - st.arrive + st.table.host_s_per_request
-    span = float(np.nanmax(st.done) - np.nanmin(st.arrive))
+    return latencies(st.arrive, st.first, st.done, load.output_tokens, st.table.host_s_per_request)
+
+
+def latencies(arrive, first, done, outs, before_s: float = 0.0) -> dict:
+    """Each request's time to first token, per output token and end to end from its arrival, first token and last
+    (`before_s` of host work ahead of the scheduler added to the first and the last), their statistics, and the
+    throughput over the whole span."""
+    ttft = first - arrive + before_s
+    tpot = np.where(outs > 1, (done - first) / np.maximum(outs - 1, 1), 0.0)
+    e2e = done - arrive + before_s
+    span = float(np.nanmax(done) - np.nanmin(arrive))
     return {
         "requests": int(len(outs)),
         "duration_s": span,
@@ -263,7 +269,7 @@ def _result(st: _Sim, load: Load) -> dict:
         "e2e_s": stats(e2e),
         "output_tokens_per_s": float(outs.sum() / span) if span > 0 else math.inf,
         "requests_per_s": float(len(outs) / span) if span > 0 else math.inf,
-        "keeps_up": _keeps_up(st.arrive, st.done),
+        "keeps_up": _keeps_up(arrive, done),
         "per_request": {"ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e},
     }
 
