@@ -55,6 +55,9 @@ class MemoryPart:
     device_bytes: float | None = None
     usable_bytes: float | None = None
     fits: bool | None = None
+    provenance: str = "modelled"
+    """What these figures stand on: modelled by the estimate (the traced program's and a run's measured figures are
+    `toolkit trace`'s and `toolkit compare`'s)."""
 
 
 @dataclass(frozen=True)

@@ -114,6 +114,13 @@ def render_generate(record: dict, out) -> str:
     ]
     if "matches_plain_forward" in record:
         lines.append(f"  greedy equals a forward without cache: {record['matches_plain_forward']}")
+        if not record["matches_plain_forward"] and record.get("compute_dtype") in ("bf16", "fp16"):
+            lines.append(
+                f"    expected in {record['compute_dtype']}: the cached and uncached programs add in a different "
+                f"order, so near-equal logits can pick another token (first at new token "
+                f"{record.get('first_difference')}) and the two continuations part there; in fp32 they match "
+                "token for token (`--precision fp32 --verify` checks the cache itself)"
+            )
     lines.append(f"compare: toolkit compare --run {out}")
     return "\n".join(lines)
 

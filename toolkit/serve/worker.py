@@ -122,6 +122,13 @@ def generate_rank(out: Path, verify: bool = False) -> dict:
         return _generate_rank(out, verify)
 
 
+def _first_difference(plain: list, cached: list) -> int | None:
+    """The first new-token position where a request's cached and uncached greedy tokens differ (None: none)."""
+    positions = [next((i for i, (a, b) in enumerate(zip(p, c)) if a != b), None) for p, c in zip(plain, cached)]
+    found = [i for i in positions if i is not None]
+    return min(found) if found else None
+
+
 def _generate_rank(out: Path, verify: bool) -> dict:
     catalog = load_catalog(*run_catalog_files(out))
     job, _notes = Job.from_yaml(out / "job.yaml", catalog).resolve(catalog)
@@ -138,6 +145,8 @@ def _generate_rank(out: Path, verify: bool) -> dict:
     if verify:
         plain = plain_greedy(model, prompts, job.serving.output_tokens).tolist()
         record["matches_plain_forward"] = plain == record["tokens"]
+        record["compute_dtype"] = compute_dtype(job.precision.mode)
+        record["first_difference"] = _first_difference(plain, record["tokens"])
     if mesh is not None:
         import torch.distributed as dist
 
