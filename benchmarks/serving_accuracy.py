@@ -11,9 +11,9 @@ token (the published TPOT, or median inter-token latency) and time to first toke
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 
 import yaml
@@ -169,6 +169,11 @@ def write_band(results: list[dict]) -> None:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--write-band", action="store_true", help="also rewrite toolkit/data/serving_band.yaml from these errors"
+    )
+    args = parser.parse_args()
     rows = json.loads(REFERENCE.read_text())["rows"]
     results = evaluate(rows)
     for r in results:
@@ -178,7 +183,7 @@ def main() -> None:
         else:
             print(f"{r['id']:44s} {r.get('refused') or r.get('skipped')}")
     figures = summary(results)
-    if "--write-band" in sys.argv:
+    if args.write_band:
         write_band(results)
     RESULTS.write_text(json.dumps({**provenance(), "summary": figures, "rows": results}, indent=1) + "\n")
     print()

@@ -50,15 +50,29 @@ def _dispatch_combine_s(job: Job, hw: Hardware, a: Assumptions, sent, size, coun
     before the down projections, DeepSeek-V3 §3.3), or Megatron's allgather and reduce-scatter."""
     m, grid, ep = job.model, expert_grid(job), job.parallel.ep
     dispatcher = np.asarray(job.moe.dispatcher)  # one name, or one a layout when a search tries each
-    token_bytes = sent * m.hidden * job.precision.plan.compute_bytes
-    allgather = count * allgather_dispatch_s(token_bytes, ep, grid.stride, hw, a)
-    fp8 = job.precision.fp8 if job.moe.fp8_dispatch is None else job.moe.fp8_dispatch
-    dispatch_size = size * (FP8_DISPATCH_BYTES / job.precision.plan.compute_bytes if fp8 else 1.0)
-    one = deepep_s(dispatch_size, ep, grid.stride, hw, a, m) + deepep_s(size, ep, grid.stride, hw, a, m)
-    deepep = count / 2 * one
-    alltoall = count * all_to_all_s(size, ep, grid.stride, hw, a)
+    names = set(np.unique(dispatcher).tolist())
+
+    def allgather():
+        token_bytes = sent * m.hidden * job.precision.plan.compute_bytes
+        return count * allgather_dispatch_s(token_bytes, ep, grid.stride, hw, a)
+
+    def deepep():
+        fp8 = job.precision.fp8 if job.moe.fp8_dispatch is None else job.moe.fp8_dispatch
+        dispatch_size = size * (FP8_DISPATCH_BYTES / job.precision.plan.compute_bytes if fp8 else 1.0)
+        return (
+            count / 2 * (deepep_s(dispatch_size, ep, grid.stride, hw, a, m) + deepep_s(size, ep, grid.stride, hw, a, m))
+        )
+
+    def alltoall():
+        return count * all_to_all_s(size, ep, grid.stride, hw, a)
+
+    priced = {"allgather": allgather, "deepep": deepep, "flex": deepep}
+    if len(names) == 1:  # the usual case: price only the dispatcher the job names
+        return priced.get(names.pop(), alltoall)()
     return np.select(
-        [dispatcher == "allgather", np.isin(dispatcher, ("deepep", "flex"))], [allgather, deepep], default=alltoall
+        [dispatcher == "allgather", np.isin(dispatcher, ("deepep", "flex"))],
+        [allgather(), deepep()],
+        default=alltoall(),
     )
 
 

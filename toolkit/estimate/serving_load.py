@@ -79,18 +79,14 @@ def serving_load(job: Job, clock: ServingClock, kv_tokens: float, concurrency: i
 def _table(job: Job, clock: ServingClock) -> StepTable:
     """The job's step times, with its engine's host time (a GPU's serving engine), or the toolkit server's measured
     loop and streaming on a CPU (toolkit.calibrate.serve_host); speculative decoding's verify rows and drafting."""
-    s = job.serving
+    s, a = job.serving, clock.a
     gpu = clock.prof is not None  # a GPU with measured kernels runs a serving engine; a CPU runs the toolkit's own
-    host_s = engine_defaults(s.engine).host_s_per_step if gpu else clock.a.serve_host_s_per_step or 0.0
-    host = {}
-    if not gpu:
-        a = clock.a
-        host = {
-            "host_s_per_token": a.serve_host_s_per_token or 0.0,
-            "host_s_per_request": a.serve_host_s_per_request or 0.0,
-        }
-    if s.host_s_per_step is not None:
-        host_s = s.host_s_per_step
+    engine_host_s = engine_defaults(s.engine).host_s_per_step if gpu else a.serve_host_s_per_step or 0.0
+    host_s = s.host_s_per_step if s.host_s_per_step is not None else engine_host_s
+    host = {} if gpu else {
+        "host_s_per_token": a.serve_host_s_per_token or 0.0,
+        "host_s_per_request": a.serve_host_s_per_request or 0.0,
+    }  # fmt: skip
     spec = {"rows_per_decode": s.spec_tokens + 1, "draft_share": s.spec_tokens * s.draft_cost} if s.spec_tokens else {}
     rows = s.max_batched_tokens + s.max_num_seqs * (s.spec_tokens + 1)
     return StepTable.of(clock, rows, host_s=host_s, fused=gpu, **host, **spec)

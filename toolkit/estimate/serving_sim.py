@@ -57,9 +57,9 @@ class StepTable:
         decode = np.array([clock.token_s(clock.step_s(r, 0.0)) for r in rows])
         mixed = np.array([clock.token_s(clock.step_s(0.0, 0.0, r, 0.0, sampled=1)) for r in rows])
         long = 256.0  # (below any sliding window)
-        kv = (clock.token_s(clock.step_s(1, long)) - clock.token_s(clock.step_s(1, 0.0))) / clock._windowed(long)
+        kv = (clock.token_s(clock.step_s(1, long)) - clock.token_s(clock.step_s(1, 0.0))) / clock.windowed(long)
         contexts = np.unique(np.geomspace(1, 2**20, 64).round())
-        window = (contexts, np.array([clock._windowed(c) for c in contexts]))
+        window = (contexts, np.array([clock.windowed(c) for c in contexts]))
         pairs = (clock.token_s(clock.step_s(0, 0, 64, long, 1)) - clock.token_s(clock.step_s(0, 0, 64, 0.0, 1))) / (
             64 * long
         )

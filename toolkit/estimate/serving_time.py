@@ -142,7 +142,7 @@ class ServingClock:
         """One layer's attention: the decoding sequences read their cached keys and values; the prompt tokens'
         attention FLOPs (causal: each sees its earlier tokens) at the fused kernel's measured rate."""
         m, tp = self.job.model, self.job.parallel.tp
-        context, prefill_context = self._windowed(context), self._windowed(prefill_context)
+        context, prefill_context = self.windowed(context), self.windowed(prefill_context)
         read_s = decode_rows * context * kv_width(m, tp) * self.kv_bytes / self.hw.memory_bw_bytes_per_s
         if not prefill_tokens:
             return read_s
@@ -157,7 +157,7 @@ class ServingClock:
             rate = self.hw.peak_flops * (self.a.attention_fraction or self.a.gemm_fraction)
         return read_s + flops / rate
 
-    def _windowed(self, context: float) -> float:
+    def windowed(self, context: float) -> float:
         """The keys a query attends over, averaged over the stage's layers: sliding-window layers see their window."""
         if not context or not self.job.model.sliding_window:
             return context

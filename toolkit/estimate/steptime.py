@@ -38,7 +38,6 @@ compares the resulting MFU with published runs. Every function accepts array-val
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -78,6 +77,7 @@ from .states import (
     job_stage_layers,
     model_state_bytes,
 )
+from .steptime_result import StepTime, scaled
 
 __all__ = [
     "StepTime",
@@ -92,81 +92,6 @@ UNFUSED_OPTIMIZER_FACTOR = 1.5
 """Memory traffic of an unfused (foreach or per-tensor) optimizer step over a fused one, which reads and writes each
 state once: the unfused step re-reads its temporaries. Assumed (a middle figure; the step is a small share of a
 large model's time)."""
-
-
-@dataclass(frozen=True)
-class StepTime:
-    compute_s: float
-    """Matmuls (with recompute) of all micro-batches, at the shape-dependent efficiency."""
-    memory_bound_s: float
-    """Element-wise and normalisation kernels of all micro-batches."""
-    overhead_s: float
-    """The fixed cost of every operation of the step (Assumptions.op_overhead_s; 0 on catalog accelerators)."""
-    tp_comm_s: float
-    """Tensor-parallel all-reduces (not overlapped)."""
-    cp_comm_s: float
-    """Context parallelism's ring passes left after overlap with the attention products."""
-    dp_comm_exposed_s: float
-    """Data-parallel / ZeRO communication left after overlap with backward."""
-    pp_comm_s: float
-    """Pipeline point-to-point sends."""
-    bubble_s: float
-    """Pipeline fill and drain."""
-    optimizer_s: float
-    """The optimizer step (and offload transfers)."""
-    model_flops: float
-    """Model FLOPs of the whole step over all devices (MFU's numerator)."""
-    tokens: float
-    devices: int
-    peak_flops: float
-    gemm_efficiency: float
-    """The matmul efficiency the shapes allow (≤ gemm_fraction)."""
-    dp_comm_s: float
-    """Data-parallel communication before overlap."""
-    stage_micro_s: tuple = ()
-    """One micro-batch's forward and backward on the first, a middle and the last pipeline rank (compute, memory,
-    tp and cp): what `toolkit.estimate.pipeline.simulate` takes for uneven stages."""
-    ep_comm_s: float = 0.0
-    """Expert parallelism's all-to-alls (dispatch and combine, forward and backward; not overlapped)."""
-
-    @property
-    def step_s(self):
-        return (
-            self.compute_s
-            + self.memory_bound_s
-            + self.overhead_s
-            + self.tp_comm_s
-            + self.cp_comm_s
-            + self.ep_comm_s
-            + self.dp_comm_exposed_s
-            + self.pp_comm_s
-            + self.bubble_s
-            + self.optimizer_s
-        )
-
-    @property
-    def tokens_per_s(self):
-        return self.tokens / self.step_s
-
-    @property
-    def mfu(self):
-        return self.model_flops / (self.devices * self.peak_flops * self.step_s)
-
-    def breakdown(self) -> dict:
-        """Seconds per part (the keys of the JSON contract's `time.breakdown`)."""
-        parts = (
-            "compute_s",
-            "memory_bound_s",
-            "overhead_s",
-            "tp_comm_s",
-            "cp_comm_s",
-            "ep_comm_s",
-            "dp_comm_exposed_s",
-            "pp_comm_s",
-            "bubble_s",
-            "optimizer_s",
-        )
-        return {name: getattr(self, name) for name in parts}
 
 
 def _roofline_s(m, k, n, elem: float, hw: Hardware, a: Assumptions):
@@ -377,31 +302,7 @@ def step_time(job: Job, hw: Hardware, a: Assumptions | None = None) -> StepTime:
         stage_micro_s=tuple(totals),
         ep_comm_s=ep_s,
     )
-    return _scaled(st, hw.step_scale)
-
-
-SCALED_FIELDS = (
-    "compute_s",
-    "memory_bound_s",
-    "overhead_s",
-    "tp_comm_s",
-    "cp_comm_s",
-    "dp_comm_exposed_s",
-    "pp_comm_s",
-    "bubble_s",
-    "optimizer_s",
-    "dp_comm_s",
-    "ep_comm_s",
-)
-
-
-def _scaled(st: StepTime, scale: float) -> StepTime:
-    """Every part of the step times `scale`: a user's measured step on this accelerator against the modelled one
-    (toolkit calibrate --step-s); one factor, since one measured layout cannot tell compute from communication."""
-    if scale == 1.0:
-        return st
-    parts = {name: getattr(st, name) * scale for name in SCALED_FIELDS}
-    return dataclasses.replace(st, **parts, stage_micro_s=tuple(t * scale for t in st.stage_micro_s))
+    return scaled(st, hw.step_scale)
 
 
 def _p2p_bw_bytes_per_s(hw: Hardware, a: Assumptions, inside):
