@@ -32,7 +32,7 @@ from .mla import projection_shapes
 from .serving_memory import matrix_bits
 from .steptime import thin_factor
 
-__all__ = ["ServingClock", "serving_hardware", "KERNELS_PER_LAYER", "decode_ops_per_layer"]
+__all__ = ["ServingClock", "serving_hardware", "smooth_roofline_s", "KERNELS_PER_LAYER", "decode_ops_per_layer"]
 
 KERNELS_PER_LAYER = 6
 """Kernels a serving engine runs per block besides its matmuls: two fused residual-add norms, the rotary
@@ -57,9 +57,33 @@ H100 SXM (Llama-3-70B's GQA-8, 64 sequences, page 256) took 21.1, 23.0, 28.8 and
 cached tokens (onnxruntime PR 21414, 2024-08-29): 17-21 µs above its bytes at 3.0 TB/s (benchmarks/reference/
 decode_kernels.md, rows A7-A10). Used on GPUs with a kernel profile, in place of the generic kernel time."""
 
+DECODE_ATTENTION_BW_FRACTION = 0.67
+"""Share of the memory's peak bandwidth a paged decode-attention kernel streams its cache at, once the cache is
+large enough that its fixed time no longer shows: the slope of time against cache bytes is 2.61 TB/s for
+FlashAttention-2's paged decode (GQA-8, 64 sequences, 32-256 cached tokens; onnxruntime PR 21414) and 1.91 TB/s for
+FlashAttention-3's (MHA, 16 sequences, 2,000-4,000 tokens; flash-attention issue 1572), of an H100 SXM's 3.35 TB/s:
+78 % and 57 %, geometric mean 67 % (benchmarks/reference/decode_kernels.md rows A7-A10, A13-A15). Used on GPUs with
+a kernel profile, in place of the streaming fraction of copies (kernels.yaml memory_fraction)."""
+
+ROOFLINE_SMOOTHING = 3.0
+"""How sharply a matmul passes from memory-bound to compute-bound: its time is (t_flops^p + t_bytes^p)^(1/p), not the
+larger of the two, since near the ridge neither the tensor cores nor the memory are kept busy. p = 3 reproduces 17
+published kernel timings on H100/H800 (cuBLAS bf16, CUTLASS FP8, DeepGEMM dense and grouped FP8; M from 1 to 4,096;
+benchmarks/reference/decode_kernels.md section 2-3) with mean |error| 6.6 %, against 9.6 % for the larger of the two,
+which reads grouped expert GEMMs at the ridge 19-30 % too fast (`python benchmarks/kernel_roofline.py`)."""
+
 DECODE_OPS_FIXED = 7
 """Operations of a decode step outside the blocks: the embedding (and learned positions), the final norm, the last
 position's slice and the output projection (counted as decode_ops_per_layer is)."""
+
+
+def smooth_roofline_s(flops_s, bytes_s, p: float = ROOFLINE_SMOOTHING):
+    """A kernel's time from its compute-bound and memory-bound times (ROOFLINE_SMOOTHING; p = inf: the larger)."""
+    longer = np.maximum(flops_s, bytes_s)
+    if math.isinf(p):
+        return longer
+    safe = np.where(longer > 0, longer, 1.0)
+    return longer * ((flops_s / safe) ** p + (bytes_s / safe) ** p) ** (1.0 / p)
 
 
 def serving_hardware(job: Job, catalog) -> Hardware | None:
@@ -97,7 +121,10 @@ class ServingClock:
             tm, tn = self.prof.gemm_tile
             tiles = math.ceil(rows / tm) * math.ceil(n / tn)
             fill = tiles / (math.ceil(tiles / self.prof.sms) * self.prof.sms)
-            return max(2.0 * rows * k * n / (self.peak * self.fraction * fill), bytes_s) + self.prof.gemm_fixed_s
+            return (
+                smooth_roofline_s(2.0 * rows * k * n / (self.peak * self.fraction * fill), bytes_s)
+                + self.prof.gemm_fixed_s
+            )
         if decoding and self.a.decode_bw_bytes_per_s:  # a CPU's decode products: at their measured streaming rate
             return k * n * self.weight_bits / 8 / self.a.decode_bw_bytes_per_s
         thin = thin_factor(rows, k, n, self.a.gemm_half_size)
@@ -133,9 +160,11 @@ class ServingClock:
             weights = touched * k_in * n_out * self.weight_bits / 8
             moved = weights + rows * k * (k_in + n_out) * self.cb
             flops = 2.0 * rows * k * k_in * n_out
-            fixed = self.prof.gemm_fixed_s if self.prof is not None else 0.0
-            rate = self.peak * (self.fraction if self.prof is not None else self.a.gemm_fraction)
-            total += max(flops / rate, moved / self.hw.memory_bw_bytes_per_s) + fixed
+            if self.prof is not None:
+                t = smooth_roofline_s(flops / (self.peak * self.fraction), moved / self.hw.memory_bw_bytes_per_s)
+                total += t + self.prof.gemm_fixed_s
+            else:
+                total += max(flops / (self.peak * self.a.gemm_fraction), moved / self.hw.memory_bw_bytes_per_s)
         return total
 
     def _attention_s(self, decode_rows: float, context: float, prefill_tokens: float, prefill_context: float):
@@ -143,7 +172,7 @@ class ServingClock:
         attention FLOPs (causal: each sees its earlier tokens) at the fused kernel's measured rate."""
         m, tp = self.job.model, self.job.parallel.tp
         context, prefill_context = self.windowed(context), self.windowed(prefill_context)
-        read_s = decode_rows * context * kv_width(m, tp) * self.kv_bytes / self.hw.memory_bw_bytes_per_s
+        read_s = decode_rows * context * kv_width(m, tp) * self.kv_bytes / self._attention_bw_bytes_per_s()
         if not prefill_tokens:
             return read_s
         heads = m.heads / tp
@@ -156,6 +185,14 @@ class ServingClock:
         else:
             rate = self.hw.peak_flops * (self.a.attention_fraction or self.a.gemm_fraction)
         return read_s + flops / rate
+
+    def _attention_bw_bytes_per_s(self) -> float:
+        """The rate a decode-attention kernel reads the cache: DECODE_ATTENTION_BW_FRACTION of the peak on a GPU
+        with a kernel profile, else the device's achieved bandwidth."""
+        if self.prof is None:
+            return self.hw.memory_bw_bytes_per_s
+        peak = self.hw.memory_bw_bytes_per_s / self.prof.memory_fraction
+        return peak * DECODE_ATTENTION_BW_FRACTION
 
     def windowed(self, context: float) -> float:
         """The keys a query attends over, averaged over the stage's layers: sliding-window layers see their window."""
