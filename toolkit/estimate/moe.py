@@ -29,6 +29,8 @@ __all__ = [
     "FP8_DISPATCH_BYTES",
     "remote_nodes",
     "deepep_s",
+    "deepep_low_latency_s",
+    "DEEPEP_LOW_LATENCY_GBPS",
     "allgather_dispatch_s",
     "expert_grid",
     "AUX_LOSS_IMBALANCE",
@@ -142,6 +144,30 @@ def deepep_s(size_bytes, n, stride, hw, a, model: ModelSpec):
         else 0.0
     )
     return np.where(n > 1, np.maximum(inside, outside) + a.latency_inter_s, 0.0)
+
+
+DEEPEP_LOW_LATENCY_GBPS = {
+    "ep": (8, 16, 32, 64, 128, 256),
+    "dispatch": (98, 63, 48, 43, 39, 39),
+    "combine": (127, 74, 53, 46, 39, 40),
+}
+"""DeepEP's low-latency (pure RDMA) kernels, the decode path SGLang and vLLM run across nodes: the bandwidth each
+reaches by expert-parallel size on H800 with one 400 Gb/s CX7 NIC (~50 GB/s) a GPU, at 128 tokens a rank, hidden
+7,168, top-8, FP8 dispatch and BF16 combine (deepseek-ai/DeepEP README, "Low-latency kernels with pure RDMA":
+77/118/155/173/192/194 µs to dispatch and 114/195/273/314/369/360 µs to combine)."""
+
+DEEPEP_NIC_BYTES_PER_S = 50e9
+"""The NIC behind DEEPEP_LOW_LATENCY_GBPS (400 Gb/s CX7, "~50 GB/s maximum bandwidth", the same README)."""
+
+
+def deepep_low_latency_s(copy_bytes, ep, hw, kind: str):
+    """One low-latency dispatch or combine moving `copy_bytes` (a rank's tokens × top-k × hidden × element bytes) at
+    the bandwidth DeepEP measured for this expert-parallel size, scaled by this cluster's NIC over the README's (its
+    timings include the network hop)."""
+    table = DEEPEP_LOW_LATENCY_GBPS
+    gbps = np.interp(np.log2(np.asarray(ep, dtype=float)), np.log2(table["ep"]), table[kind])
+    nic = hw.inter_bw_bytes_per_s or DEEPEP_NIC_BYTES_PER_S
+    return copy_bytes / (gbps * 1e9 * nic / DEEPEP_NIC_BYTES_PER_S)
 
 
 def allgather_dispatch_s(token_bytes, n, stride, hw, a):

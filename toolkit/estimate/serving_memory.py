@@ -61,11 +61,13 @@ def weight_bytes(job: Job) -> tuple[float, float]:
     """(the blocks' matrices, everything else) in bytes on the busiest device. The matrices split over tp and pp;
     what tp does not split stays whole on every rank: the norms and the biases after the row-parallel o and down
     (toolkit.specs.params.replicated_per_layer), and a learned position table (vLLM's GPT-2 and the runner alike);
-    the token embedding and the head split by vocabulary (vLLM's VocabParallelEmbedding), one on each end stage."""
+    the token embedding and the head split by vocabulary (vLLM's VocabParallelEmbedding), one on each end stage.
+    With expert parallelism each device holds experts / ep whole routed experts instead of a tp slice of all."""
     m, par = job.model, job.parallel
     pc = count_params(m)
     whole = replicated_per_layer(m) * m.layers
-    matrices = (pc.layers - whole) * math.ceil(m.layers / par.pp) / m.layers / par.tp
+    routed = pc.experts_per_layer * (m.layers - m.dense_layers) if par.ep > 1 else 0  # split by ep, not tp
+    matrices = ((pc.layers - whole - routed) / par.tp + routed / par.ep) * math.ceil(m.layers / par.pp) / m.layers
     vocab = pc.embedding + pc.head if par.pp == 1 else max(pc.embedding, pc.head or pc.embedding)
     other = vocab / par.tp + pc.positions + whole / par.pp + pc.final
     return matrices * matrix_bits(job) / 8, other * job.precision.plan.compute_bytes
@@ -136,7 +138,7 @@ class ServingMemory:
 
 def _runtime_bytes(job: Job, accelerator: Accelerator) -> float:
     a = assumptions_for(accelerator)
-    groups = (job.parallel.tp > 1) + (job.parallel.pp > 1)
+    groups = (job.parallel.tp > 1) + (job.parallel.pp > 1) + (job.parallel.ep > 1)
     peers = 0 if job.parallel.pp == 1 else 2
     return a.context_bytes + a.workspace_bytes + groups * a.comm_group_bytes + peers * a.p2p_peer_bytes
 

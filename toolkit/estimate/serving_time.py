@@ -29,6 +29,7 @@ from .hardware import Assumptions, Hardware, hardware_for
 from .kernels import attention_fraction, attention_kernel_of
 from .kv_cache import cached_tokens, kv_width
 from .mla import projection_shapes
+from .moe import deepep_low_latency_s, deepep_s
 from .serving_memory import matrix_bits
 from .steptime import thin_factor
 
@@ -150,22 +151,46 @@ class ServingClock:
         """A Mixture of Experts block's routed experts for `rows` tokens, as one grouped kernel for the up (and gate)
         products and one for the down (vLLM's fused MoE): the experts the rows touch (E·(1 − (1 − k/E)^rows), all of
         them once rows × top-k covers them) are read once each, every row's k experts' FLOPs run at the matmul rate,
-        the longer of the two a kernel, plus its fixed time."""
-        m, tp = self.job.model, self.job.parallel.tp
+        the two combined as a kernel is (smooth_roofline_s), plus its fixed time. With expert parallelism (ep > 1,
+        attention data parallel over ep / tp engines stepping together) a device holds experts / ep whole experts and
+        runs its share of the whole group's tokens, which DeepEP's kernels dispatch to it and combine back."""
+        m, par = self.job.model, self.job.parallel
         e, k = m.experts, m.experts_per_token
-        touched = e * (1 - (1 - k / e) ** rows)
-        f = m.expert_ffn_ / tp
+        group_rows = rows * par.ep / par.tp if par.ep > 1 else rows  # each attention engine of the group brings as many
+        held, f, split = (e / par.ep, m.expert_ffn_, par.ep) if par.ep > 1 else (e, m.expert_ffn_ / par.tp, 1)
+        touched = held * (1 - (1 - k / e) ** group_rows)
+        routed = group_rows * k / split  # rows this device's experts multiply
         total = 0.0
         for k_in, n_out in ((m.hidden, (2 if m.mlp == "swiglu" else 1) * f), (f, m.hidden)):
             weights = touched * k_in * n_out * self.weight_bits / 8
-            moved = weights + rows * k * (k_in + n_out) * self.cb
-            flops = 2.0 * rows * k * k_in * n_out
+            moved = weights + routed * (k_in + n_out) * self.cb
+            flops = 2.0 * routed * k_in * n_out
             if self.prof is not None:
                 t = smooth_roofline_s(flops / (self.peak * self.fraction), moved / self.hw.memory_bw_bytes_per_s)
                 total += t + self.prof.gemm_fixed_s
             else:
                 total += max(flops / (self.peak * self.a.gemm_fraction), moved / self.hw.memory_bw_bytes_per_s)
-        return total
+        return total + self._dispatch_combine_s(rows)
+
+    def _dispatch_combine_s(self, rows: float) -> float:
+        """Expert parallelism's dispatch and combine of one block: this device's share of its engine's rows (rows / tp)
+        sent as k copies to the experts' devices and their outputs brought back, the dispatch in FP8 where the weights
+        are. Inside one node DeepEP's NVLink kernels (toolkit.estimate.moe.deepep_s); across nodes its low-latency
+        RDMA kernels at the bandwidth DeepEP measured (deepep_low_latency_s), as SGLang and vLLM decode."""
+        m, par = self.job.model, self.job.parallel
+        if par.ep == 1:
+            return 0.0
+        copies = rows / par.tp * m.experts_per_token * m.hidden
+        dispatch = copies * (1 if self.job.serving.weights == "fp8" else self.cb)
+        combine = copies * self.cb
+        if par.ep <= self.hw.gpus_per_node:
+            return float(
+                deepep_s(dispatch, par.ep, 1, self.hw, self.a, m) + deepep_s(combine, par.ep, 1, self.hw, self.a, m)
+            )
+        ll = deepep_low_latency_s(dispatch, par.ep, self.hw, "dispatch") + deepep_low_latency_s(
+            combine, par.ep, self.hw, "combine"
+        )
+        return float(ll)  # (the measured latencies include the network hop)
 
     def _attention_s(self, decode_rows: float, context: float, prefill_tokens: float, prefill_context: float):
         """One layer's attention: the decoding sequences read their cached keys and values; the prompt tokens'

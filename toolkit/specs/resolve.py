@@ -171,13 +171,20 @@ def _resolve_inference(job: Job, catalog: Catalog, notes: list[str]) -> tuple[Jo
     """A serving job: its cluster, a layout of tp × pp per replica (dp: replicas, each serving alone), the compute
     dtype, and the serving section's defaults. Training's sections (batch, optimizer, budget) do not apply."""
     par = job.parallel
-    for name, value in (("zero", par.zero), ("cp", par.cp), ("ep", par.ep)):
+    for name, value in (("zero", par.zero), ("cp", par.cp), ("etp", par.etp)):
         if value not in (None, 0, 1):
             raise SpecError(
                 f"parallel.{name}",
                 value,
-                "is a training layout; serving is modelled with tp, pp and replicas (dp) only",
+                "is a training layout; serving is modelled with tp, pp, ep and replicas (dp) only",
             )
+    if par.ep > 1 and par.ep % par.tp:
+        raise SpecError(
+            "parallel.ep",
+            par.ep,
+            f"serving spreads experts over whole tensor-parallel groups (attention data parallel, as vLLM's "
+            f"--enable-expert-parallel and SGLang's --ep-size): use ep a multiple of tp = {par.tp}",
+        )
     if job.model.encoder:
         raise SpecError("model", job.model.name, "is an encoder: serving models decoders that generate tokens")
     cluster, accelerator = _resolve_cluster(job, catalog, notes)

@@ -11,14 +11,26 @@ def _ms(seconds) -> str:
     return "-" if seconds is None else f"{seconds * 1e3:.1f} ms"
 
 
+def _load(s: dict) -> str:
+    """The load the figures are for: a Poisson rate or a number in flight."""
+    load = s.get("load") or {}
+    return f"{load['rate']:g} a second (Poisson)" if load.get("mode") == "rate" else f"{s['concurrency']} at a time"
+
+
+def _experts(par: dict) -> str:
+    """Expert parallelism's part of the layout line: experts over ep devices, attention data parallel across them."""
+    ep = par.get("ep") or 1
+    return f" · ep {ep} (attention dp {ep // par['tp']})" if ep > 1 else ""
+
+
 def render_serving(est: dict) -> str:
     s, mem, cost, job = est["serving"], est["memory"], est["cost"], est["job"]
     cl, par = job["cluster"], job["parallel"]
     lines = [
         f"{est['model']['name'] or 'model'} served on {cl['count']} × {cl['accelerator']} (tp {par['tp']} · pp "
-        f"{par['pp']} · {s['replicas']} replica(s)), weights {s['weights']} ({s['weight_bits']:.2f} bits), KV cache "
+        f"{par['pp']}{_experts(par)} · {s['replicas']} replica(s)), weights {s['weights']} ({s['weight_bits']:.2f} bits), KV cache "
         f"{s['kv_dtype']}",
-        f"requests: {s['concurrency']} at a time, {s['input_tokens']} prompt + {s['output_tokens']} new tokens "
+        f"requests: {_load(s)}, {s['input_tokens']} prompt + {s['output_tokens']} new tokens "
         f"(context {s['max_context']})",
         "",
         "memory a device",
