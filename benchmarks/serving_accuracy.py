@@ -6,7 +6,7 @@ model, GPUs, tensor parallelism, weights, engine, mean lengths and load (a Poiss
 batch: every request at once), and sets each published figure beside the estimate's. Reported by source
 (leave-one-source-out: the model has no constant fitted on any) and overall, for offline throughput, time per output
 token (the published TPOT, or median inter-token latency) and time to first token. Lengths are the datasets' means
-(ShareGPT's spread is not simulated). Results: benchmarks/results/serving_accuracy.json; headline figures last.
+spread as the row's dataset spreads them (lengths_of). Results: benchmarks/results/serving_accuracy.json; headline figures last.
 """
 
 from __future__ import annotations
@@ -53,6 +53,13 @@ def preset_of(model: dict) -> str | None:
     return SAME_ARCHITECTURE.get(name, model.get("preset"))
 
 
+def lengths_of(row: dict) -> str:
+    """How the row's benchmark drew its lengths, from its note: ShareGPT's conversations, the `random` dataset
+    (uniform, range ratio 0 in every visible row) or fixed."""
+    note = row["lengths_note"].lower()
+    return "sharegpt" if "sharegpt" in note else "uniform" if "random dataset" in note else "fixed"
+
+
 def job_of(row: dict, catalog) -> Job:
     count, accelerator = row["gpus"].split("x", 1)
     load = row["load"]
@@ -63,6 +70,7 @@ def job_of(row: dict, catalog) -> Job:
         "kv_dtype": row.get("kv_dtype", "auto"),
         "engine": row["engine"] if row["engine"] in ("vllm", "sglang", "trtllm") else "vllm",
         "requests": SIMULATED_REQUESTS,
+        "lengths": lengths_of(row),
     }
     if "rate" in load:
         serving["rate"] = load["rate"]

@@ -39,7 +39,8 @@ def serving_load(job: Job, clock: ServingClock, kv_tokens: float, concurrency: i
     tps = spec_tokens_per_step(s.spec_tokens, s.acceptance)
     rate = s.rate / (job.parallel.dp or 1) if s.rate else None  # replicas share the arrivals
     in_flight = concurrency or (s.concurrency if s.concurrency != "max" else s.max_num_seqs)
-    shape = {"requests": s.requests, "input_tokens": s.input_tokens, "output_tokens": s.output_tokens}
+    shape = {"requests": s.requests, "input_tokens": s.input_tokens, "output_tokens": s.output_tokens,
+             "lengths": s.lengths, "range_ratio": s.range_ratio}  # fmt: skip
     cached = round(s.input_tokens * s.prefix_cache_hit)
     limits = {"max_num_seqs": s.max_num_seqs, "max_batched_tokens": s.max_batched_tokens, "kv_tokens": kv_tokens}
     if s.prefill_workers:
@@ -65,6 +66,7 @@ def serving_load(job: Job, clock: ServingClock, kv_tokens: float, concurrency: i
         "max_batched_tokens": s.max_batched_tokens,
         "host_s_per_step": table.host_s,
         "prefix_cache_hit": s.prefix_cache_hit,
+        "lengths": s.lengths,
         "spec_tokens_per_step": tps,
         "disaggregated": {"prefill_workers": s.prefill_workers, "decode_workers": s.decode_workers}
         if s.prefill_workers

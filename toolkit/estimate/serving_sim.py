@@ -19,10 +19,11 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import numpy as np
 
-__all__ = ["StepTable", "Load", "arrivals", "simulate", "stats", "latencies"]
+__all__ = ["StepTable", "Load", "arrivals", "draw_lengths", "simulate", "stats", "latencies", "LENGTH_SHAPES"]
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,45 @@ class Load:
     prefill worker) and its first token made; the simulation makes the rest."""
 
 
+LENGTH_SHAPES = ("fixed", "uniform", "sharegpt")
+"""How request lengths spread around their means: every request the same (a fixed-length benchmark), uniform
+(vLLM's and SGLang's `random` dataset), or the ShareGPT conversations engines benchmark on (SHAREGPT_PROMPT_CDF, SHAREGPT_OUTPUT_SIGMA)."""
+
+SHAREGPT_PROMPT_CDF = ((4, 20, 50, 100, 200, 500, 1000, 1024), (0, 0.2433, 0.3908, 0.4796, 0.5683, 0.8435, 0.998, 1))
+"""ShareGPT's prompts as vLLM's and SGLang's benchmarks sample them (first turns of 4-1,024 tokens, Llama-3
+tokenizer): the share shorter than each length, from a 1,003-prompt histogram, mean 230 tokens; read log-linearly
+between the points (benchmarks/reference/request_lengths.md, section 4.1)."""
+SHAREGPT_PROMPT_MEAN = 230.0
+"""The mean of SHAREGPT_PROMPT_CDF read log-linearly (the same file)."""
+SHAREGPT_OUTPUT_SIGMA = 1.0
+"""ShareGPT's outputs: lognormal with this σ (of ln tokens) cut to 4-2,044 tokens, mean 200 (μ 4.833): the mean is
+a benchmark's, the spread assumed (coefficient of variation about 1.1, as the prompts'; no published quantiles;
+benchmarks/reference/request_lengths.md, section 4.2)."""
+SHAREGPT_OUTPUT_MU = 4.833
+"""The μ that, with SHAREGPT_OUTPUT_SIGMA and the cut, gives the mean SHAREGPT_OUTPUT_MEAN (the same file)."""
+SHAREGPT_OUTPUT_MEAN = 200.0
+"""ShareGPT's mean output under vLLM's benchmark sampler (the same file, source S3: 198.1)."""
+
+
+def draw_lengths(mean: int, count: int, shape: str, rng, range_ratio: float = 0.0, least: int = 1) -> np.ndarray:
+    """`count` lengths of mean `mean` spread as `shape`: fixed; uniform on [r·hi, hi] with hi chosen so the mean
+    stays `mean` (SGLang's random dataset with --random-range-ratio r); sharegpt_input or sharegpt_output (the
+    dataset's shapes above, scaled to `mean`)."""
+    if shape == "fixed":
+        return np.full(count, max(mean, least), dtype=np.int64)
+    if shape == "uniform":
+        hi = 2.0 * mean / (1.0 + range_ratio)
+        drawn = rng.uniform(range_ratio * hi, hi, count)
+    elif shape == "sharegpt_input":
+        tokens, shares = SHAREGPT_PROMPT_CDF
+        drawn = np.exp(np.interp(rng.uniform(0.0, 1.0, count), shares, np.log(tokens))) * mean / SHAREGPT_PROMPT_MEAN
+    else:
+        normal = NormalDist(SHAREGPT_OUTPUT_MU, SHAREGPT_OUTPUT_SIGMA)  # of ln tokens, cut to 4-2,044 tokens
+        lo, hi = normal.cdf(math.log(4)), normal.cdf(math.log(2044))
+        drawn = np.exp([normal.inv_cdf(u) for u in rng.uniform(lo, hi, count)]) * mean / SHAREGPT_OUTPUT_MEAN
+    return np.maximum(np.rint(drawn), least).astype(np.int64)
+
+
 def arrivals(
     *,
     requests: int,
@@ -115,16 +155,28 @@ def arrivals(
     seed: int = 0,
     cached_tokens: int = 0,
     tokens_per_step: float = 1.0,
+    lengths: str = "fixed",
+    range_ratio: float = 0.0,
 ) -> Load:
-    """`requests` of fixed lengths, Poisson at `rate` a second (seeded) or `concurrency` in flight; `cached_tokens`
-    of each prompt in a prefix cache; `tokens_per_step` made a decode step (speculative decoding)."""
-    ins = np.full(requests, input_tokens, dtype=np.int64)
-    outs = np.full(requests, output_tokens, dtype=np.int64)
-    extra = {"cached_tokens": np.full(requests, cached_tokens, dtype=np.int64), "tokens_per_step": tokens_per_step}
+    """`requests` with prompts and outputs of these mean lengths spread as `lengths` (draw_lengths), Poisson at
+    `rate` a second (seeded) or `concurrency` in flight; `cached_tokens` of each prompt in a prefix cache (at most
+    the prompt less one token); `tokens_per_step` made a decode step (speculative decoding)."""
+    rng = np.random.default_rng(seed)
+    ins = draw_lengths(input_tokens, requests, lengths if lengths == "fixed" else _shape(lengths, "input"), rng,
+                       range_ratio)  # fmt: skip
+    outs = draw_lengths(output_tokens, requests, lengths if lengths == "fixed" else _shape(lengths, "output"), rng,
+                        range_ratio, least=2 if output_tokens > 1 else 1)  # fmt: skip
+    cached = np.minimum(np.full(requests, cached_tokens, dtype=np.int64), np.maximum(ins - 1, 0))
+    extra = {"cached_tokens": cached, "tokens_per_step": tokens_per_step}
     if rate is not None:
-        gaps = np.random.default_rng(seed).exponential(1.0 / rate, requests)
+        gaps = rng.exponential(1.0 / rate, requests)
         return Load(ins, outs, arrival_s=np.cumsum(gaps) - gaps[0], **extra)
     return Load(ins, outs, concurrency=concurrency or 1, **extra)
+
+
+def _shape(lengths: str, side: str) -> str:
+    """The shape of a dataset's prompts or outputs (ShareGPT's differ)."""
+    return f"{lengths}_{side}" if lengths == "sharegpt" else lengths
 
 
 class _Sim:

@@ -70,7 +70,7 @@ ROOFLINE_SMOOTHING = 3.0
 """How sharply a matmul passes from memory-bound to compute-bound: its time is (t_flops^p + t_bytes^p)^(1/p), not the
 larger of the two, since near the ridge neither the tensor cores nor the memory are kept busy. p = 3 reproduces 17
 published kernel timings on H100/H800 (cuBLAS bf16, CUTLASS FP8, DeepGEMM dense and grouped FP8; M from 1 to 4,096;
-benchmarks/reference/decode_kernels.md section 2-3) with mean |error| 6.6 %, against 9.6 % for the larger of the two,
+benchmarks/reference/decode_kernels.md section 2-3) with mean |error| 6.6 %, against 9.7 % for the larger of the two,
 which reads grouped expert GEMMs at the ridge 19-30 % too fast (`python benchmarks/kernel_roofline.py`)."""
 
 DECODE_OPS_FIXED = 7

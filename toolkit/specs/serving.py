@@ -74,6 +74,13 @@ class Serving:
     instead of a fixed concurrency."""
     requests: int = 1000
     """Requests the load simulation runs (vLLM's benchmark --num-prompts)."""
+    lengths: Literal["fixed", "uniform", "random", "sharegpt"] = "fixed"
+    """How the requests' prompt and output lengths spread around input_tokens and output_tokens (their means):
+    all alike (a fixed-length benchmark), uniform (vLLM's and SGLang's `random` dataset; "random" is read as
+    uniform), or ShareGPT's spread (the conversations engines benchmark on). vLLM's benchmark --dataset-name."""
+    range_ratio: float = 0.0
+    """lengths uniform: the shortest length as a share of the longest (SGLang's --random-range-ratio; 0: from one
+    token up to twice the mean)."""
     host_s_per_step: float | None = None
     """The engine's CPU time per step on the critical path (s); None = the engine's (engines.yaml)."""
     prefill_workers: int = 0
@@ -114,6 +121,9 @@ def resolve_serving(serving: Serving, compute_dtype: str, seq_limit: int | None,
         check_positive(getattr(serving, name), f"serving.{name}")
     check_positive(serving.max_num_seqs, "serving.max_num_seqs")
     check_range(serving.prefix_cache_hit, "serving.prefix_cache_hit", 0.0, 1.0, high_open=True)
+    check_range(serving.range_ratio, "serving.range_ratio", 0.0, 1.0)
+    if serving.lengths == "random":
+        serving = dataclasses.replace(serving, lengths="uniform")
     check_range(serving.acceptance, "serving.acceptance", 0.0, 1.0)
     for name in ("prefill_workers", "decode_workers"):
         check_positive(getattr(serving, name), f"serving.{name}", allow_zero=True)
