@@ -11,9 +11,13 @@ ROOT = Path(__file__).resolve().parents[1]
 ROWS = json.loads((ROOT / "benchmarks" / "reference" / "serving_runs.json").read_text())["rows"]
 RESULTS = json.loads((ROOT / "benchmarks" / "results" / "serving_accuracy.json").read_text())
 
-TPOT_BOUND = 0.35
-"""benchmarks/results/serving_accuracy.json records a mean |error| of 29.0 % on time per output token over 26 online
+TPOT_BOUND = 0.30
+"""benchmarks/results/serving_accuracy.json records a mean |error| of 28.2 % on time per output token over 26 online
 rows (nothing fitted); rounded up to the next 5 %. Raise it only with a new results file that says why."""
+TTFT_BOUND = 0.45
+"""The same file: 41.8 % on time to first token over 32 rows, rounded up to the next 5 %."""
+OFFLINE_BOUND = 0.30
+"""The same file: 25.4 % on offline throughput over 13 rows, rounded up to the next 5 %."""
 HELD_OUT = ("perf-overview", "perf_overview", "inferencemax", "aiconfigurator", "nim", "megatron-bridge", "nemo")
 
 
@@ -35,3 +39,5 @@ def test_the_results_cover_every_row_and_hold_the_bound():
     assert {"date", "commit", "machine"} <= set(RESULTS)
     assert {r["id"] for r in RESULTS["rows"]} == {r["id"] for r in ROWS}, "rerun benchmarks/serving_accuracy.py"
     assert RESULTS["summary"]["tpot"]["mean_abs_error"] <= TPOT_BOUND
+    assert RESULTS["summary"]["ttft"]["mean_abs_error"] <= TTFT_BOUND
+    assert RESULTS["summary"]["offline_throughput"]["mean_abs_error"] <= OFFLINE_BOUND
