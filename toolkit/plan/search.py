@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from statistics import NormalDist
 
 import numpy as np
 
@@ -343,11 +344,21 @@ def _mark_within_error(plans: list[dict], objective: str) -> None:
     best = plans[0]
     for plan in plans:
         if plan[key] is None or best[key] is None:
-            plan["within_error"] = None
+            plan["within_error"] = plan["beats_best_probability"] = None
             continue
         low = plan[key] / (1 + shared["error_high"])
         best_high = best[key] / (1 + shared["error_low"])
         plan["within_error"] = bool(low <= best_high)
+        plan["beats_best_probability"] = beats_probability(plan[key] / best[key], shared) if plan is not best else None
+
+
+def beats_probability(ratio: float, shared: dict) -> float:
+    """The chance a plan modelled `ratio` times #1's time (or cost) is in fact the better one: the error two plans of
+    one stack do not share is the band's run_calibrated regime (the 10th-90th percentiles of one row's step predicted
+    from another row of its source, i.e. of the ratio of two), read as a normal spread of the log of the ratio."""
+    low, high = math.log1p(shared["error_low"]), math.log1p(shared["error_high"])
+    sigma = (high - low) / (2 * NormalDist().inv_cdf(0.9))
+    return NormalDist().cdf(-math.log(ratio) / sigma)
 
 
 SIMULATED_ACTIONS = 20_000

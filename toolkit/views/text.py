@@ -399,7 +399,8 @@ def render_plan(result: dict) -> str:
     rows = [head]
     for i, p in enumerate(result["plans"], 1):
         where = f"{p['devices']}x{p['accelerator']}" + (f" ({p['instances']}x {p['offer']})" if p["offer"] else "")
-        mark = "≈" if p.get("within_error") and i > 1 else ""
+        chance = p.get("beats_best_probability")
+        mark = f"≈ ({chance:.0%})" if p.get("within_error") and i > 1 and chance is not None else ""
         rows.append(
             (
                 f"{i}{mark}",
@@ -416,8 +417,8 @@ def render_plan(result: dict) -> str:
     out += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     if any(p.get("within_error") for p in result["plans"][1:]):
         out.append(
-            "  ≈ within the model's error of #1: their likely ranges (held-out spread of the step-time model) "
-            "overlap, so measure before trusting the order"
+            "  ≈ (P) within the model's error of #1: P is the chance it is in fact the better of the two, from the "
+            "error two layouts of one stack do not share; measure before trusting the order"
         )
     simulated = [
         (i, p["pipeline"]) for i, p in enumerate(result["plans"], 1) if (p.get("pipeline") or {}).get("simulated_s")
