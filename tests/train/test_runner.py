@@ -139,6 +139,7 @@ def test_two_gloo_ranks_equal_one_process_with_the_same_global_batch(tmp_path, c
     assert "2 rank(s)" in two.stdout and "memory/rank" in two.stdout
 
 
+@pytest.mark.slow  # a further point beside the one above: make test-slow (make test keeps its 12 minutes)
 def test_two_ranks_all_reduce_fp32_main_gradients(tmp_path, corpus):
     """Without DDP the runner all-reduces the main gradients itself: two ranks train as one process does (bf16
     weights, so to a few ulps; a missing or unscaled all-reduce moves the gradient norm by tens of per cent)."""

@@ -239,8 +239,19 @@ def make_loader(dataset: TokenShards, sampler: StepSampler, num_workers: int, pr
         num_workers=num_workers,
         collate_fn=_collate,
         generator=torch.Generator().manual_seed(sampler.seed),
+        worker_init_fn=_leave_sigterm_to_the_rank,
         **extra,
     )
+
+
+def _leave_sigterm_to_the_rank(_worker_id: int) -> None:
+    """A DataLoader worker ignores SIGTERM: a scheduler's `kill -- -PGID` reaches it with its rank, and a worker that
+    died of it would fail the rank's step (torch raises "DataLoader worker ... killed by signal") before the rank
+    could finish the step and checkpoint. The worker still exits with its rank: on the loader's shutdown, or when it
+    sees its parent gone."""
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def _collate(windows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

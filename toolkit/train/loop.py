@@ -241,9 +241,9 @@ class Trainer:
             self.pruner.compute(block_matrices(self.prog.raw))
         if self.pruner and self.pruner.masks:
             self._prune()
+        self.sigterm = _SigtermFlag()  # (before the DataLoader's workers fork: until they ignore it, theirs is this)
         self._set_up_steps(peak_tflops)
         self.bar = _progress(progress and acc.is_main_process, self.start_step, self.t.steps)
-        self.sigterm = _SigtermFlag()
 
     def _set_up_steps(self, peak_tflops: float | None) -> None:
         """The batches from the resumed step on, the step's tokens and FLOPs, the peak MFU is taken against."""
@@ -405,6 +405,7 @@ class Trainer:
         )
 
     def close(self) -> None:
+        self.batches = None  # (its DataLoader workers exit now, not when they notice this rank has gone)
         self.recorder.close()
         if self.bar:
             self.bar.close()
