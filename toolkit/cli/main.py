@@ -201,6 +201,17 @@ def _add_generate_parser(sub) -> None:
     gen.add_argument(
         "--verify", action="store_true", help="also generate without a cache and record whether the tokens match"
     )
+    gen.add_argument(
+        "--prompt",
+        metavar="TEXT",
+        help="print the greedy completion of TEXT (--output-tokens new tokens, in this process; no --out)",
+    )
+    gen.add_argument(
+        "--tokenizer",
+        metavar="T",
+        help="with --prompt: a tokenizer.json, a model folder holding one, a hub name, or bytes (default: the "
+        "tokenizer of the --init-from run or folder, else of --data)",
+    )
 
 
 def _add_data_parser(sub) -> None:
@@ -227,21 +238,28 @@ def _add_data_parser(sub) -> None:
 
 
 def _add_export_parser(sub) -> None:
-    """`export`: the job as one launch file for a cluster."""
+    """`export`: the job as one launch file for a cluster, or (--hf) a training run as a Hugging Face folder."""
     export = sub.add_parser(
         "export",
         help="write the job as one file a cluster launches: an accelerate config, a "
-        "torchrun or SLURM script, or DeepSpeed's JSON",
+        "torchrun or SLURM script, or DeepSpeed's JSON; or, with --hf RUN, a run as a Hugging Face folder",
     )
     add_job_args(export, TRAIN_OVERRIDES)
-    export.add_argument("--to", required=True, metavar="{accelerate,torchrun,slurm,deepspeed}")
+    export.add_argument("--to", metavar="{accelerate,torchrun,slurm,deepspeed}")
+    export.add_argument(
+        "--hf",
+        metavar="RUN",
+        help="a `toolkit train --out` folder: write its newest weights, config and tokenizer as a Hugging Face "
+        "model folder (toolkit export --hf RUN OUT)",
+    )
     export.add_argument(
         "--nodes",
         type=int,
         metavar="N",
         help="machines (default: the job's devices / per node; --gpus-per-node G sets the machines' size)",
     )
-    export.add_argument("--out", required=True, metavar="DIR", help="folder to write the one file into")
+    export.add_argument("--out", metavar="DIR", help="folder to write the one file (or the Hugging Face folder) into")
+    export.add_argument("folder", nargs="?", metavar="OUT", help="with --hf: the folder to write, as --out")
 
 
 def _add_claims_parser(sub) -> None:
@@ -452,13 +470,34 @@ def cmd_generate(args) -> int:
     catalog = load_catalog(*args.catalog)
     if args.workload is None:
         args.workload = "inference"
+    if args.prompt is not None:
+        return _complete(args, catalog)
     if args.serve:
         return _serve(args, catalog)
     if not args.out:
-        raise SpecError("--out", None, "give the run folder (or --serve to serve an API)")
+        raise SpecError(
+            "--out", None, "give the run folder (or --serve to serve an API, or --prompt TEXT for one completion)"
+        )
     out = generate(_cpu_precision(args, job_from_args(args, catalog)), args.out, args.nproc, args.catalog, args.verify)
     record = json.loads((out / "generate.json").read_text())
     print(json.dumps(record, indent=2) if args.json else render_generate(record, out))
+    return 0
+
+
+def _complete(args, catalog) -> int:
+    """`generate --prompt TEXT`: the completion printed, in the tokenizer of the weights (toolkit.export.hf)."""
+    from ..export.hf import weights_tokenizer
+    from ..serve.run import complete
+
+    for flag, given in (("--serve", args.serve), ("--out", args.out), ("--verify", args.verify)):
+        if given:
+            raise SpecError("", None, f"--prompt prints one completion and keeps no run folder: leave out {flag}")
+    if args.nproc != 1:
+        raise SpecError("--nproc", args.nproc, "--prompt runs in one process: leave out --nproc")
+    job = _cpu_precision(args, job_from_args(args, catalog))
+    tokenizer = weights_tokenizer(job, args.tokenizer)
+    result = complete(job, args.prompt, tokenizer.source, tokenizer.eos_id, args.catalog)
+    print(json.dumps(result, indent=2) if args.json else result["text"])
     return 0
 
 
@@ -500,11 +539,45 @@ def cmd_data(args) -> int:
 def cmd_export(args) -> int:
     from ..export.cluster import export_job
 
+    if args.hf:
+        return _export_hf(args)
+    if not args.to:
+        raise SpecError(
+            "",
+            None,
+            "give --to accelerate|torchrun|slurm|deepspeed (a launch file), or --hf RUN (a Hugging Face folder)",
+        )
+    if args.folder:
+        raise SpecError("", None, f"a folder as a word ({args.folder!r}) goes with --hf RUN; with --to give --out DIR")
+    if not args.out:
+        raise SpecError("", None, "give the folder to write the file into: --out DIR")
     catalog = load_catalog(*args.catalog)
     done = export_job(_training_job(args, catalog), args.to.lower(), args.out, args.nodes, catalog=catalog)
     for warning in done.warnings:
         print(f"toolkit export: warning: {warning}", file=sys.stderr)
     print(f"wrote {done.path}\n{done.command}")
+    return 0
+
+
+def _export_hf(args) -> int:
+    """`export --hf RUN OUT`: the run checked (toolkit.export.hf), its weights read as generate reads them
+    (toolkit.serve.run), then written as a Hugging Face folder."""
+    from ..export.hf import check_run, write_hf_folder
+    from ..serve.run import run_weights
+
+    if args.to:
+        raise SpecError("--to", args.to, "give --to (a launch file) or --hf (a Hugging Face folder), not both")
+    if args.out and args.folder and args.out != args.folder:
+        raise SpecError("--out", args.out, f"and OUT {args.folder!r} differ; give the folder once")
+    out = args.out or args.folder
+    if not out:
+        raise SpecError("", None, "give the folder to write: toolkit export --hf RUN OUT (or --out OUT)")
+    job = check_run(args.hf)
+    done = write_hf_folder(args.hf, job, run_weights(args.hf, job), out)
+    print(f"wrote {done.path}: {', '.join(done.files)}")
+    for note in done.notes:
+        print(f"  note: {note}")
+    print(f'load: transformers.AutoModelForCausalLM.from_pretrained("{done.path}")')
     return 0
 
 

@@ -2,8 +2,10 @@
 NCCL on GPUs), and keep what they measured beside the job.
 
     generate(job, "runs/gen", nproc=2)     # job.yaml, generate.json (time to first token, per output token, ...)
+    complete(job, "def main", "data/tok")  # `--prompt`: the greedy completion of a text, in this process
 
-The folder is what `toolkit compare --run` reads (toolkit.serve.compare).
+The folder is what `toolkit compare --run` reads (toolkit.serve.compare). `run_weights` reads a training run's
+weights as generate's model takes them, for `toolkit export --hf` (toolkit.export.hf).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from ..specs import Job, SpecError, load_catalog
 from ..specs.errors import MeasurementFailed
 from ..specs.yamlio import check_output_folder
 
-__all__ = ["generate"]
+__all__ = ["generate", "complete", "run_weights"]
 
 
 def _check(job: Job, nproc: int) -> Job:
@@ -85,3 +87,81 @@ def _failure(rank: int, code: int, out: Path) -> str:
     err = (out / f"rank{rank}.log").read_text(encoding="utf-8", errors="replace")
     last = [line for line in err.splitlines() if line.strip()]
     return f"rank {rank} exited with code {code}: {last[-1] if last else 'no message'}"
+
+
+def complete(job: Job, prompt: str, tokenizer: str, eos_id: int | None = None, catalog_files=()) -> dict:
+    """`toolkit generate --prompt TEXT`: TEXT in `tokenizer`'s ids, greedy new tokens from the model the ranks build
+    (toolkit.serve.worker), in this process, and their text up to the end-of-document id."""
+    encode, decode = _text_codec(tokenizer)
+    ids = encode(prompt)
+    if not ids:
+        raise SpecError("--prompt", prompt, "holds no tokens; give some text")
+    job = _check(job, 1)
+    job = job.replace(serving=dataclasses.replace(job.serving, concurrency=1, input_tokens=len(ids)))
+    resolved, _notes = job.resolve(load_catalog(*catalog_files))
+    _check_runnable(resolved)
+    if max(ids) >= resolved.model.vocab:
+        raise SpecError(
+            "--tokenizer", tokenizer, f"gives id {max(ids)}, past the model's vocabulary {resolved.model.vocab}"
+        )
+    tokens = _greedy_here(resolved, ids)
+    kept = tokens[: tokens.index(eos_id)] if eos_id in tokens else tokens
+    return {"prompt_tokens": ids, "tokens": tokens, "text": decode(kept)}
+
+
+def _greedy_here(job: Job, ids: list[int]) -> list[int]:
+    """One request's greedy tokens by the worker's own model and prefill (so a run's `generate.json` agrees)."""
+    import torch
+
+    from ..launch.device import rank_device
+    from ..program.generate import KVCache, greedy
+    from .worker import _build, prefill_chunk
+
+    device = rank_device(0)
+    torch.manual_seed(job.training.seed)
+    model = _build(job, device, None)
+    cache = KVCache.for_model(model, 1, job.serving.context)
+    prompts = torch.tensor([ids], device=device)
+    return greedy(model, prompts, job.serving.output_tokens, cache, None, prefill_chunk(job))[0].tolist()
+
+
+def _text_codec(source: str):
+    """(encode, decode) of `bytes` (UTF-8) or of a Hugging Face tokenizer: a tokenizer.json, a folder holding one,
+    or a hub name (as `toolkit data prepare --tokenizer` reads it)."""
+    if source == "bytes":
+        return (lambda text: list(text.encode("utf-8"))), (
+            lambda ids: bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+        )
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise SpecError("--tokenizer", source, "needs the `tokenizers` package: pip install tokenizers") from None
+    path = Path(source) / "tokenizer.json" if Path(source).is_dir() else Path(source)
+    try:
+        tok = Tokenizer.from_file(str(path)) if path.is_file() else Tokenizer.from_pretrained(source)
+    except Exception as err:  # a damaged file, or a hub name offline
+        raise SpecError(
+            "--tokenizer",
+            source,
+            f"could not be read ({type(err).__name__}); give a tokenizer.json, a model folder holding one, or bytes",
+        ) from None
+    return (lambda text: tok.encode(text).ids), tok.decode
+
+
+def run_weights(run: str | Path, job: Job) -> dict:
+    """A training run's newest valid weights as numpy arrays by the runner's GPT names, read as `toolkit generate
+    --init-from RUN` reads them (toolkit.checkpoint.init_weights, into the GPT in fp32: a 16-bit run's weights are
+    widened exactly), for `toolkit export --hf`: the exported model then generates what generate does."""
+    import torch
+
+    from ..checkpoint.init_weights import load_initial_weights
+    from ..program.model import GPT
+
+    with torch.device("meta"):  # (no random initialisation of weights about to be overwritten)
+        model = GPT(job.model, dtype=torch.float32)
+    model.to_empty(device="cpu")
+    try:
+        load_initial_weights(model, run)
+    except SpecError as err:  # (said as the flag that named the run)
+        raise SpecError("--hf", str(run), err.problem) from None
+    return {name: tensor.detach().numpy() for name, tensor in model.state_dict().items()}

@@ -31,6 +31,7 @@ from ..launch.ranks import AGREED_STOP_CODES, describe_exit, free_port, start_ra
 from ..runs.folder import run_catalog_files, write_run_catalog
 from ..specs import Job, SpecError, load_catalog
 from ..specs.dims import ParallelDims
+from ..specs.model import ModelSpec
 from .checks import refuse_accelerate_overrides, runner_checks
 
 __all__ = ["prepare_run", "launch"]
@@ -48,18 +49,15 @@ def prepare_run(
     job = ParallelDims.for_world(job, nproc).on_job(job)
     catalog = load_catalog(*(given or run_catalog_files(out)))
     resolved, _notes = job.resolve(catalog)
+    vocab = _data_vocab(resolved)
+    if _vocab_left_open(job) and vocab != job.model.vocab:  # (before the checks: the estimate sizes the model)
+        print(f"toolkit train: model.vocab {vocab:,}: the data's vocabulary (--vocab N sets another)")
+        job = job.replace(model=job.model.replace(vocab=vocab))
+        resolved, _notes = job.resolve(catalog)
     runner_checks(resolved)
     if preflight is not None and not force:
         preflight(resolved, nproc, catalog)
     refuse_accelerate_overrides(resolved)
-    from .data import BYTE_VOCAB, TokenShards, model_tokenizer
-    from .documents import load_tokenizer
-
-    if resolved.training.data:  # exists, long enough
-        vocab = TokenShards(resolved.training.data, "train", resolved.model.seq_len).vocab
-    else:  # the demo corpus, in the starting weights' tokenizer where their folder has one
-        tokenizer = model_tokenizer(resolved)
-        vocab = load_tokenizer(tokenizer).vocab if tokenizer else BYTE_VOCAB
     if vocab > resolved.model.vocab:
         raise SpecError("model.vocab", resolved.model.vocab, f"is smaller than the data's vocabulary ({vocab})")
     if vocab < resolved.model.vocab / 2:  # (a Llama-3 config on byte data: 128,000 rows that never see a token)
@@ -85,6 +83,25 @@ def prepare_run(
         write_run_catalog(out, given)
     job.to_yaml(out / "job.yaml")
     return job
+
+
+def _data_vocab(job: Job) -> int:
+    """The vocabulary of the tokens the run reads: its prepared data's, or the demo corpus's (in the starting
+    weights' tokenizer where their folder has one, else bytes)."""
+    from .data import BYTE_VOCAB, TokenShards, model_tokenizer
+    from .documents import load_tokenizer
+
+    if job.training.data:  # exists, long enough
+        return TokenShards(job.training.data, "train", job.model.seq_len).vocab
+    tokenizer = model_tokenizer(job)
+    return load_tokenizer(tokenizer).vocab if tokenizer else BYTE_VOCAB
+
+
+def _vocab_left_open(job: Job) -> bool:
+    """A model given by its shape alone (no preset or Hugging Face config named it) whose vocabulary is still
+    ModelSpec's default: --vocab was not given, so the data's tokenizer sets it."""
+    default = ModelSpec.__dataclass_fields__["vocab"].default
+    return job.model.name is None and job.model.vocab == default
 
 
 LAUNCHERS = ("auto", "own", "accelerate")
