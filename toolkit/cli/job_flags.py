@@ -26,6 +26,7 @@ from ..specs.job import (
 )
 from ..specs.model import ModelSpec
 from ..specs.yamlio import read_yaml
+from .field_help import field_help
 
 __all__ = ["OVERRIDES", "TRAIN_OVERRIDES", "add_job_args", "parse_gpus", "job_from_args", "flag_hint", "fixed_axes"]
 
@@ -232,7 +233,7 @@ def add_job_args(est: argparse.ArgumentParser, extra: dict | None = None) -> Non
     est.add_argument("--config", metavar="JOB.yaml", help="start from a job file; flags override it")
     for flag, (sec, fld, cls) in {**OVERRIDES, **(extra or {})}.items():
         options = ("--" + flag.replace("_", "-"), *ALIASES.get(flag, ()))
-        where = f"{sec}.{fld}" if sec else fld
+        where = field_help(cls, fld, f"{sec}.{fld}" if sec else fld)
         if flag == "fp8":  # --fp8, --fp8 mxfp8 (a recipe), --no-fp8
             est.add_argument(*options, nargs="?", const=True, default=None, metavar="RECIPE", help=where)
             est.add_argument("--no-fp8", dest="fp8", action="store_const", const=False, help="no FP8 matmuls")

@@ -86,6 +86,7 @@ class Precision:
 @dataclass(frozen=True, kw_only=True)
 class Optimizer:
     name: Literal["adamw", "adam", "sgd", "adamw-8bit"] = "adamw"
+    """The optimizer: its states set the memory each parameter costs (AdamW's two moments; 8-bit blockwise ones)."""
     momentum: float = 0.9
     """SGD momentum; 0 means plain SGD with no optimizer state."""
     impl: Literal["for-loop", "foreach", "fused"] | None = None
@@ -222,6 +223,7 @@ class Cluster:
     count: int | None = None
     """Number of accelerators."""
     gpus_per_node: int = 8
+    """Accelerators a machine (node) holds: the NVLink or other fast-link domain collectives see."""
     intra_node_bw_bytes_per_s: float | None = None
     """Per-device intra-node bandwidth, one direction; None = half the catalog's bidirectional link figure."""
     inter_node_bw_bytes_per_s: float | None = None
@@ -300,6 +302,7 @@ class Training:
     grad_clip: float = 1.0
     """Clip the global gradient norm to this value; 0 = no clipping (the norm is still logged)."""
     seed: int = 1234
+    """Seeds the weights' initialisation, the data order and dropout: the same seed reruns the same steps."""
     init_from: str | None = None
     """Start from these weights: a local Hugging Face folder (config.json + safetensors) or a toolkit run."""
     data: str | None = None
