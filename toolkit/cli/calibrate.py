@@ -33,7 +33,10 @@ def add_calibrate_parser(sub) -> argparse.ArgumentParser:
         "the profile scales every step modelled on that accelerator to your stack (no measuring here)",
     )
     cal.add_argument(
-        "--measured", metavar="RUN", help="as --step-s, from a `toolkit train` run folder (its job and median step)"
+        "--measured",
+        metavar="RUN_OR_LOG",
+        help="as --step-s, from a `toolkit train` run folder (its job and median step), or a Megatron, torchtitan or "
+        "llm-foundry training log (its median timed step; the job from --config or its flags)",
     )
     add_job_args(cal)
     cal.add_argument(
@@ -75,6 +78,19 @@ def cmd_calibrate(args) -> int:
     return 0
 
 
+def _from_a_log(args, catalog):
+    """The job from --config or its flags and the median step of the log at --measured."""
+    from ..calibrate.log_step import step_s_of_log
+
+    job = job_from_args(args, catalog)
+    resolved, _notes = job.resolve(catalog)
+    tokens = resolved.batch.global_batch * resolved.model.seq_len
+    step_s, framework, lines = step_s_of_log(Path(args.measured).read_text(errors="replace"), tokens,
+                                             resolved.cluster.count)  # fmt: skip
+    print(f"{args.measured}: {framework} log, median of {lines} timed lines after the warm-up: {step_s:.4g} s a step")
+    return job, step_s
+
+
 def _from_a_measured_step(args, out: Path) -> int:
     """`--step-s` / `--measured`: a profile row that scales the accelerator's modelled steps to the user's stack."""
     import yaml
@@ -82,7 +98,9 @@ def _from_a_measured_step(args, out: Path) -> int:
     from ..calibrate.run_scale import measured_step_of_run, step_calibration_row
 
     catalog = load_catalog(*args.catalog)
-    if args.measured:
+    if args.measured and Path(args.measured).is_file():  # another framework's log
+        job, step_s = _from_a_log(args, catalog)
+    elif args.measured:
         job, step_s = measured_step_of_run(args.measured)
     else:
         job, step_s = job_from_args(args, catalog), args.step_s
