@@ -38,3 +38,17 @@ def test_an_impossible_bound_says_so(catalog, cli):
     assert result["plans"] == [] and "max-tpot" in result["why_none"][0]
     code, _out, err = cli("plan", "--workload", "inference", "--model", "llama2-7b")
     assert code == 2 and "--offers" in err and err.count("\n") == 1
+
+
+def test_with_a_target_each_plan_is_simulated_under_its_load_and_a_split_is_offered(catalog):
+    """Each deployment runs its share of the target as Poisson arrivals (the steady formula has no queue); a tight
+    bound on time to first token is met by splitting the same instances into prefill and decode workers."""
+    job = _job(catalog, target_requests_per_s=20, max_tpot_s=0.05, max_ttft_s=0.3, input_tokens=1000, output_tokens=300)
+    result = plan_serving(job, catalog, ["p5.48xlarge"], top=50)
+    assert result["plans"]
+    for p in result["plans"]:
+        sim = p["simulated"]
+        assert not sim["saturated"] and sim["tpot_s"] <= 0.05 and sim["ttft_s"] <= 0.3
+        assert sim["ttft_s_p99"] >= sim["ttft_s"]
+    splits = [p["disaggregated"] for p in result["plans"] if p["disaggregated"]]
+    assert splits and all(s["prefill_workers"] + s["decode_workers"] >= 2 for s in splits)

@@ -77,18 +77,29 @@ def render_serving_plan(result: dict) -> str:
     target = result["target"]
     order = "$/h for the load" if " requests/s" in target or "tokens/s" in target else "$/M output tokens"
     lines = [f"serving plans for {target}, cheapest first by {order} ({result['evaluated']} evaluated)"]
-    head = f"  {'offer':<16}{'weights':<8}{'tp':>3}{'replicas':>9}{'devices':>8}{'req.':>6}{'TTFT':>10}{'TPOT':>10}"
-    lines.append(head + f"{'tokens/s':>10}{'$/h':>9}{'$/M out':>9}")
+    head = f"  {'offer':<16}{'weights':<8}{'tp':>3}{'replicas':>10}{'devices':>8}{'req.':>6}{'TTFT':>10}{'TPOT':>10}"
+    simulated = any(p.get("simulated") for p in result["plans"])
+    lines.append(
+        head + f"{'tokens/s':>10}{'$/h':>9}{'$/M out':>9}" + (f"{'TTFT p99':>10}{'TPOT p99':>10}" if simulated else "")
+    )
     for p in result["plans"]:
+        sim = p.get("simulated") or {}
         lines.append(
-            f"  {p['offer']:<16}{p['weights']:<8}{p['tp']:>3}{p['replicas']:>9}{p['devices']:>8}{p['concurrency']:>6}"
+            f"  {p['offer']:<16}{p['weights']:<8}{p['tp']:>3}{_replicas(p):>10}{p['devices']:>8}{p['concurrency']:>6}"
             f"{_ms(p['ttft_s']):>10}{_ms(p['tpot_s']):>10}{p['output_tokens_per_s']:>10.0f}{p['usd_per_hour']:>9.2f}"
             f"{p['usd_per_million_output_tokens']:>9.3f}"
+            + (f"{_ms(sim['ttft_s_p99']):>10}{_ms(sim['tpot_s_p99']):>10}" if sim else "")
         )
     if not result["plans"]:
         lines.append("  none meets the target: " + "; ".join(result["why_none"]))
     lines += [f"note: {n}" for n in result["notes"]]
     return "\n".join(lines)
+
+
+def _replicas(plan: dict) -> str:
+    """Replicas, or disaggregated prefill:decode workers (P+D)."""
+    split = plan.get("disaggregated")
+    return f"{split['prefill_workers']}P+{split['decode_workers']}D" if split else str(plan["replicas"])
 
 
 def _load_words(load: dict | None) -> str:
