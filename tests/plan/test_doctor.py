@@ -114,3 +114,20 @@ def test_a_fine_tune_is_budgeted_by_its_data_not_the_pretraining_preset(cli_json
     assert data["time"]["train_s"] == pytest.approx(1.5e8 / data["time"]["tokens_per_s"])
     pretrain = cli_json("estimate", "--model", "llama2-7b", "--gpus", "8xA100-80GB")
     assert pretrain["job"]["workload"] == "train" and pretrain["job"]["tokens"] == 2e12
+
+
+def test_a_lora_fine_tune_that_does_not_fit_is_offered_qlora_and_a_combination_that_fits(catalog):
+    """Issue 53: a LoRA fine-tune of Llama-3-8B on one RTX 4090 (24 GB) does not fit; QLoRA's 4-bit base is the
+    first remedy a practitioner reaches for, and with recompute it fits, each a real job re-estimated."""
+    job = Job.from_dict(
+        {"model": {"preset": "llama3-8b", "seq_len": 2048}, "workload": "finetune",
+         "finetune": {"method": "lora", "rank": 16}, "batch": {"global_batch": 8},
+         "cluster": {"accelerator": "RTX-4090", "count": 1}},
+        catalog,
+    )  # fmt: skip
+    report = diagnose_job(job, catalog)
+    assert not report["fits"]
+    qlora = [f for f in report["fixes"] if f["change"].startswith("QLoRA")]
+    assert qlora and qlora[0]["peak_bytes"] < 0.5 * report["peak_bytes"]
+    combined = report["combined"]
+    assert combined and combined["fits"] and any(c.startswith("QLoRA") for c in combined["changes"])

@@ -122,14 +122,16 @@ def _expert_changes(job: Job) -> list[tuple[str, Job]]:
 
 
 def _finetune_changes(job: Job) -> list[tuple[str, Job]]:
-    """A full fine-tune can train adapters instead (LoRA; QLoRA with the base in 4-bit NormalFloat), or keep
-    weights, gradients and states in bf16 (pure-bf16): the toolkit models all three, before any offloading."""
-    if job.workload != "finetune" or job.finetune.method != "full":
+    """A full fine-tune can train adapters instead (LoRA; QLoRA with the base in 4-bit NormalFloat), and a LoRA one
+    can put its base in 4 bits (QLoRA); either can keep weights, gradients and states in bf16 (pure-bf16, a LoRA's
+    frozen base in bf16 rather than fp32 masters): the toolkit models all of them, before any offloading."""
+    if job.workload != "finetune" or job.finetune.method == "qlora":
         return []
-    out = [
-        ("LoRA adapters (rank 8 on q, k, v, o; the base frozen)", _replace(job, "finetune", method="lora")),
-        ("QLoRA (LoRA over a 4-bit NormalFloat base)", _replace(job, "finetune", method="qlora")),
-    ]
+    out = [("QLoRA (LoRA over a 4-bit NormalFloat base)", _replace(job, "finetune", method="qlora"))]
+    if job.finetune.method == "full":
+        out.insert(
+            0, ("LoRA adapters (rank 8 on q, k, v, o; the base frozen)", _replace(job, "finetune", method="lora"))
+        )
     if job.precision.mode != "pure-bf16" and job.precision.mode not in ("fp32", "amp-fp16", "mixed-fp16"):
         out.append(
             (
