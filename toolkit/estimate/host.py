@@ -1,4 +1,5 @@
-"""Host memory for offload: what a node's offloaded states take against the RAM it has. DeepSpeed's own estimators
+"""Host memory: for offload, what a node's offloaded states take against the RAM it has; for runs on this machine,
+what it has available. DeepSpeed's own estimators
 report host memory beside the device's; a plan that offloads 6 TB into one 8-GPU box is not a fit.
 
     need, have, source = host_memory(job, catalog, host_bytes_per_device)   # bytes a node, bytes usable, why
@@ -11,7 +12,13 @@ import numpy as np
 from ..specs.catalog import Catalog
 from ..specs.job import Job
 
-__all__ = ["host_memory", "ASSUMED_HOST_GIB_PER_GPU", "HOST_USABLE_FRACTION"]
+__all__ = [
+    "host_memory",
+    "host_available_bytes",
+    "ASSUMED_HOST_GIB_PER_GPU",
+    "HOST_USABLE_FRACTION",
+    "RANK_BASELINE_BYTES",
+]
 
 GIB = 2**30
 ASSUMED_HOST_GIB_PER_GPU = 128
@@ -42,3 +49,20 @@ def _node_ram_gib(job: Job, catalog: Catalog) -> tuple[float, str]:
     if acc is not None and acc.host_memory_gib_per_node is not None:
         return acc.host_memory_gib_per_node * job.cluster.gpus_per_node / 8, "accelerator"
     return ASSUMED_HOST_GIB_PER_GPU * job.cluster.gpus_per_node, "assumed"
+
+
+RANK_BASELINE_BYTES = 0.4 * 2**30
+"""What a rank holds besides its tensors on a CPU: the interpreter, torch, the runner and gloo's buffers (the
+README's small runs measure 0.33-0.5 GiB of peak RSS a rank)."""
+
+
+def host_available_bytes() -> float | None:
+    """MemAvailable of /proc/meminfo (Linux), or None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None

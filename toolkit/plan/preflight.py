@@ -9,25 +9,10 @@ its device. Without this a model too large for the host ends in a 48-line alloca
 
 from __future__ import annotations
 
+from ..estimate.host import RANK_BASELINE_BYTES, host_available_bytes
 from ..specs import Job, SpecError
 
 __all__ = ["check_fits", "host_available_bytes", "RANK_BASELINE_BYTES"]
-
-RANK_BASELINE_BYTES = 0.4 * 2**30
-"""What a rank holds besides its tensors on a CPU: the interpreter, torch, the runner and gloo's buffers (the
-README's small runs measure 0.33-0.5 GiB of peak RSS a rank)."""
-
-
-def host_available_bytes() -> float | None:
-    """MemAvailable of /proc/meminfo (Linux), or None where it cannot be read."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return float(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
 
 
 def _host_need(job: Job, nproc: int) -> float:

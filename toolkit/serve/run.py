@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 
 from ..capability import generate_refusal
+from ..estimate.host import RANK_BASELINE_BYTES, host_available_bytes
+from ..estimate.serving_memory import runner_peak_bytes
 from ..launch.ranks import start_ranks, supervise
 from ..runs.folder import write_run_catalog
 from ..specs import Job, SpecError, load_catalog
@@ -56,6 +58,7 @@ def generate(job: Job, out_dir: str | Path, nproc: int = 1, catalog_files=(), ve
     catalog = load_catalog(*catalog_files)
     resolved, _notes = job.resolve(catalog)
     _check_runnable(resolved)
+    check_generate_fits(resolved, nproc)
     out = Path(out_dir)
     check_output_folder("--out", str(out))
     out.mkdir(parents=True, exist_ok=True)
@@ -100,6 +103,7 @@ def complete(job: Job, prompt: str, tokenizer: str, eos_id: int | None = None, c
     job = job.replace(serving=dataclasses.replace(job.serving, concurrency=1, input_tokens=len(ids)))
     resolved, _notes = job.resolve(load_catalog(*catalog_files))
     _check_runnable(resolved)
+    check_generate_fits(resolved, 1)
     if max(ids) >= resolved.model.vocab:
         raise SpecError(
             "--tokenizer", tokenizer, f"gives id {max(ids)}, past the model's vocabulary {resolved.model.vocab}"
@@ -165,3 +169,24 @@ def run_weights(run: str | Path, job: Job) -> dict:
     except SpecError as err:  # (said as the flag that named the run)
         raise SpecError("--hf", str(run), err.problem) from None
     return {name: tensor.detach().numpy() for name, tensor in model.state_dict().items()}
+
+
+def check_generate_fits(job: Job, nproc: int) -> None:
+    """`toolkit generate` on a CPU: each rank's weights, whole static cache and one step's activations
+    (toolkit.estimate.serving_memory.runner_peak_bytes, what MemTracker measures) and its interpreter against this
+    host's available memory, refused in one line before the model is built."""
+    available = host_available_bytes()
+    if job.cluster.accelerator is not None or available is None or not job.model.has_shape:
+        return
+    s = job.serving
+    step_tokens = min(s.max_batched_tokens, s.concurrency * s.input_tokens)
+    need = nproc * (runner_peak_bytes(job, step_tokens) + RANK_BASELINE_BYTES)
+    if need > available:
+        raise SpecError(
+            "--nproc" if nproc > 1 else "--model",
+            nproc if nproc > 1 else job.model.name,
+            f"generating needs about {need / 2**30:.1f} GiB of this host's memory (weights in "
+            f"{job.precision.plan.compute_bytes * 8:.0f}-bit, the whole KV cache, one step, the interpreter) and "
+            f"{available / 2**30:.1f} GiB is available: fewer --concurrency, a shorter --input-tokens/--output-tokens, "
+            "or a smaller model (--layers, --hidden)",
+        )
