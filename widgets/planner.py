@@ -29,6 +29,7 @@ from toolkit.views.figures import copy_into, memory_figure, pareto_figure, step_
 from toolkit.views.text import layout_text
 from widgets.fallback import PanelText
 from widgets.live_figure import LiveFigure
+from widgets.provenance import provenance_mark
 
 __all__ = ["PlannerPanel"]
 
@@ -493,12 +494,15 @@ def _summary_html(result: Estimate) -> str:
     lines = []
     if t.train_days is not None:
         mfu = f"MFU {t.mfu:.1%} {'given' if t.mfu_source == 'given' else 'modelled'}" if t.mfu is not None else ""
-        lines.append(f"<b>time to train:</b> {t.train_days:,.1f} days ({t.device_hours:,.0f} device-hours; {mfu})")
+        mark = provenance_mark("given" if t.mfu_source == "given" else t.provenance)
+        lines.append(
+            f"<b>time to train:</b> {t.train_days:,.1f} days ({t.device_hours:,.0f} device-hours; {mfu}){mark}"
+        )
     if t.step_s is not None and t.step_s_range:
         low, high = t.step_s_range
         lines.append(
             f"<b>step:</b> {t.step_s:.3g} s, likely {low:.3g}–{high:.3g} s (where measured steps fell around "
-            "the model's on runs it never saw)"
+            f"the model's on runs it never saw){provenance_mark(t.provenance)}"
         )
     if cost.amount is not None:
         line = f"<b>cost:</b> {cost.amount:,.0f} {cost.currency} on {cost.instances} × {cost.offer}"

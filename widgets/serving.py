@@ -26,6 +26,7 @@ from toolkit.views.figures_serving import (
 )
 from widgets.fallback import PanelText
 from widgets.live_figure import LiveFigure
+from widgets.provenance import provenance_mark
 
 __all__ = ["ServingPanel"]
 
@@ -124,7 +125,7 @@ class ServingPanel(PanelText, W.VBox):
             f"<p>{where} on {load.get('engine', '-')}: time to first token {_ms(s['ttft_s'])} (p99 "
             f"{_ms(s.get('ttft_s_p99'))}), per output token {_ms(s['tpot_s'])} (p99 {_ms(s.get('tpot_s_p99'))}), "
             f"{tput} output tokens/s a replica; KV cache {s['kv_bytes_per_token'] / 1024:.0f} KiB a token, at most "
-            f"{s['max_concurrency']} requests at {s['max_context']} tokens</p>"
+            f"{s['max_concurrency']} requests at {s['max_context']} tokens{provenance_mark(s.get('provenance'))}</p>"
         )
         for widget, fig in (
             (self.memory_fig, serving_memory_figure(result)),
