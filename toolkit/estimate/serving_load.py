@@ -42,7 +42,8 @@ def serving_load(job: Job, clock: ServingClock, kv_tokens: float, concurrency: i
     shape = {"requests": s.requests, "input_tokens": s.input_tokens, "output_tokens": s.output_tokens,
              "lengths": s.lengths, "range_ratio": s.range_ratio}  # fmt: skip
     cached = round(s.input_tokens * s.prefix_cache_hit)
-    limits = {"max_num_seqs": s.max_num_seqs, "max_batched_tokens": s.max_batched_tokens, "kv_tokens": kv_tokens}
+    limits = {"max_num_seqs": s.max_num_seqs, "max_batched_tokens": s.max_batched_tokens, "kv_tokens": kv_tokens,
+              "mixed": engine.mixed_batches}  # fmt: skip
     if s.prefill_workers:
         sim = _disaggregated(job, table, arrivals(**shape, rate=s.rate, cached_tokens=cached, tokens_per_step=tps),
                              limits, clock)  # fmt: skip

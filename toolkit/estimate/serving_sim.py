@@ -6,7 +6,8 @@ request's time to first token, time per output token and end-to-end latency, and
     sim["ttft_s"]["p99"], sim["tpot_s"]["p50"], sim["goodput_requests_per_s"]
 
 Each step the scheduler (vLLM V1's order) gives one token to every running request past its prompt, then spends
-what is left of the step's token budget on prompts: the running ones still being prefilled first, then waiting
+what is left of the step's token budget on prompts (SGLang's default instead runs a batch of prompt chunks on its
+own whenever one can form, the decodes waiting that step): the running ones still being prefilled first, then waiting
 requests, admitted while fewer than max_num_seqs run and the KV cache holds their whole context (no preemption:
 a request is admitted only with room for all its tokens). A prompt's last chunk samples its first token. The step's
 time is the clock's (toolkit.estimate.serving_time) plus the engine's host time per step. Runs of decode-only steps
@@ -182,8 +183,9 @@ def _shape(lengths: str, side: str) -> str:
 class _Sim:
     """Every request's progress as arrays indexed by request, the queue, the running batch and the clock."""
 
-    def __init__(self, table: StepTable, load: Load, max_num_seqs: int, max_batched_tokens: int, kv_tokens: float):
-        self.table, self.load = table, load
+    def __init__(self, table: StepTable, load: Load, max_num_seqs: int, max_batched_tokens: int, kv_tokens: float,
+                 mixed: bool = True):  # fmt: skip
+        self.table, self.load, self.mixed = table, load, mixed
         self.max_seqs, self.budget, self.kv_tokens = max_num_seqs, max_batched_tokens, kv_tokens
         n = self.n = len(load.input_tokens)
         cached = np.zeros(n, dtype=np.int64) if load.cached_tokens is None else load.cached_tokens.astype(np.int64)
@@ -253,6 +255,8 @@ class _Sim:
         decoding = idx[self.prompt_left[idx] == 0]
         if len(decoding) == len(idx):
             return self._decode_run(decoding)
+        if not self.mixed:  # a prefill batch on its own: the decodes wait a step (SGLang's default)
+            decoding = decoding[:0]
         room, chunks, pairs = self.budget - len(decoding), [], 0.0
         for i in idx[self.prompt_left[idx] > 0]:
             if room <= 0:
@@ -294,9 +298,12 @@ class _Sim:
         self.done[ids[self.out_left[ids] == 0]] = end
 
 
-def simulate(table: StepTable, load: Load, *, max_num_seqs: int, max_batched_tokens: int, kv_tokens: float) -> dict:
-    """Run `load` through the engine; per-request latencies and their statistics (see `stats`)."""
-    sim = _Sim(table, load, max_num_seqs, max_batched_tokens, kv_tokens)
+def simulate(
+    table: StepTable, load: Load, *, max_num_seqs: int, max_batched_tokens: int, kv_tokens: float, mixed: bool = True
+) -> dict:
+    """Run `load` through the engine (`mixed`: decodes and prompt chunks share a step; else prefill batches run on
+    their own, prefill first); per-request latencies and their statistics (see `stats`)."""
+    sim = _Sim(table, load, max_num_seqs, max_batched_tokens, kv_tokens, mixed)
     sim.run()
     return _result(sim, load)
 

@@ -30,6 +30,9 @@ class Engine:
     """The engine's CPU time per step left on the critical path (scheduling, input preparation, sampling): zero
     where the engine overlaps it with the GPU's previous step."""
     host_overlapped: bool
+    mixed_batches: bool = True
+    """A step carries decodes and prompt chunks together (vLLM's token budget, TensorRT-LLM's in-flight batching);
+    False: prefill batches run on their own and the decodes wait (SGLang's default, enable_mixed_chunk off)."""
 
 
 @cache
@@ -53,4 +56,5 @@ def engine_defaults(name: str) -> Engine:
         memory_fraction=float(row["memory_fraction"]),
         host_s_per_step=0.0 if overlapped else float(row.get("host_s_per_step") or 0.0),
         host_overlapped=overlapped,
+        mixed_batches=bool(row.get("mixed_batches", True)),
     )
