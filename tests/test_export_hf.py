@@ -17,6 +17,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
+from tests.hf_tiny import tiny_llama  # noqa: E402
 from toolkit.cli import main  # noqa: E402
 from toolkit.specs import Job  # noqa: E402
 
@@ -33,38 +34,8 @@ def toolkit(*argv: str) -> tuple[int, str, str]:
 
 
 def _tokenizer_and_llama(folder, texts):
-    """A byte-level BPE of 400 ids with an end-of-document token, and a 2-layer Llama over it whose weights are wide
-    enough that greedy decoding does not repeat one token."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=400, special_tokens=["</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
-    tok.train_from_iterator(texts, trainer)
-    folder.mkdir()
-    tok.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
-    config = transformers.LlamaConfig(
-        vocab_size=tok.get_vocab_size(),
-        hidden_size=64,
-        intermediate_size=160,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(7)
-    model = transformers.LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0, 0.2)
-    model.save_pretrained(folder)
-    return tok
+    """The tiny Llama with weights wide enough that greedy decoding does not repeat one token."""
+    return tiny_llama(folder, texts, seed=7, weight_std=0.2)[0]
 
 
 @pytest.fixture(scope="module")

@@ -12,37 +12,12 @@ import torch
 tokenizers = pytest.importorskip("tokenizers")
 transformers = pytest.importorskip("transformers")
 
+from tests.hf_tiny import tiny_llama  # noqa: E402
 from toolkit.train.data import StepSampler, TokenShards, demo_sources  # noqa: E402
 
 
 def _tokenizer_and_model(folder, texts):
-    """A byte-level BPE of 400 ids trained on `texts`, with an end-of-document token, and a 2-layer Llama over it."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=400, special_tokens=["</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
-    tok.train_from_iterator(texts, trainer)
-    folder.mkdir()
-    tok.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
-    config = transformers.LlamaConfig(
-        vocab_size=tok.get_vocab_size(),
-        hidden_size=64,
-        intermediate_size=160,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(5)
-    model = transformers.LlamaForCausalLM(config).eval()
-    model.save_pretrained(folder)
-    return tok, model
+    return tiny_llama(folder, texts, seed=5)
 
 
 def test_own_tokenizer_data_and_model_fine_tune_from_its_weights(cli, tmp_path):

@@ -19,30 +19,11 @@ import torch
 from torch import nn
 
 from ..specs.errors import SpecError
+from ..specs.hf_names import hf_to_ours
 from .files import latest_checkpoint
 
 __all__ = ["load_initial_weights", "hf_state_dict"]
 
-_LLAMA = [
-    (r"model\.embed_tokens\.weight", "tok.weight"),
-    (r"model\.norm\.weight", "norm.weight"),
-    (r"lm_head\.weight", "head.weight"),
-    (r"model\.layers\.(\d+)\.self_attn\.([qkvo])_proj\.(weight|bias)", r"blocks.\1.attn.\2.\3"),
-    (r"model\.layers\.(\d+)\.mlp\.(gate|up|down)_proj\.weight", r"blocks.\1.mlp.\2.weight"),
-    (r"model\.layers\.(\d+)\.input_layernorm\.weight", r"blocks.\1.norm1.weight"),
-    (r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", r"blocks.\1.norm2.weight"),
-]
-_GPT2 = [
-    (r"(?:transformer\.)?wte\.weight", "tok.weight"),
-    (r"(?:transformer\.)?wpe\.weight", "pos.weight"),
-    (r"(?:transformer\.)?ln_f\.(weight|bias)", r"norm.\1"),
-    (r"lm_head\.weight", "head.weight"),
-    (r"(?:transformer\.)?h\.(\d+)\.ln_1\.(weight|bias)", r"blocks.\1.norm1.\2"),
-    (r"(?:transformer\.)?h\.(\d+)\.ln_2\.(weight|bias)", r"blocks.\1.norm2.\2"),
-    (r"(?:transformer\.)?h\.(\d+)\.attn\.c_proj\.(weight|bias)", r"blocks.\1.attn.o.\2"),
-    (r"(?:transformer\.)?h\.(\d+)\.mlp\.c_fc\.(weight|bias)", r"blocks.\1.mlp.up.\2"),
-    (r"(?:transformer\.)?h\.(\d+)\.mlp\.c_proj\.(weight|bias)", r"blocks.\1.mlp.down.\2"),
-]
 _GPT2_SKIP = re.compile(r"(?:transformer\.)?h\.\d+\.attn\.(?:bias|masked_bias)")  # causal-mask buffers
 
 
@@ -68,22 +49,18 @@ def hf_state_dict(folder: str | Path) -> dict[str, torch.Tensor]:
     folder = Path(folder)
     config = json.loads((folder / "config.json").read_text())
     kind = config.get("model_type")
-    if kind in ("llama", "mistral", "qwen2"):
-        scaling = config.get("rope_scaling") or {}
-        if scaling and scaling.get("rope_type", scaling.get("type")) not in (None, "default"):
-            raise SpecError(
-                "training.init_from",
-                str(folder),
-                f"uses rope_scaling {scaling.get('rope_type')!r}, which the runner's GPT does not implement",
-            )
-        table = _LLAMA
-    elif kind == "gpt2":
-        table = _GPT2
-    else:
+    if kind not in ("llama", "mistral", "qwen2", "gpt2"):
         raise SpecError(
             "training.init_from",
             str(folder),
             f"model_type {kind!r}: the runner loads llama, mistral, qwen2 and gpt2 weights",
+        )
+    scaling = config.get("rope_scaling") or {}
+    if kind != "gpt2" and scaling and scaling.get("rope_type", scaling.get("type")) not in (None, "default"):
+        raise SpecError(
+            "training.init_from",
+            str(folder),
+            f"uses rope_scaling {scaling.get('rope_type')!r}, which the runner's GPT does not implement",
         )
     out, unknown = {}, []
     for name, tensor in _read_safetensors(folder).items():
@@ -96,14 +73,12 @@ def hf_state_dict(folder: str | Path) -> dict[str, torch.Tensor]:
             for letter, part in zip("qkv", parts):
                 out[f"blocks.{layer}.attn.{letter}.{kind_of}"] = part.t().contiguous() if kind_of == "weight" else part
             continue
-        for pattern, target in table:
-            if re.fullmatch(pattern, name):
-                new = re.sub(pattern, target, name)
-                gpt2_conv = kind == "gpt2" and new.endswith("weight") and (".attn.o." in new or ".mlp." in new)
-                out[new] = tensor.t().contiguous() if gpt2_conv else tensor
-                break
-        else:
+        new = hf_to_ours(kind, name)
+        if new is None:
             unknown.append(name)
+            continue
+        gpt2_conv = kind == "gpt2" and new.endswith("weight") and (".attn.o." in new or ".mlp." in new)
+        out[new] = tensor.t().contiguous() if gpt2_conv else tensor
     if unknown:
         raise SpecError(
             "training.init_from",

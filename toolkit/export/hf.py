@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from ..specs import Job, SpecError
+from ..specs.hf_names import ours_to_hf
 from ..specs.model import ModelSpec
 
 __all__ = [
@@ -52,26 +53,6 @@ TOKENIZER_FILES = (
 )
 """What a Hugging Face model folder keeps of its tokenizer; those present are copied."""
 
-_LLAMA = [
-    (r"tok\.weight", "model.embed_tokens.weight"),
-    (r"norm\.weight", "model.norm.weight"),
-    (r"head\.weight", "lm_head.weight"),
-    (r"blocks\.(\d+)\.attn\.([qkvo])\.(weight|bias)", r"model.layers.\1.self_attn.\2_proj.\3"),
-    (r"blocks\.(\d+)\.mlp\.(gate|up|down)\.(weight|bias)", r"model.layers.\1.mlp.\2_proj.\3"),
-    (r"blocks\.(\d+)\.norm1\.weight", r"model.layers.\1.input_layernorm.weight"),
-    (r"blocks\.(\d+)\.norm2\.weight", r"model.layers.\1.post_attention_layernorm.weight"),
-]
-_GPT2 = [
-    (r"tok\.weight", "transformer.wte.weight"),
-    (r"pos\.weight", "transformer.wpe.weight"),
-    (r"norm\.(weight|bias)", r"transformer.ln_f.\1"),
-    (r"head\.weight", "lm_head.weight"),
-    (r"blocks\.(\d+)\.norm1\.(weight|bias)", r"transformer.h.\1.ln_1.\2"),
-    (r"blocks\.(\d+)\.norm2\.(weight|bias)", r"transformer.h.\1.ln_2.\2"),
-    (r"blocks\.(\d+)\.attn\.o\.(weight|bias)", r"transformer.h.\1.attn.c_proj.\2"),
-    (r"blocks\.(\d+)\.mlp\.up\.(weight|bias)", r"transformer.h.\1.mlp.c_fc.\2"),
-    (r"blocks\.(\d+)\.mlp\.down\.(weight|bias)", r"transformer.h.\1.mlp.c_proj.\2"),
-]
 _GPT2_QKV = re.compile(r"blocks\.(\d+)\.attn\.([qkv])\.(weight|bias)")
 _FAMILIES = "Llama (rmsnorm + swiglu + rope) and GPT-2 (layernorm + gelu + learned positions) models, not this mix"
 
@@ -187,21 +168,18 @@ def hf_config(spec: ModelSpec, family: str, eos_id: int | None, dtype: str) -> d
 
 def hf_tensors(spec: ModelSpec, family: str, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The runner's GPT weights under `family`'s names (a tied head is the embedding: written once, as HF does)."""
-    table, out, qkv = (_GPT2 if family == "gpt2" else _LLAMA), {}, {}
+    out, qkv = {}, {}
     for name, array in weights.items():
         if name == "head.weight" and spec.tie_embeddings:
             continue
         if family == "gpt2" and (match := _GPT2_QKV.fullmatch(name)):
             qkv[(match.group(1), match.group(3), match.group(2))] = array
             continue
-        for pattern, target in table:
-            if re.fullmatch(pattern, name):
-                new = re.sub(pattern, target, name)
-                conv = family == "gpt2" and new.endswith("weight") and (".attn." in new or ".mlp." in new)
-                out[new] = array.T if conv else array  # (GPT-2's Conv1D keeps its weight as in × out)
-                break
-        else:
+        new = ours_to_hf(family, name)
+        if new is None:
             raise SpecError("--hf", name, f"a tensor of the run that a {family} model has no place for")
+        conv = family == "gpt2" and new.endswith("weight") and (".attn." in new or ".mlp." in new)
+        out[new] = array.T if conv else array  # (GPT-2's Conv1D keeps its weight as in × out)
     for layer, kind in sorted({(layer, kind) for layer, kind, _ in qkv}):
         parts = [qkv[(layer, kind, letter)] for letter in "qkv"]
         joined = np.concatenate([p.T for p in parts], axis=1) if kind == "weight" else np.concatenate(parts)
