@@ -105,6 +105,44 @@ def moe_section(results: dict) -> list[str]:
     return lines
 
 
+def fitted_section(results: dict) -> list[str]:
+    """Every figure fitted to data, in one place: its value (read from the code or the results), what it was fitted
+    on, and whether the leave-one-source-out loop refits it."""
+    from toolkit.estimate.hardware import Assumptions
+    from toolkit.estimate.moe import GROUPED_GEMM_HALF_ROWS
+    from toolkit.estimate.serving_time import DECODE_ATTENTION_BW_FRACTION, ROOFLINE_SMOOTHING
+
+    fitted = results["fitted"]
+    left_out = ", ".join(f"{k} {v:g}" for k, v in fitted["left_out"].items())
+    rows = [
+        ("`sustained_fraction`", f"{fitted['sustained_fraction']:g}", "the visible measured training runs "
+         "(`benchmarks/reference/measured-throughput.json` and the other step-time rows)",
+         f"refitted leaving each source out ({left_out})"),
+        ("`Assumptions.gemm_fraction`", f"{Assumptions().gemm_fraction:g}", "Megatron's 1T run (Narayanan et al. "
+         "2021), once; prices only devices without a kernel profile", "not refitted"),
+        ("`ROOFLINE_SMOOTHING`", f"{ROOFLINE_SMOOTHING:g}", "17 published kernel timings "
+         "(`benchmarks/reference/gemm_kernels.json`; `benchmarks/kernel_roofline.py`)", "kernel-level: no run"),
+        ("`DECODE_ATTENTION_BW_FRACTION`", f"{DECODE_ATTENTION_BW_FRACTION:g}", "the slopes of two paged "
+         "decode-attention kernel tables (`benchmarks/reference/decode_kernels.md` A7-A15)", "kernel-level: no run"),
+        ("`GROUPED_GEMM_HALF_ROWS`", f"{GROUPED_GEMM_HALF_ROWS:g}", "DeepGEMM's grouped GEMM table (its README)",
+         "kernel-level: no run"),
+        ("step-time likely ranges", "`toolkit/data/steptime_band.yaml`", "the visible runs' errors, between and "
+         "within sources (`benchmarks/band_math.py`)", "coverage measured leaving each source out"),
+        ("serving likely ranges", "`toolkit/data/serving_band.yaml`", "the visible published serving rows' "
+         "10th-90th percentiles of error", "not left out"),
+    ]  # fmt: skip
+    lines = [
+        "## Fitted figures",
+        "",
+        "Every figure fitted to data rather than read from a measurement of its own, with what it was fitted on "
+        "(values read from the code and `benchmarks/results/steptime_accuracy.json`).",
+        "",
+        "| figure | value | fitted on | judged |",
+        "|---|---|---|---|",
+    ]
+    return lines + [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
+
+
 def worst_figures(results_dir: Path) -> str:
     """The README's limitations: the worst figures of each validation, generated from the results files."""
 
@@ -316,6 +354,7 @@ def accuracy_doc(results_dir: Path) -> str:
         ("serving_cpu.json", serving_cpu_section),
         ("serving_live.json", serving_live_section),
         ("serving_accuracy.json", serving_accuracy_section),
+        ("steptime_accuracy.json", fitted_section),
     ):
         results = read(name)
         if results is not None:
