@@ -35,8 +35,10 @@ def add_calibrate_parser(sub) -> argparse.ArgumentParser:
     cal.add_argument(
         "--measured",
         metavar="RUN_OR_LOG",
+        action="append",
         help="as --step-s, from a `toolkit train` run folder (its job and median step), or a Megatron, torchtitan or "
-        "llm-foundry training log (its median timed step; the job from --config or its flags)",
+        "llm-foundry training log (its median timed step; the job from --config or its flags); repeat it with runs "
+        "of two or more layouts to scale compute and collectives apart",
     )
     add_job_args(cal)
     cal.add_argument(
@@ -78,6 +80,22 @@ def cmd_calibrate(args) -> int:
     return 0
 
 
+def _from_layouts(args, catalog, out: Path) -> int:
+    """`--measured RUN --measured RUN ...`: toolkit run folders of several layouts of one accelerator."""
+    import yaml
+
+    from ..calibrate.run_scale import layouts_calibration_row, measured_step_of_run
+
+    runs = []
+    for folder in args.measured:
+        job, step_s = measured_step_of_run(folder)
+        runs.append((job.resolve(catalog)[0], step_s))
+    row = layouts_calibration_row(runs, catalog)
+    out.write_text(f"# {row['source']}\n" + yaml.safe_dump({"accelerators": [row]}, sort_keys=False, width=120))
+    print(f"{row['name']}: {row['source']}; every step modelled on it with --catalog {out} is scaled so")
+    return 0
+
+
 def _from_a_log(args, catalog):
     """The job from --config or its flags and the median step of the log at --measured."""
     from ..calibrate.log_step import step_s_of_log
@@ -85,9 +103,11 @@ def _from_a_log(args, catalog):
     job = job_from_args(args, catalog)
     resolved, _notes = job.resolve(catalog)
     tokens = resolved.batch.global_batch * resolved.model.seq_len
-    step_s, framework, lines = step_s_of_log(Path(args.measured).read_text(errors="replace"), tokens,
+    step_s, framework, lines = step_s_of_log(Path(args.measured[0]).read_text(errors="replace"), tokens,
                                              resolved.cluster.count)  # fmt: skip
-    print(f"{args.measured}: {framework} log, median of {lines} timed lines after the warm-up: {step_s:.4g} s a step")
+    print(
+        f"{args.measured[0]}: {framework} log, median of {lines} timed lines after the warm-up: {step_s:.4g} s a step"
+    )
     return job, step_s
 
 
@@ -98,10 +118,12 @@ def _from_a_measured_step(args, out: Path) -> int:
     from ..calibrate.run_scale import measured_step_of_run, step_calibration_row
 
     catalog = load_catalog(*args.catalog)
-    if args.measured and Path(args.measured).is_file():  # another framework's log
+    if args.measured and len(args.measured) > 1:  # several layouts: compute and collectives apart
+        return _from_layouts(args, catalog, out)
+    if args.measured and Path(args.measured[0]).is_file():  # another framework's log
         job, step_s = _from_a_log(args, catalog)
     elif args.measured:
-        job, step_s = measured_step_of_run(args.measured)
+        job, step_s = measured_step_of_run(args.measured[0])
     else:
         job, step_s = job_from_args(args, catalog), args.step_s
     resolved, _notes = job.resolve(catalog)

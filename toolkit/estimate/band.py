@@ -40,7 +40,7 @@ def regime_of(hw) -> str:
     """run_calibrated: scaled to a user's measured step (toolkit calibrate --step-s); kernel_profile: a catalog GPU
     priced from kernel measurements; calibrated: a device measured by toolkit calibrate; assumed: a catalog device
     with neither (the model's stated assumptions)."""
-    if getattr(hw, "step_scale", 1.0) != 1.0:
+    if getattr(hw, "step_scale", 1.0) != 1.0 or getattr(hw, "communication_scale", None) is not None:
         return "run_calibrated"
     if hw.kernels is not None:
         return "kernel_profile"

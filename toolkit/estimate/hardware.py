@@ -141,6 +141,9 @@ class Hardware:
     step_scale: float = 1.0
     """A measured step's ratio to the modelled one on this accelerator (its catalog row's step_calibration): every
     modelled step is multiplied by it."""
+    communication_scale: float | None = None
+    """With two or more measured layouts: the collectives' own scale (step_calibration's communication_scale);
+    step_scale then scales the rest."""
 
     @property
     def gemm_peak(self) -> float:
@@ -211,4 +214,5 @@ def hardware_for(job: Job, catalog: Catalog) -> Hardware | None:
         allreduce_bus_bw_bytes_per_s=None if cl.intra_node_bw_bytes_per_s else acc.allreduce_bus_bw_bytes_per_s,
         host_bw_bytes_per_s=acc.host_link_bytes_per_s,
         step_scale=float((acc.step_calibration or {}).get("scale", 1.0)),
+        communication_scale=(acc.step_calibration or {}).get("communication_scale"),
     )

@@ -253,7 +253,13 @@ def _regime_notes(job: Job, hw, accelerator) -> list[str]:
         cal = accelerator.step_calibration
         notes.append(
             f"step time: calibrated on your run ({cal['job']}: measured {cal['measured_step_s']:.4g} s, modelled "
-            f"{cal['modelled_step_s']:.4g} s): every part of the step x{hw.step_scale:.3f}; its likely "
+            f"{cal['modelled_step_s']:.4g} s): "
+            + (
+                f"compute x{hw.step_scale:.3f}, collectives x{hw.communication_scale:.3f}"
+                if hw.communication_scale is not None
+                else f"every part of the step x{hw.step_scale:.3f}"
+            )
+            + "; its likely "
             "range is that of runs predicted from one measured step of their own stack, narrower than a new "
             "stack's (benchmarks/steptime_accuracy.py)"
         )

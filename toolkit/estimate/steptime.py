@@ -302,7 +302,7 @@ def step_time(job: Job, hw: Hardware, a: Assumptions | None = None) -> StepTime:
         stage_micro_s=tuple(totals),
         ep_comm_s=ep_s,
     )
-    return scaled(st, hw.step_scale)
+    return scaled(st, hw.step_scale, hw.communication_scale)
 
 
 def _p2p_bw_bytes_per_s(hw: Hardware, a: Assumptions, inside):

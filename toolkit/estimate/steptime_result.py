@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-__all__ = ["StepTime", "SCALED_FIELDS", "scaled"]
+__all__ = ["StepTime", "SCALED_FIELDS", "COMMUNICATION_FIELDS", "scaled"]
 
 
 @dataclass(frozen=True)
@@ -99,10 +99,17 @@ SCALED_FIELDS = (
 )
 
 
-def scaled(st: StepTime, scale: float) -> StepTime:
+COMMUNICATION_FIELDS = ("tp_comm_s", "cp_comm_s", "dp_comm_exposed_s", "pp_comm_s", "dp_comm_s", "ep_comm_s")
+"""The parts a second calibrated scale moves (toolkit calibrate with two or more measured layouts): the collectives;
+the rest (matmuls, element-wise work, the pipeline's idle time, the optimizer) takes the compute scale."""
+
+
+def scaled(st: StepTime, scale: float, communication_scale: float | None = None) -> StepTime:
     """Every part of the step times `scale`: a user's measured step on this accelerator against the modelled one
-    (toolkit calibrate --step-s); one factor, since one measured layout cannot tell compute from communication."""
-    if scale == 1.0:
+    (toolkit calibrate --step-s); with a `communication_scale` (two or more measured layouts tell them apart) the
+    collectives take that one instead."""
+    comm = scale if communication_scale is None else communication_scale
+    if scale == 1.0 and comm == 1.0:
         return st
-    parts = {name: getattr(st, name) * scale for name in SCALED_FIELDS}
+    parts = {name: getattr(st, name) * (comm if name in COMMUNICATION_FIELDS else scale) for name in SCALED_FIELDS}
     return dataclasses.replace(st, **parts, stage_micro_s=tuple(t * scale for t in st.stage_micro_s))
