@@ -60,10 +60,11 @@ def lora_activations(job: Job) -> ActivationBytes:
 def _lora_casts(job: Job, names, input_rg: bool) -> float:
     """Autocast's weight casts kept for backward: a frozen weight's if its input needs a gradient, an adapter's B
     always, its A if the input needs a gradient (QLoRA's frozen NF4 matrices keep no cast: they are dequantized
-    again in backward)."""
+    again in backward; a frozen weight already in the autocast dtype is kept as itself, a parameter, no cast)."""
     shapes = projection_shapes(job.model)  # LoRA runs without tensor parallelism
     targets, r = set(job.finetune.targets), job.finetune.rank
-    out = sum(shapes[n][0] * shapes[n][1] for n in names) if input_rg and job.finetune.method != "qlora" else 0.0
+    cast_frozen = input_rg and job.finetune.method != "qlora" and not job.finetune.base_16bit(job.precision.mode)
+    out = sum(shapes[n][0] * shapes[n][1] for n in names) if cast_frozen else 0.0
     for n in names:
         if n in targets:
             out += r * shapes[n][1] + (r * shapes[n][0] if input_rg else 0)

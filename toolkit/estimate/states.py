@@ -234,6 +234,10 @@ def model_state_bytes(job: Job, stage: str | None = None) -> StateBytes:
     trained_experts = 0.0 if job.finetune.adapters else experts
 
     params_b = sharded(n, shard_weights) * weight
+    if job.finetune.base_16bit(job.precision.mode):  # the frozen block matrices in the autocast dtype, not fp32
+        matrices, _nf4, _biases = qlora_block_bytes(job)
+        frozen = matrices * (job.model.layers // np.asarray(par.pp)) / par.tp
+        params_b = params_b - sharded(frozen, shard_weights, 0.0) * (weight - 2)
     if job.finetune.method == "qlora":  # the blocks' frozen matrices in NF4 instead (LoRA layouts: replicas)
         matrices, nf4, biases = qlora_block_bytes(job)
         stage_layers = job.model.layers // np.asarray(par.pp)

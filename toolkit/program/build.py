@@ -56,6 +56,15 @@ def compile_blocks(model: torch.nn.Module) -> None:
         block.compile()
 
 
+def frozen_matrices_to(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """The blocks' frozen Linear weights in `dtype` (LoRA's base as fine-tunes load it: autocast multiplies in that
+    dtype anyway, so the products and what they save are unchanged; the fp32 copy is what goes)."""
+    for block in model.blocks:
+        for module in block.modules():
+            if isinstance(module, torch.nn.Linear) and not module.weight.requires_grad:
+                module.weight.data = module.weight.data.to(dtype)
+
+
 def build_model(job: Job, param_dtype: torch.dtype, load_weights: LoadWeights | None = None) -> torch.nn.Module:
     """The job's GPT with its starting weights (`load_weights`: the runner's loader of `training.init_from`),
     then its adapters (LoRA, QLoRA over the loaded weights) and fp32 norms."""
@@ -64,6 +73,8 @@ def build_model(job: Job, param_dtype: torch.dtype, load_weights: LoadWeights | 
         load_weights(model)
     if job.finetune.method == "lora":
         apply_lora(model, job.finetune.rank, job.finetune.alpha, job.finetune.targets)
+        if job.finetune.base_16bit(job.precision.mode):
+            frozen_matrices_to(model, torch.float16 if compute_dtype(job.precision.mode) == "fp16" else torch.bfloat16)
     elif job.finetune.method == "qlora":
         apply_qlora(
             model,

@@ -261,6 +261,10 @@ class Finetune:
     same with the blocks' frozen matrices stored in 4-bit NormalFloat (Dettmers et al. 2023)."""
     rank: int = 8
     """Adapter rank r."""
+    base_weights: Literal["auto", "16-bit", "fp32"] = "auto"
+    """LoRA's frozen base matrices: auto keeps them in the autocast dtype (bf16 under amp-bf16, as a LoRA fine-tune
+    loads its base), fp32 keeps the master copy an amp mode otherwise holds; mixed and pure modes hold 16-bit
+    weights already."""
     alpha: float = 16.0
     """Adapter scale numerator (the update is scaled by alpha / rank)."""
     targets: tuple[str, ...] = ("q", "k", "v", "o")
@@ -274,6 +278,10 @@ class Finetune:
     def adapters(self) -> bool:
         """LoRA or QLoRA: a frozen base and trainable adapters."""
         return self.method in ("lora", "qlora")
+
+    def base_16bit(self, precision_mode: str | None) -> bool:
+        """LoRA under autocast with its frozen block matrices in the autocast dtype (base_weights auto or 16-bit)."""
+        return self.method == "lora" and precision_mode in ("amp-bf16", "amp-fp16") and self.base_weights != "fp32"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -35,7 +35,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ..capability import check_traceable, trace_path
 from ..estimate.phases import ddp_buckets
-from ..program.build import Program, steppers
+from ..program.build import Program, frozen_matrices_to, steppers
 from ..program.compat import FakeStore, FakeTensorMode, MemTracker, require_internals
 from ..program.compat import sharding_prop as _sharding_prop
 from ..program.instrument import DeviceTracker, FSDPDeviceTracker, fsdp_host_bytes, snapshot
@@ -165,6 +165,8 @@ def _trace_single(job: Job, model: torch.nn.Module) -> TraceResult:
     ft = job.finetune
     if ft.method == "lora":
         apply_lora(model, ft.rank, ft.alpha, ft.targets)
+        if ft.base_16bit(job.precision.mode):  # as the runner keeps its base (toolkit.program.build)
+            frozen_matrices_to(model, _compute_dtype(job))
     elif ft.method == "qlora":
         apply_qlora(model, ft.rank, ft.alpha, ft.targets, compute_dtype=_compute_dtype(job))
     prog = _traced_program(job, model)
