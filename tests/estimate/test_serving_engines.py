@@ -38,3 +38,19 @@ def test_under_load_sglang_prefills_first_and_vllm_mixes(capsys):
 def test_alone_the_engines_agree_on_the_first_token(capsys):
     vllm, sglang = _serving(capsys, "vllm", "0.05"), _serving(capsys, "sglang", "0.05")
     assert sglang["ttft_s_p50"] == pytest.approx(vllm["ttft_s_p50"], rel=0.05)
+
+
+@pytest.mark.parametrize(
+    ("engine", "device", "memory_gib", "seqs", "tokens"),
+    [
+        ("vllm", "H100-SXM", 80, 1024, 8192),  # vLLM's OpenAI server on a >= 70 GiB part that is not an A100
+        ("vllm", "A100-80GB", 80, 256, 2048),  # an A100 takes the smaller defaults whatever its memory
+        ("vllm", "L4", 24, 256, 2048),
+        ("sglang", "L4", 24, 2048, 2048),  # SGLang's prefill chunk by GPU memory
+        ("sglang", "A100-40GB", 40, 2048, 4096),
+        ("sglang", "B200", 180, 2048, 16384),
+    ],
+)
+def test_defaults_follow_the_device_as_the_engines_pick_them(engine, device, memory_gib, seqs, tokens):
+    e = engine_defaults(engine, device, memory_gib)
+    assert (e.max_num_seqs, e.max_batched_tokens) == (seqs, tokens)

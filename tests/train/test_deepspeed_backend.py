@@ -3,6 +3,8 @@ per-rank memory against the estimate, and a refusal to resume on another world s
 for bit, is in benchmarks/soak.py).
 (Its own file so that pytest-xdist runs it beside the other layout tests.)"""
 
+import pytest
+
 from toolkit.runs.folder import read_rank_memory
 from toolkit.specs import Job
 
@@ -32,6 +34,7 @@ def test_deepspeed_zero2_trains_as_one_mixed_process_and_refuses_other_rank_coun
     assert moved.returncode != 0 and "written by 2 ranks" in moved.stderr and "--nproc 2" in moved.stderr
 
 
+@pytest.mark.slow  # a further point beside the ZeRO-2 mixed run above: make test-slow (make test keeps its 12 minutes)
 def test_deepspeed_in_fp32_trains_as_one_fp32_process(tmp_path, corpus, capsys):
     """`--backend deepspeed --zero 2` on the README's small GPT in fp32: DeepSpeed's engine without a 16-bit section
     sums the same fp32 numbers as one torch process in another order (the fp32 tolerance, 1e-5), and each rank's

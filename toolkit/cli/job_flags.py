@@ -128,6 +128,7 @@ OVERRIDES = {
     "finetune": ("finetune", "method", Finetune),
     "lora_rank": ("finetune", "rank", Finetune),
     "lora_targets": ("finetune", "targets", Finetune),
+    "base_weights": ("finetune", "base_weights", Finetune),
     "dataset_tokens": ("finetune", "dataset_tokens", Finetune),
     "epochs": ("finetune", "epochs", Finetune),
     **{flag: ("serving", flag, Serving) for flag in SERVING_FLAGS},

@@ -40,18 +40,27 @@ def _table() -> dict:
     return read_yaml(DATA_DIR / "engines.yaml", what="engine table")["engines"]
 
 
-def engine_defaults(name: str) -> Engine:
-    """The engine's defaults; one line naming the allowed engines for an unknown one."""
+def engine_defaults(name: str, device: str | None = None, memory_gib: float | None = None) -> Engine:
+    """The engine's defaults on a device (its name and memory: vLLM's and SGLang's defaults depend on both); one line
+    naming the allowed engines for an unknown one."""
     rows = _table()
     if name not in rows:
         raise SpecError("serving.engine", name, f"allowed: {', '.join(sorted(rows))}")
     row = rows[name]
     overlapped = bool(row.get("host_overlapped", False))
+    seqs, tokens = int(row["max_num_seqs"]), int(row["max_num_batched_tokens"])
+    small = row.get("smaller_gpu")
+    if small and memory_gib is not None:
+        named = any(n in (device or "").lower() for n in small.get("names", ()))
+        if memory_gib < small["below_gib"] or named:
+            seqs, tokens = int(small["max_num_seqs"]), int(small["max_num_batched_tokens"])
+    if row.get("chunk_by_memory_gib") and memory_gib is not None:
+        tokens = next(int(t) for below, t in row["chunk_by_memory_gib"] if memory_gib < below)
     return Engine(
         name=name,
         label=str(row.get("label", name)),
-        max_num_seqs=int(row["max_num_seqs"]),
-        max_batched_tokens=int(row["max_num_batched_tokens"]),
+        max_num_seqs=seqs,
+        max_batched_tokens=tokens,
         block_size=int(row["block_size"]),
         memory_fraction=float(row["memory_fraction"]),
         host_s_per_step=0.0 if overlapped else float(row.get("host_s_per_step") or 0.0),

@@ -192,7 +192,9 @@ def _resolve_inference(job: Job, catalog: Catalog, notes: list[str]) -> tuple[Jo
     _model_notes(job.model, par, notes)
     precision = _resolve_precision(job, accelerator, notes)
     compute = compute_dtype(precision.mode)
-    serving = resolve_serving(job.serving, compute, job.model.seq_len if job.model.has_shape else None, notes)
+    serving = resolve_serving(
+        job.serving, compute, job.model.seq_len if job.model.has_shape else None, notes, device=accelerator
+    )
     resolved = dataclasses.replace(
         job, parallel=par, cluster=cluster, precision=precision, serving=serving, workload="inference"
     )

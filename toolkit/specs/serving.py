@@ -105,9 +105,13 @@ class Serving:
         return self.max_context if self.max_context is not None else self.input_tokens + self.output_tokens
 
 
-def resolve_serving(serving: Serving, compute_dtype: str, seq_limit: int | None, notes: list[str]) -> Serving:
-    """Check the section and fill its defaults: the weight and KV dtypes from the compute dtype, the context."""
-    engine = engine_defaults(serving.engine)
+def resolve_serving(
+    serving: Serving, compute_dtype: str, seq_limit: int | None, notes: list[str], device=None
+) -> Serving:
+    """Check the section and fill its defaults: the engine's on this device (its catalog row: name and memory), the
+    weight and KV dtypes from the compute dtype, the context."""
+    memory_gib = device.memory_bytes / 2**30 if device is not None and device.memory_bytes else None
+    engine = engine_defaults(serving.engine, device.name if device is not None else None, memory_gib)
     serving = dataclasses.replace(
         serving,
         max_batched_tokens=engine.max_batched_tokens
