@@ -128,6 +128,7 @@ def test_a_lora_fine_tune_that_does_not_fit_is_offered_qlora_and_a_combination_t
     report = diagnose_job(job, catalog)
     assert not report["fits"]
     qlora = [f for f in report["fixes"] if f["change"].startswith("QLoRA")]
-    assert qlora and qlora[0]["peak_bytes"] < 0.5 * report["peak_bytes"]
+    # QLoRA stores Llama-3-8B's 6.98e9 block weights (its config: 32 blocks of 218M) in ~0.56 B instead of bf16's 2
+    assert qlora and qlora[0]["peak_bytes"] < report["peak_bytes"] - 8 * 2**30
     combined = report["combined"]
     assert combined and combined["fits"] and any(c.startswith("QLoRA") for c in combined["changes"])
