@@ -451,6 +451,10 @@ def matrix() -> list[tuple[str, dict]]:
         add(f"{mname}/int8/{mode}/{rec}", model, mode=mode, rec=rec, compress="int8")
     add("gpt/int8-eager/amp-bf16", SMALL_GPT, att="eager", compress="int8")
     add("llama/int8-dropout/amp-bf16", SMALL_LLAMA, dropout=0.1, compress="int8")
+    # long sequences, where int8's estimate reads lowest (tests/trace/test_int8.py's 1024-token job)
+    long = {"layers": 4, "hidden": 256, "heads": 4, "vocab": 256, "seq_len": 1024, "max_positions": 1024}
+    add("gpt-s1024/int8/amp-bf16", long, b=4, compress="int8")
+    add("gpt-s1024/int8-eager/amp-bf16", long, b=4, att="eager", compress="int8")
     return rows
 
 
@@ -466,8 +470,8 @@ PEAK_GROUPS = [  # (label, which row names belong, report the median too)
 ]
 
 
-def run(rows) -> tuple[list[float], list, list[float]]:
-    errors, act_errors, host_errors = [], [], []
+def run(rows) -> tuple[list[float], list, list[float], list[dict]]:
+    errors, act_errors, host_errors, records = [], [], [], []
     print(f"{'configuration':36} {'traced MiB':>11} {'model MiB':>11} {'error':>8} {'s':>5}  phase")
     for name, data in rows:
         job, _ = Job.from_dict(data).resolve()
@@ -483,11 +487,20 @@ def run(rows) -> tuple[list[float], list, list[float]]:
         )  # (a pipeline stage has no single boundary)
         if traced.host_bytes:  # offload: what stays in host memory
             host_errors.append(abs(model.host_bytes - traced.host_bytes) / traced.host_bytes)
+        records.append(
+            {
+                "name": name,
+                "traced_peak_bytes": float(traced.peak_bytes),
+                "modelled_peak_bytes": float(model.peak_bytes),
+                "error": float(error),
+                "activations_error": None if act_errors[-1] is None else float(act_errors[-1]),
+            }
+        )
         print(
             f"{name:36} {traced.peak_bytes / 2**20:11.1f} {model.peak_bytes / 2**20:11.1f} "
             f"{100 * error:+7.2f}% {seconds:5.1f}  {model.peak_phase}"
         )
-    return errors, act_errors, host_errors
+    return errors, act_errors, host_errors, records
 
 
 def main() -> None:
@@ -498,7 +511,7 @@ def main() -> None:
         part = sys.argv[sys.argv.index("--only") + 1]
         rows = [row for row in rows if part in row[0]]
     start = time.perf_counter()
-    errors, act_errors, host_errors = run(rows)
+    errors, act_errors, host_errors, records = run(rows)
     int8_flash = [e for (name, _), e in zip(rows, errors) if "/int8/" in name]
     int8_explicit = [e for (name, _), e in zip(rows, errors) if "int8-" in name]
     int8_act = [e for (name, _), e in zip(rows, act_errors) if "int8" in name and e is not None]
@@ -524,13 +537,14 @@ def main() -> None:
         print(f"int8 peak max error (explicit attention, not modelled): {100 * max(int8_explicit):.2f} %")
     others = [e for (name, _), e in zip(rows, errors) if "int8" not in name]
     if len(rows) == len(matrix()):  # the whole matrix: its figures are the docs' (docs/accuracy.md)
-        write_results(rows, errors, act_errors, host_errors)
+        write_results(rows, errors, act_errors, host_errors, records)
     print(f"peak median error (without int8): {100 * statistics.median(others):.2f} %")
     print(f"peak max error (without int8): {100 * max(others):.2f} %")
 
 
-def write_results(rows, errors, act_errors, host_errors) -> None:
-    """benchmarks/results/memory_accuracy.json: each family's peak errors, activations, host bytes, int8."""
+def write_results(rows, errors, act_errors, host_errors, records) -> None:
+    """benchmarks/results/memory_accuracy.json: each family's peak errors, activations, host bytes, int8, and every
+    row (its traced and modelled peak, signed error)."""
 
     def stats(chosen):
         return {"rows": len(chosen), "median_abs_error": statistics.median(chosen), "max_abs_error": max(chosen)}
@@ -552,6 +566,7 @@ def write_results(rows, errors, act_errors, host_errors) -> None:
         "int8_peak": {k: stats(v) for k, v in int8.items() if v},
         "activations": stats([e for e in act_errors if e is not None]),
         "offload_host_bytes": stats(host_errors) if host_errors else None,
+        "rows": records,
     }
     RESULTS.write_text(json.dumps(data, indent=1) + "\n")
 

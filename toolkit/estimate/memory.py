@@ -246,8 +246,9 @@ def _compression_notes(job: Job) -> list[str]:
     if job.memory.act_compress == "int8":
         if job.memory.attention == "eager" or (job.model.dropout > 0 and job.memory.program == "cpu"):
             notes.append(
-                "int8 with explicit attention ops: activations within ~2 % of the trace, but the peak can "
-                "miss the score matrices backward unpacks (up to ~40 % low): measure it with `toolkit trace`"
+                "int8 with explicit attention ops: not modelled; activations and the peak read low, most at long "
+                "sequences (the score matrices backward unpacks: -40 % at 1,024 tokens, benchmarks/"
+                "memory_accuracy.py): measure it with `toolkit trace`"
             )
         else:
             notes.append("int8 activations as the runner packs them (blocks only, 1 + 4/128 bytes a value)")
