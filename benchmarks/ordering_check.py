@@ -4,7 +4,8 @@ Pairs two measured runs of one source and one model shape (the same-model pairs 
 counts), each predicted leaving its source out (the held-out rows of benchmarks/results/steptime_accuracy.json). The
 one modelled faster plays the planner's #1; the other gets the chance the planner gives a lower plan of being in
 fact the faster (toolkit.plan.search.beats_probability, from the run-calibrated band). Claims should come true as
-often as they say: by bands of the claimed chance, the mean claim against how often the second was faster.
+often as they say: by bands of the claimed chance, the mean claim against how often the second was faster, and
+how many sources the band's pairs come from (pairs of one source's sweep are one observation, not many).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def pairs() -> list[dict]:
         if b["predicted_s"] < a["predicted_s"]:
             a, b = b, a
         out.append({
-            "first": a["id"], "second": b["id"],
+            "first": a["id"], "second": b["id"], "source": a["group"],
             "chance": beats_probability(b["predicted_s"] / a["predicted_s"], shared),
             "second_faster": b["measured_s"] < a["measured_s"],
         })  # fmt: skip
@@ -43,13 +44,14 @@ def pairs() -> list[dict]:
 
 def main() -> None:
     found = pairs()
-    print(f"{'claimed chance':>16} {'pairs':>6} {'mean claim':>11} {'observed':>9}")
+    print(f"{'claimed chance':>16} {'pairs':>6} {'sources':>8} {'mean claim':>11} {'observed':>9}")
     for low, high in BANDS:
         chosen = [p for p in found if low <= p["chance"] < high]
         if chosen:
             claim = statistics.mean(p["chance"] for p in chosen)
             seen = statistics.mean(p["second_faster"] for p in chosen)
-            print(f"{low:>7.0%}-{high:<7.0%} {len(chosen):>6} {claim:>11.1%} {seen:>9.1%}")
+            sources = len({p["source"] for p in chosen})
+            print(f"{low:>7.0%}-{high:<7.0%} {len(chosen):>6} {sources:>8} {claim:>11.1%} {seen:>9.1%}")
     print()
     print(f"layout_pairs: {len(found)}")
     print(f"mean_claimed_second_faster_pct: {100 * statistics.mean(p['chance'] for p in found):.1f}")
