@@ -19,22 +19,31 @@ Bad input never shows a traceback: one line on stderr naming the field, and exit
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import re
 import sys
-from pathlib import Path
 
 from ..estimate import estimate
 from ..specs import Job, SpecError, load_catalog
 from ..specs.errors import MeasurementFailed
-from ..specs.yamlio import check_output_folder, read_yaml
+from ..specs.yamlio import check_output_folder
 from ..views.text import render_comparison, render_doctor, render_estimate, render_plan
 from .bench import add_bench_parser, cmd_bench
 from .calibrate import add_calibrate_parser, cmd_calibrate
 from .catalog import cmd_catalog
-from .job_flags import TRAIN_OVERRIDES, add_job_args, fixed_axes, flag_hint, job_from_args, parse_gpus
+from .export import add_export_parser, cmd_export
+from .generate import add_generate_parser, cmd_generate
+from .job_flags import (
+    TRAIN_OVERRIDES,
+    add_job_args,
+    cpu_precision,
+    fixed_axes,
+    flag_hint,
+    job_from_args,
+    parse_gpus,
+    training_job,
+)
 from .pipeline import add_pipeline_parser, cmd_pipeline
 
 __all__ = ["main", "build_parser"]
@@ -65,10 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_pipeline_parser(sub)
     add_calibrate_parser(sub)
     _add_train_parser(sub)
-    _add_generate_parser(sub)
+    add_generate_parser(sub)
     add_bench_parser(sub)
     _add_data_parser(sub)
-    _add_export_parser(sub)
+    add_export_parser(sub)
     _add_claims_parser(sub)
     _add_catalog_parser(sub)
     return parser
@@ -183,37 +192,6 @@ def _add_train_parser(sub) -> None:
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def _add_generate_parser(sub) -> None:
-    """`generate`: real serving with a KV cache, for `compare --run`."""
-    gen = sub.add_parser(
-        "generate",
-        help="serve the job's requests for real with a KV cache: time to first token, per output token, memory",
-        description="Generate greedily for --concurrency requests of --input-tokens prompt tokens and "
-        "--output-tokens new ones with the runner's GPT (weights from --init-from), on one process or --nproc "
-        "tensor-parallel ranks; writes job.yaml and generate.json under --out for `toolkit compare --run`.",
-    )
-    add_job_args(gen, TRAIN_OVERRIDES)
-    gen.add_argument("--out", metavar="DIR", help="run folder: job.yaml, generate.json (with --serve: job.yaml)")
-    gen.add_argument("--serve", action="store_true", help="serve an OpenAI-compatible API (/v1) until stopped")
-    gen.add_argument("--port", type=int, default=8000, help="with --serve: the port (0 picks a free one)")
-    gen.add_argument("--host", default="127.0.0.1", help="with --serve: the address to listen on")
-    gen.add_argument("--nproc", metavar="N", type=int, default=1, help="tensor-parallel ranks (gloo on CPU)")
-    gen.add_argument(
-        "--verify", action="store_true", help="also generate without a cache and record whether the tokens match"
-    )
-    gen.add_argument(
-        "--prompt",
-        metavar="TEXT",
-        help="print the greedy completion of TEXT (--output-tokens new tokens, in this process; no --out)",
-    )
-    gen.add_argument(
-        "--tokenizer",
-        metavar="T",
-        help="with --prompt: a tokenizer.json, a model folder holding one, a hub name, or bytes (default: the "
-        "tokenizer of the --init-from run or folder, else of --data)",
-    )
-
-
 def _add_data_parser(sub) -> None:
     """`data prepare`: text to token shards the runner reads."""
     data = sub.add_parser("data", help="prepare token shards for training")
@@ -235,31 +213,6 @@ def _add_data_parser(sub) -> None:
     )
     prep.add_argument("--field", metavar="NAME", default="text", help="jsonl key, parquet or dataset column")
     prep.add_argument("--mix", metavar="W1,W2,...", help="the sources' shares of the training tokens, in order")
-
-
-def _add_export_parser(sub) -> None:
-    """`export`: the job as one launch file for a cluster, or (--hf) a training run as a Hugging Face folder."""
-    export = sub.add_parser(
-        "export",
-        help="write the job as one file a cluster launches: an accelerate config, a "
-        "torchrun or SLURM script, or DeepSpeed's JSON; or, with --hf RUN, a run as a Hugging Face folder",
-    )
-    add_job_args(export, TRAIN_OVERRIDES)
-    export.add_argument("--to", metavar="{accelerate,torchrun,slurm,deepspeed}")
-    export.add_argument(
-        "--hf",
-        metavar="RUN",
-        help="a `toolkit train --out` folder: write its newest weights, config and tokenizer as a Hugging Face "
-        "model folder (toolkit export --hf RUN OUT)",
-    )
-    export.add_argument(
-        "--nodes",
-        type=int,
-        metavar="N",
-        help="machines (default: the job's devices / per node; --gpus-per-node G sets the machines' size)",
-    )
-    export.add_argument("--out", metavar="DIR", help="folder to write the one file (or the Hugging Face folder) into")
-    export.add_argument("folder", nargs="?", metavar="OUT", help="with --hf: the folder to write, as --out")
 
 
 def _add_claims_parser(sub) -> None:
@@ -316,41 +269,11 @@ def cmd_estimate(args) -> int:
     return 0
 
 
-def _cpu_precision(args, job: Job) -> Job:
-    """Without a GPU, a run whose precision nobody chose trains in fp32: this CPU's bf16 autocast runs 20-30x
-    slower (the README's example: 124 tokens/s against 2,370 in fp32). Said in one line; --precision overrides."""
-    from ..launch.device import has_gpu
-
-    given = getattr(args, "precision", None) is not None
-    if args.config and not given:
-        given = "precision" in (read_yaml(args.config, "--config") or {})
-    if given or has_gpu() or job.precision.mode == "fp32":
-        return job
-    print(
-        f"toolkit {args.command}: no GPU here: precision fp32 (this CPU's bf16 autocast runs 20-30x slower); "
-        f"--precision {job.precision.mode or 'amp-bf16'} to run that mode anyway",
-    )
-    return job.replace(precision=dataclasses.replace(job.precision, mode="fp32"))
-
-
-def _training_job(args, catalog) -> Job:
-    """The job of a command that runs or measures a training step: a serving job is refused in one line."""
-    job = job_from_args(args, catalog)
-    if job.workload == "inference":
-        raise SpecError(
-            "workload",
-            "inference",
-            f"`toolkit {args.command}` works on a training step; a serving job is estimated (`toolkit estimate`), "
-            "planned (`toolkit plan`) and run (`toolkit generate`)",
-        )
-    return job
-
-
 def cmd_trace(args) -> int:
     from ..trace.report import traced_estimate  # imports torch: only when asked
 
     catalog = load_catalog(*args.catalog)
-    result = traced_estimate(_training_job(args, catalog), catalog)
+    result = traced_estimate(training_job(args, catalog), catalog)
     if args.html:
         from ..views.figures import memory_figure, write_html
 
@@ -381,7 +304,7 @@ def cmd_compare(args) -> int:
         print(json.dumps(result, indent=2, ensure_ascii=False) if args.json else render_run_comparison(result))
         return 0
     catalog = load_catalog(*args.catalog)
-    result = compare_memory(_training_job(args, catalog), catalog)
+    result = compare_memory(training_job(args, catalog), catalog)
     print(json.dumps(result, indent=2, ensure_ascii=False) if args.json else render_comparison(result))
     return 0
 
@@ -435,7 +358,7 @@ def cmd_doctor(args) -> int:
         result = diagnose_run(args.run)
     else:
         catalog = load_catalog(*args.catalog)
-        result = diagnose_job(_training_job(args, catalog), catalog)
+        result = diagnose_job(training_job(args, catalog), catalog)
     print(json.dumps(result, indent=2, ensure_ascii=False) if args.json else render_doctor(result))
     return 0
 
@@ -446,7 +369,7 @@ def cmd_train(args) -> int:
     from ..train.summary import render_run_summary
 
     catalog = load_catalog(*args.catalog)
-    job = _cpu_precision(args, _training_job(args, catalog))
+    job = cpu_precision(args, training_job(args, catalog))
     code = launch(
         job,
         args.out,
@@ -461,56 +384,6 @@ def cmd_train(args) -> int:
     if code == 0:
         print(render_run_summary(args.out))
     return code
-
-
-def cmd_generate(args) -> int:
-    from ..serve.compare import render_generate
-    from ..serve.run import generate
-
-    catalog = load_catalog(*args.catalog)
-    if args.workload is None:
-        args.workload = "inference"
-    if args.prompt is not None:
-        return _complete(args, catalog)
-    if args.serve:
-        return _serve(args, catalog)
-    if not args.out:
-        raise SpecError(
-            "--out", None, "give the run folder (or --serve to serve an API, or --prompt TEXT for one completion)"
-        )
-    out = generate(_cpu_precision(args, job_from_args(args, catalog)), args.out, args.nproc, args.catalog, args.verify)
-    record = json.loads((out / "generate.json").read_text())
-    print(json.dumps(record, indent=2) if args.json else render_generate(record, out))
-    return 0
-
-
-def _complete(args, catalog) -> int:
-    """`generate --prompt TEXT`: the completion printed, in the tokenizer of the weights (toolkit.export.hf)."""
-    from ..export.hf import weights_tokenizer
-    from ..serve.run import complete
-
-    for flag, given in (("--serve", args.serve), ("--out", args.out), ("--verify", args.verify)):
-        if given:
-            raise SpecError("", None, f"--prompt prints one completion and keeps no run folder: leave out {flag}")
-    if args.nproc != 1:
-        raise SpecError("--nproc", args.nproc, "--prompt runs in one process: leave out --nproc")
-    job = _cpu_precision(args, job_from_args(args, catalog))
-    tokenizer = weights_tokenizer(job, args.tokenizer)
-    result = complete(job, args.prompt, tokenizer.source, tokenizer.eos_id, args.catalog)
-    print(json.dumps(result, indent=2) if args.json else result["text"])
-    return 0
-
-
-def _serve(args, catalog) -> int:
-    from ..serve.http import serve
-
-    job = _cpu_precision(args, job_from_args(args, catalog))
-    resolved, _notes = job.resolve(catalog)
-    if args.out:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        job.to_yaml(Path(args.out) / "job.yaml")
-        print(f"wrote {Path(args.out) / 'job.yaml'} (for `toolkit bench --job`)", flush=True)
-    return serve(resolved, args.port, args.host)
 
 
 def cmd_data(args) -> int:
@@ -533,51 +406,6 @@ def cmd_data(args) -> int:
         f"{args.out}: {len(index['sources'])} sources, {tokens['train']:,} train and {tokens['val']:,} held-out "
         f"tokens ({index['tokenizer']}, vocabulary {index['vocab']:,})"
     )
-    return 0
-
-
-def cmd_export(args) -> int:
-    from ..export.cluster import export_job
-
-    if args.hf:
-        return _export_hf(args)
-    if not args.to:
-        raise SpecError(
-            "",
-            None,
-            "give --to accelerate|torchrun|slurm|deepspeed (a launch file), or --hf RUN (a Hugging Face folder)",
-        )
-    if args.folder:
-        raise SpecError("", None, f"a folder as a word ({args.folder!r}) goes with --hf RUN; with --to give --out DIR")
-    if not args.out:
-        raise SpecError("", None, "give the folder to write the file into: --out DIR")
-    catalog = load_catalog(*args.catalog)
-    done = export_job(_training_job(args, catalog), args.to.lower(), args.out, args.nodes, catalog=catalog)
-    for warning in done.warnings:
-        print(f"toolkit export: warning: {warning}", file=sys.stderr)
-    print(f"wrote {done.path}\n{done.command}")
-    return 0
-
-
-def _export_hf(args) -> int:
-    """`export --hf RUN OUT`: the run checked (toolkit.export.hf), its weights read as generate reads them
-    (toolkit.serve.run), then written as a Hugging Face folder."""
-    from ..export.hf import check_run, write_hf_folder
-    from ..serve.run import run_weights
-
-    if args.to:
-        raise SpecError("--to", args.to, "give --to (a launch file) or --hf (a Hugging Face folder), not both")
-    if args.out and args.folder and args.out != args.folder:
-        raise SpecError("--out", args.out, f"and OUT {args.folder!r} differ; give the folder once")
-    out = args.out or args.folder
-    if not out:
-        raise SpecError("", None, "give the folder to write: toolkit export --hf RUN OUT (or --out OUT)")
-    job = check_run(args.hf)
-    done = write_hf_folder(args.hf, job, run_weights(args.hf, job), out)
-    print(f"wrote {done.path}: {', '.join(done.files)}")
-    for note in done.notes:
-        print(f"  note: {note}")
-    print(f'load: transformers.AutoModelForCausalLM.from_pretrained("{done.path}")')
     return 0
 
 
