@@ -26,10 +26,9 @@ from toolkit.runs.proxy import RunPlan, local_devices, run_plan
 from toolkit.specs import PRECISIONS, Job, SpecError, load_catalog
 from toolkit.specs.axes import AXES
 from toolkit.views.figures import copy_into, memory_figure, pareto_figure, step_figure
-from toolkit.views.text import layout_text
 from widgets.fallback import PanelText
 from widgets.live_figure import LiveFigure
-from widgets.provenance import provenance_mark
+from widgets.planner_text import plan_html, summary_html
 
 __all__ = ["PlannerPanel"]
 
@@ -233,7 +232,7 @@ class PlannerPanel(PanelText, W.VBox):
         self.error.value = ""
         copy_into(self.memory_fig, memory_figure(result))
         copy_into(self.step_fig, step_figure(result))
-        self.summary.value = _summary_html(result)
+        self.summary.value = summary_html(result)
         peak = result.memory.device_peak_bytes or result.memory.peak_bytes  # (estimated once, above)
         self._show_run_plan(run_plan(job, self.here, device_peak_bytes=peak, unfit=_unfit_text(result, peak)))
         self.last_update_s = time.perf_counter() - began
@@ -283,7 +282,7 @@ class PlannerPanel(PanelText, W.VBox):
             return None
         path = Path(self.export_path.value)
         Job.from_dict(self.result.job, self.catalog).to_yaml(path)
-        self.summary.value = _summary_html(self.result) + f"<p>wrote {html.escape(str(path))}</p>"
+        self.summary.value = summary_html(self.result) + f"<p>wrote {html.escape(str(path))}</p>"
         return path
 
     def suggest(self) -> list[dict]:
@@ -470,50 +469,8 @@ def _plan_rows(plans: list[dict], apply_plan) -> list[W.Widget]:
     for plan in plans:
         apply = W.Button(description="apply", icon="check", layout=W.Layout(width="80px"))
         apply.on_click(lambda _b, plan=plan: apply_plan(plan))
-        rows.append(W.HBox([apply, W.HTML(_plan_html(plan, best=plan is plans[0]))]))
+        rows.append(W.HBox([apply, W.HTML(plan_html(plan, best=plan is plans[0]))]))
     return rows
-
-
-def _plan_html(plan: dict, best: bool) -> str:
-    """Where, which layout, device memory, step (and its likely range), MFU, days and cost of one plan."""
-    return (
-        f"{plan['devices']}x{plan['accelerator']} · {html.escape(layout_text(plan['layout']))} · "
-        f"{plan['device_peak_bytes'] / 2**30:.1f} GiB · step {plan['step_s']:.3g} s "
-        f"({plan['step_s_range'][0]:.3g}–{plan['step_s_range'][1]:.3g}) · MFU {plan['mfu']:.0%} · "
-        f"{plan['train_days']:,.1f} days {_money(plan['cost'], plan['currency'])}"
-        + (" · <i>within the model's error of the best</i>" if plan.get("within_error") and not best else "")
-    )
-
-
-def _money(amount: float | None, currency: str | None) -> str:
-    return "" if amount is None else f"{amount:,.0f} {currency}"
-
-
-def _summary_html(result: Estimate) -> str:
-    t, cost = result.time, result.cost
-    lines = []
-    if t.train_days is not None:
-        mfu = f"MFU {t.mfu:.1%} {'given' if t.mfu_source == 'given' else 'modelled'}" if t.mfu is not None else ""
-        mark = provenance_mark("given" if t.mfu_source == "given" else t.provenance)
-        lines.append(
-            f"<b>time to train:</b> {t.train_days:,.1f} days ({t.device_hours:,.0f} device-hours; {mfu}){mark}"
-        )
-    if t.step_s is not None and t.step_s_range:
-        low, high = t.step_s_range
-        lines.append(
-            f"<b>step:</b> {t.step_s:.3g} s, likely {low:.3g}–{high:.3g} s (where measured steps fell around "
-            f"the model's on runs it never saw){provenance_mark(t.provenance)}"
-        )
-    if cost.amount is not None:
-        line = f"<b>cost:</b> {cost.amount:,.0f} {cost.currency} on {cost.instances} × {cost.offer}"
-        if cost.spot_run:
-            line += (
-                f"; with interruptions {cost.spot_run['amount']:,.0f} "
-                f"(checkpoint every {cost.spot_run['interval_s'] / 60:,.0f} min)"
-            )
-        lines.append(line)
-    lines += [f"<small>{html.escape(n)}</small>" for n in result.notes]
-    return "<br>".join(lines)
 
 
 _EMPTY = Estimate()

@@ -11,11 +11,11 @@ CATALOG = load_catalog()
 
 
 def test_the_planners_step_carries_its_mark():
-    from widgets.planner import _summary_html
+    from widgets.planner_text import summary_html
 
     job = Job.from_dict({"model": {"preset": "llama3-8b"}, "cluster": {"accelerator": "H100-SXM", "count": 8}},
                         CATALOG)  # fmt: skip
-    assert "[modelled]" in _summary_html(estimate_result(job, CATALOG))
+    assert "[modelled]" in summary_html(estimate_result(job, CATALOG))
 
 
 def test_marks_say_what_they_mean_on_hover():

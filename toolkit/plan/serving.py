@@ -174,12 +174,12 @@ def plan_serving(job: Job, catalog: Catalog, offers: list[str], top: int = 10) -
                 evaluated += 1
                 cand = _candidate(job, catalog, offer, weights, tp)
                 deployment = _deployment(job, catalog, offer, cand) if cand else None
-                if deployment and deployment["simulated"] and not meets_bounds(deployment["simulated"], s):
-                    failed_sim += 1  # the steady formula met the bound, the load over time does not
-                elif deployment:
+                missed = bool(deployment and deployment["simulated"] and not meets_bounds(deployment["simulated"], s))
+                failed_sim += missed  # the steady formula met the bound, the load over time does not
+                if deployment and not missed:
                     plans.append(deployment)
                 # splitting the same instances pays where a bound on the first token binds, or the aggregate failed
-                tight = s.max_ttft_s is not None or (deployment and deployment not in plans)
+                tight = s.max_ttft_s is not None or missed
                 split = (
                     _disaggregated(job, cand, deployment) if deployment and deployment["simulated"] and tight else None
                 )

@@ -16,11 +16,10 @@ from .backends import deepspeed_fp32, infer_backend
 from .catalog import Catalog
 from .errors import SpecError
 from .fields import check_positive, check_range
-from .model import LORA_TARGETS, nf4_shapes_ok
 from .precision import TORCH_SEMANTICS, compute_dtype
+from .resolve_checks import check_finetune, check_sizes
 from .resolve_layout import check_interleaved_rounds, divisors, resolve_layout
 from .rules import (
-    adapters_fit,
     batch_split,
     named_backend_fits,
     optimizer_offload_fits,
@@ -141,13 +140,13 @@ def resolve_job(job: Job, catalog: Catalog) -> tuple[Job, list[str]]:
     job.model.validate()
     if job.workload == "inference":
         return _resolve_inference(job, catalog, notes)
-    _check_sizes(job)
+    check_sizes(job)
     cluster, accelerator = _resolve_cluster(job, catalog, notes)
     par = resolve_layout(job, cluster, notes)
     _model_notes(job.model, par, notes)
     precision = _resolve_precision(job, accelerator, notes)
     _check_sharding(job, par, precision.mode, notes)
-    _check_finetune(job, precision.mode)
+    check_finetune(job, precision.mode)
     workload = job.workload or ("finetune" if job.finetune.adapters else "train")
     batch, preset = _resolve_batch(job, par, catalog, notes, workload)
     tokens = _token_budget(job, workload, preset, notes)
@@ -225,49 +224,6 @@ def _token_budget(job: Job, workload: str, preset, notes: list[str]) -> float | 
         notes.append(f"tokens = {preset.tokens:.4g}, the budget published for {preset.name}")
         return preset.tokens
     return None
-
-
-def _check_sizes(job: Job) -> None:
-    """Sizes that must be positive, and fractions in their ranges."""
-    for section, names in (
-        ("parallel", ("dp", "tp", "pp", "vpp", "cp")),
-        ("batch", ("micro_batch", "global_batch")),
-        ("cluster", ("count", "gpus_per_node", "intra_node_bw_bytes_per_s", "inter_node_bw_bytes_per_s")),
-    ):
-        for name in names:
-            check_positive(getattr(getattr(job, section), name), f"{section}.{name}")
-    check_positive(job.tokens, "tokens")
-    check_range(job.mfu, "mfu", 0.0, 1.0, low_open=True)
-    check_range(job.memory.headroom_fraction, "memory.headroom_fraction", 0.0, 1.0, high_open=True)
-    check_range(job.optimizer.momentum, "optimizer.momentum", 0.0, 1.0, high_open=True)
-    check_range(job.cost.interruptions_per_month, "cost.interruptions_per_month", 0.0, 1.0, high_open=True)
-    check_positive(job.cost.checkpoint_write_bytes_per_s, "cost.checkpoint_write_bytes_per_s")
-    check_positive(job.cost.restart_s, "cost.restart_s", allow_zero=True)
-    check_range(job.cost.pue, "cost.pue", 1.0, 3.0)
-    check_positive(job.cost.energy_price_per_kwh, "cost.energy_price_per_kwh", allow_zero=True)
-    check_positive(job.cost.grid_kg_co2_per_kwh, "cost.grid_kg_co2_per_kwh", allow_zero=True)
-    _check_recompute_modules(job.memory)
-
-
-RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe", "moe_act", "shared_experts")
-"""Megatron-Core's --recompute-modules names (toolkit.estimate.activations prices each)."""
-
-
-def _check_recompute_modules(memory) -> None:
-    """Megatron's module list is a refinement of selective recompute: known names, and recompute selective."""
-    modules = memory.recompute_modules
-    if modules is None:
-        return
-    unknown = [m for m in modules if m not in RECOMPUTE_MODULES]
-    if unknown or not modules:
-        raise SpecError("memory.recompute_modules", list(modules), f"allowed: {', '.join(RECOMPUTE_MODULES)}")
-    if memory.recompute != "selective":
-        raise SpecError(
-            "memory.recompute_modules",
-            list(modules),
-            f"refines selective recompute (Megatron's --recompute-granularity selective); memory.recompute is "
-            f"{memory.recompute!r}: set it to selective",
-        )
 
 
 def _nvlink_domain(cluster, accelerator, notes: list[str]):
@@ -446,44 +402,6 @@ def _check_sharding(job: Job, par, mode: str, notes: list[str]) -> None:
         )
     if job.optimizer.name != "sgd" and job.optimizer.momentum != 0.9:
         notes.append("optimizer.momentum applies to sgd only; ignored")
-
-
-def _check_finetune(job: Job, mode: str) -> None:
-    """LoRA's rank, alpha and targets; QLoRA's shapes, precision and optimizer."""
-    ft, model, par = job.finetune, job.model, job.parallel
-    if ft.adapters:
-        check_positive(ft.rank, "finetune.rank")
-        check_positive(ft.alpha, "finetune.alpha")
-        if not ft.targets:
-            raise SpecError("finetune.targets", [], f"name at least one projection among {', '.join(LORA_TARGETS)}")
-        for target in ft.targets:
-            if target not in LORA_TARGETS or (target == "gate" and model.mlp != "swiglu"):
-                allowed = [t for t in LORA_TARGETS if t != "gate" or model.mlp == "swiglu"]
-                raise SpecError("finetune.targets", target, f"allowed: {', '.join(allowed)}")
-        if not model.has_shape:
-            raise SpecError("finetune.method", ft.method, "adapters need the model's shape (layers, hidden, heads)")
-        if not adapters_fit(par.tp, par.pp, par.zero):
-            raise SpecError(
-                "finetune.method",
-                ft.method,
-                "LoRA is modelled for data-parallel replicas (zero 0 or 1) so far; use tp 1, pp 1",
-            )
-    if ft.method == "qlora":
-        bad = nf4_shapes_ok(model)  # NF4 packs blocks of 64 weights, 256 scales per fp32 scale
-        if bad:
-            raise SpecError(
-                "finetune.method",
-                "qlora",
-                f"NF4 stores matrices in multiples of 16,384 weights; the "
-                f"{bad} projection is not (use widths that are multiples of 128)",
-            )
-        if mode == "fp32" or job.optimizer.name == "adamw-8bit":
-            raise SpecError(
-                "finetune.method",
-                "qlora",
-                "QLoRA computes in 16 bits with 16/32-bit adapters: use "
-                "amp-bf16, pure-bf16 or mixed-bf16 (and adamw, adam or sgd)",
-            )
 
 
 def _resolve_batch(job: Job, par, catalog: Catalog, notes: list[str], workload: str = "train"):
