@@ -50,6 +50,7 @@ from ..specs import Job, SpecError, load_catalog
 from ..specs.job import compute_dtype
 from .checks import refuse_accelerate_overrides, runner_checks
 from .data import StepSampler, TokenShards, ensure_demo_corpus, make_loader, model_tokenizer
+from .diverge import diagnose_nonfinite, loss_scale_underflow
 from .memory_record import MemoryRecorder
 from .metrics import MetricsLog, memory_reading
 from .trackers import tracker_config, tracker_setup
@@ -78,30 +79,6 @@ def lr_at(step: int, t) -> float:
     progress = min((step - t.warmup_steps) / span, 1.0)
     floor = t.lr * t.min_lr_fraction
     return floor + 0.5 * (t.lr - floor) * (1 + math.cos(math.pi * progress))
-
-
-def _diagnose_nonfinite(job: Job, step: int, lr: float, loss: float, grad_norm: float) -> str:
-    what = "loss" if not math.isfinite(loss) else "gradient norm"
-    hints = [f"lower training.lr (now {job.training.lr:g}; try {job.training.lr / 3:.2g})"]
-    if job.training.warmup_steps < 0.02 * job.training.steps:
-        hints.append("lengthen training.warmup_steps")
-    if job.training.grad_clip == 0:
-        hints.append("turn on training.grad_clip (1.0)")
-    if compute_dtype(job.precision.mode) == "fp16":
-        hints.append("or use a bf16 mode, whose range is fp32's")
-    return (
-        f"{what} became {loss if what == 'loss' else grad_norm} at step {step + 1} (lr {lr:.3g}): the run diverged "
-        f"and was stopped before the update. Fix: {'; '.join(hints)}. Resume from the last checkpoint after the change."
-    )
-
-
-def _loss_scale_underflow(scale: float, step: int) -> str:
-    """Why an fp16 run stopped when its loss scale fell below 1, and what to change."""
-    return (
-        f"the fp16 loss scale fell to {scale:g} at step {step + 1}: gradients overflow fp16 "
-        "at every scale, so the loss diverged or activations exceed fp16's range (65504). Fix: lower "
-        "training.lr, or train in a bf16 mode (amp-bf16, mixed-bf16), whose range is fp32's."
-    )
 
 
 def _check_world(job: Job, world: int) -> None:
@@ -304,7 +281,7 @@ class Trainer:
         if not plan.loss_scaling and not (math.isfinite(mean_loss) and math.isfinite(grad_norm)):
             if self.metrics:
                 self.metrics.write({"step": step + 1, "loss": None, "lr": lr, "grad_norm": None, "stopped": "diverged"})
-            raise TrainingStopped(_diagnose_nonfinite(job, step, lr, mean_loss, grad_norm))
+            raise TrainingStopped(diagnose_nonfinite(job, step, lr, mean_loss, grad_norm))
         skipped = apply_update(prog, scaler, scale_before, self.recorder, step)
         if prog.engine is not None:
             grad_norm = float(prog.engine.get_global_grad_norm())
@@ -312,7 +289,7 @@ class Trainer:
         self._prune_after(step)
         self.recorder.end_step(step)
         if plan.loss_scaling and scaler.get_scale() < 1.0:
-            raise TrainingStopped(_loss_scale_underflow(scaler.get_scale(), step))
+            raise TrainingStopped(loss_scale_underflow(scaler.get_scale(), step))
         return self._record(step, began, lr, mean_loss, grad_norm, scale_before, skipped)
 
     def _prune_after(self, step: int) -> None:
