@@ -98,6 +98,8 @@ def job_of(row: dict) -> Job:
     if batch["global_batch"] % replicas:  # OPT: 2M tokens on 124 replicas; the nearest whole batch, said below
         batch["global_batch"] = round(batch["global_batch"] / replicas) * replicas
     finetune = {k: v for k, v in row.get("finetune", {}).items() if k in ("method", "rank", "targets")}
+    # torchtune's rows say whether they compiled; fms-fsdp's README table of 2024-05-09 is "updated with compile"
+    compiled = bool(row.get("framework", {}).get("torch_compile")) or row["source_group"] == "fms-fsdp-compile"
     return Job.from_dict(
         {
             "model": model,
@@ -108,6 +110,7 @@ def job_of(row: dict) -> Job:
             "optimizer": {"name": row["optimizer"]},
             "cluster": cluster,
             "finetune": finetune,
+            "training": {"compile": compiled},
         }
     )
 

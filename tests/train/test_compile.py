@@ -1,5 +1,5 @@
 """`training.compile` (`--compile`): torchtitan's per-block compile, refused where the runner has not trained it, and
-said to be unmodelled by the estimate. The loss equality of a compiled run with an eager one is a benchmark
+priced fused by the estimate (tests/estimate/test_compile_bytes.py). The loss equality of a compiled run with an eager one is a benchmark
 (benchmarks/compile_check.py: inductor's first compile takes tens of seconds on this CPU)."""
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ def test_compile_compiles_each_block_in_place():
     assert model.state_dict().keys() == keys  # checkpoints keep their keys
 
 
-def test_the_estimate_says_compile_is_not_modelled():
+def test_the_estimate_says_what_compile_changes():
     notes = estimate(_job(compile=True))["notes"]
-    assert any("torch.compile" in n and "not modelled" in n for n in notes)
+    assert any("training.compile" in n and "memory is the eager program's" in n for n in notes)
 
 
 def test_compile_is_refused_where_it_is_not_trained(cli, tmp_path):

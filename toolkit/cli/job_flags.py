@@ -147,6 +147,7 @@ OVERRIDES = {
     "workload": ("", "workload", Job),
     "tokens": ("", "tokens", Job),
     "mfu": ("", "mfu", Job),
+    "compile": ("training", "compile", Training),  # prices the step (fused element-wise kernels) as it trains
 }
 # flags that only `toolkit train` takes: the runner's section of the Job
 TRAIN_OVERRIDES = {
@@ -163,7 +164,6 @@ TRAIN_OVERRIDES = {
     "fp32_norm": ("training", "fp32_norm", Training),
     "loss_scale": ("training", "loss_scale", Training),
     "init_from": ("training", "init_from", Training),
-    "compile": ("training", "compile", Training),
 }
 _BOOLEAN = {
     "overlap_ep_comm",
@@ -233,8 +233,10 @@ ALIASES = {
     "moment_dtype": ("--exp-avg-dtype",),
     "micro_batch": ("--micro-batch-size",),
     "global_batch": ("--global-batch-size",),
+    "compile": ("--compile.enable",),  # torchtitan's
 }
-"""Megatron-Core's names of our flags, accepted as they are (a Megatron command line's layout pastes in)."""
+"""Megatron-Core's (and torchtitan's) names of our flags, accepted as they are (a Megatron command line's layout
+pastes in)."""
 
 
 def add_job_args(est: argparse.ArgumentParser, extra: dict | None = None) -> None:

@@ -337,7 +337,9 @@ def _stage_micro_s(job: Job, hw: Hardware, a: Assumptions, eff, micro_tokens, la
     dp, pp (Megatron's order); the embedding's and the head's extra work goes to the ranks that hold them."""
     tp, pp, cp = (np.asarray(x) for x in (job.parallel.tp, job.parallel.pp, job.parallel.cp))
     tp_allreduce_s, tp_layer_s, tp_loss_s = _tp_collectives_s(job, hw, a, micro_tokens)
-    eager = (hw.kernels is not None) & ~is_megatron(job) & ~backends(job)[1]
+    # a torch program on a GPU runs its element-wise ops kernel by kernel unless its blocks are compiled, where
+    # inductor fuses them as Megatron's and DeepSpeed's fused kernels do (tests/estimate/test_compile_bytes.py)
+    eager = (hw.kernels is not None) & ~is_megatron(job) & ~backends(job)[1] & (not job.training.compile)
     bytes_layer = memory_bound_bytes_per_token(job, eager) * micro_tokens / cp
     loss_s = loss_bytes_per_token(job) * micro_tokens / cp / hw.memory_bw_bytes_per_s
     single = pp == 1

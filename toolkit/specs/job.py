@@ -336,7 +336,8 @@ class Training:
     """The article's spelling: true means memory.recompute = full."""
     compile: bool = False
     """Compile each block with torch.compile, as torchtitan does (one compiled region a block, the model eager around
-    them); checkpoints keep the same keys. The estimate prices the eager program and says so."""
+    them); checkpoints keep the same keys. The step time prices its element-wise kernels fused; memory stays the
+    eager program's."""
     trackers: tuple[str, ...] = ()
     """accelerate trackers to log to as well (tensorboard, wandb, trackio), when installed."""
 

@@ -53,8 +53,8 @@ def _resolve_training(job: Job, notes: list[str]):
         )
     if t.compile:
         notes.append(
-            "training.compile: torch.compile's fusions are not modelled: memory and step time are the eager "
-            "program's (compiled blocks usually spend less on element-wise kernels and may save fewer activations)"
+            "training.compile: the step prices the element-wise kernels fused, as inductor compiles a block; the "
+            "memory is the eager program's (a compiled block may save fewer activations)"
         )
     pruning = t.pruning
     if pruning.method == "magnitude":
