@@ -10,8 +10,14 @@ from ..specs.job import Job
 from .comm import is_megatron
 from .mla import attention_view
 from .moe import mlp_width
+from .states import qlora_block_bytes
 
-__all__ = ["memory_bound_bytes_per_token", "loss_bytes_per_token", "eager_core_bytes_per_score"]
+__all__ = [
+    "memory_bound_bytes_per_token",
+    "loss_bytes_per_token",
+    "eager_core_bytes_per_score",
+    "dequant_bytes_per_block",
+]
 
 
 def memory_bound_bytes_per_token(job: Job, eager):
@@ -49,6 +55,18 @@ def memory_bound_bytes_per_token(job: Job, eager):
         0,
     )
     return 3 * block + core_fwd + core_bwd + again
+
+
+def dequant_bytes_per_block(job: Job):
+    """QLoRA: bytes one block's frozen NF4 matrices move per micro-batch being dequantized before each of their
+    products (forward, the input's gradient in backward, and a full recompute's forward again), each time reading
+    the codes and scales and writing the weight in the compute dtype, as bitsandbytes' dequantize kernel does (the
+    product then reads that copy at the matmul's rate). Nothing for other jobs."""
+    if job.finetune.method != "qlora":
+        return 0.0
+    weights, nf4_bytes, _biases = qlora_block_bytes(job)
+    uses = 2 + (np.asarray(job.memory.recompute) == "full")
+    return uses * (nf4_bytes + weights * job.precision.plan.compute_bytes) / np.asarray(job.parallel.tp)
 
 
 def loss_bytes_per_token(job: Job):

@@ -56,7 +56,7 @@ from .comm import (
     tp_collectives_per_block,
     tp_embedding_collectives,
 )
-from .elementwise import loss_bytes_per_token, memory_bound_bytes_per_token
+from .elementwise import dequant_bytes_per_block, loss_bytes_per_token, memory_bound_bytes_per_token
 from .flops import flops_per_token, module_recompute_flops
 from .hardware import Assumptions, Hardware
 from .kernels import FA_BACKWARD_FACTOR, KernelProfile, attention_fraction, attention_kernel_of, gemm_s
@@ -340,7 +340,7 @@ def _stage_micro_s(job: Job, hw: Hardware, a: Assumptions, eff, micro_tokens, la
     # a torch program on a GPU runs its element-wise ops kernel by kernel unless its blocks are compiled, where
     # inductor fuses them as Megatron's and DeepSpeed's fused kernels do (tests/estimate/test_compile_bytes.py)
     eager = (hw.kernels is not None) & ~is_megatron(job) & ~backends(job)[1] & (not job.training.compile)
-    bytes_layer = memory_bound_bytes_per_token(job, eager) * micro_tokens / cp
+    bytes_layer = memory_bound_bytes_per_token(job, eager) * micro_tokens / cp + dequant_bytes_per_block(job)
     loss_s = loss_bytes_per_token(job) * micro_tokens / cp / hw.memory_bw_bytes_per_s
     single = pp == 1
     block_s, head_s, attention_s = _compute_s(job, hw, a, micro_tokens / cp, eff)
