@@ -39,7 +39,11 @@ def inductor_elementwise_bytes(block: torch.nn.Module, x: torch.Tensor, cos, sin
     torch._logging.set_logs(inductor_metrics=True)  # inductor counts bytes only while this log is on
     try:
         metrics.reset()
-        torch.compile(block)(x, cos, sin).float().sum().backward()
+        with (
+            torch._inductor.config.patch(fx_graph_cache=False, autotune_local_cache=False),
+            torch._functorch.config.patch(enable_autograd_cache=False),
+        ):
+            torch.compile(block)(x, cos, sin).float().sum().backward()
         extern = sum(n for node, n in metrics.nodes_num_elem if isinstance(node, ExternKernelSchedulerNode))
         return metrics.num_bytes_accessed - 4 * extern  # nodes_num_elem holds bytes / 4
     finally:

@@ -57,6 +57,9 @@ class KernelProfile:
     seq_lens: tuple[int, ...]
     gemm_fraction_fp8: float | None = None
     """Best achieved FP8 matmul rate over the FP8 dense peak (MAMF), where the device has FP8 units."""
+    power_limited_fraction: float = 1.0
+    """A matmul's rate held for minutes at the power limit over its burst rate (MAMF): training's matmuls run at
+    the lower clock, a short benchmark's at boost (MSMF over MAMF, kernels.yaml)."""
     sustained_fraction: float = 1.0
     """Share of the kernels' benchmarked rates a whole training step sustains (clocks under the power limit over
     minutes, kernels interleaved with others): the one figure FITTED ON TRAINING RUNS (kernels.yaml says which;
@@ -82,6 +85,7 @@ def _profiles() -> dict[str, KernelProfile]:
             seq_lens=tuple(data["seq_lens"]),
             sustained_fraction=data["sustained_fraction"],
             gemm_fraction_fp8=row.get("gemm_fraction_fp8"),
+            power_limited_fraction=row.get("power_limited_fraction", 1.0),
         )
         for name in row["accelerators"]:
             out[name.lower()] = prof

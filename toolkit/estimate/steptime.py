@@ -350,6 +350,7 @@ def _stage_micro_s(job: Job, hw: Hardware, a: Assumptions, eff, micro_tokens, la
     overlap_tp = overlap_settings(job)["tp_comm"]
     overlap_ep = np.asarray(job.overlap.ep_comm)
     sustained = hw.kernels.sustained_fraction if hw.kernels is not None else 1.0
+    power = hw.kernels.power_limited_fraction if hw.kernels is not None else 1.0  # clocks at the power limit
 
     def stage(layers, owns_embedding, owns_head):
         owns_embedding, owns_head = owns_embedding | single, owns_head | single
@@ -362,7 +363,7 @@ def _stage_micro_s(job: Job, hw: Hardware, a: Assumptions, eff, micro_tokens, la
         tp_s = np.where(overlap_tp, np.maximum(tp_all_s - matmuls_s, 0.0), tp_all_s)
         memory_s = bytes_layer * layers / hw.memory_bw_bytes_per_s + np.where(owns_head, loss_s, 0.0)
         ep_s = np.where(overlap_ep, exposed_ep_s(ep_layer_s * layers, matmuls_s, job, accum), ep_layer_s * layers)
-        return matmuls_s / sustained, memory_s / sustained, tp_s, cp_ring_s * layers, ep_s
+        return matmuls_s / (sustained * power), memory_s / sustained, tp_s, cp_ring_s * layers, ep_s
 
     first, middle, last = layers
     return [stage(first, True, False), stage(middle, False, False), stage(last, False, True)]
