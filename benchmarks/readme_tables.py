@@ -328,6 +328,14 @@ def steptime_section(results: dict) -> list[str]:
             "|---|---:|",
         ]
         lines += [f"| {name} | {100 * error:+.1f} % |" for name, error in calibrated.items()]
+        itself = calibrated.get("2 ranks, dp (DDP)")
+        if itself is not None:
+            lines += [
+                "",
+                f"The DDP row is the calibrated job itself: its {100 * itself:+.1f} % is how far this shared machine's "
+                "rates moved between `toolkit calibrate` timing its kernels and the run; the other rows' distance "
+                "from it is the model's.",
+            ]
     return lines
 
 

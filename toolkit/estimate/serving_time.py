@@ -109,7 +109,9 @@ class ServingClock:
         self.weight_bits = matrix_bits(job)
         fp8 = s.weights == "fp8" and hw.matmul_peak_flops is not None
         self.peak = (hw.matmul_peak_flops if fp8 else hw.peak_flops) * (2 if s.sparsity == "2:4" else 1)
-        self.fraction = (self.prof.gemm_fraction_fp8 if fp8 else self.prof.gemm_fraction) if self.prof else None
+        # a serving engine under load holds its matmuls at the power limit, as a training step does (kernels.yaml)
+        burst = (self.prof.gemm_fraction_fp8 if fp8 else self.prof.gemm_fraction) if self.prof else None
+        self.fraction = burst * self.prof.power_limited_fraction if self.prof else None
         self.kv_bytes = KV_BYTES[s.kv_dtype]
         self.layers = math.ceil(m.layers / job.parallel.pp)
 
