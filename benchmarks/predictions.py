@@ -123,8 +123,8 @@ def moves(old: dict, new: dict) -> list[tuple[float, str]]:
         for figure in sorted(set(a) | set(b)):
             x, y = a.get(figure), b.get(figure)
             if x != y:
-                change = abs(y / x - 1) if x and y is not None else float("inf")
-                out.append((change, f"{name} {figure}: {x} -> {y} ({change:+.2%})"))
+                signed = y / x - 1 if x and y is not None else float("inf")
+                out.append((abs(signed), f"{name} {figure}: {x} -> {y} ({signed:+.2%})"))
     return sorted(out, key=lambda m: -m[0])
 
 

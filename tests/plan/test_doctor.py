@@ -15,6 +15,7 @@ def test_fixes_for_a_job_that_does_not_fit(catalog):
             "model": {"preset": "llama2-70b"},
             "cluster": {"accelerator": "H100-SXM", "count": 64},
             "parallel": {"tp": 8, "pp": 4, "zero": 1},
+            "batch": {"micro_batch": 2},
             "precision": {"mode": "mixed-bf16"},
         },
         catalog,
@@ -38,7 +39,7 @@ def test_no_single_fix_so_changes_are_combined(catalog):
             "model": {"preset": "llama2-7b"},
             "cluster": {"accelerator": "A100-80GB", "count": 8},
             "precision": {"mode": "mixed-bf16"},
-            "batch": {"micro_batch": 4},
+            "batch": {"micro_batch": 8},
         },
         catalog,
     )

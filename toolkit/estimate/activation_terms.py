@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..specs.backends import is_megatron
 from ..specs.job import Job
 from .mla import attention_view
 from .moe import expert_load, is_moe, mlp_width
@@ -151,21 +152,25 @@ def norm_internal(job: Job, tokens: float, h: int, block: bool = True) -> float:
     # for the weight's gradient, so not when the weight is frozen (LoRA)
     f32 = stored_bytes(job, 4, block)
     normalized = 0 if job.finetune.adapters else tokens * h * f32
-    # input (fp32), x·rstd, rstd
-    return tokens * h * f32 + normalized + tokens * stored_bytes(job, 4, block, values=tokens)
+    rstd = tokens * stored_bytes(job, 4, block, values=tokens)
+    # Transformer Engine's fused RMSNorm (Megatron-Core) keeps its input as it came and the fp32 rstd
+    fused = tokens * h * stored_bytes(job, residual, block) + rstd
+    return np.where(is_megatron(job), fused, tokens * h * f32 + normalized + rstd)  # torch: input, x·rstd, rstd
 
 
 def attention_core(job: Job, tokens: float, b: int) -> float:
     """Bytes the attention core (scores to output) saves: SDPA's or the explicit ops'."""
     act = stored_bytes(job, element_bytes(job)[0])
     m = job.model
-    _h, q, _kv, _f = rank_widths(job)
+    _h, q, kv, _f = rank_widths(job)
     s, a = m.seq_len, m.heads // np.asarray(job.parallel.tp)
     rows = s / job.parallel.cp  # this rank's queries under context parallelism
     scores = b * a * rows * s * act
     dropout = m.dropout > 0
-    if not math_path(job):  # flash: q, k, v (kv repeated to a heads), out, lse
-        return 4 * tokens * q * act + b * a * rows * stored_bytes(job, 4, values=b * a * rows)
+    if not math_path(job):  # flash: q, k, v, out, lse; torch's program repeats k and v to every head first,
+        # Transformer Engine hands the kernel its kv groups (Megatron-Core's num_gqa_groups)
+        kv_width = np.where(is_megatron(job), kv, q)
+        return (2 * q + 2 * kv_width) * tokens * act + b * a * rows * stored_bytes(job, 4, values=b * a * rows)
     if job.memory.attention == "flash":  # SDPA's CPU math fallback computes in fp32
         act = stored_bytes(job, 4)
         scores = b * a * rows * s * act

@@ -40,6 +40,7 @@ from .activation_terms import (
     rank_widths,
     stored_bytes,
 )
+from ..specs.backends import is_megatron
 from .lora_activations import lora_activations
 from .mla import is_mla, projection_params
 from .moe import activation_width, expert_grid, expert_load, is_moe
@@ -133,13 +134,16 @@ def _block(job: Job) -> _Block:
     rope_casts = 2 * half_b * s * (m.head_dim_ // 2) * 2 * (rope & (amp | fsdp_gathers_16bit(job)))
     # o's input is a view of the core output when q kept the linear's (b, s, a, d) layout, else a copy;
     # int8 packs the view apart from the core's own saved output (another shape), so it counts again
-    o_input_copy = math_path(job) or rope or job.memory.act_compress == "int8"
+    # (Transformer Engine's projection keeps the core's output itself: Megatron-Core never copies it)
+    o_input_copy = (math_path(job) or rope or job.memory.act_compress == "int8") & ~is_megatron(job)
     o_input = tokens * q * act_b
     mlp_readers = 2 if m.mlp == "swiglu" else 1  # the linears reading the norm's output (autocast casts it for each)
     if is_moe(m):  # the router, and the shared experts' first linears (the experts read the gathered rows)
         mlp_readers = 1 + (mlp_readers if m.shared_experts else 0)
     norm2 = _norm_saved(job, tokens, h, consumers=mlp_readers)  # input: x + attention
-    mlp = (4 if m.mlp == "swiglu" else 2) * tokens * f * act_b
+    # SwiGLU: torch keeps gate, up, silu(gate) and the product; Megatron's fused SwiGLU keeps its 2f input and
+    # the f-wide output the down projection reads (megatron/core/fusions/fused_bias_swiglu.py)
+    mlp = np.where(m.mlp == "swiglu", np.where(is_megatron(job), 3, 4), 2) * tokens * f * act_b
     # autocast saves a 16-bit cast of every matmul weight (a new tensor, so int8 compresses it too)
     mlp_weights = _moe_weights(job) if is_moe(m) else (3 if m.mlp == "swiglu" else 2) * h * f
     weights = amp * half_b * (projection_params(m) / tp + mlp_weights)
@@ -149,7 +153,7 @@ def _block(job: Job) -> _Block:
     if is_mla(m):  # the query's and the key-value latents, and their norms' outputs (modelled, not traced)
         latents = (m.q_lora_rank or 0) + m.kv_lora_rank + m.rope_head_dim
         common = common + 2 * tokens * latents * act_b
-    none = common + core + (o_input if o_input_copy else 0)
+    none = common + core + np.where(o_input_copy, o_input, 0.0)
     recompute = np.asarray(job.memory.recompute)
     full, per_op = recompute == "full", recompute == "selective-op"
     stream = tokens_h * h * residual
@@ -182,7 +186,8 @@ def _mlp_parts(job: Job, mlp, moe_tokens) -> dict:
     """What the MLP's recomputable parts save: its activation function's outputs (half of a SwiGLU's four
     f-wide tensors, GELU's one of two), the shared experts' share, the whole MLP (dense) or MoE block."""
     m = job.model
-    act_share = 0.5
+    # the activation's output: half of torch's four f-wide SwiGLU tensors, one of Megatron's three, GELU's one of two
+    act_share = np.where((m.mlp == "swiglu") & is_megatron(job), 1 / 3, 0.5)
     if not is_moe(m):
         return {"mlp": mlp, "moe_act": 0.0, "moe": 0.0, "shared_experts": 0.0}
     shared = m.shared_experts * m.shared_expert_ffn_ / activation_width(m, expert_load(m, job.parallel.ep))
@@ -199,7 +204,7 @@ def _moe_saved(job: Job, tokens) -> float:
     router's fp32 scores (softmax or sigmoid output), each token's k expert ids, weights and their sum, the
     permutation's int64 indices (gather and inverse), the experts' input rows at the busiest rank's load (a 16-bit
     cast per expert matmul that reads them, under autocast), the experts' outputs back in slot order (kept to weight
-    them), and under expert parallelism the regrouping indices of what arrived (toolkit.program.moe)."""
+    them; not in Megatron-Core, which weights inside the SwiGLU), and under expert parallelism the regrouping indices of what arrived (toolkit.program.moe)."""
     m, ep = job.model, np.asarray(job.parallel.ep)
     act, _residual, amp = element_bytes(job)
     load = expert_load(m, ep, for_memory=True)
@@ -209,7 +214,10 @@ def _moe_saved(job: Job, tokens) -> float:
     readers = np.where(amp, 2 if m.mlp == "swiglu" else 1, 1)
     rows = slots * load * h * np.where(amp, 2 * readers, act)
     regroup = np.where(ep > 1, 2 * slots * load * INT64_BYTES, 0.0)
-    return router + rows + slots * h * act + regroup
+    # Megatron-Core weights each slot inside its SwiGLU (the probabilities join the activation, Megatron !2668,
+    # 2025-04) and unpermutes without them, so no slot-order copy of the outputs stays for backward
+    slot_outputs = np.where(is_megatron(job), 0.0, slots * h * act)
+    return router + rows + slot_outputs + regroup
 
 
 def _moe_weights(job: Job) -> float:
