@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..specs.backends import is_megatron
 from ..specs.job import TORCH_SEMANTICS, Job
 from .activation_terms import (
     INT64_BYTES,
@@ -40,7 +41,6 @@ from .activation_terms import (
     rank_widths,
     stored_bytes,
 )
-from ..specs.backends import is_megatron
 from .lora_activations import lora_activations
 from .mla import is_mla, projection_params
 from .moe import activation_width, expert_grid, expert_load, is_moe
