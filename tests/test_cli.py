@@ -262,6 +262,8 @@ def test_plan_and_doctor_text_and_errors(cli):
         "1",
         "--precision",
         "mixed-bf16",
+        "--micro-batch",
+        "2",
     )
     assert code == 0 and "does NOT fit" in out and "sequence parallelism" in out
     code, _, err = cli("doctor", "--run", "/nonexistent/run")
