@@ -135,7 +135,8 @@ def _block(job: Job) -> _Block:
     # o's input is a view of the core output when q kept the linear's (b, s, a, d) layout, else a copy;
     # int8 packs the view apart from the core's own saved output (another shape), so it counts again
     # (Transformer Engine's projection keeps the core's output itself: Megatron-Core never copies it)
-    o_input_copy = (math_path(job) or rope or job.memory.act_compress == "int8") & ~is_megatron(job)
+    te = is_megatron(job)  # Megatron-Core keeps what Transformer Engine's fused modules save
+    o_input_copy = (math_path(job) or rope or job.memory.act_compress == "int8") & ~te
     o_input = tokens * q * act_b
     mlp_readers = 2 if m.mlp == "swiglu" else 1  # the linears reading the norm's output (autocast casts it for each)
     if is_moe(m):  # the router, and the shared experts' first linears (the experts read the gathered rows)
@@ -143,7 +144,7 @@ def _block(job: Job) -> _Block:
     norm2 = _norm_saved(job, tokens, h, consumers=mlp_readers)  # input: x + attention
     # SwiGLU: torch keeps gate, up, silu(gate) and the product; Megatron's fused SwiGLU keeps its 2f input and
     # the f-wide output the down projection reads (megatron/core/fusions/fused_bias_swiglu.py)
-    mlp = np.where(m.mlp == "swiglu", np.where(is_megatron(job), 3, 4), 2) * tokens * f * act_b
+    mlp = np.where(m.mlp == "swiglu", np.where(te, 3, 4), 2) * tokens * f * act_b
     # autocast saves a 16-bit cast of every matmul weight (a new tensor, so int8 compresses it too)
     mlp_weights = _moe_weights(job) if is_moe(m) else (3 if m.mlp == "swiglu" else 2) * h * f
     weights = amp * half_b * (projection_params(m) / tp + mlp_weights)
@@ -204,7 +205,8 @@ def _moe_saved(job: Job, tokens) -> float:
     router's fp32 scores (softmax or sigmoid output), each token's k expert ids, weights and their sum, the
     permutation's int64 indices (gather and inverse), the experts' input rows at the busiest rank's load (a 16-bit
     cast per expert matmul that reads them, under autocast), the experts' outputs back in slot order (kept to weight
-    them; not in Megatron-Core, which weights inside the SwiGLU), and under expert parallelism the regrouping indices of what arrived (toolkit.program.moe)."""
+    them; not in Megatron-Core, which weights inside the SwiGLU), and under expert parallelism the regrouping
+    indices of what arrived (toolkit.program.moe)."""
     m, ep = job.model, np.asarray(job.parallel.ep)
     act, _residual, amp = element_bytes(job)
     load = expert_load(m, ep, for_memory=True)

@@ -25,9 +25,9 @@ def memory_bound_bytes_per_token(job: Job, eager):
     forward; an eager core's counted kernel by kernel) and what recompute runs again (full and per-op: the
     block's forward; selective: the attention core's).
     Under sequence parallelism the hidden-sized kernels (norms, residual adds, dropout) see s/tp tokens.
-    `eager` (a torch program on a GPU whose blocks are not compiled, so no kernel fuses them): RMSNorm runs as Llama's composite of casts,
-    pow, mean, rsqrt and two products in fp32, and rotary embeddings as rotate_half's slices, negation,
-    concatenation, two products and a sum, each kernel reading and writing whole tensors."""
+    `eager` (a torch program on a GPU whose blocks are not compiled, so no kernel fuses them): RMSNorm runs as
+    Llama's composite of casts, pow, mean, rsqrt and two products in fp32, and rotary embeddings as rotate_half's
+    slices, negation, concatenation, two products and a sum, each kernel reading and writing whole tensors."""
     m, tp = attention_view(job).model, np.asarray(job.parallel.tp)
     h, q, kv, f = m.hidden, m.heads * m.head_dim_ / tp, m.kv_heads_ * m.head_dim_ / tp, mlp_width(job)
     elem = job.precision.plan.compute_bytes

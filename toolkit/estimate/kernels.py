@@ -61,8 +61,8 @@ class KernelProfile:
     """A matmul's rate held for minutes at the power limit over its burst rate (MAMF): training's matmuls run at
     the lower clock, a short benchmark's at boost (MSMF over MAMF, kernels.yaml)."""
     sustained_fraction: float = 1.0
-    """Share of the kernels' benchmarked rates a whole training step sustains (clocks under the power limit over
-    minutes, kernels interleaved with others): the one figure FITTED ON TRAINING RUNS (kernels.yaml says which;
+    """Share of the kernels' benchmarked rates a whole training step sustains beyond the power-limited clocks
+    (kernels interleaved with others and with the host): the one figure FITTED ON TRAINING RUNS (kernels.yaml says which;
     benchmarks/steptime_accuracy.py refits it leaving each source out)."""
 
 
